@@ -1,0 +1,154 @@
+"""Torch reference implementations of every kernel, with the signatures the Triton kernels share.
+
+These run on any device and are the ground truth the Triton kernels are tested against.
+Shapes (all packed, no padding of tokens):
+
+* ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer.
+* ``slot_mapping``: ``[num_tokens]`` int64, ``block_id * block_size + offset``; ``-1`` skips a token.
+* ``block_tables``: ``[num_seqs, max_blocks_per_seq]`` int32, unused entries arbitrary.
+* ``context_lens``: ``[num_seqs]`` int32, tokens in the cache for each sequence *including*
+  the tokens of this step (their K/V are stored before attention runs).
+
+This module knows nothing about the scheduler or the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_kv_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    """Write each token's K and V into its slot of the paged cache (in place)."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_k.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather_context(
+    cache: torch.Tensor, block_table: torch.Tensor, context_len: int
+) -> torch.Tensor:
+    """The first ``context_len`` cached rows of one sequence: [context_len, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    rows = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, H_kv, D]
+    return rows.reshape(-1, cache.shape[2], cache.shape[3])[:context_len]
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One query token per sequence attending to all of its cached context (GQA aware)."""
+    num_seqs, num_heads, head_dim = query.shape
+    if num_seqs == 0:
+        return torch.empty_like(query)
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    block_size = k_cache.shape[1]
+    max_len = int(context_lens.max())
+    max_blocks = (max_len + block_size - 1) // block_size
+    table = block_tables[:, :max_blocks].long()
+    # Gather every sequence's blocks at once: [num_seqs, max_blocks * block_size, H_kv, D].
+    keys = k_cache[table].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    values = v_cache[table].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,stkd->skgt", q, keys.float()) * scale  # [S, H_kv, G, T]
+    positions = torch.arange(max_blocks * block_size, device=query.device)
+    pad = positions[None, :] >= context_lens[:, None].long()  # [S, T]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("skgt,stkd->skgd", probs, values.float())
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences packed back to back
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, offsets of each sequence's queries
+    context_lens: torch.Tensor,  # [num_seqs] int32, cached tokens incl. this chunk
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Chunks of prompt tokens attending to their paged context, causal within the chunk.
+
+    The ``q_len`` queries of sequence ``s`` sit at positions ``context_len - q_len ..
+    context_len - 1``; each attends to every cached key at or before its own position.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    for s in range(len(lens)):
+        q_begin, q_end, ctx = starts[s], starts[s + 1], lens[s]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
+        values = _gather_context(v_cache, block_tables[s], ctx).float()
+        q = query[q_begin:q_end].float().view(q_len, num_kv_heads, group, head_dim)
+        scores = torch.einsum("qkgd,tkd->kgqt", q, keys) * scale  # [H_kv, G, q_len, ctx]
+        q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
+        k_pos = torch.arange(ctx, device=query.device)
+        future = k_pos[None, :] > q_pos[:, None]  # [q_len, ctx]
+        scores.masked_fill_(future, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("kgqt,tkd->qkgd", probs, values)
+        out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of ``x + residual``; returns (normed, the new residual ``x + residual``)."""
+    if residual is not None:
+        x = x + residual
+    new_residual = x
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    normed = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+    return weight * normed, new_residual
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [num_tokens] int64
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] (cos half, then sin half), fp32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (rotate-half) rotary embedding over the first ``rotary_dim`` features."""
+    cos_sin = cos_sin_cache[positions]  # [num_tokens, rotary_dim]
+    cos, sin = cos_sin.chunk(2, dim=-1)  # [num_tokens, rotary_dim / 2] each
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1] * 2
+    x_rot = x[..., :rot].float()
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    if rot == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., rot:]), dim=-1)

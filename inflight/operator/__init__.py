@@ -1,0 +1,1 @@
+"""The kopf operator that turns InferenceDeployment resources into runtime pods."""

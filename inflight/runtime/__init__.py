@@ -1,0 +1,1 @@
+"""The serving runtime: engine, scheduler, KV block pool, model code and the HTTP server."""

@@ -1,0 +1,136 @@
+"""EngineConfig: the one place where every engine knob, its default and its bounds live.
+
+The CLI flags (``inflight serve --max-num-sequences ...``), the operator's CR ``engine``
+fields (camelCase of the same names) and the tests all map onto these fields by name.
+Knob names follow TensorRT-LLM's vocabulary. This module knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULER_POLICIES = ("fcfs", "priority", "static")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+KERNEL_BACKENDS = ("auto", "triton", "torch")
+
+# Knobs the running engine can change without a restart (the admin endpoint, the operator).
+LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine knobs. Construct with keywords; invalid values raise ``ValueError``."""
+
+    max_num_sequences: int = field(
+        default=64, metadata=_help("Most requests decoded together in one step (the batch size).")
+    )
+    max_num_tokens: int = field(
+        default=2048,
+        metadata=_help("Token budget of one step: decodes cost 1, prompt chunks their length."),
+    )
+    block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
+    kv_cache_free_gpu_mem_fraction: float = field(
+        default=0.9,
+        metadata=_help("CUDA: fraction of the GPU memory free after the weights load given to the KV cache."),
+    )
+    num_kv_blocks: int | None = field(
+        default=None,
+        metadata=_help(
+            "Explicit number of KV blocks (overrides the memory fraction; the way to size the "
+            "cache on the CPU). Default on the CPU: enough for max_num_sequences full-length "
+            "sequences, capped at 4 GiB."
+        ),
+    )
+    enable_chunked_context: bool = field(
+        default=True, metadata=_help("Split long prompts across steps so decodes keep flowing.")
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata=_help("Share KV blocks between requests with identical prompt prefixes.")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_help("Longest prompt + output in tokens. Default: the model's max_position_embeddings."),
+    )
+    scheduler_policy: str = field(
+        default="fcfs",
+        metadata=_help("fcfs | priority | static (naive baseline: admit a batch, wait for all of it)."),
+    )
+    max_queue_len: int = field(
+        default=1024, metadata=_help("Most requests waiting for admission; more are rejected (HTTP 429).")
+    )
+    dtype: str = field(
+        default="auto",
+        metadata=_help("auto | float32 | bfloat16 | float16. auto: the checkpoint's dtype on CUDA, float32 on the CPU."),
+    )
+    device: str = field(default="auto", metadata=_help("auto | cpu | cuda."))
+    seed: int = field(default=0, metadata=_help("Seed for requests that bring no seed of their own."))
+    kernel_backend: str = field(
+        default="auto",
+        metadata=_help("auto | triton | torch: which attention/KV kernels run (auto: Triton on CUDA)."),
+    )
+
+    def __post_init__(self) -> None:
+        _check_int(self, "max_num_sequences", 1)
+        _check_int(self, "max_num_tokens", 1)
+        _check_int(self, "block_size", 1)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two (got {self.block_size}); try 16 or 32.")
+        if not isinstance(self.kv_cache_free_gpu_mem_fraction, (int, float)) or not (
+            0.0 < float(self.kv_cache_free_gpu_mem_fraction) <= 1.0
+        ):
+            raise ValueError(
+                "kv_cache_free_gpu_mem_fraction must be in (0, 1] "
+                f"(got {self.kv_cache_free_gpu_mem_fraction!r}); 0.9 is the usual choice."
+            )
+        if self.num_kv_blocks is not None:
+            _check_int(self, "num_kv_blocks", 1)
+        if self.max_model_len is not None:
+            _check_int(self, "max_model_len", 1)
+        _check_int(self, "max_queue_len", 0)
+        _check_int(self, "seed", 0)
+        _check_choice(self, "scheduler_policy", SCHEDULER_POLICIES)
+        _check_choice(self, "dtype", DTYPES)
+        _check_choice(self, "device", DEVICES)
+        _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
+        for name in ("enable_chunked_context", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
+        if (
+            not self.enable_chunked_context
+            and self.max_model_len is not None
+            and self.max_num_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_tokens ({self.max_num_tokens}) is below max_model_len ({self.max_model_len}) "
+                "with enable_chunked_context off, so a long prompt could never be scheduled: "
+                "turn chunked context on or raise max_num_tokens."
+            )
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A validated copy with ``changes`` applied; unknown names raise ``ValueError``."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown engine config field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_int(cfg: EngineConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r}).")
+
+
+def _check_choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)} (got {value!r}).")

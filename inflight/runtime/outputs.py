@@ -1,0 +1,109 @@
+"""Values the engine hands out: per-step request deltas, finished results, engine stats, errors.
+
+These cross module boundaries (engine -> server, engine -> LLM API), so they are frozen
+dataclasses. Knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class RequestRejectedError(ValueError):
+    """A request the engine will never run. ``reason`` is a short label for metrics.
+
+    ``param`` names the offending request field where there is one (for the OpenAI error).
+    Reasons: ``prompt_too_long``, ``too_large_for_cache``, ``invalid_request``,
+    ``queue_full`` (the only one a client should retry).
+    """
+
+    def __init__(self, message: str, reason: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.param = param
+
+
+class QueueFullError(RequestRejectedError):
+    """The waiting queue holds ``max_queue_len`` requests; retry later (HTTP 429)."""
+
+    def __init__(self, max_queue_len: int) -> None:
+        super().__init__(
+            f"the server's waiting queue is full ({max_queue_len} requests); retry shortly",
+            reason="queue_full",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log-probability of one generated token and the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """Wall-clock (time.monotonic) milestones of one request, for latency metrics."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request: new tokens since the last step.
+
+    ``new_text`` is the detokenized delta; text that might be the start of a stop string is
+    held back until it is known not to be. When ``finished`` is true this is the request's
+    last output and ``finish_reason`` is ``"stop"``, ``"length"`` or ``"abort"``.
+    """
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    new_logprobs: tuple[TokenLogprob, ...] | None = None
+    times: RequestTimes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutput:
+    """The offline API's result for one prompt."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot for the server's metrics and the autoscaler."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_used_kv_blocks: int
+    num_preemptions: int  # cumulative
+    prefix_cache_queries: int  # cumulative prompt tokens looked up
+    prefix_cache_hits: int  # cumulative prompt tokens found cached
+    num_prompt_tokens: int  # cumulative prompt tokens computed
+    num_generation_tokens: int  # cumulative tokens generated
+    num_tokens_last_step: int
+    num_steps: int
+    max_num_sequences: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_used_kv_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
