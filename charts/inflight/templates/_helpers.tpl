@@ -1,0 +1,80 @@
+{{/* Names, labels and the operator's RBAC rules. */}}
+
+{{- define "inflight.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "inflight.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "inflight.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "inflight.name" . }}-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "inflight.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "inflight.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: inflight
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "inflight.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "inflight.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace the operator watches, or "" for all of them. */}}
+{{- define "inflight.watchNamespace" -}}
+{{- .Values.watchNamespace | default "" -}}
+{{- end -}}
+
+{{/*
+RBAC rules, split by scope. They must equal inflight.operator.rbac.REQUIRED_PERMISSIONS
+(tests/chart/test_rbac.py fails when they drift). Cluster-scoped resources can only be granted
+by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
+*/}}
+{{- define "inflight.rules.clusterScoped" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end -}}
+
+{{- define "inflight.rules.namespaced" -}}
+- apiGroups: ["inflight.dev"]
+  resources: ["inferencedeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["inflight.dev"]
+  resources: ["inferencedeployments/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}

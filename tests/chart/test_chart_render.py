@@ -1,0 +1,243 @@
+"""The chart loads, lints and renders with Helm's library for every values case, and every
+rendered object validates against the Kubernetes schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+from conftest import (
+    CHART_DIR,
+    RELEASE_NAMESPACE,
+    VALUES_CASES,
+    WATCH_NAMESPACE,
+    by_kind,
+    load_values,
+    one,
+    parse_manifests,
+)
+
+CASES = list(VALUES_CASES)
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
+KUBE_VERSIONS = ("1.25.0", "1.37.0")
+
+# ServiceMonitor is a Prometheus Operator CRD type, not in the Kubernetes schemas: this is the
+# part of monitoring.coreos.com/v1 that the chart uses, with its types and required fields.
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "namespace"],
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _LABELS},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": _LABELS, "matchExpressions": {"type": "array"}},
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                            "interval": _DURATION,
+                            "scrapeTimeout": _DURATION,
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_chart_loads(chart: helm.Chart) -> None:
+    assert chart.name == "inflight"
+    assert chart.metadata["apiVersion"] == "v2"
+    assert chart.schema is not None, "values.schema.json is missing"
+    assert {t["name"] for t in chart.templates} >= {
+        "templates/deployment.yaml",
+        "templates/rbac.yaml",
+        "templates/serviceaccount.yaml",
+        "templates/servicemonitor.yaml",
+        "templates/grafana-dashboard.yaml",
+        "templates/NOTES.txt",
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lint_is_clean(case: str) -> None:
+    report = helm.lint(CHART_DIR, load_values(case), strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [], report
+    assert report["messages"] == [], report
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_object_validates(objects, case: str, kube_version: str) -> None:
+    objs = objects(case)
+    assert objs, "nothing rendered"
+    for obj in objs:
+        where = f"{obj['kind']}/{obj['metadata']['name']} ({case}, Kubernetes {kube_version})"
+        if obj["kind"] == "ServiceMonitor":
+            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+            continue
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{where}: {err.message} at {list(err.absolute_path)}")
+
+
+def test_defaults_render_only_the_operator(objects) -> None:
+    kinds = sorted(o["kind"] for o in objects("defaults"))
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+
+
+def test_all_on_renders_every_option(objects) -> None:
+    kinds = {o["kind"] for o in objects("all-on")}
+    assert {"ServiceMonitor", "ConfigMap"} <= kinds
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_operator_deployment_shape(objects, case: str) -> None:
+    deploy = one(objects(case), "Deployment")
+    spec = deploy["spec"]
+    assert deploy["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    port = next(p for p in container["ports"] if p["name"] == probe["port"])
+    expected_port = load_values(case).get("operator", {}).get("livenessPort", 8080)
+    assert port["containerPort"] == expected_port
+    assert f"--liveness=http://0.0.0.0:{expected_port}/healthz" in container["args"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert pod["serviceAccountName"] == one(objects(case), "ServiceAccount")["metadata"]["name"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_restricted_security_context(objects, case: str) -> None:
+    pod = one(objects(case), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsUser"] != 0
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsNonRoot"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "privileged" not in sc
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert all("hostPath" not in v for v in pod.get("volumes", []))
+
+
+@pytest.mark.parametrize(
+    ("case", "scope_args"),
+    [
+        ("defaults", ["--all-namespaces"]),
+        ("all-on", ["--all-namespaces"]),
+        ("namespaced", [f"--namespace={WATCH_NAMESPACE}"]),
+        ("all-on-namespaced", [f"--namespace={WATCH_NAMESPACE}"]),
+    ],
+)
+def test_kopf_command_line(objects, case: str, scope_args: list[str]) -> None:
+    (container,) = one(objects(case), "Deployment")["spec"]["template"]["spec"]["containers"]
+    argv = container["command"] + container["args"]
+    assert argv[:3] == ["kopf", "run", "--module=inflight.operator"]
+    scope = [a for a in argv if a.startswith(("--namespace", "--all-namespaces", "-n", "-A"))]
+    assert scope == scope_args
+
+
+def test_all_on_passes_options_through(objects) -> None:
+    objs = objects("all-on")
+    pod = one(objs, "Deployment")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert {"--log-format=json", "--debug", "--priority=100"} <= set(container["args"])
+    assert {"name": "INFLIGHT_LOG_EXTRA", "value": "1"} in container["env"]
+    assert pod["metadata"]["labels"]["team"] == "ml-platform"
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "sre"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert "nodeAffinity" in pod["spec"]["affinity"]
+    sa = one(objs, "ServiceAccount")
+    assert sa["metadata"]["name"] == "inflight-operator"
+    assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    ("case", "namespace_selector"),
+    [("all-on", {"any": True}), ("all-on-namespaced", {"matchNames": [WATCH_NAMESPACE]})],
+)
+def test_service_monitor_selects_runtime_pods(objects, case: str, namespace_selector) -> None:
+    monitor = one(objects(case), "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/name": "inflight-runtime",
+            "app.kubernetes.io/managed-by": "inflight-operator",
+        }
+    }
+    assert monitor["spec"]["namespaceSelector"] == namespace_selector
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+
+
+def test_operator_pods_are_not_selected_as_runtime_pods(objects) -> None:
+    labels = one(objects("all-on"), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] != "inflight-runtime"
+
+
+def test_serviceaccount_can_be_external(chart: helm.Chart) -> None:
+    values = {"serviceAccount": {"create": False, "name": "existing-sa"}}
+    rendered = chart.render(values, name="inflight", namespace=RELEASE_NAMESPACE)
+    objs = parse_manifests(rendered)
+    assert by_kind(objs, "ServiceAccount") == []
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing-sa"
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "existing-sa"
+
+
+def test_rbac_can_be_left_to_the_user(chart: helm.Chart) -> None:
+    objs = parse_manifests(chart.render({"rbac": {"create": False}}, name="inflight"))
+    assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & {o["kind"] for o in objs}
+
+
+def test_notes_render(render) -> None:
+    notes = render("namespaced")["inflight/templates/NOTES.txt"]
+    assert "kubectl get infd -n llm-serving" in notes
+    assert "ghcr.io/inflight-dev/inflight-runtime:0.1.0" in notes
