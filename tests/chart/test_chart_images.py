@@ -1,0 +1,118 @@
+"""Static checks of docker/*.Dockerfile (they cannot be built here): non-root users that match
+the pods' securityContexts, the contract's entrypoints, and an operator image that carries
+every third-party module the operator imports (and no torch)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, one
+
+DOCKER = REPO / "docker"
+# Import name -> the distribution the operator image installs for it.
+DISTRIBUTIONS = {
+    "kopf": "kopf",
+    "prometheus_client": "prometheus-client",
+    "aiohttp": "aiohttp",
+    "yaml": "pyyaml",
+}
+
+
+def _final_stage(name: str) -> str:
+    text = (DOCKER / f"{name}.Dockerfile").read_text()
+    return text.rsplit("\nFROM ", 1)[-1]
+
+
+def _user(stage: str) -> tuple[int, int]:
+    users = re.findall(r"^USER\s+(\d+):(\d+)\s*$", stage, re.M)
+    assert users, "the final stage must set USER uid:gid numerically (runAsNonRoot checks it)"
+    uid, gid = users[-1]
+    return int(uid), int(gid)
+
+
+def _exec_form(stage: str, instruction: str) -> list[str]:
+    (line,) = re.findall(rf"^{instruction}\s+(\[.*\])\s*$", stage, re.M)
+    return list(ast.literal_eval(line))
+
+
+def test_runtime_image() -> None:
+    text = (DOCKER / "runtime.Dockerfile").read_text()
+    assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:[\w.-]+-runtime-ubuntu", text, re.M)
+    stage = _final_stage("runtime")
+    assert stage.startswith("${CUDA_IMAGE}")
+    assert _exec_form(stage, "ENTRYPOINT") == ["inflight", "serve"]
+    uid, _ = _user(stage)
+    assert uid != 0
+    try:
+        from inflight.operator.render import RUN_AS_USER
+    except ImportError as err:
+        pytest.fail(f"inflight.operator.render.RUN_AS_USER is missing ({err})")
+    assert uid == RUN_AS_USER, "the runtime image's user must be the uid the operator's pods run as"
+
+
+def test_operator_image(objects) -> None:
+    stage = _final_stage("operator")
+    assert re.match(r"python:3\.\d+-slim", stage)
+    assert _exec_form(stage, "ENTRYPOINT") == ["kopf", "run", "--module=inflight.operator"]
+    pod = one(objects("defaults"), "Deployment")["spec"]["template"]["spec"]
+    assert _user(stage) == (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
+    assert "pip install --no-deps ." in stage
+    assert "torch" not in stage
+
+
+def _module_file(module: str) -> Path | None:
+    parts = module.split(".")
+    for candidate in (REPO.joinpath(*parts).with_suffix(".py"), REPO.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _third_party_imports() -> dict[str, str]:
+    """Top-level third-party modules imported by inflight.operator and what it imports from
+    inflight, transitively -> the first file that imports each."""
+    seen: set[Path] = set()
+    todo = sorted((REPO / "inflight" / "operator").glob("*.py"))
+    found: dict[str, str] = {}
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top == "inflight":
+                    if (target := _module_file(name)) is not None:
+                        todo.append(target)
+                    # Importing a subpackage runs its parents' __init__ too.
+                    for depth in range(1, name.count(".") + 1):
+                        if (parent := _module_file(".".join(name.split(".")[:depth]))) is not None:
+                            todo.append(parent)
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    found.setdefault(top, str(path.relative_to(REPO)))
+    return found
+
+
+def test_operator_image_has_the_operators_imports() -> None:
+    if len(list((REPO / "inflight" / "operator").glob("*.py"))) < 2:
+        pytest.fail("inflight/operator/ has no modules yet: nothing to check the image against")
+    imports = _third_party_imports()
+    assert "torch" not in imports, f"the operator imports torch (via {imports.get('torch')}): the slim image has none"
+    stage = _final_stage("operator")
+    missing = {
+        module: where
+        for module, where in imports.items()
+        if DISTRIBUTIONS.get(module, module) not in stage
+    }
+    assert missing == {}, f"docker/operator.Dockerfile does not install {missing}"

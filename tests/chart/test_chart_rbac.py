@@ -1,0 +1,115 @@
+"""The chart's ClusterRole/Role grant exactly inflight.operator.rbac.REQUIRED_PERMISSIONS: no
+wildcard, nothing missing, nothing extra; namespaced mode grants namespaced resources only in
+the watched namespace."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+from conftest import RELEASE_NAMESPACE, WATCH_NAMESPACE, by_kind, one
+
+Triple = tuple[str, str, str]  # (api group, resource[/subresource], verb)
+
+# Cluster-scoped resources the operator might read; they can only be granted by a ClusterRole.
+CLUSTER_SCOPED = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("", "namespaces"),
+    ("", "nodes"),
+    ("kopf.dev", "clusterkopfpeerings"),
+    ("scheduling.k8s.io", "priorityclasses"),
+    ("storage.k8s.io", "storageclasses"),
+}
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def _required() -> set[Triple]:
+    try:
+        rbac = importlib.import_module("inflight.operator.rbac")
+        permissions = rbac.REQUIRED_PERMISSIONS
+    except (ImportError, AttributeError) as err:
+        pytest.fail(
+            "inflight.operator.rbac.REQUIRED_PERMISSIONS is missing (docs/CONTRACTS.md, the "
+            f"operator issue): the chart's RBAC cannot be checked against it ({err})"
+        )
+    triples = set()
+    for perm in permissions:
+        assert isinstance(perm.verbs, tuple), f"{perm}: verbs must be a tuple"
+        triples |= {(perm.api_group, perm.resource, verb) for verb in perm.verbs}
+    assert triples, "REQUIRED_PERMISSIONS is empty"
+    return triples
+
+
+def _is_cluster_scoped(triple: Triple) -> bool:
+    return (triple[0], triple[1].split("/")[0]) in CLUSTER_SCOPED
+
+
+def _granted(role: dict[str, Any]) -> set[Triple]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def _diff(granted: set[Triple], expected: set[Triple]) -> str:
+    return f"missing {sorted(expected - granted)}, extra {sorted(granted - expected)}"
+
+
+@pytest.mark.parametrize("case", ["defaults", "all-on", "namespaced", "all-on-namespaced"])
+def test_no_wildcards(objects, case: str) -> None:
+    for role in by_kind(objects(case), "ClusterRole") + by_kind(objects(case), "Role"):
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule, rule
+            assert "resourceNames" not in rule or rule["resourceNames"], rule
+            for key in ("apiGroups", "resources", "verbs"):
+                assert rule.get(key), f"{role['kind']}: rule without {key}: {rule}"
+                assert not any("*" in item for item in rule[key]), f"wildcard in {role['kind']}: {rule}"
+
+
+@pytest.mark.parametrize("case", ["defaults", "all-on"])
+def test_cluster_mode_grants_exactly_the_required_permissions(objects, case: str) -> None:
+    objs = objects(case)
+    assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
+    granted = _granted(one(objs, "ClusterRole"))
+    required = _required()
+    assert granted == required, _diff(granted, required)
+
+
+@pytest.mark.parametrize("case", ["namespaced", "all-on-namespaced"])
+def test_namespaced_mode_grants_namespaced_permissions_in_one_namespace(objects, case: str) -> None:
+    objs = objects(case)
+    required = _required()
+    role = one(objs, "Role")
+    assert role["metadata"]["namespace"] == WATCH_NAMESPACE
+    namespaced = {t for t in required if not _is_cluster_scoped(t)}
+    assert _granted(role) == namespaced, _diff(_granted(role), namespaced)
+
+    cluster_scoped = {t for t in required if _is_cluster_scoped(t)}
+    cluster_roles = by_kind(objs, "ClusterRole")
+    if not cluster_scoped:
+        assert cluster_roles == []
+        return
+    granted = _granted(one(objs, "ClusterRole"))
+    # Only cluster-scoped resources cluster-wide: the namespaced ones stay in the Role.
+    assert granted == cluster_scoped, _diff(granted, cluster_scoped)
+
+
+@pytest.mark.parametrize("case", ["defaults", "all-on", "namespaced", "all-on-namespaced"])
+def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -> None:
+    objs = objects(case)
+    account = one(objs, "ServiceAccount")["metadata"]
+    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objs if o["kind"] in ("ClusterRole", "Role")}
+    bindings = by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding")
+    assert len(bindings) == len(roles)
+    for binding in bindings:
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace")
+        assert (ref["kind"], ref["name"], namespace if ref["kind"] == "Role" else None) in roles
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}
+        ]
+    assert account["namespace"] == RELEASE_NAMESPACE
