@@ -1,0 +1,10 @@
+"""``python -m inflight.runtime`` is the ``inflight`` command (``serve`` and friends).
+
+Owns nothing but the hand-off to ``inflight.runtime.cli.main``.
+"""
+
+import sys
+
+from inflight.runtime.cli import main
+
+sys.exit(main())

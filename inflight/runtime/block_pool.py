@@ -1,0 +1,141 @@
+"""The KV block pool: fixed-size blocks, reference counts, a free queue and the prefix cache.
+
+A block is free when no request holds it (``ref_cnt == 0``). Free blocks wait in an LRU
+queue; a free block that still holds a full, hashed block of tokens stays findable in the
+prefix cache until it is handed out again (evicted), oldest-freed first. Full blocks are
+keyed by a chained hash (the parent block's hash + this block's token ids), so two requests
+whose prompts share a prefix share those blocks.
+
+This module imports no torch and knows nothing about requests or scheduling policy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+NO_PARENT_HASH = 0
+
+
+def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
+    """Chained hash of one full block of tokens."""
+    return hash((parent_hash, tuple(token_ids)))
+
+
+def hash_full_blocks(
+    token_ids: Sequence[int], block_size: int, parent_hashes: Sequence[int] = ()
+) -> list[int]:
+    """Chained hashes of every full block of ``token_ids``, reusing ``parent_hashes``."""
+    hashes = list(parent_hashes)
+    parent = hashes[-1] if hashes else NO_PARENT_HASH
+    for i in range(len(hashes), len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class KVBlockPool:
+    """Hands out block ids; tracks ref counts and the prefix cache."""
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1 (got {num_blocks}).")
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        # Free blocks in eviction order: the first key is evicted first.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free)
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """``num_blocks`` fresh blocks (ref 1), evicting cached ones LRU; None if too few."""
+        if num_blocks > len(self._free):
+            return None
+        block_ids = []
+        for _ in range(num_blocks):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(block_id)
+            self.ref_cnt[block_id] = 1
+            block_ids.append(block_id)
+        return block_ids
+
+    def share(self, block_ids: Iterable[int]) -> None:
+        """Take one more reference on each block (a prefix-cache hit); revives free ones."""
+        for block_id in block_ids:
+            if self.ref_cnt[block_id] == 0:
+                del self._free[block_id]
+            self.ref_cnt[block_id] += 1
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference on each block. Blocks reaching zero join the free queue.
+
+        Freed in reverse so that a sequence's tail blocks are evicted before its head
+        blocks, which are the ones other prompts are likeliest to share.
+        """
+        for block_id in reversed(block_ids):
+            if self.ref_cnt[block_id] <= 0:
+                raise RuntimeError(f"double free of KV block {block_id}")
+            self.ref_cnt[block_id] -= 1
+            if self.ref_cnt[block_id] == 0:
+                self._free[block_id] = None
+
+    def find_cached(self, block_hashes: Sequence[int]) -> list[int]:
+        """The longest run of leading blocks found in the cache (takes no references)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for h in block_hashes:
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def num_free_among(self, block_ids: Iterable[int]) -> int:
+        """How many of ``block_ids`` sit in the free queue (sharing them uses up free blocks)."""
+        return sum(1 for b in block_ids if self.ref_cnt[b] == 0)
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        """Record that ``block_id`` holds the full block ``block_hash``."""
+        if not self.enable_prefix_caching or self.block_hash[block_id] is not None:
+            return
+        self.block_hash[block_id] = block_hash
+        self._cached.setdefault(block_hash, block_id)
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in list(self._free):
+            self._evict(block_id)
+
+    def _evict(self, block_id: int) -> None:
+        h = self.block_hash[block_id]
+        if h is None:
+            return
+        self.block_hash[block_id] = None
+        if self._cached.get(h) == block_id:
+            del self._cached[h]
+
+    def check_invariants(self) -> None:
+        """Internal consistency, for tests: free queue == blocks with ref 0, cache map sane."""
+        free = set(self._free)
+        for block_id in range(self.num_blocks):
+            ref = self.ref_cnt[block_id]
+            assert ref >= 0, f"negative ref count on block {block_id}"
+            assert (ref == 0) == (block_id in free), f"free queue disagrees on block {block_id}"
+        for h, block_id in self._cached.items():
+            assert self.block_hash[block_id] == h, f"cache map disagrees on block {block_id}"

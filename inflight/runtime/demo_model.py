@@ -1,0 +1,158 @@
+"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 checkpoint with a real tokenizer.
+
+``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3] [--size tiny|small|medium|0.5b] [--seed N]``
+
+Writes an ordinary Hugging Face directory (config.json, model.safetensors, tokenizer.json,
+generation_config.json) that transformers and our loader both read. The tokenizer is a
+byte-level BPE trained offline with ``tokenizers`` on the Python standard library's sources,
+with bos/eos/pad tokens and a ChatML chat template. Weights are drawn with a larger spread
+than a trained model's init so that greedy decoding stays varied. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, slots=True)
+class SizePreset:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+    init_std: float
+
+
+SIZES = {
+    "tiny": SizePreset(64, 128, 2, 4, 2, 1024, 1024, 0.15),
+    "small": SizePreset(256, 688, 8, 8, 4, 4096, 2048, 0.08),  # ~7M parameters
+    "medium": SizePreset(512, 1536, 18, 8, 4, 8192, 2048, 0.05),  # ~60M parameters
+    "0.5b": SizePreset(1024, 4096, 28, 16, 8, 16384, 32768, 0.03),  # ~0.47B parameters
+}
+
+
+def _corpus_files(max_bytes: int = 3_000_000) -> list[str]:
+    """A deterministic slice of the standard library's sources to train the tokenizer on."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        files.append(str(path))
+        total += path.stat().st_size
+        if total >= max_bytes:
+            break
+    return files
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = [BOS, EOS, PAD, *CHAT_TOKENS]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train(_corpus_files(), trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        additional_special_tokens=list(CHAT_TOKENS), chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _hf_config(arch: str, size: SizePreset, vocab_size: int, ids: dict[str, int]) -> Any:
+    import transformers
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
+        num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads, max_position_embeddings=size.max_position_embeddings,
+        rms_norm_eps=1e-5, initializer_range=size.init_std, **ids,
+    )
+    if arch == "llama":  # llama3-style rope scaling, as in Llama 3.1+
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": size.max_position_embeddings // 4}
+        return transformers.LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope,
+                                        architectures=["LlamaForCausalLM"])
+    if arch == "mistral":
+        return transformers.MistralConfig(**common, tie_word_embeddings=False, sliding_window=None,
+                                          architectures=["MistralForCausalLM"])
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common, tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"])
+    if arch == "qwen3":  # head_dim decoupled from hidden/heads, as in Qwen3
+        return transformers.Qwen3Config(**common, head_dim=2 * size.hidden_size // size.num_heads,
+                                        tie_word_embeddings=False, architectures=["Qwen3ForCausalLM"])
+    raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}.")
+
+
+def make_demo_model(
+    out_dir: str | Path, arch: str = "llama", size: str = "tiny", seed: int = 0, *, eos: bool = True,
+) -> Path:
+    """Write a seeded random model of ``arch``/``size`` to ``out_dir`` and return the path.
+
+    ``eos=False`` writes a model that never stops on EOS (benchmarks that must not end early).
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}.")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}.")
+    import torch
+    import transformers
+
+    preset = SIZES[size]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(preset.vocab_size)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
+           "eos_token_id": tokenizer.eos_token_id if eos else None}
+    config = _hf_config(arch, preset, len(tokenizer), ids)
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if size == "0.5b" else torch.float32
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = ids["eos_token_id"]
+    model.to(dtype).save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inflight.runtime.demo_model", description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir", help="directory to write the model to")
+    parser.add_argument("--arch", default="llama", choices=ARCHITECTURES)
+    parser.add_argument("--size", default="tiny", choices=list(SIZES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-eos", action="store_true", help="a model that never stops on EOS")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    path = make_demo_model(args.out_dir, args.arch, args.size, args.seed, eos=not args.no_eos)
+    print(f"wrote a random {args.arch} model ({args.size}, seed {args.seed}) to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

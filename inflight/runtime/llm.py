@@ -1,0 +1,78 @@
+"""LLM: the offline API in the vocabulary vLLM users know.
+
+    from inflight.runtime import LLM, SamplingParams
+    llm = LLM("models/demo", max_num_sequences=16)
+    outputs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
+    print(outputs[0].text, outputs[0].token_ids, outputs[0].finish_reason)
+
+It adds every prompt to one engine and steps until all finish, so the prompts share batches
+exactly as concurrent server requests would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine import LLMEngine
+from inflight.runtime.outputs import CompletionOutput, TokenLogprob
+from inflight.runtime.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Offline batch generation over one :class:`LLMEngine`."""
+
+    def __init__(self, model: str | Path, **engine_config: Any) -> None:
+        self.engine = LLMEngine.from_model_dir(model, EngineConfig(**engine_config))
+        self.tokenizer = self.engine.tokenizer
+        self._counter = 0
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        """Generate for every prompt; results come back in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompt_list = list(prompts)  # type: ignore[arg-type]
+        if params is None:
+            params = SamplingParams()
+        param_list = [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
+        if len(param_list) != len(prompt_list):
+            raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompt_list)} prompts.")
+        req_ids = []
+        for prompt, p in zip(prompt_list, param_list, strict=True):
+            req_id = f"offline-{self._counter}"
+            self._counter += 1
+            self.engine.add_request(req_id, self.engine.encode_prompt(prompt), p)
+            req_ids.append(req_id)
+        return self._run(req_ids, prompt_list)
+
+    def _run(self, req_ids: list[str], prompts: list[Prompt]) -> list[CompletionOutput]:
+        tokens: dict[str, list[int]] = {r: [] for r in req_ids}
+        texts: dict[str, list[str]] = {r: [] for r in req_ids}
+        logprobs: dict[str, list[TokenLogprob]] = {r: [] for r in req_ids}
+        done: dict[str, CompletionOutput] = {}
+        while len(done) < len(req_ids):
+            for out in self.engine.step():
+                tokens[out.req_id].extend(out.new_token_ids)
+                texts[out.req_id].append(out.new_text)
+                if out.new_logprobs:
+                    logprobs[out.req_id].extend(out.new_logprobs)
+                if out.finished:
+                    idx = req_ids.index(out.req_id)
+                    done[out.req_id] = CompletionOutput(
+                        req_id=out.req_id,
+                        prompt_token_ids=self.engine.encode_prompt(prompts[idx]),
+                        text="".join(texts[out.req_id]),
+                        token_ids=tokens[out.req_id],
+                        finish_reason=out.finish_reason or "stop",
+                        logprobs=logprobs[out.req_id] or None,
+                        num_cached_tokens=out.num_cached_tokens,
+                    )
+        return [done[r] for r in req_ids]

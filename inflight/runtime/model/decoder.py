@@ -1,0 +1,151 @@
+"""The Llama-family decoder over a packed token batch (no padding), reading a paged KV cache.
+
+One flat token tensor holds every scheduled sequence back to back: single-token (decode)
+sequences first, then prompt chunks. Attention and KV writes go through a
+:class:`~inflight.kernels.dispatch.KernelOps` bundle. q/k/v and gate/up projections are
+fused into one matmul each at load time. Knows nothing about scheduling or sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.kernels.dispatch import KernelOps
+from inflight.runtime.model.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Where each token of the packed batch reads and writes the paged KV cache."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    num_decode_tokens: int  # the first num_decode_tokens tokens are one-token sequences
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32
+    decode_context_lens: torch.Tensor  # [num_decodes] int32
+    prefill_block_tables: torch.Tensor  # [num_prefills, max_blocks] int32
+    prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32, relative to the prefill part
+    prefill_context_lens: torch.Tensor  # [num_prefills] int32
+    num_prefills: int
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.qkv_proj = nn.Linear(spec.hidden_size, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.scale = spec.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        positions: torch.Tensor,  # [num_tokens]
+        cos_sin: torch.Tensor,  # [max_position, head_dim]
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        ops: KernelOps,
+    ) -> torch.Tensor:
+        spec = self.spec
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+        q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
+        k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        v = v.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)[0]
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)[0]
+        q, k = ops.rotary_embedding(positions, q, k, cos_sin)
+        k_cache, v_cache = kv_cache
+        ops.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        nd = meta.num_decode_tokens
+        if meta.num_prefills == 0:
+            out = ops.paged_decode_attention(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            )
+        elif nd == 0:
+            out = ops.paged_prefill_attention(
+                q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                meta.prefill_context_lens, self.scale,
+            )
+        else:
+            out = torch.empty_like(q)
+            out[:nd] = ops.paged_decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            )
+            out[nd:] = ops.paged_prefill_attention(
+                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                meta.prefill_context_lens, self.scale,
+            )
+        return self.o_proj(out.reshape(num_tokens, spec.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.intermediate_size = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and the LM head."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        cos_sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        ops: KernelOps,
+    ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
+        hidden = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            norm = layer.input_layernorm
+            x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
+            x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops)
+            norm = layer.post_attention_layernorm
+            x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
+            hidden = layer.mlp(x)
+        return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab], float32
+        return self.lm_head(hidden).float()

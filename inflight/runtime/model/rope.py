@@ -1,0 +1,32 @@
+"""Rotary-embedding tables: the (cos, sin) cache per position, computed as transformers does.
+
+We take the inverse frequencies and attention scaling from transformers' own rope
+initializers (default, linear, llama3, yarn) so scaled variants match the reference exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _inv_freq(config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (base**exponents), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def build_cos_sin_cache(config: Any, head_dim: int, max_position: int) -> torch.Tensor:
+    """``[max_position, head_dim]`` float32: cos of each frequency, then sin."""
+    inv_freq, scaling = _inv_freq(config, head_dim)  # [head_dim / 2]
+    positions = torch.arange(max_position, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
+    return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)

@@ -1,0 +1,101 @@
+"""ModelSpec: the architecture facts our decoder needs, read from a Hugging Face config.
+
+Knows which architectures we support and how each differs from Llama (Qwen2's qkv bias,
+Qwen3's q/k norm, Mistral's sliding window). Raises ``ValueError`` for anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+    hidden_act: str
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def spec_from_hf_config(config: Any) -> ModelSpec:
+    """Read a transformers ``PretrainedConfig`` into a :class:`ModelSpec`."""
+    archs = list(getattr(config, "architectures", None) or [])
+    arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        model_type = getattr(config, "model_type", None)
+        arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
+    if arch is None:
+        raise ValueError(
+            f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+            f"inflight serves {', '.join(sorted(SUPPORTED_ARCHITECTURES))}."
+        )
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
+    rope = _rope_parameters(config)
+    if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope type {rope.get('rope_type')!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}."
+        )
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    sliding = getattr(config, "sliding_window", None)
+    if arch in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
+        sliding = None
+    return ModelSpec(
+        arch=arch,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        o_bias=arch not in ("qwen2",) and bool(getattr(config, "attention_bias", False)),
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        qk_norm=arch == "qwen3",
+        sliding_window=sliding,
+        hidden_act="silu",
+    )
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None)
+    if params is None:  # transformers < 5
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+        params.setdefault("rope_type", params.pop("type", "default"))
+    return dict(params)

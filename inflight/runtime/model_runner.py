@@ -1,0 +1,179 @@
+"""ModelRunner: owns the model, the paged KV cache tensors and the step's input tensors.
+
+It turns a :class:`SchedulerOutput` into one packed batch (one-token sequences first, then
+prompt chunks), runs the decoder, and returns the final hidden states' logits for the
+sequences that sample this step. It sizes the KV cache from the config (explicit block
+count, the free-GPU-memory fraction on CUDA, or a capped default on the CPU). Knows nothing
+about sampling or scheduling policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inflight.kernels.dispatch import get_kernel_ops
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.model.decoder import AttentionMetadata
+from inflight.runtime.model.loader import Progress, load_hf_config, load_model
+from inflight.runtime.model.rope import build_cos_sin_cache
+from inflight.runtime.scheduler import ScheduledChunk
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CACHE_CAP_BYTES = 4 << 30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but no CUDA device is visible; use device=cpu.")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return checkpoint_dtype if checkpoint_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # [num_sampled] rows of the packed batch to compute logits for
+    sampled_chunks: tuple[ScheduledChunk, ...]  # in the order of sample_indices
+
+
+class ModelRunner:
+    """Runs the decoder over the paged KV cache."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(config.device)
+        hf_config = load_hf_config(model_dir)
+        checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
+        self.model, self.hf_config = load_model(model_dir, self.dtype, self.device, progress, hf_config)
+        self.spec = self.model.spec
+        self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        self.block_size = config.block_size
+        self.max_model_len = self._resolve_max_model_len(config)
+        self.cos_sin = build_cos_sin_cache(self.hf_config, self.spec.head_dim, self.max_model_len).to(
+            self.device
+        )
+        self.num_kv_blocks = self._resolve_num_blocks(config)
+        shape = (self.num_kv_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.spec.num_layers)
+        ]
+        if progress:
+            progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
+                     f"({self.kv_cache_bytes / 2**20:.0f} MiB), kernels: {self.ops.name}")
+
+    # -- sizing ------------------------------------------------------------------------
+    def _resolve_max_model_len(self, config: EngineConfig) -> int:
+        limit = self.spec.max_position_embeddings
+        if self.spec.sliding_window is not None and self.spec.sliding_window < limit:
+            logger.warning("capping max_model_len at the sliding window (%d tokens)", self.spec.sliding_window)
+            limit = self.spec.sliding_window
+        if config.max_model_len is None:
+            return limit
+        if config.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds what the model supports ({limit})."
+            )
+        return config.max_model_len
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.finfo(self.dtype).bits // 8
+        return 2 * self.spec.num_layers * self.block_size * self.spec.kv_size * elem
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_kv_blocks * self.bytes_per_block
+
+    def _resolve_num_blocks(self, config: EngineConfig) -> int:
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            free, _total = torch.cuda.mem_get_info(self.device)
+            budget = int(free * config.kv_cache_free_gpu_mem_fraction)
+            num = budget // self.bytes_per_block
+        else:
+            wanted = config.max_num_sequences * -(-self.max_model_len // self.block_size)
+            num = min(wanted, CPU_KV_CACHE_CAP_BYTES // self.bytes_per_block)
+        if num < 1:
+            raise ValueError("no memory left for even one KV block; lower max_model_len or free memory.")
+        return int(num)
+
+    # -- one step ----------------------------------------------------------------------
+    def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
+        """Pack the scheduled chunks: one-token chunks first (decode path), then the rest."""
+        decodes = [c for c in chunks if c.num_tokens == 1]
+        prefills = [c for c in chunks if c.num_tokens > 1]
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sampled: list[ScheduledChunk] = []
+        ctx_lens: list[int] = []
+        q_starts: list[int] = [0]
+        for chunk in decodes + prefills:
+            req, start, n = chunk.request, chunk.request.num_computed_tokens, chunk.num_tokens
+            ids.extend(req.token_ids[start : start + n])
+            positions = range(start, start + n)
+            pos.extend(positions)
+            table = req.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in positions)
+            ctx_lens.append(start + n)
+            if chunk.num_tokens > 1:
+                q_starts.append(q_starts[-1] + n)
+            if chunk.sample:
+                sample_rows.append(len(ids) - 1)
+                sampled.append(chunk)
+        nd = len(decodes)
+        dev = self.device
+        tables = [c.request.block_ids for c in decodes + prefills]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode_tokens=nd,
+            decode_block_tables=_pad_tables(tables[:nd], dev),
+            decode_context_lens=torch.tensor(ctx_lens[:nd], dtype=torch.int32, device=dev),
+            prefill_block_tables=_pad_tables(tables[nd:], dev),
+            prefill_query_start_loc=torch.tensor(q_starts, dtype=torch.int32, device=dev),
+            prefill_context_lens=torch.tensor(ctx_lens[nd:], dtype=torch.int32, device=dev),
+            num_prefills=len(prefills),
+        )
+        return BatchInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            meta=meta,
+            sample_indices=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            sampled_chunks=tuple(sampled),
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: BatchInputs) -> torch.Tensor:
+        """Logits ``[num_sampled, vocab]`` (float32) for the sampling rows of ``batch``."""
+        hidden = self.model(batch.input_ids, batch.positions, self.cos_sin, self.kv_caches, batch.meta, self.ops)
+        return self.model.compute_logits(hidden[batch.sample_indices])
+
+
+def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=1)
+    rows = [t + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(tables), width)

@@ -1,0 +1,86 @@
+"""Request: the engine's mutable record of one generation request as it moves through states.
+
+A request is WAITING (not admitted, or preempted and waiting to be recomputed), RUNNING
+(holds KV blocks, is scheduled every step) or FINISHED. ``num_computed_tokens`` counts the
+tokens whose K/V are in the cache; the scheduler hands out the rest in chunks. Imports no
+torch and knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from inflight.runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One request's tokens, KV blocks and progress."""
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        arrival_seq: int = 0,
+    ) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.arrival_seq = arrival_seq  # tie-breaker: order of add_request calls
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
+        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
+        self.num_preemptions = 0
+        self.admitted_seq = -1  # order of the latest admission (for preemption victims)
+        self.finish_reason: str | None = None
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while the prompt (or, after preemption, the recomputed tokens) is not all cached."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, {self.status.value}, computed={self.num_computed_tokens}/"
+            f"{self.num_tokens}, blocks={len(self.block_ids)})"
+        )

@@ -1,0 +1,143 @@
+"""Sampler: turns a step's logits into one token per sampling request.
+
+Applies, per row: repetition / presence / frequency penalties, min_tokens (EOS and stop
+tokens masked until reached), then greedy argmax or temperature + top_k + top_p + min_p and
+a draw from the request's own ``torch.Generator`` (so a seeded request gets the same tokens
+whatever else shares the batch). Log-probabilities (with top alternatives) come from the
+penalized distribution before temperature. Knows nothing about scheduling or the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inflight.runtime.outputs import TokenLogprob
+from inflight.runtime.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """What the sampler needs to know about one request this step."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+class Sampler:
+    """Stateless apart from the device; call :meth:`sample` once per step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """``logits``: ``[num_rows, vocab]`` float32, modified in place."""
+        if not rows:
+            return SamplerOutput([], [])
+        for i, row in enumerate(rows):
+            if row.params.needs_penalties:
+                _apply_penalties(logits[i], row)
+            if row.params.min_tokens and len(row.output_token_ids) < row.params.min_tokens:
+                banned = list(row.params.stop_token_ids)
+                if not row.params.ignore_eos:
+                    banned.extend(row.eos_token_ids)
+                if banned:
+                    logits[i, banned] = float("-inf")
+        logprobs = _logprobs(logits, rows)
+        greedy = [r.params.greedy for r in rows]
+        if all(greedy):
+            token_ids = logits.argmax(dim=-1).tolist()
+        else:
+            token_ids = self._random_sample(logits, rows, greedy)
+        chosen = _chosen_logprobs(logprobs, token_ids)
+        return SamplerOutput(token_ids, chosen)
+
+    def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
+        dev = logits.device
+        temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=dev)
+        logits = logits / temps[:, None]
+        logits = _filter(logits, rows)
+        probs = torch.softmax(logits, dim=-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, row by row,
+        # each row from its own generator.
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(rows):
+            noise[i].exponential_(generator=row.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        argmax = logits.argmax(dim=-1)
+        pick_greedy = torch.tensor(greedy, device=dev)
+        return torch.where(pick_greedy, argmax, sampled).tolist()
+
+
+def _apply_penalties(row_logits: torch.Tensor, row: SamplingRow) -> None:
+    p = row.params
+    dev = row_logits.device
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), device=dev)
+        if seen.numel():
+            vals = row_logits[seen]
+            row_logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
+        counts = torch.bincount(
+            torch.tensor(row.output_token_ids, device=dev), minlength=row_logits.shape[0]
+        ).to(row_logits.dtype)
+        row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
+
+
+def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Mask tokens outside top_k / top_p / min_p (per-row parameters)."""
+    dev = logits.device
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=dev)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=dev)
+    min_p = torch.tensor([r.params.min_p for r in rows], device=dev)
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=dev)
+        drop = ranks[None, :] >= top_k[:, None]
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_before > top_p[:, None]
+        drop[:, 0] = False  # always keep the best token
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    if bool((min_p > 0).any()):
+        probs = torch.softmax(logits, dim=-1)
+        threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+def _logprobs(logits: torch.Tensor, rows: list[SamplingRow]) -> list[tuple[torch.Tensor, int] | None]:
+    wanted = [r.params.logprobs for r in rows]
+    if all(w is None for w in wanted):
+        return [None] * len(rows)
+    logp = torch.log_softmax(logits, dim=-1)
+    return [None if w is None else (logp[i], w) for i, w in enumerate(wanted)]
+
+
+def _chosen_logprobs(
+    logprobs: list[tuple[torch.Tensor, int] | None], token_ids: list[int]
+) -> list[TokenLogprob | None]:
+    out: list[TokenLogprob | None] = []
+    for entry, token_id in zip(logprobs, token_ids, strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        row, k = entry
+        top: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            vals, idx = row.topk(k)
+            top = tuple(zip(idx.tolist(), vals.tolist(), strict=True))
+        out.append(TokenLogprob(token_id, float(row[token_id]), top))
+    return out

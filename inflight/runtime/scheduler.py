@@ -1,0 +1,182 @@
+"""The iteration-level scheduler: which requests run in the next step, and how many tokens each.
+
+Every step gets a token budget (``max_num_tokens``). Running requests go first (a decode
+costs one token, an unfinished prompt its next chunk), then waiting requests in policy
+order while the budget, ``max_num_sequences`` and free KV blocks allow. When blocks run
+out, running requests are preempted by recompute: the most recently admitted first, or under
+``priority`` the lowest priority (highest ``priority`` value) first. ``static`` is the naive
+baseline: it admits a batch only when nothing is running.
+
+Imports no torch; knows nothing about the model or sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.kv_manager import KVCacheManager
+from inflight.runtime.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """``num_tokens`` tokens of ``request`` starting at its ``num_computed_tokens``."""
+
+    request: Request
+    num_tokens: int
+    sample: bool  # this chunk completes the known tokens, so a new token is sampled
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]
+    admitted: tuple[Request, ...]
+    preempted: tuple[Request, ...]
+    num_batched_tokens: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    """Holds the waiting and running queues and decides each step's batch."""
+
+    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # in admission order
+        self.num_preemptions = 0
+        self._admissions = 0
+
+    # -- queue management -------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take ``req`` out of whichever queue holds it and free its blocks."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _policy_key(self, req: Request) -> tuple[int, ...]:
+        if self.config.scheduler_policy == "priority":
+            return (req.priority, req.arrival_seq)
+        return (req.arrival_seq,)
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+        budget = self._schedule_running(budget, chunks, preempted)
+        admitted: list[Request] = []
+        if not preempted and self._may_admit():
+            budget = self._schedule_waiting(budget, chunks, admitted)
+        num_batched = self.config.max_num_tokens - budget
+        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(preempted), num_batched)
+
+    def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
+        """Tokens of ``req`` to run now: all ``remaining``, or a chunk when chunking applies; 0 = wait."""
+        # Recompute after preemption is always chunked: it resumes work already accepted.
+        if self.config.enable_chunked_context or req.num_preemptions > 0:
+            return min(remaining, budget)
+        return remaining if remaining <= budget else 0
+
+    def _schedule_running(
+        self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
+    ) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self._pick_victim(i)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # req itself was preempted; running[i] is now the next request
+            chunks.append(self._chunk(req, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _pick_victim(self, first_unscheduled: int) -> Request:
+        """A request not yet scheduled this step: the newest, or the lowest priority."""
+        candidates = self.running[first_unscheduled:]
+        if self.config.scheduler_policy == "priority":
+            return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
+        return max(candidates, key=lambda r: r.admitted_seq)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+        self.num_preemptions += 1
+
+    def _may_admit(self) -> bool:
+        if self.config.scheduler_policy == "static":
+            return not self.running
+        return True
+
+    def _schedule_waiting(
+        self, budget: int, chunks: list[ScheduledChunk], admitted: list[Request]
+    ) -> int:
+        static = self.config.scheduler_policy == "static"
+        self.waiting.sort(key=self._policy_key)
+        while self.waiting and len(self.running) < self.config.max_num_sequences:
+            if budget == 0 and not static:
+                break
+            req = self.waiting[0]
+            hit_blocks = self.kv.find_prefix_hit(req)
+            num_hit_tokens = len(hit_blocks) * self.kv.block_size
+            remaining = req.num_tokens - num_hit_tokens
+            num_new = self._chunk_size(req, remaining, budget)
+            if num_new == 0 and not static:
+                break
+            # Static batching reserves room for the whole prompt at admission.
+            reserve = remaining if static else num_new
+            if not self.kv.allocate_slots(req, reserve, hit_blocks):
+                break
+            if req.num_preemptions == 0:
+                self.kv.record_lookup(req.num_prompt_tokens, num_hit_tokens)
+                req.num_cached_tokens = num_hit_tokens
+            self.waiting.pop(0)
+            req.status = RequestStatus.RUNNING
+            req.admitted_seq = self._admissions
+            self._admissions += 1
+            self.running.append(req)
+            admitted.append(req)
+            if num_new > 0:
+                chunks.append(self._chunk(req, num_new))
+                budget -= num_new
+        return budget
+
+    @staticmethod
+    def _chunk(req: Request, num_new: int) -> ScheduledChunk:
+        return ScheduledChunk(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)

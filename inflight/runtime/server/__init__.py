@@ -1,0 +1,24 @@
+"""The OpenAI-compatible HTTP server in front of the engine (aiohttp).
+
+One line per module:
+
+* ``app``          routes, middlewares (errors, auth, admission), /health /ready /metrics, drain
+* ``serve``        the process lifecycle: bind, load with progress, SIGTERM drain, exit code
+* ``async_engine`` the engine step loop in its own thread; thread-safe command queue
+* ``openai_api``   /v1/completions, /v1/chat/completions, /v1/models: bodies, prompts, chat template
+* ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
+* ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
+* ``responses``    OpenAI response bodies, stream chunks, usage and logprobs layouts
+* ``streaming``    server-sent events framing
+* ``errors``       the OpenAI error shape and the status / type / code of each failure
+* ``metrics``      Prometheus metrics in a per-app registry
+* ``admin``        GET/POST /admin/config (live retuning)
+* ``state``        per-app settings and state (no module-level mutable state)
+* ``logs``         JSON log lines
+"""
+
+from inflight.runtime.server.app import create_app, drain
+from inflight.runtime.server.serve import serve
+from inflight.runtime.server.state import ServerSettings
+
+__all__ = ["ServerSettings", "create_app", "drain", "serve"]

@@ -1,0 +1,71 @@
+"""The admin endpoint: GET/POST /admin/config, the live engine config and live retuning.
+
+Owns the admin JSON shape: GET returns the live ``EngineConfig`` (snake_case names); POST
+takes an object of any of ``LIVE_TUNABLE_FIELDS`` and applies it on the engine thread via
+``engine.update_config``. Other fields or bad values are 400 OpenAI errors. Authentication
+is the app's middleware (same key as /v1). Knows nothing about the OpenAI generation API.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+from inflight.runtime.server.errors import bad_request, unavailable
+from inflight.runtime.server.openai_api import read_json
+from inflight.runtime.server.state import STATE
+
+logger = logging.getLogger("inflight.server.admin")
+
+
+async def get_config(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.engine.is_ready:
+        raise unavailable("the model is still loading; retry shortly", "loading")
+    return web.json_response(state.engine.engine.config.to_dict())
+
+
+async def post_config(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.engine.is_ready:
+        raise unavailable("the model is still loading; retry shortly", "loading")
+    body = await read_json(request, state.settings.max_body_bytes)
+    changes = validate_changes(body)
+    if changes:
+        try:
+            config: EngineConfig = await state.engine.call(lambda e: e.update_config(**changes))
+        except ValueError as exc:
+            raise bad_request(str(exc), _field_in(str(exc), changes)) from None
+        logger.info("live config changed: %s", changes)
+    else:
+        config = state.engine.engine.config
+    return web.json_response(config.to_dict())
+
+
+def validate_changes(body: object) -> dict[str, int]:
+    """The requested live changes, or a 400 naming the field that cannot be changed."""
+    if not isinstance(body, dict):
+        raise bad_request(
+            f"the body must be a JSON object with any of: {', '.join(LIVE_TUNABLE_FIELDS)}"
+        )
+    for name, value in body.items():
+        if name not in LIVE_TUNABLE_FIELDS:
+            raise bad_request(
+                f"'{name}' cannot be changed while running; live fields: "
+                f"{', '.join(LIVE_TUNABLE_FIELDS)} (restart with a flag for the others)",
+                name,
+            )
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad_request(f"'{name}' must be an integer (got {value!r})", name)
+    return dict(body)
+
+
+def _field_in(message: str, changes: dict[str, int]) -> str | None:
+    return next((name for name in changes if name in message), None)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/config", get_config)
+    app.router.add_post("/admin/config", post_config)

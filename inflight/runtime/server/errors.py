@@ -1,0 +1,114 @@
+"""OpenAI-shaped HTTP errors: one exception type the handlers raise and one JSON body shape.
+
+Owns the mapping from failure kinds to HTTP status, OpenAI ``type`` and ``code`` so every
+route reports errors the same way: ``{"error": {"message", "type", "param", "code"}}``.
+Knows nothing about the engine or aiohttp routing; ``app.py`` turns ``APIError`` into a
+response and anything else into a 500 without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from inflight.runtime.outputs import RequestRejectedError
+
+RETRY_AFTER_QUEUE_FULL_S = 1
+RETRY_AFTER_UNAVAILABLE_S = 5
+
+
+@dataclass(slots=True)
+class APIError(Exception):
+    """A failure to report to the client as an OpenAI error body."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            text=json.dumps(self.body()),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def unauthorized() -> APIError:
+    return APIError(
+        401,
+        "missing or wrong API key: send 'Authorization: Bearer <key>' with the server's --api-key",
+        "authentication_error",
+        code="invalid_api_key",
+    )
+
+
+def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(404, message, "not_found_error", param, code)
+
+
+def body_too_large(max_bytes: int) -> APIError:
+    return APIError(
+        413,
+        f"request body is larger than {max_bytes} bytes; send a shorter prompt",
+        "invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def queue_full(message: str) -> APIError:
+    return APIError(
+        429,
+        message,
+        "rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": str(RETRY_AFTER_QUEUE_FULL_S)},
+    )
+
+
+def unavailable(message: str, code: str) -> APIError:
+    return APIError(
+        503,
+        message,
+        "service_unavailable_error",
+        code=code,
+        headers={"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)},
+    )
+
+
+def internal_error() -> APIError:
+    return APIError(
+        500,
+        "internal server error; the server log has the details",
+        "server_error",
+        code="internal_error",
+    )
+
+
+def from_rejection(exc: RequestRejectedError, default_param: str | None) -> APIError:
+    """The HTTP error for an engine rejection: 429 when the queue is full, else 400."""
+    if exc.reason == "queue_full":
+        return queue_full(str(exc))
+    return bad_request(str(exc), exc.param or default_param, code=exc.reason)

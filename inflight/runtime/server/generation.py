@@ -1,0 +1,211 @@
+"""Run one OpenAI generation request through the engine: fan out, stream or collect, account.
+
+Owns what happens between a parsed request and its response: one engine request per
+(prompt, choice) with ids ``<request id>-<choice index>``, engine-side validation (400),
+admission (429 when the queue is full), streaming chunks or one body, usage, metrics,
+the per-request JSON log line, and aborting the unfinished engine requests when the client
+goes away. Knows nothing about routing, auth or parsing JSON bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
+from inflight.runtime.server import responses, streaming
+from inflight.runtime.server.async_engine import EngineRequest, EngineStepError
+from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error
+from inflight.runtime.server.protocol import GenerationRequest
+from inflight.runtime.server.responses import ChoiceState, TokenText
+from inflight.runtime.server.state import ServerState
+
+request_log = logging.getLogger("inflight.server.requests")
+logger = logging.getLogger("inflight.server")
+
+
+@dataclass(slots=True)
+class Job:
+    """One client request on its way through the engine."""
+
+    request_id: str
+    req: GenerationRequest
+    prompt_ids: list[list[int]]
+    engine_requests: list[EngineRequest]
+    choices: dict[str, ChoiceState]
+    meta: dict[str, Any]
+    token_text: TokenText | None
+    arrival: float
+    first_token_at: float | None = None
+    outcome: str = "ok"
+
+
+def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]], prefix: str) -> Job:
+    """Engine requests for every (prompt, choice), validated by the engine (400 on refusal)."""
+    engine = state.engine.engine
+    request_id = state.new_request_id(prefix)
+    param = "messages" if req.is_chat else "prompt"
+    engine_requests, choices = [], {}
+    for p_index, ids in enumerate(prompt_ids):
+        if not ids:
+            raise bad_request(f"the {param} encodes to zero tokens; send some text", param)
+        for c in range(req.n):
+            index = p_index * req.n + c
+            params = req.params_for_choice(c)
+            if not req.max_tokens_given and req.is_chat:
+                room = engine.max_model_len - len(ids)
+                if room < 1:
+                    raise bad_request(
+                        f"the {param} has {len(ids)} tokens, which fills the context of "
+                        f"{engine.max_model_len}; shorten it", param, code="prompt_too_long")
+                params = dataclasses.replace(params, max_tokens=room)
+            try:
+                engine.validate_request(ids, params)
+            except RequestRejectedError as exc:
+                state.metrics.observe_rejected(exc.reason)
+                raise from_rejection(exc, param) from None
+            req_id = f"{request_id}-{index}"
+            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority))
+            choices[req_id] = ChoiceState(index, req_id)
+    token_text = None
+    if req.num_logprobs is not None:
+        tokenizer = engine.tokenizer
+        token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
+    meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
+    return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, time.monotonic())
+
+
+async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamResponse:
+    """Admit the job (429 when the queue is full), then stream or collect its outputs."""
+    try:
+        async with state.engine.generate(job.engine_requests) as group:
+            if job.req.stream:
+                return await _stream(request, state, job, group)
+            async for out in group:
+                _record(state, job, out)
+            return web.json_response(_body(job))
+    except RequestRejectedError as exc:
+        state.metrics.observe_rejected(exc.reason)
+        job.outcome = "rejected"
+        raise from_rejection(exc, "messages" if job.req.is_chat else "prompt") from None
+    except EngineStepError:
+        job.outcome = "error"
+        raise internal_error() from None
+    except BaseException:
+        job.outcome = "aborted" if job.outcome == "ok" else job.outcome
+        raise
+    finally:
+        if job.outcome != "rejected":
+            _log_finished(job)
+
+
+async def _stream(request: web.Request, state: ServerState, job: Job, group: Any) -> web.StreamResponse:
+    response = await streaming.open_stream(request)
+    extra = {"usage": None} if job.req.include_usage else {}
+    try:
+        if job.req.is_chat:
+            for choice in sorted(job.choices.values(), key=lambda c: c.index):
+                chunk = responses.chat_chunk(job.meta, choice.index, {"role": "assistant", "content": ""}, None)
+                await streaming.send(response, {**chunk, **extra})
+        async for out in group:
+            choice = job.choices[out.req_id]
+            start_offset = choice.num_chars
+            _record(state, job, out)
+            chunk = _chunk(job, choice, out, start_offset)
+            if chunk is not None:
+                await streaming.send(response, {**chunk, **extra})
+        if job.req.include_usage:
+            obj = "chat.completion.chunk" if job.req.is_chat else "text_completion"
+            usage = responses.usage([len(p) for p in job.prompt_ids], list(job.choices.values()))
+            await streaming.send(response, responses.usage_chunk(job.meta, obj, usage))
+        await streaming.close_stream(response)
+    except EngineStepError:
+        job.outcome = "error"
+        await _send_error(response, internal_error())
+    except OSError:  # the client went away mid-stream; leaving generate() aborts the rest
+        job.outcome = "aborted"
+    return response
+
+
+async def _send_error(response: web.StreamResponse, error: APIError) -> None:
+    try:
+        await streaming.send(response, error.body())
+        await streaming.close_stream(response)
+    except OSError:
+        pass
+
+
+def _chunk(job: Job, choice: ChoiceState, out: RequestOutput, start_offset: int) -> dict[str, Any] | None:
+    if not out.new_text and not out.finished and not out.new_logprobs:
+        return None  # text held back (maybe a stop string); nothing to say yet
+    finish = out.finish_reason if out.finished else None
+    if not job.req.is_chat:
+        return responses.completion_chunk(job.meta, choice, out, job.token_text, start_offset)
+    logprobs = None
+    if job.token_text is not None:
+        logprobs = responses.chat_logprobs(out.new_logprobs or (), job.token_text)
+    delta = {"content": out.new_text} if out.new_text else {}
+    return responses.chat_chunk(job.meta, choice.index, delta, finish, logprobs)
+
+
+def _record(state: ServerState, job: Job, out: RequestOutput) -> None:
+    """Account one engine output: choice text, inter-token gaps, finish metrics."""
+    choice = job.choices[out.req_id]
+    now = time.monotonic()
+    if out.new_token_ids:
+        if choice.last_token_at is not None:
+            state.metrics.observe_token_gap(now - choice.last_token_at)
+        choice.last_token_at = now
+        if job.first_token_at is None:
+            job.first_token_at = now
+    choice.add(out)
+    if out.finished:
+        times = out.times or RequestTimes(arrival=job.arrival, first_token=job.first_token_at, finished=now)
+        state.metrics.observe_finished(out.finish_reason or "abort", out.num_output_tokens, times)
+
+
+def _body(job: Job) -> dict[str, Any]:
+    choices = sorted(job.choices.values(), key=lambda c: c.index)
+    prompt_lens = [len(p) for p in job.prompt_ids]
+    if job.req.is_chat:
+        return responses.chat_body(job.meta, choices, prompt_lens, job.token_text)
+    return responses.completion_body(job.meta, choices, prompt_lens, job.token_text)
+
+
+def _log_finished(job: Job) -> None:
+    choices = sorted(job.choices.values(), key=lambda c: c.index)
+    now = time.monotonic()
+    reasons = [c.finish_reason or "abort" for c in choices]
+    record = {
+        "event": "request_finished",
+        "request_id": job.request_id,
+        "endpoint": "chat.completions" if job.req.is_chat else "completions",
+        "stream": job.req.stream,
+        "num_choices": len(choices),
+        "prompt_tokens": sum(len(p) for p in job.prompt_ids),
+        "output_tokens": sum(c.num_output_tokens for c in choices),
+        "ttft_s": None if job.first_token_at is None else round(job.first_token_at - job.arrival, 6),
+        "latency_s": round(now - job.arrival, 6),
+        "finish_reason": reasons[0] if len(set(reasons)) == 1 else reasons,
+        "outcome": job.outcome,
+        "user": job.req.user,
+    }
+    request_log.info(json.dumps(record))
+
+
+def _cached_token_text(decode: TokenText) -> TokenText:
+    cache: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        text = cache.get(token_id)
+        if text is None:
+            text = cache[token_id] = decode(token_id)
+        return text
+
+    return token_text

@@ -1,0 +1,131 @@
+"""Prometheus metrics of one server app, in that app's own ``CollectorRegistry``.
+
+Owns the metric names (vLLM's, with the ``inflight:`` prefix; see docs/CONTRACTS.md), their
+buckets, and the ``model_name`` label. Engine gauges and cumulative counters are read from
+an ``EngineStats`` snapshot at scrape time (a custom collector), so they never drift from
+the engine; per-request histograms and the success / rejection counters are observed by
+the handlers. Knows nothing about HTTP routing or the OpenAI API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inflight.runtime.outputs import EngineStats, RequestTimes
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# (name, help, EngineStats -> value)
+_GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
+    ("inflight:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).",
+     lambda s: s.kv_cache_usage),
+    ("inflight:num_requests_running", "Requests in the running batch.", lambda s: s.num_running),
+    ("inflight:num_requests_waiting", "Requests waiting for admission.", lambda s: s.num_waiting),
+    ("inflight:max_num_sequences", "Live max_num_sequences (batch size limit).",
+     lambda s: s.max_num_sequences),
+    ("inflight:num_kv_blocks", "KV-cache blocks in the pool.", lambda s: s.num_kv_blocks),
+)
+_COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
+    ("inflight:num_preemptions_total", "Requests preempted (freed, recomputed later).",
+     lambda s: s.num_preemptions),
+    ("inflight:prompt_tokens_total", "Prompt tokens computed.", lambda s: s.num_prompt_tokens),
+    ("inflight:generation_tokens_total", "Tokens generated.", lambda s: s.num_generation_tokens),
+    ("inflight:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+     lambda s: s.prefix_cache_queries),
+    ("inflight:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+     lambda s: s.prefix_cache_hits),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Engine gauges and counters from a fresh ``EngineStats`` at each scrape."""
+
+    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None]) -> None:
+        self._model_name = model_name
+        self._get_stats = get_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._get_stats()
+        if stats is None:  # still loading
+            return
+        for name, doc, value in _GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge.add_metric([self._model_name], float(value(stats)))
+            yield gauge
+        for name, doc, value in _COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self._model_name], float(value(stats)))
+            yield counter
+
+
+class ServerMetrics:
+    """All metrics of one app. ``get_stats`` returns the engine's snapshot or ``None``."""
+
+    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineStatsCollector(model_name, get_stats))
+        label = ["model_name"]
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, label, registry=self.registry, buckets=buckets)
+
+        self.ttft = histogram("inflight:time_to_first_token_seconds",
+                              "Time from arrival to the first output token.", _LATENCY_BUCKETS)
+        self.itl = histogram("inflight:inter_token_latency_seconds",
+                             "Time between consecutive output deliveries of a request.",
+                             _LATENCY_BUCKETS)
+        self.tpot = histogram("inflight:request_time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              _LATENCY_BUCKETS)
+        self.e2e = histogram("inflight:e2e_request_latency_seconds",
+                             "Time from arrival to the last token.", _E2E_BUCKETS)
+        self.queue_time = histogram("inflight:request_queue_time_seconds",
+                                    "Time from arrival to first scheduling.", _E2E_BUCKETS)
+        self.iteration_tokens = histogram("inflight:iteration_tokens_total",
+                                          "Tokens computed per engine step.", _TOKEN_BUCKETS)
+        self.success = Counter("inflight:request_success_total",
+                               "Finished requests by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.rejected = Counter("inflight:request_rejected_total",
+                                "Requests refused before running, by reason.",
+                                ["model_name", "reason"], registry=self.registry)
+
+    def observe_step(self, num_tokens: int) -> None:
+        """Called from the engine thread after each step (prometheus_client is thread-safe)."""
+        self.iteration_tokens.labels(self.model_name).observe(num_tokens)
+
+    def observe_token_gap(self, seconds: float) -> None:
+        self.itl.labels(self.model_name).observe(seconds)
+
+    def observe_finished(self, finish_reason: str, num_output_tokens: int, times: RequestTimes) -> None:
+        """One finished engine request (one choice)."""
+        name = self.model_name
+        self.success.labels(name, finish_reason).inc()
+        if times.first_scheduled is not None:
+            self.queue_time.labels(name).observe(max(0.0, times.first_scheduled - times.arrival))
+        if times.first_token is not None:
+            self.ttft.labels(name).observe(max(0.0, times.first_token - times.arrival))
+        if times.finished is not None:
+            self.e2e.labels(name).observe(max(0.0, times.finished - times.arrival))
+            if times.first_token is not None and num_output_tokens > 1:
+                per_token = (times.finished - times.first_token) / (num_output_tokens - 1)
+                self.tpot.labels(name).observe(max(0.0, per_token))
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,312 @@
+"""Parse and validate OpenAI request bodies into what the engine takes.
+
+Owns the request side of the OpenAI API: which fields exist, their types and bounds, and
+the translation into ``SamplingParams`` plus prompts (text or token ids) or chat messages.
+Every problem becomes a 400 ``APIError`` whose ``param`` names the offending field.
+Knows nothing about tokenizers, the engine or HTTP transport: the handlers encode prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from inflight.runtime.server.errors import APIError, bad_request
+
+MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_PROMPTS = 64
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Known OpenAI fields this server does not implement: a request that uses them is refused
+# rather than silently answered differently. Values that mean "off" are accepted.
+_UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
+    "echo": (False, None),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "best_of": (None, 1),
+}
+
+Prompt = str | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A validated /v1/completions or /v1/chat/completions request.
+
+    ``prompts`` holds the completion prompts (text or token ids); ``messages`` the chat
+    messages (``None`` for completions). ``num_logprobs`` is how many alternatives to report
+    per token (``None``: no logprobs). ``max_tokens_given`` is false when the client left the
+    output length to the server (chat), which then fills the rest of the context.
+    """
+
+    model: str | None
+    is_chat: bool
+    prompts: tuple[Prompt, ...]
+    messages: tuple[dict[str, str], ...] | None
+    params: SamplingParams
+    max_tokens_given: bool
+    n: int
+    stream: bool
+    include_usage: bool
+    num_logprobs: int | None
+    priority: int
+    user: str | None
+
+    def params_for_choice(self, index: int) -> SamplingParams:
+        """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""
+        if self.params.seed is None or index == 0:
+            return self.params
+        return dataclasses.replace(self.params, seed=self.params.seed + index)
+
+
+def parse_completion_request(body: object) -> GenerationRequest:
+    """Validate a /v1/completions body."""
+    obj = _require_object(body)
+    prompts = _parse_prompt(obj.get("prompt"))
+    num_logprobs = _get_int(obj, "logprobs", None, 0, MAX_LOGPROBS)
+    return _build(obj, is_chat=False, prompts=prompts, messages=None, num_logprobs=num_logprobs)
+
+
+def parse_chat_request(body: object) -> GenerationRequest:
+    """Validate a /v1/chat/completions body."""
+    obj = _require_object(body)
+    messages = _parse_messages(obj.get("messages"))
+    want_logprobs = _get_bool(obj, "logprobs", False)
+    top = _get_int(obj, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not want_logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    num_logprobs = (top or 0) if want_logprobs else None
+    return _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs)
+
+
+def _build(
+    obj: dict[str, Any],
+    *,
+    is_chat: bool,
+    prompts: tuple[Prompt, ...],
+    messages: tuple[dict[str, str], ...] | None,
+    num_logprobs: int | None,
+) -> GenerationRequest:
+    _refuse_unsupported(obj)
+    model = _get_str(obj, "model", None)
+    stream = _get_bool(obj, "stream", False)
+    include_usage = _parse_stream_options(obj.get("stream_options"), stream)
+    n = _get_int(obj, "n", 1, 1, MAX_N)
+    max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
+    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param)
+    return GenerationRequest(
+        model=model,
+        is_chat=is_chat,
+        prompts=prompts,
+        messages=messages,
+        params=params,
+        max_tokens_given=max_tokens is not None,
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        num_logprobs=num_logprobs,
+        priority=_get_int(obj, "priority", 0, -(2**31), 2**31 - 1),
+        user=_get_str(obj, "user", None),
+    )
+
+
+def _sampling_params(
+    obj: dict[str, Any], max_tokens: int | None, num_logprobs: int | None, max_tokens_param: str
+) -> SamplingParams:
+    kwargs: dict[str, Any] = {
+        "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
+        "temperature": _get_number(obj, "temperature", 1.0),
+        "top_p": _get_number(obj, "top_p", 1.0),
+        "top_k": _get_int(obj, "top_k", 0, -1, None),
+        "min_p": _get_number(obj, "min_p", 0.0),
+        "seed": _get_int(obj, "seed", None, None, None),
+        "presence_penalty": _get_number(obj, "presence_penalty", 0.0),
+        "frequency_penalty": _get_number(obj, "frequency_penalty", 0.0),
+        "repetition_penalty": _get_number(obj, "repetition_penalty", 1.0),
+        "stop": _parse_stop(obj.get("stop")),
+        "stop_token_ids": _parse_token_list(obj.get("stop_token_ids", []), "stop_token_ids"),
+        "min_tokens": _get_int(obj, "min_tokens", 0, 0, None),
+        "ignore_eos": _get_bool(obj, "ignore_eos", False),
+        "logprobs": num_logprobs,
+    }
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        field_name = str(exc).split(" ", 1)[0]
+        param = max_tokens_param if field_name == "max_tokens" else field_name
+        raise bad_request(str(exc), param if param in obj else None) from None
+
+
+def _require_object(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _refuse_unsupported(obj: dict[str, Any]) -> None:
+    for name, off_values in _UNSUPPORTED_UNLESS_OFF.items():
+        if name in obj and obj[name] not in off_values:
+            raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
+
+
+def _parse_prompt(value: object) -> tuple[Prompt, ...]:
+    if value is None:
+        raise bad_request("'prompt' is required: a string, a list of strings or token ids", "prompt")
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not value:
+        raise bad_request(
+            "'prompt' must be a string, a non-empty list of strings, a list of token ids "
+            "or a list of token-id lists",
+            "prompt",
+        )
+    if all(isinstance(v, str) for v in value):
+        prompts: tuple[Prompt, ...] = tuple(value)
+    elif all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        prompts = (_parse_token_list(value, "prompt"),)
+    elif all(isinstance(v, list) for v in value):
+        prompts = tuple(_parse_token_list(v, "prompt") for v in value)
+    else:
+        raise bad_request("'prompt' must not mix strings, token ids and lists", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request (got {len(prompts)})", "prompt")
+    return prompts
+
+
+def _parse_token_list(value: object, param: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise bad_request(f"'{param}' must be a list of token ids", param)
+    for token in value:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise bad_request(f"'{param}' token ids must be non-negative integers (got {token!r})", param)
+    if param == "prompt" and not value:
+        raise bad_request("a token-id prompt must not be empty", param)
+    return tuple(value)
+
+
+def _parse_messages(value: object) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)} (got {role!r})", "messages"
+            )
+        messages.append({"role": role, "content": _message_text(message.get("content"), i)})
+    return tuple(messages)
+
+
+def _message_text(content: object, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(
+                    f"messages[{index}].content parts must be {{'type': 'text', 'text': ...}}; "
+                    "only text is supported",
+                    "messages",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{index}].content must be a string or a list of text parts", "messages")
+
+
+def _parse_stop(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or a list of non-empty strings", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings (got {len(stops)})", "stop")
+    return tuple(stops)
+
+
+def _parse_stream_options(value: object, stream: bool) -> bool:
+    if value is None:
+        return False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+    if not isinstance(value, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    return _get_bool(value, "include_usage", False, param="stream_options")
+
+
+def _parse_max_tokens(obj: dict[str, Any], is_chat: bool) -> tuple[str, int | None]:
+    name = "max_tokens"
+    if is_chat and obj.get("max_completion_tokens") is not None:
+        name = "max_completion_tokens"
+    return name, _get_int(obj, name, None, 1, None)
+
+
+def _get_int(
+    obj: dict[str, Any], name: str, default: int | None, minimum: int | None, maximum: int | None
+) -> int | None:
+    value = obj.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer (got {value!r})", name)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise bad_request(f"'{name}' must be {_bounds(minimum, maximum)} (got {value})", name)
+    return value
+
+
+def _bounds(minimum: int | None, maximum: int | None) -> str:
+    if maximum is None:
+        return f">= {minimum}"
+    if minimum is None:
+        return f"<= {maximum}"
+    return f"between {minimum} and {maximum}"
+
+
+def _get_number(obj: dict[str, Any], name: str, default: float) -> float:
+    value = obj.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_request(f"'{name}' must be a number (got {value!r})", name)
+    return float(value)
+
+
+def _get_bool(obj: dict[str, Any], name: str, default: bool, param: str | None = None) -> bool:
+    value = obj.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false (got {value!r})", param or name)
+    return value
+
+
+def _get_str(obj: dict[str, Any], name: str, default: str | None) -> str | None:
+    value = obj.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise bad_request(f"'{name}' must be a string (got {value!r})", name)
+    return value
+
+
+def check_model(model: str | None, served: str) -> None:
+    """400 unless ``model`` (when given) is the served model name."""
+    if model is not None and model != served:
+        raise APIError(
+            400,
+            f"model '{model}' is not served here; this server serves '{served}' (see GET /v1/models)",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )

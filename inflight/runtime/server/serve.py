@@ -1,0 +1,70 @@
+"""Run one server process: bind, load the model with progress, serve, drain on SIGTERM, exit.
+
+Owns the process lifecycle: the HTTP port opens first (so /health answers and /ready says
+503 while the model loads), SIGTERM / SIGINT start a drain (new requests 503, requests in
+flight finish up to the drain timeout), then the runner and the engine thread stop and
+``serve`` returns the exit code (0 after a drain, 1 when loading failed). Knows nothing
+about argument parsing (``cli``) or request handling (``app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from inflight.runtime.server.app import create_app, drain
+from inflight.runtime.server.state import STATE, ServerSettings
+
+if TYPE_CHECKING:
+    from inflight.runtime.engine import LLMEngine
+
+logger = logging.getLogger("inflight.server")
+
+
+async def serve(
+    settings: ServerSettings, loader: Callable[[], LLMEngine], host: str, port: int
+) -> int:
+    """Serve until SIGTERM / SIGINT; return the process exit code."""
+    app = create_app(settings, loader)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        logger.info("listening on http://%s:%d (model %s); loading", host, port, settings.model_name)
+        code = await _until_stopped(app, stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    logger.info("stopped (exit code %d)", code)
+    return code
+
+
+async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
+    state = app[STATE]
+    loaded = asyncio.ensure_future(state.engine.wait_ready())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if loaded.done():
+        if loaded.exception() is not None:
+            logger.error("loading the model failed: %s", loaded.exception())
+            stopped.cancel()
+            return 1
+        logger.info("ready: model %s loaded and warmed up", state.settings.model_name)
+        await stopped
+    else:
+        loaded.cancel()
+    logger.info("shutdown signal received")
+    drained = await drain(app, state.settings.drain_timeout_s)
+    logger.info("drain %s", "complete" if drained else "timed out; aborted the rest")
+    return 0
