@@ -43,6 +43,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
+    arrival_time: float | None = None  # time.monotonic() when the client request arrived
 
 
 class EngineStepError(RuntimeError):
@@ -262,7 +263,9 @@ def _add_all(engine: LLMEngine, requests: Sequence[EngineRequest]) -> None:
     added: list[str] = []
     try:
         for r in requests:
-            engine.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority)
+            engine.add_request(
+                r.req_id, r.prompt_token_ids, r.params, priority=r.priority, arrival_time=r.arrival_time
+            )
             added.append(r.req_id)
     except BaseException:
         for req_id in added:

@@ -51,6 +51,7 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
     engine = state.engine.engine
     request_id = state.new_request_id(prefix)
     param = "messages" if req.is_chat else "prompt"
+    arrival = time.monotonic()
     engine_requests, choices = [], {}
     for p_index, ids in enumerate(prompt_ids):
         if not ids:
@@ -71,14 +72,14 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
                 state.metrics.observe_rejected(exc.reason)
                 raise from_rejection(exc, param) from None
             req_id = f"{request_id}-{index}"
-            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority))
+            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival))
             choices[req_id] = ChoiceState(index, req_id)
     token_text = None
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
         token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
     meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
-    return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, time.monotonic())
+    return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival)
 
 
 async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamResponse:

@@ -40,7 +40,10 @@ async def serve(
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        logger.info("listening on http://%s:%d (model %s); loading", host, port, settings.model_name)
+        for address in runner.addresses:
+            bound_host, bound_port = address[0], address[1]
+            logger.info("listening on http://%s:%d (model %s); loading the model",
+                        bound_host, bound_port, settings.model_name)
         code = await _until_stopped(app, stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
