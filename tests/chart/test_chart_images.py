@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,6 +73,23 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
+def _import_time_nodes(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Statements that run on import: module level and inside if/try/with/class, not in
+    function bodies (lazy imports there are not needed to import the module)."""
+    nodes: list[ast.stmt] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        nodes.append(stmt)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            children = getattr(stmt, field, None) or []
+            nodes += _import_time_nodes([c for c in children if isinstance(c, ast.stmt)])
+            for handler in children:
+                if isinstance(handler, ast.ExceptHandler):
+                    nodes += _import_time_nodes(handler.body)
+    return nodes
+
+
 def _third_party_imports() -> dict[str, str]:
     """Top-level third-party modules imported by inflight.operator and what it imports from
     inflight, transitively -> the first file that imports each."""
@@ -83,7 +101,7 @@ def _third_party_imports() -> dict[str, str]:
         if path in seen:
             continue
         seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_time_nodes(ast.parse(path.read_text()).body):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -116,3 +134,21 @@ def test_operator_image_has_the_operators_imports() -> None:
         if DISTRIBUTIONS.get(module, module) not in stage
     }
     assert missing == {}, f"docker/operator.Dockerfile does not install {missing}"
+
+
+def test_importing_the_operator_does_not_import_torch() -> None:
+    modules = sorted(
+        f"inflight.operator.{p.stem}" for p in (REPO / "inflight" / "operator").glob("*.py")
+        if p.stem != "__main__"
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "heavy = sorted({'torch', 'transformers', 'triton', 'safetensors'} & set(sys.modules))\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "", f"importing the operator loads {result.stdout.strip()}"

@@ -50,30 +50,41 @@ RBAC rules, split by scope. They must equal inflight.operator.rbac.REQUIRED_PERM
 by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 */}}
 {{- define "inflight.rules.clusterScoped" -}}
+# kopf: resource discovery, and namespace observation in namespaced mode.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end -}}
 
 {{- define "inflight.rules.namespaced" -}}
+# The custom resource: kopf watches it and patches finalizers/annotations; status is patched.
 - apiGroups: ["inflight.dev"]
   resources: ["inferencedeployments"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["inflight.dev"]
   resources: ["inferencedeployments/status"]
   verbs: ["get", "patch"]
+# The objects rendered for each InferenceDeployment (owned by it).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  resources: ["services", "configmaps"]
+  verbs: ["create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create", "patch", "delete"]
+# Runtime pods are listed to scrape /metrics and push live config; the API key is read.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# Scaling decisions and handler outcomes.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
