@@ -1,0 +1,160 @@
+"""The autoscaling decision: a pure function (observations, policy, history, now) -> decision.
+
+HPA-like. The usage ratio is ``max(mean_kv / target_kv, mean_queue / target_queue)`` over
+the ready pods, and the recommendation is ``ceil(ready * ratio)``; inside the tolerance band
+(|ratio - 1| <= tolerance) the current count is kept. Ready pods without fresh metrics are
+counted conservatively: as zero load when the others point up, as exactly on target when
+they point down. While pods are pending (desired but not ready), no further scale-up.
+Stabilization: the decision is the lowest recommendation of the scale-up window and the
+highest of the scale-down window (so a scale-down happens only once every recommendation
+in the window agrees), then clamped to [min, max].
+
+Owns nothing but arithmetic: no clock, no I/O; the caller keeps the history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetrics:
+    """One ready pod's last scrape; ``None`` fields mean no fresh metrics."""
+
+    name: str
+    kv_cache_usage: float | None
+    num_waiting: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    current_replicas: int  # the Deployment's spec.replicas
+    ready: tuple[PodMetrics, ...]  # one entry per ready pod
+    num_pending: int = 0  # desired pods not ready yet
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    min_replicas: int
+    max_replicas: int
+    target_kv_cache_usage: float
+    target_queue_depth: float
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    tolerance: float = DEFAULT_TOLERANCE
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    time: float
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    desired: int
+    reason: str  # CamelCase code, e.g. ScaleUpQueue
+    message: str
+    recommendation: Recommendation  # append to history
+    kv_cache_usage: float | None = None  # means over pods with metrics (for status)
+    queue_depth: float | None = None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(kv: float, queue: float, policy: Policy) -> tuple[float, str]:
+    kv_ratio = kv / policy.target_kv_cache_usage
+    queue_ratio = queue / policy.target_queue_depth
+    return (kv_ratio, "KvCache") if kv_ratio >= queue_ratio else (queue_ratio, "Queue")
+
+
+def _signals(pods: tuple[PodMetrics, ...], missing_as: str, policy: Policy) -> tuple[float, float]:
+    """Mean kv and queue over all ready pods; missing pods as zero or as target."""
+    kv: list[float] = []
+    queue: list[float] = []
+    for pod in pods:
+        if pod.kv_cache_usage is None or pod.num_waiting is None:
+            zero = missing_as == "zero"
+            kv.append(0.0 if zero else policy.target_kv_cache_usage)
+            queue.append(0.0 if zero else policy.target_queue_depth)
+        else:
+            kv.append(pod.kv_cache_usage)
+            queue.append(pod.num_waiting)
+    return sum(kv) / len(kv), sum(queue) / len(queue)
+
+
+def recommend(obs: Observations, policy: Policy) -> tuple[int, str, str]:
+    """The raw recommendation before stabilization and clamping: (replicas, reason, message)."""
+    current = obs.current_replicas
+    measured = [p for p in obs.ready if p.kv_cache_usage is not None and p.num_waiting is not None]
+    if not obs.ready:
+        return current, "NoReadyPods", "no ready pods to measure; holding"
+    if not measured:
+        return current, "NoMetrics", f"none of {len(obs.ready)} ready pods returned metrics; holding"
+    kv = _mean([p.kv_cache_usage for p in measured if p.kv_cache_usage is not None]) or 0.0
+    queue = _mean([p.num_waiting for p in measured if p.num_waiting is not None]) or 0.0
+    ratio, signal = _ratio(kv, queue, policy)
+    if len(measured) < len(obs.ready):  # recompute with the missing pods counted conservatively
+        kv, queue = _signals(obs.ready, "zero" if ratio > 1 else "target", policy)
+        new_ratio, signal = _ratio(kv, queue, policy)
+        if (ratio > 1) != (new_ratio > 1):
+            return current, "WithinTolerance", "pods without metrics cancel the signal; holding"
+        ratio = new_ratio
+    detail = f"kv {kv:.2f}/{policy.target_kv_cache_usage:g}, queue {queue:.2f}/{policy.target_queue_depth:g}"
+    if abs(ratio - 1.0) <= policy.tolerance:
+        return current, "WithinTolerance", f"ratio {ratio:.2f} within tolerance ({detail})"
+    wanted = max(1, math.ceil(len(obs.ready) * ratio - 1e-9))
+    if wanted > current and obs.num_pending > 0:
+        return current, "PendingPods", f"{obs.num_pending} pod(s) still pending; not scaling up ({detail})"
+    if wanted > current:
+        return wanted, f"ScaleUp{signal}", f"ratio {ratio:.2f} by {signal} ({detail})"
+    if wanted < current:
+        return wanted, "ScaleDown", f"ratio {ratio:.2f} ({detail})"
+    return current, "Steady", f"ratio {ratio:.2f} ({detail})"
+
+
+def decide(
+    obs: Observations, policy: Policy, history: tuple[Recommendation, ...], now: float
+) -> Decision:
+    """Recommend, stabilize over ``history`` (earlier recommendations), clamp to [min, max]."""
+    raw, reason, message = recommend(obs, policy)
+    rec = Recommendation(time=now, replicas=raw)
+    current = obs.current_replicas
+    desired = raw
+    if raw > current:
+        window = [r.replicas for r in history if now - r.time < policy.scale_up_window_s] + [raw]
+        desired = max(current, min(window))
+        if desired < raw:
+            reason, message = "StabilizingUp", f"{message}; held by the scale-up window"
+    elif raw < current:
+        window = [r.replicas for r in history if now - r.time < policy.scale_down_window_s] + [raw]
+        desired = min(current, max(window))
+        if desired > raw:
+            reason, message = "StabilizingDown", f"{message}; held by the scale-down window"
+    clamped = min(max(desired, policy.min_replicas), policy.max_replicas)
+    if clamped != desired:
+        bound = "minReplicas" if clamped > desired else "maxReplicas"
+        message = f"{message}; clamped to {bound} {clamped}"
+        if clamped == current or not reason.startswith(("ScaleUp", "ScaleDown")):
+            reason = "ClampedMin" if bound == "minReplicas" else "ClampedMax"
+        desired = clamped
+    measured = [p for p in obs.ready if p.kv_cache_usage is not None and p.num_waiting is not None]
+    return Decision(
+        desired=desired,
+        reason=reason,
+        message=message,
+        recommendation=rec,
+        kv_cache_usage=_mean([p.kv_cache_usage for p in measured if p.kv_cache_usage is not None]),
+        queue_depth=_mean([p.num_waiting for p in measured if p.num_waiting is not None]),
+    )
+
+
+def prune(history: tuple[Recommendation, ...], policy: Policy, now: float) -> tuple[Recommendation, ...]:
+    """Drop recommendations older than both windows."""
+    keep = max(policy.scale_up_window_s, policy.scale_down_window_s)
+    return tuple(r for r in history if now - r.time < keep)

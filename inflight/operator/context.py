@@ -1,0 +1,103 @@
+"""Operator-wide settings and the per-process context handed to handlers through kopf's memo.
+
+Owns ``OperatorConfig`` (read from ``INFLIGHT_OPERATOR_*`` env vars, validated) and
+``OperatorContext``, the one holder of the operator's clients: the Kubernetes client and the
+HTTP session used to reach pods. Per-resource state (autoscaler history, which pods already
+got the live config) lives in kopf's per-object memo, not here. Knows no handler logic.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import kopf
+
+from inflight.operator.kube import KubeClient
+
+LoginFn = Callable[[], "kopf.ConnectionInfo | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    tick_seconds: float = 5.0  # how often the timer runs per resource (status, live config, autoscaling)
+    pod_timeout_seconds: float = 3.0  # per scrape / admin call
+    finalizer: str = "inflight.dev/finalizer"
+
+    def __post_init__(self) -> None:
+        for name in ("tick_seconds", "pod_timeout_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"OperatorConfig.{name} must be a number > 0 (got {value!r}).")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+
+        def number(key: str, default: float) -> float:
+            raw = env.get(key)
+            if raw is None:
+                return default
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"{key} must be a number of seconds (got {raw!r}).") from None
+
+        return cls(
+            tick_seconds=number("INFLIGHT_OPERATOR_TICK_SECONDS", 5.0),
+            pod_timeout_seconds=number("INFLIGHT_OPERATOR_POD_TIMEOUT_SECONDS", 3.0),
+        )
+
+
+def default_login(settings: kopf.OperatorSettings) -> LoginFn:
+    """In-cluster service account first, then kubeconfig (kopf's own minimal loaders)."""
+
+    def login() -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+            settings=settings
+        )
+
+    return login
+
+
+class OperatorContext:
+    """The operator's clients; created by the startup handler, closed by cleanup."""
+
+    def __init__(self, config: OperatorConfig, login: LoginFn | None = None) -> None:
+        self.config = config
+        self.login = login
+        self.connection: kopf.ConnectionInfo | None = None
+        self._kube: KubeClient | None = None
+        self._retired: list[KubeClient] = []
+        self._http: aiohttp.ClientSession | None = None
+
+    def set_connection(self, conn: kopf.ConnectionInfo) -> None:
+        """Called on every (re-)login; later requests use the new credentials."""
+        if self._kube is not None and conn != self.connection:
+            self._retired.append(self._kube)
+            self._kube = None
+        self.connection = conn
+
+    @property
+    def kube(self) -> KubeClient:
+        if self._kube is None:
+            if self.connection is None:
+                raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
+            self._kube = KubeClient(self.connection)
+        return self._kube
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def close(self) -> None:
+        for client in [*self._retired, *([self._kube] if self._kube else [])]:
+            await client.close()
+        self._retired.clear()
+        if self._http is not None:
+            await self._http.close()
+        self._kube = self._http = None

@@ -1,0 +1,273 @@
+"""Builds the InferenceDeployment CRD (apiextensions.k8s.io/v1) from Python values.
+
+Owns the CRD's schema: the engine properties are generated from EngineConfig (types, help
+texts, choices), so the CRD can never drift from the runtime's knobs. ``crds/`` holds the
+rendered YAML (the single source the chart copies); a test fails when the file and
+``build_crd()`` differ. Regenerate with ``python -m inflight.operator.crd > crds/...yaml``.
+Knows nothing about Kubernetes I/O.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from inflight.operator import engine_args
+from inflight.operator.render import API_GROUP, API_VERSION, KIND
+from inflight.operator.spec import RUNTIME_IMAGE, SERVICE_TYPES
+from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, SCHEDULER_POLICIES
+
+PLURAL = "inferencedeployments"
+CRD_FILE = f"crds/{API_GROUP}_{PLURAL}.yaml"
+_CHOICES = {"dtype": DTYPES, "scheduler_policy": SCHEDULER_POLICIES}
+_FRACTION_RULE = {"rule": "self > 0.0 && self <= 1.0", "message": "must be in (0, 1]"}
+
+
+def _engine_property(name: str) -> dict[str, Any]:
+    field = engine_args.engine_fields()[name]
+    type_name = str(field.type).split("|")[0].strip()  # "int | None" -> "int"
+    prop: dict[str, Any] = {"description": field.metadata.get("help", "")}
+    if name in LIVE_TUNABLE_FIELDS:
+        prop["description"] += " Live-tunable: changing it does not restart pods."
+    if type_name == "bool":
+        prop["type"] = "boolean"
+    elif type_name == "int":
+        prop.update(type="integer", minimum=0 if name == "max_queue_len" else 1)
+    elif type_name == "float":
+        prop.update(type="number", **{"x-kubernetes-validations": [_FRACTION_RULE]})
+    else:
+        prop.update(type="string", enum=list(_CHOICES[name]))
+    return prop
+
+
+def _engine_schema() -> dict[str, Any]:
+    props = {engine_args.snake_to_camel(n): _engine_property(n) for n in engine_args.CR_ENGINE_FIELDS}
+    props["extraArgs"] = {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "More runtime CLI flags, appended verbatim (changing them rolls the pods).",
+    }
+    return {
+        "type": "object",
+        "description": "Engine knobs (EngineConfig fields in camelCase). Unset ones take the runtime's defaults.",
+        "properties": props,
+    }
+
+
+def _str(desc: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": desc, **extra}
+
+
+def _int(desc: str, minimum: int, default: int | None = None, **extra: Any) -> dict[str, Any]:
+    prop: dict[str, Any] = {"type": "integer", "minimum": minimum, "description": desc, **extra}
+    if default is not None:
+        prop["default"] = default
+    return prop
+
+
+def _model_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Where the weights are: exactly one of pvc, hostPath, image.",
+        "properties": {
+            "servedModelName": _str("Model name clients send in requests (default: the resource name)."),
+            "pvc": {
+                "type": "object",
+                "required": ["claimName"],
+                "properties": {
+                    "claimName": _str("PersistentVolumeClaim holding the weights (mounted read-only)."),
+                    "path": _str("Directory of the model inside the volume.", default=""),
+                },
+            },
+            "hostPath": {
+                "type": "object",
+                "required": ["path"],
+                "properties": {"path": _str("Directory of the model on the node.")},
+            },
+            "image": {
+                "type": "object",
+                "required": ["image", "path"],
+                "properties": {
+                    "image": _str("Image that contains the weights (copied by an init container)."),
+                    "path": _str("Directory of the model inside that image."),
+                },
+            },
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
+                "message": "set exactly one of pvc, hostPath, image",
+            }
+        ],
+    }
+
+
+def _autoscaling_schema() -> dict[str, Any]:
+    def num(desc: str, default: float, minimum: float, exclusive: bool) -> dict[str, Any]:
+        prop: dict[str, Any] = {"type": "number", "default": default, "minimum": minimum, "description": desc}
+        if exclusive:
+            prop["exclusiveMinimum"] = True
+        return prop
+
+    kv = num("Target KV-cache usage per pod, a fraction in (0, 1].", 0.8, 0, True)
+    kv["maximum"] = 1
+    kv["x-kubernetes-validations"] = [_FRACTION_RULE]
+    return {
+        "type": "object",
+        "description": "Replicas from KV-cache usage and queue depth (the operator owns replicas when enabled).",
+        "properties": {
+            "enabled": {"type": "boolean", "default": False, "description": "Turn autoscaling on."},
+            "minReplicas": _int("Fewest replicas.", 1, 1),
+            "maxReplicas": _int("Most replicas.", 1, 4),
+            "targetKvCacheUsage": kv,
+            "targetQueueDepth": num("Target waiting requests per ready pod.", 4, 0, True),
+            "scaleUpStabilizationSeconds": num("Scale up to the lowest recommendation of this window.", 0, 0, False),
+            "scaleDownStabilizationSeconds": num("Scale down to the highest recommendation of this window.", 300, 0, False),
+            "intervalSeconds": num("Seconds between metric scrapes and decisions.", 15, 0, True),
+        },
+        "x-kubernetes-validations": [
+            {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must not exceed maxReplicas"}
+        ],
+    }
+
+
+def _spec_schema() -> dict[str, Any]:
+    preserve = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            "model": _model_schema(),
+            "engine": _engine_schema(),
+            "image": _str("Runtime image.", default=RUNTIME_IMAGE),
+            "resources": {
+                "type": "object",
+                "description": "Per-pod resources.",
+                "properties": {
+                    "gpus": _int("GPUs per pod (nvidia.com/gpu).", 0, 1),
+                    "cpu": {"x-kubernetes-int-or-string": True, "description": "CPU request, e.g. 4."},
+                    "memory": {"x-kubernetes-int-or-string": True, "description": "Memory request and limit, e.g. 32Gi."},
+                },
+            },
+            "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+            "tolerations": {"type": "array", "items": dict(preserve)},
+            "affinity": dict(preserve),
+            "priorityClassName": _str("PriorityClass of the pods."),
+            "replicas": _int("Replicas when autoscaling is off (the scale subresource).", 0, 1),
+            "autoscaling": _autoscaling_schema(),
+            "service": {
+                "type": "object",
+                "properties": {
+                    "type": _str("Service type.", default="ClusterIP", enum=list(SERVICE_TYPES)),
+                    "port": _int("Service port.", 1, 8000, maximum=65535),
+                },
+            },
+            "apiKeySecretRef": {
+                "type": "object",
+                "description": "Secret with the API key clients (and the operator) must send.",
+                "required": ["name"],
+                "properties": {"name": _str("Secret name."), "key": _str("Key in the Secret.", default="api-key")},
+            },
+            "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0, 30),
+        },
+    }
+
+
+def _status_schema() -> dict[str, Any]:
+    def num(desc: str) -> dict[str, Any]:
+        return {"type": "number", "description": desc}
+
+    return {
+        "type": "object",
+        "properties": {
+            "replicas": {"type": "integer"},
+            "readyReplicas": {"type": "integer"},
+            "desiredReplicas": {"type": "integer"},
+            "selector": {"type": "string"},
+            "model": {"type": "string"},
+            "endpoint": {"type": "string"},
+            "kvCacheUsage": num("Mean KV-cache usage over ready pods at the last scrape."),
+            "queueDepth": num("Mean waiting requests per ready pod at the last scrape."),
+            "lastScaleTime": {"type": "string", "format": "date-time"},
+            "lastDecisionReason": {"type": "string"},
+            "lastDecisionMessage": {"type": "string"},
+            "observedGeneration": {"type": "integer"},
+            "conditions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "status"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                        "reason": {"type": "string"},
+                        "message": {"type": "string"},
+                        "lastTransitionTime": {"type": "string", "format": "date-time"},
+                        "observedGeneration": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Model", "type": "string", "jsonPath": ".status.model"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+        {"name": "KV", "type": "number", "jsonPath": ".status.kvCacheUsage"},
+        {"name": "Queue", "type": "number", "jsonPath": ".status.queueDepth"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole CRD as a dict."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+                      "singular": KIND.lower(), "shortNames": ["infd"]},
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {
+                        "type": "object",
+                        "description": "An LLM served by inflight runtime pods, autoscaled on KV usage and queue.",
+                        "properties": {
+                            "apiVersion": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "metadata": {"type": "object"},
+                            "spec": _spec_schema(),
+                            "status": _status_schema(),
+                        },
+                    }},
+                    "subresources": {
+                        "status": {},
+                        "scale": {"specReplicasPath": ".spec.replicas",
+                                  "statusReplicasPath": ".status.replicas",
+                                  "labelSelectorPath": ".status.selector"},
+                    },
+                    "additionalPrinterColumns": _printer_columns(),
+                }
+            ],
+        },
+    }
+
+
+def dump_crd() -> str:
+    header = "# Generated by `python -m inflight.operator.crd`; edit inflight/operator/crd.py instead.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(dump_crd())

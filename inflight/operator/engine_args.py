@@ -1,0 +1,115 @@
+"""The mapping between the CR's ``spec.engine`` fields and the runtime's EngineConfig.
+
+Owns: which EngineConfig fields the CR exposes (camelCase names), how a CR engine
+value becomes a runtime CLI flag, and which fields are live-tunable. Everything is
+derived from ``inflight.runtime.config.EngineConfig`` so there is no second copy of a
+name or a default. Knows nothing about Kubernetes objects or HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+
+# EngineConfig fields exposed as ``spec.engine.<camelCase>``. The rest are deliberately
+# left out of the CR (still reachable through ``spec.engine.extraArgs``):
+CR_ENGINE_FIELDS: tuple[str, ...] = (
+    "max_num_sequences",
+    "max_num_tokens",
+    "kv_cache_free_gpu_mem_fraction",
+    "block_size",
+    "enable_chunked_context",
+    "enable_prefix_caching",
+    "max_model_len",
+    "dtype",
+    "scheduler_policy",
+    "max_queue_len",
+)
+# Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
+EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
+    "num_kv_blocks": "CPU-only cache sizing; GPU pods size the cache by kvCacheFreeGpuMemFraction",
+    "device": "pods get a GPU; 'auto' picks it",
+    "seed": "a per-request concern, not a deployment one",
+    "kernel_backend": "'auto' picks Triton on CUDA; override with extraArgs for debugging",
+}
+
+
+def snake_to_camel(name: str) -> str:
+    """``max_num_sequences`` -> ``maxNumSequences``."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def camel_to_snake(name: str) -> str:
+    """``maxNumSequences`` -> ``max_num_sequences``."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def snake_to_flag(name: str) -> str:
+    """``max_num_sequences`` -> ``--max-num-sequences`` (the runtime CLI's spelling)."""
+    return "--" + name.replace("_", "-")
+
+
+def engine_fields() -> dict[str, dataclasses.Field[Any]]:
+    """EngineConfig's dataclass fields by snake_case name."""
+    return {f.name: f for f in dataclasses.fields(EngineConfig)}
+
+
+def default_of(name: str) -> Any:
+    """The EngineConfig default of a field (the only place defaults live)."""
+    return engine_fields()[name].default
+
+
+def live_env_name(name: str) -> str:
+    """Env var that carries a live-tunable knob into the runtime container's args."""
+    return "INFLIGHT_LIVE_" + name.upper()
+
+
+def parse_engine(raw: dict[str, Any]) -> dict[str, Any]:
+    """CR ``spec.engine`` (camelCase, without extraArgs) -> validated snake_case values.
+
+    Unknown names and values EngineConfig rejects raise ``ValueError``.
+    """
+    known = {snake_to_camel(n): n for n in CR_ENGINE_FIELDS}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(
+            f"spec.engine has unknown field(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))} (put other runtime flags in extraArgs)."
+        )
+    values = {known[k]: v for k, v in raw.items() if v is not None}
+    try:
+        EngineConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"spec.engine is invalid: {exc}") from exc
+    return values
+
+
+def live_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The live-tunable knobs, defaults filled in from EngineConfig."""
+    return {name: values.get(name, default_of(name)) for name in LIVE_TUNABLE_FIELDS}
+
+
+def static_flags(values: dict[str, Any]) -> list[str]:
+    """CLI flags for the knobs that need a restart (set ones only; order of CR_ENGINE_FIELDS)."""
+    flags: list[str] = []
+    for name in CR_ENGINE_FIELDS:
+        if name in LIVE_TUNABLE_FIELDS or name not in values:
+            continue
+        value = values[name]
+        if isinstance(value, bool):
+            flags.append(snake_to_flag(name) if value else "--no-" + snake_to_flag(name)[2:])
+        else:
+            flags += [snake_to_flag(name), str(value)]
+    return flags
+
+
+def live_flags() -> list[str]:
+    """CLI flags for the live knobs, reading their values from env (Kubernetes ``$(VAR)``)."""
+    flags: list[str] = []
+    for name in LIVE_TUNABLE_FIELDS:
+        flags += [snake_to_flag(name), f"$({live_env_name(name)})"]
+    return flags

@@ -1,0 +1,152 @@
+"""Thin kopf handlers for InferenceDeployment, registered onto a given kopf registry.
+
+Owns the kopf wiring only: startup (settings, the OperatorContext in the operator memo),
+login, cleanup, create/update/resume (parse the spec, apply children, push live config,
+patch status), delete (delete children), a timer (status from the Deployment, live-config
+drift, autoscaling every ``spec.autoscaling.intervalSeconds``) and a liveness probe. The
+work itself is in ``reconcile``; the status shapes in ``status``.
+
+An invalid spec sets ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
+the spec changes again. ``register()`` takes the registry instead of using kopf's global
+one so tests can run isolated operators; ``inflight.operator`` registers onto the default
+registry for ``kopf run -m inflight.operator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from inflight.operator import reconcile, render, status
+from inflight.operator.context import OperatorConfig, OperatorContext, default_login
+from inflight.operator.crd import PLURAL
+from inflight.operator.kube import DEPLOYMENTS
+from inflight.operator.reconcile import ResourceState
+from inflight.operator.spec import InferenceSpec, parse_spec
+
+RESOURCE = (render.API_GROUP, render.API_VERSION, PLURAL)
+
+
+def _state(memo: kopf.Memo) -> ResourceState:
+    if getattr(memo, "state", None) is None:
+        memo.state = ResourceState()
+    return memo.state
+
+
+def _cr_ref(body: Any) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+    }
+
+
+def _conditions(body: Any) -> list[dict[str, Any]]:
+    return list((body.get("status") or {}).get("conditions") or [])
+
+
+async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = "inflight.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inflight.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="inflight.dev", key="last-handled-configuration"
+    )
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    if getattr(memo, "ctx", None) is None:
+        memo.ctx = OperatorContext(OperatorConfig.from_env())
+    if memo.ctx.login is None:
+        memo.ctx.login = default_login(settings)
+
+
+async def on_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
+    conn = memo.ctx.login()
+    if conn is not None:
+        memo.ctx.set_connection(conn)
+    return conn
+
+
+async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.ctx.close()
+
+
+async def on_probe(memo: kopf.Memo, **_: Any) -> bool:
+    """Liveness detail: whether the operator has API credentials."""
+    return getattr(memo, "ctx", None) is not None and memo.ctx.connection is not None
+
+
+def _parse_or_degrade(body: Any, patch: kopf.Patch, now: float) -> InferenceSpec:
+    meta = body["metadata"]
+    try:
+        return parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
+    except ValueError as exc:
+        patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+
+
+async def on_reconcile(
+    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any
+) -> None:
+    """create / update / resume: apply everything the spec describes."""
+    now = time.time()
+    spec = _parse_or_degrade(body, patch, now)
+    ctx: OperatorContext = memo.ctx
+    meta = body["metadata"]
+    await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
+    pods = await reconcile.list_pods(ctx, spec)
+    errors = await reconcile.sync_live_config(ctx, spec, _state(memo), pods)
+    for error in errors:
+        logger.warning("live config not pushed yet (the timer retries): %s", error)
+    patch.status.update(status.reconciled_status(spec, _conditions(body), meta.get("generation"), now))
+
+
+async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    meta = body["metadata"]
+    deleted = await reconcile.delete_children(memo.ctx, meta["name"], meta["namespace"])
+    memo.state = None
+    logger.info("deleted %s", ", ".join(deleted) or "nothing (already gone)")
+
+
+async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    """Status from the Deployment, live-config drift, and an autoscaling round when due."""
+    meta = body["metadata"]
+    try:
+        spec = parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
+    except ValueError:
+        return  # Degraded was set by the reconcile handler; wait for a spec change
+    ctx: OperatorContext = memo.ctx
+    state = _state(memo)
+    deployment = await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)
+    if deployment is None:
+        return  # not created yet (or being deleted): the reconcile handler owns creation
+    pods = await reconcile.list_pods(ctx, spec)
+    for error in await reconcile.sync_live_config(ctx, spec, state, pods):
+        logger.warning("live config not pushed yet: %s", error)
+    now = time.time()
+    decision = None
+    due = state.last_decision_at is None or now - state.last_decision_at >= spec.autoscaling.interval_seconds
+    if spec.autoscaling.enabled and due:
+        decision = await reconcile.autoscale(ctx, spec, _cr_ref(body), deployment, pods, state, now)
+        deployment.setdefault("spec", {})["replicas"] = decision.desired
+    new_status = status.observed_status(deployment, decision, _conditions(body), meta.get("generation"), now)
+    if state.last_scale_time is not None:
+        new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
+    patch.status.update(new_status)
+
+
+def register(registry: kopf.OperatorRegistry, tick_seconds: float | None = None) -> None:
+    """Register every handler onto ``registry`` (the timer runs every ``tick_seconds``)."""
+    tick = tick_seconds if tick_seconds is not None else OperatorConfig.from_env().tick_seconds
+    kopf.on.startup(registry=registry)(on_startup)
+    kopf.on.login(registry=registry)(on_login)
+    kopf.on.cleanup(registry=registry)(on_cleanup)
+    kopf.on.probe(registry=registry, id="logged_in")(on_probe)
+    kopf.on.create(*RESOURCE, registry=registry, id="reconcile")(on_reconcile)
+    kopf.on.update(*RESOURCE, registry=registry, id="reconcile")(on_reconcile)
+    kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")(on_reconcile)
+    kopf.on.delete(*RESOURCE, registry=registry, id="delete")(on_delete)
+    kopf.timer(*RESOURCE, registry=registry, id="tick", interval=tick)(on_tick)

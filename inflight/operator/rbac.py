@@ -1,0 +1,45 @@
+"""The Kubernetes permissions the operator needs: the contract the Helm chart's RBAC is tested against.
+
+Owns ``REQUIRED_PERMISSIONS``: every API call the operator makes, its own (``kube.py``)
+and kopf's (watching the custom resource, patching its status/finalizers/annotations,
+posting Events, observing CRDs and namespaces). A kmock test records every request the
+operator sends and checks each is covered here, so the list stays true to the code.
+Knows nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    api_group: str  # "" for the core group
+    resource: str  # plural, optionally "plural/subresource"
+    verbs: tuple[str, ...]
+
+
+REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
+    # The custom resource: kopf lists/watches it and patches finalizers and annotations;
+    # the operator patches status (the status subresource).
+    Permission("inflight.dev", "inferencedeployments", ("get", "list", "watch", "patch")),
+    Permission("inflight.dev", "inferencedeployments/status", ("get", "patch")),
+    # Children, owned by the custom resource (create; patch on 409; get; delete on delete).
+    Permission("apps", "deployments", ("get", "create", "patch", "delete")),
+    Permission("", "services", ("create", "patch", "delete")),
+    Permission("policy", "poddisruptionbudgets", ("create", "patch", "delete")),
+    Permission("", "configmaps", ("create", "patch", "delete")),
+    # Pods are listed to scrape /metrics and push live config; the API key Secret is read.
+    Permission("", "pods", ("list",)),
+    Permission("", "secrets", ("get",)),
+    # Scaling decisions and kopf's handler outcomes are posted as Events.
+    Permission("", "events", ("create",)),
+    # kopf's cluster observation (resource discovery; namespaces only in namespaced mode).
+    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    Permission("", "namespaces", ("list", "watch")),
+)
+
+
+def allows(group: str, resource: str, verb: str) -> bool:
+    """Whether REQUIRED_PERMISSIONS grants ``verb`` on ``group``/``resource``."""
+    return any(p.api_group == group and p.resource == resource and verb in p.verbs for p in REQUIRED_PERMISSIONS)

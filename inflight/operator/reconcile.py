@@ -1,0 +1,140 @@
+"""The steps handlers run: apply children, push live config, one autoscaling round.
+
+Owns the order of operations and the per-resource state between timer ticks
+(``ResourceState``). Every Kubernetes call goes through ``KubeClient``, every pod call
+through ``metrics_scrape``; what to write comes from ``render``, what to decide from
+``autoscaler``. Knows nothing about kopf beyond being called by ``handlers``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from inflight.operator import autoscaler, engine_args, metrics_scrape, render
+from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
+from inflight.operator.context import OperatorContext
+from inflight.operator.kube import CONFIGMAPS, DEPLOYMENTS, PDBS, PODS, SERVICES
+from inflight.operator.spec import InferenceSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ResourceState:
+    """What the operator remembers about one InferenceDeployment between ticks (in memory)."""
+
+    history: tuple[Recommendation, ...] = ()
+    last_decision_at: float | None = None
+    last_scale_time: float | None = None
+    live_pushed: dict[str, str] = field(default_factory=dict)  # pod name -> live-config key
+
+
+async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
+    """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent)."""
+    kube, ns = ctx.kube, spec.namespace
+    await kube.apply(CONFIGMAPS, ns, render.render_configmap(spec, owner))
+    deployment = render.render_deployment(spec, owner, render.initial_replicas(spec))
+    await kube.apply(DEPLOYMENTS, ns, deployment, render.deployment_patch(deployment, spec.autoscaling.enabled))
+    await kube.apply(SERVICES, ns, render.render_service(spec, owner))
+    await kube.apply(PDBS, ns, render.render_pdb(spec, owner))
+
+
+async def delete_children(ctx: OperatorContext, name: str, namespace: str) -> list[str]:
+    """Delete what the operator created (owner references would GC it too); returns kinds deleted."""
+    deleted = []
+    for kind, obj_name in (
+        (DEPLOYMENTS, name), (SERVICES, name), (PDBS, name), (CONFIGMAPS, render.configmap_name(name)),
+    ):
+        if await ctx.kube.delete(kind, namespace, obj_name):
+            deleted.append(kind.kind)
+    return deleted
+
+
+def live_key(spec: InferenceSpec) -> str:
+    return json.dumps(engine_args.live_values(spec.engine), sort_keys=True)
+
+
+async def list_pods(ctx: OperatorContext, spec: InferenceSpec) -> list[dict[str, Any]]:
+    return await ctx.kube.list(PODS, spec.namespace, render.selector_labels(spec.name))
+
+
+async def sync_live_config(
+    ctx: OperatorContext, spec: InferenceSpec, state: ResourceState, pods: list[dict[str, Any]]
+) -> list[str]:
+    """POST the live knobs to every ready pod that has not confirmed them yet; returns errors."""
+    key = live_key(spec)
+    targets = [
+        t for p in pods if metrics_scrape.pod_is_ready(p)
+        for t in [metrics_scrape.pod_target(p)] if t is not None and state.live_pushed.get(t.name) != key
+    ]
+    if not targets:
+        return []
+    api_key = None
+    if spec.api_key_secret_ref is not None:
+        ref = spec.api_key_secret_ref
+        api_key = await ctx.kube.read_secret(spec.namespace, ref.name, ref.key)
+    values = engine_args.live_values(spec.engine)
+    errors = []
+    for target in targets:
+        error = await metrics_scrape.push_live_config(
+            ctx.http, target, values, api_key, ctx.config.pod_timeout_seconds
+        )
+        if error is None:
+            state.live_pushed[target.name] = key
+            logger.info("live config %s pushed to pod %s", values, target.name)
+        else:
+            errors.append(error)
+    live_names = {p["metadata"]["name"] for p in pods}
+    for gone in set(state.live_pushed) - live_names:
+        del state.live_pushed[gone]
+    return errors
+
+
+def policy_of(spec: InferenceSpec) -> Policy:
+    a = spec.autoscaling
+    return Policy(
+        min_replicas=a.min_replicas,
+        max_replicas=a.max_replicas,
+        target_kv_cache_usage=a.target_kv_cache_usage,
+        target_queue_depth=a.target_queue_depth,
+        scale_up_window_s=a.scale_up_stabilization_seconds,
+        scale_down_window_s=a.scale_down_stabilization_seconds,
+    )
+
+
+async def autoscale(
+    ctx: OperatorContext,
+    spec: InferenceSpec,
+    cr: dict[str, Any],
+    deployment: dict[str, Any],
+    pods: list[dict[str, Any]],
+    state: ResourceState,
+    now: float,
+) -> Decision:
+    """Scrape ready pods, decide, and apply the decision to the Deployment's replicas."""
+    ready = [p for p in pods if metrics_scrape.pod_is_ready(p)]
+    targets = [t for p in ready for t in [metrics_scrape.pod_target(p)] if t is not None]
+    metrics = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds)
+    no_ip = len(ready) - len(targets)
+    metrics += tuple(autoscaler.PodMetrics(f"no-ip-{i}", None, None) for i in range(no_ip))
+    current = int((deployment.get("spec") or {}).get("replicas") or 0)
+    obs = Observations(current_replicas=current, ready=metrics, num_pending=max(0, current - len(ready)))
+    policy = policy_of(spec)
+    decision = autoscaler.decide(obs, policy, state.history, now)
+    state.history = autoscaler.prune(state.history + (decision.recommendation,), policy, now)
+    state.last_decision_at = now
+    logger.info(
+        "autoscaler %s/%s: %d -> %d (%s: %s)",
+        spec.namespace, spec.name, current, decision.desired, decision.reason, decision.message,
+    )
+    if decision.desired != current:
+        await ctx.kube.patch(DEPLOYMENTS, spec.namespace, spec.name, {"spec": {"replicas": decision.desired}})
+        state.last_scale_time = now
+        await ctx.kube.post_event(
+            cr, "Normal", decision.reason,
+            f"scaled {current} -> {decision.desired}: {decision.message}",
+        )
+    return decision

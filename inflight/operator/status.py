@@ -1,0 +1,120 @@
+"""Pure builders of the InferenceDeployment ``status``: conditions and the status patches.
+
+Owns the status vocabulary: conditions Ready, Progressing, Degraded (each with reason,
+message, lastTransitionTime, observedGeneration; a condition's transition time changes
+only when its status does), replica counts, observed KV usage and queue depth, the last
+scaling decision. The clock is a parameter. Knows nothing about I/O.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.operator import render
+from inflight.operator.autoscaler import Decision
+from inflight.operator.spec import InferenceSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str  # Ready | Progressing | Degraded
+    status: bool
+    reason: str
+    message: str
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(
+    existing: list[dict[str, Any]] | None, updates: list[Condition], now: float, generation: int | None
+) -> list[dict[str, Any]]:
+    """The full conditions list with ``updates`` applied (lists are replaced by merge patches)."""
+    by_type = {c.get("type"): dict(c) for c in existing or [] if isinstance(c, dict)}
+    for cond in updates:
+        old = by_type.get(cond.type)
+        status = "True" if cond.status else "False"
+        changed = old is None or old.get("status") != status
+        entry: dict[str, Any] = {
+            "type": cond.type,
+            "status": status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": rfc3339(now) if changed else old.get("lastTransitionTime", rfc3339(now)),
+        }
+        if generation is not None:
+            entry["observedGeneration"] = generation
+        by_type[cond.type] = entry
+    order = {"Ready": 0, "Progressing": 1, "Degraded": 2}
+    return sorted(by_type.values(), key=lambda c: (order.get(c["type"], 9), c["type"]))
+
+
+def invalid_spec_status(
+    message: str, existing: list[dict[str, Any]] | None, generation: int | None, now: float
+) -> dict[str, Any]:
+    conditions = [
+        Condition("Degraded", True, "InvalidSpec", message),
+        Condition("Progressing", False, "InvalidSpec", "fix the spec; nothing was applied"),
+    ]
+    return {
+        "observedGeneration": generation,
+        "conditions": merge_conditions(existing, conditions, now, generation),
+    }
+
+
+def reconciled_status(
+    spec: InferenceSpec, existing: list[dict[str, Any]] | None, generation: int | None, now: float
+) -> dict[str, Any]:
+    conditions = [
+        Condition("Degraded", False, "Reconciled", "all objects applied"),
+        Condition("Progressing", True, "Reconciled", "Deployment, Service, PDB and live config applied"),
+    ]
+    return {
+        "observedGeneration": generation,
+        "selector": render.selector_string(spec.name),
+        "endpoint": render.endpoint_url(spec),
+        "model": spec.model.served_model_name,
+        "conditions": merge_conditions(existing, conditions, now, generation),
+    }
+
+
+def observed_status(
+    deployment: dict[str, Any],
+    decision: Decision | None,
+    existing: list[dict[str, Any]] | None,
+    generation: int | None,
+    now: float,
+) -> dict[str, Any]:
+    """Replica counts from the Deployment, the decision (if one was made), the Ready condition."""
+    desired = int((deployment.get("spec") or {}).get("replicas") or 0)
+    dstatus = deployment.get("status") or {}
+    ready = int(dstatus.get("readyReplicas") or 0)
+    updated = int(dstatus.get("updatedReplicas") or 0)
+    if desired == 0:
+        cond = Condition("Ready", False, "ScaledToZero", "replicas is 0")
+    elif ready >= desired:
+        cond = Condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
+    elif ready > 0:
+        cond = Condition("Ready", True, "PartiallyReady", f"{ready}/{desired} replicas ready")
+    else:
+        cond = Condition("Ready", False, "NoReplicasReady", f"0/{desired} replicas ready")
+    progressing = Condition(
+        "Progressing", updated < desired or ready < desired, "RollingOut" if updated < desired else "Stable",
+        f"{updated}/{desired} replicas up to date",
+    )
+    status: dict[str, Any] = {
+        "replicas": int(dstatus.get("replicas") or 0),
+        "readyReplicas": ready,
+        "desiredReplicas": desired,
+        "conditions": merge_conditions(existing, [cond, progressing], now, generation),
+    }
+    if decision is not None:
+        status["lastDecisionReason"] = decision.reason
+        status["lastDecisionMessage"] = decision.message
+        status["desiredReplicas"] = decision.desired
+        status["kvCacheUsage"] = None if decision.kv_cache_usage is None else round(decision.kv_cache_usage, 4)
+        status["queueDepth"] = None if decision.queue_depth is None else round(decision.queue_depth, 3)
+    return status
