@@ -1,0 +1,268 @@
+"""Triton paged decode attention (flash-decoding): one query token per sequence.
+
+Owns ``paged_decode_attention`` (same signature as the reference) and the split plan.
+Each program takes one sequence, one KV head and one slice ("split") of the context: it
+loads that KV head's keys/values once for all ``num_heads // num_kv_heads`` query heads of
+the group (GQA), walks the block table ``BLOCK_N`` tokens at a time with an online
+softmax, and writes either the final output (one split) or a normalized partial output and
+its log-sum-exp, which a second kernel merges. The split count comes from the block
+table's width (an upper bound of every context length) and the batch, never from the
+lengths themselves, so launching needs no device-to-host sync.
+Knows nothing about the scheduler; the reference is the ground truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from inflight.kernels.triton_common import (
+    cdiv,
+    check_heads,
+    check_kv_cache,
+    check_ndim,
+    check_paged_inputs,
+    check_same_device,
+    next_power_of_2,
+    num_sms,
+)
+from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
+
+MIN_SPLIT_TOKENS = 256  # below this a split's merge costs more than its parallelism pays
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 4  # enough resident programs per SM to keep loads in flight
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """How the context is cut: ``num_splits`` slices of ``split_size`` tokens each."""
+
+    num_splits: int
+    split_size: int  # tokens, a multiple of block_n
+    block_n: int  # tokens per inner-loop tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def plan_decode(
+    num_seqs: int, num_kv_heads: int, max_context: int, head_dim: int, sms: int
+) -> DecodePlan:
+    """Split the context only when sequences x KV heads alone leave SMs idle."""
+    block_n = 64 if head_dim <= 128 else 32
+    base_programs = max(1, num_seqs * num_kv_heads)
+    by_occupancy = cdiv(PROGRAMS_PER_SM * sms, base_programs)
+    by_length = cdiv(max(max_context, 1), MIN_SPLIT_TOKENS)
+    wanted = max(1, min(by_occupancy, by_length, MAX_SPLITS))
+    return split_plan(max_context, wanted, block_n)
+
+
+def split_plan(max_context: int, num_splits: int, block_n: int) -> DecodePlan:
+    """A plan with about ``num_splits`` equal slices of a context of ``max_context`` tokens."""
+    if num_splits < 1 or block_n < 1:
+        raise ValueError(f"num_splits and block_n must be >= 1 (got {num_splits}, {block_n}).")
+    split_size = cdiv(cdiv(max(max_context, 1), num_splits), block_n) * block_n
+    return DecodePlan(
+        num_splits=cdiv(max(max_context, 1), split_size), split_size=split_size, block_n=block_n
+    )
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,  # [num_seqs, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
+    context_lens_ptr,  # [num_seqs]
+    out_ptr,  # [num_seqs, num_heads, head_dim] (DIRECT) or unused
+    mid_o_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32 (not DIRECT)
+    mid_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain (not DIRECT)
+    qk_scale,  # softmax scale * log2(e)
+    stride_qs,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    stride_os,
+    stride_oh,
+    num_heads,
+    num_splits,
+    split_size,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    start = split * split_size
+    end = tl.minimum(start + split_size, context_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g  # [BLOCK_G]
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < head_dim
+    q_offs = seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [G, D]
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + seq * stride_bt
+    for tile_start in range(start, end, BLOCK_N):
+        pos = tile_start + offs_n  # [BLOCK_N] token positions
+        n_mask = pos < end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        kv_offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        qk = dot(q, tl.trans(k.to(q.dtype)), DOT_PRECISION, DOT_UPCAST) * qk_scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [G, N]
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    safe_l = tl.where(l_i > 0.0, l_i, 1.0)
+    acc = acc / safe_l[:, None]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if DIRECT:
+        o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        part = (seq * num_heads + heads) * num_splits + split  # [BLOCK_G]
+        tl.store(mid_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=out_mask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(mid_lse_ptr + part, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
+    mid_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    stride_os,
+    stride_oh,
+    num_heads,
+    num_splits,
+    head_dim,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, BLOCK_D)
+    p_mask = offs_p < num_splits
+    d_mask = offs_d < head_dim
+    base = (seq * num_heads + head) * num_splits
+    lse = tl.load(mid_lse_ptr + base + offs_p, mask=p_mask, other=float("-inf"))  # [P]
+    parts = tl.load(
+        mid_o_ptr + (base + offs_p)[:, None] * head_dim + offs_d[None, :],
+        mask=p_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [P, D]
+    weights = tl.exp2(lse - tl.max(lse, 0))  # empty splits weigh exp2(-inf) = 0
+    out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+    o_offs = seq * stride_os + head * stride_oh + offs_d
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One query token per sequence attending to all of its cached context (GQA aware)."""
+    check_kv_cache(k_cache, v_cache)
+    check_ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
+    num_seqs = query.shape[0]
+    check_paged_inputs(num_seqs, block_tables, context_lens)
+    max_context = block_tables.shape[1] * k_cache.shape[1]
+    plan = plan_decode(
+        num_seqs, k_cache.shape[2], max_context, k_cache.shape[3], num_sms(query.device)
+    )
+    return decode_with_plan(query, k_cache, v_cache, block_tables, context_lens, scale, plan)
+
+
+def decode_with_plan(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
+    context_lens: torch.Tensor,  # [num_seqs]
+    scale: float,
+    plan: DecodePlan,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """``paged_decode_attention`` with an explicit split plan (tests force splits with it)."""
+    group = check_heads(query, k_cache)
+    check_same_device(
+        query=query, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens
+    )
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
+    num_seqs, num_heads, head_dim = query.shape
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    direct = plan.num_splits == 1
+    part_shape = (num_seqs, num_heads, plan.num_splits)
+    mid_lse = torch.empty(
+        part_shape if not direct else (1,), dtype=torch.float32, device=query.device
+    )
+    mid_o = torch.empty(
+        (*part_shape, head_dim) if not direct else (1,), dtype=torch.float32, device=query.device
+    )
+    block_d = next_power_of_2(head_dim)
+    grid = (num_seqs, k_cache.shape[2], plan.num_splits)
+    _decode_split_kernel[grid](
+        query, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        num_heads, plan.num_splits, plan.split_size, head_dim,
+        GROUP=group,
+        BLOCK_G=max(16, next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=plan.block_n,
+        BLOCK_SIZE=k_cache.shape[1],
+        DIRECT=direct,
+        DOT_PRECISION=dot_precision(query.dtype),
+        DOT_UPCAST=needs_upcast(query.device),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            mid_o, mid_lse, out,
+            out.stride(0), out.stride(1),
+            num_heads, plan.num_splits, head_dim,
+            BLOCK_P=next_power_of_2(plan.num_splits),
+            BLOCK_D=block_d,
+            num_warps=2 if block_d <= 128 else 4,
+        )  # fmt: skip
+    return out
