@@ -1,0 +1,178 @@
+"""Test helpers: an in-process server on 127.0.0.1 (its own event loop thread), a real
+``inflight serve`` subprocess, and small HTTP / metrics utilities. Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.server import ServerSettings, create_app
+from inflight.runtime.server.state import STATE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 120.0
+
+
+class LiveServer:
+    """``create_app`` served by an AppRunner on an ephemeral port, in a background thread."""
+
+    def __init__(self, model_dir: Path, config: EngineConfig, settings: ServerSettings) -> None:
+        self.model_dir = model_dir
+        self.config = config
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(START_TIMEOUT_S)
+        return self
+
+    async def _start(self) -> None:
+        from inflight.runtime.engine import LLMEngine
+
+        app = create_app(self.settings, lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+        await app[STATE].engine.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def app(self) -> web.Application:
+        assert self.runner is not None
+        return self.runner.app
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{'name{labels}': value}`` plus ``{'name': value}`` for single-series metrics."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        values[key] = float(value)
+        values.setdefault(key.split("{", 1)[0], float(value))
+    return values
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def http(method: str, url: str, body: bytes | dict | list | None = None,
+         headers: dict[str, str] | None = None, timeout: float = 30.0) -> Reply:
+    """One HTTP request with the standard library; error statuses are returned, not raised."""
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return Reply(resp.status, dict(resp.headers), resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, dict(exc.headers), exc.read().decode())
+
+
+def metrics(url: str) -> dict[str, float]:
+    return parse_metrics(http("GET", f"{url}/metrics").text)
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+class ServeProcess:
+    """A real ``python -m inflight.runtime serve`` subprocess on an ephemeral port."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        cmd = [sys.executable, "-m", "inflight.runtime", "serve", *args]
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"inflight-serve-{os.getpid()}-{id(self)}.log"
+        self._log = open(self.log_path, "w+b")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self.port = 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_listening(self, timeout: float = START_TIMEOUT_S) -> int:
+        pattern = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
+        def found() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early ({self.proc.returncode}):\n{self.log()}")
+            match = pattern.search(self.log())
+            if match:
+                self.port = int(match.group(1))
+            return bool(match)
+
+        if not wait_until(found, timeout, 0.1):
+            raise TimeoutError(f"server did not start listening in {timeout}s:\n{self.log()}")
+        return self.port
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        self.wait_listening(timeout)
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early ({self.proc.returncode}):\n{self.log()}")
+            try:
+                return http("GET", f"{self.url}/ready", timeout=2).status == 200
+            except OSError:
+                return False
+
+        if not wait_until(ready, timeout, 0.1):
+            raise TimeoutError(f"server not ready in {timeout}s:\n{self.log()}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
