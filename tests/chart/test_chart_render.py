@@ -241,3 +241,19 @@ def test_notes_render(render) -> None:
     notes = render("namespaced")["inflight/templates/NOTES.txt"]
     assert "kubectl get infd -n llm-serving" in notes
     assert "ghcr.io/inflight-dev/inflight-runtime:0.1.0" in notes
+
+
+def test_service_monitor_matches_what_the_operator_renders(objects) -> None:
+    """The ServiceMonitor's selector and port name select the Services the operator creates."""
+    try:
+        from inflight.operator.render import Owner, render_service
+        from inflight.operator.spec import parse_spec
+    except ImportError as err:
+        pytest.fail(f"the operator's render/spec modules are missing ({err})")
+    spec = parse_spec("llama", WATCH_NAMESPACE, {"model": {"pvc": {"claimName": "models"}}})
+    service = render_service(spec, Owner(name="llama", uid="uid-1"))
+    monitor = one(objects("all-on"), "ServiceMonitor")["spec"]
+    selector = monitor["selector"]["matchLabels"]
+    labels = service["metadata"]["labels"]
+    assert {k: labels.get(k) for k in selector} == selector
+    assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
