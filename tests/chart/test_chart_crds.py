@@ -11,7 +11,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import CHART_DIR, REPO
+from chart_support import CHART_DIR, REPO
 
 SOURCE_DIR = REPO / "crds"
 CHART_CRDS_DIR = CHART_DIR / "crds"

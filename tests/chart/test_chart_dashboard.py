@@ -4,21 +4,11 @@ runtime's metric names from docs/CONTRACTS.md and cover what an SRE watches."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from conftest import REPO, one
+from chart_support import METRIC, contract_metrics, one
 
-METRIC = re.compile(r"inflight:[a-z_:]+")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-
-
-def contract_metrics() -> set[str]:
-    """Every `inflight:*` metric name that docs/CONTRACTS.md lists."""
-    text = (REPO / "docs" / "CONTRACTS.md").read_text()
-    names = set(METRIC.findall(text))
-    assert len(names) >= 15, f"could not read the metric list from CONTRACTS.md: {names}"
-    return names
 
 
 def _dashboard(objects) -> dict[str, Any]:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
-from test_chart_dashboard import METRIC, contract_metrics
+from chart_support import METRIC, REPO, contract_metrics
 
 DOCS = REPO / "docs"
 TUNING_KNOBS = (

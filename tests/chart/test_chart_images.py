@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, one
+from chart_support import REPO, one
 
 DOCKER = REPO / "docker"
 # Import name -> the distribution the operator image installs for it.

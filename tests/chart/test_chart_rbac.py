@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 import pytest
-from conftest import RELEASE_NAMESPACE, WATCH_NAMESPACE, by_kind, one
+from chart_support import RELEASE_NAMESPACE, WATCH_NAMESPACE, by_kind, one
 
 Triple = tuple[str, str, str]  # (api group, resource[/subresource], verb)
 

@@ -9,7 +9,7 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
-from conftest import (
+from chart_support import (
     CHART_DIR,
     RELEASE_NAMESPACE,
     VALUES_CASES,

@@ -11,7 +11,7 @@ import helm_python as helm
 import jsonschema
 import pytest
 import yaml
-from conftest import CHART_DIR, RELEASE_NAMESPACE, load_values
+from chart_support import CHART_DIR, RELEASE_NAMESPACE, load_values
 
 VALUES_FILE = CHART_DIR / "values.yaml"
 SCHEMA_FILE = CHART_DIR / "values.schema.json"
