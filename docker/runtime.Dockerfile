@@ -39,5 +39,8 @@ ENV PATH=/opt/inflight/bin:$PATH \
 USER 1000:1000
 WORKDIR /home/inflight
 EXPOSE 8000
+# Arguments replace CMD, so pass the address too, e.g.
+#   docker run --gpus all -v /srv/models:/models IMAGE --model /models/NAME --host 0.0.0.0
+# (the operator sets command and args itself).
 ENTRYPOINT ["inflight", "serve"]
 CMD ["--host", "0.0.0.0", "--port", "8000"]
