@@ -102,16 +102,6 @@ class EngineConfig:
         for name in ("enable_chunked_context", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
-        if (
-            not self.enable_chunked_context
-            and self.max_model_len is not None
-            and self.max_num_tokens < self.max_model_len
-        ):
-            raise ValueError(
-                f"max_num_tokens ({self.max_num_tokens}) is below max_model_len ({self.max_model_len}) "
-                "with enable_chunked_context off, so a long prompt could never be scheduled: "
-                "turn chunked context on or raise max_num_tokens."
-            )
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with ``changes`` applied; unknown names raise ``ValueError``."""

@@ -40,6 +40,7 @@ class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
+    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         """``logits``: ``[num_rows, vocab]`` float32, modified in place."""
         if not rows:

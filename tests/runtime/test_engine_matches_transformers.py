@@ -1,0 +1,73 @@
+"""Greedy outputs token-identical to transformers ``generate`` on the same weights (float32, CPU).
+
+Sixteen prompts of different lengths are added a few per step, so steps mix prefills and
+decodes; then again with chunked context and a small token budget, with a KV cache small
+enough to force preemption, and with prefix caching over prompts that share a prefix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine import LLMEngine
+from inflight.runtime.sampling_params import SamplingParams
+
+from .hf_reference import hf_greedy, prompts_of_lengths, run_staggered
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
+MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
+
+
+def _check(model_dir, config: EngineConfig, prompts, max_tokens) -> LLMEngine:
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens]
+    got = run_staggered(engine, prompts, params)
+    for i, prompt in enumerate(prompts):
+        want = hf_greedy(model_dir, prompt, max_tokens[i])
+        assert got[str(i)] == want, f"prompt {i} (len {len(prompt)}) diverged from transformers"
+    stats = engine.stats()
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_used_kv_blocks == 0, "KV blocks leaked"
+    return engine
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mixed_prefill_and_decode_steps(model_factory, arch):
+    model_dir = model_factory(arch)
+    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(num_kv_blocks=256, max_num_tokens=512))
+    prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
+    _check(model_dir, EngineConfig(num_kv_blocks=256, max_num_tokens=512), prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chunked_context_small_budget(model_factory, arch):
+    model_dir = model_factory(arch)
+    config = EngineConfig(num_kv_blocks=256, max_num_tokens=24, enable_chunked_context=True)
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
+    _check(model_dir, config, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_preemption_under_a_small_cache(model_factory, arch):
+    model_dir = model_factory(arch)
+    config = EngineConfig(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
+    engine = _check(model_dir, config, prompts, MAX_TOKENS)
+    assert engine.stats().num_preemptions > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefix_caching_shared_prefix(model_factory, arch):
+    model_dir = model_factory(arch)
+    config = EngineConfig(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    base = prompts_of_lengths(engine.tokenizer, [50])[0]
+    tails = prompts_of_lengths(engine.tokenizer, [3, 9, 20, 1, 14, 30, 6, 11])
+    prompts = [base + t[1:] for t in tails] + [base]
+    max_tokens = [10, 14, 8, 12, 16, 9, 11, 13, 10]
+    engine = _check(model_dir, config, prompts, max_tokens)
+    assert engine.stats().prefix_cache_hits > 0
