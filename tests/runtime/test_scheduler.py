@@ -16,7 +16,7 @@ def test_budget_and_max_num_sequences_never_exceeded(policy, chunked):
     eng = FakeEngine(max_num_sequences=5, max_num_tokens=48, num_kv_blocks=24, block_size=8,
                      scheduler_policy=policy, enable_chunked_context=chunked, max_model_len=64 if not chunked else None)
     added = 0
-    for step in range(2000):
+    for _step in range(2000):
         if added < 40 and rng.random() < 0.5:
             eng.add(f"r{added}", rng.randint(1, 40), rng.randint(1, 20), priority=rng.randint(0, 3),
                     token=rng.randint(0, 3))
