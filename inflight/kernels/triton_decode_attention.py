@@ -30,7 +30,12 @@ from inflight.kernels.triton_common import (
     next_power_of_2,
     num_sms,
 )
-from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
+from inflight.kernels.triton_helpers import (
+    dot_precision,
+    load_kv_tile,
+    needs_upcast,
+    online_softmax_step,
+)
 
 MIN_SPLIT_TOKENS = 256  # below this a split's merge costs more than its parallelism pays
 MAX_SPLITS = 64
@@ -125,21 +130,10 @@ def _decode_split_kernel(
     for tile_start in range(start, end, BLOCK_N):
         pos = tile_start + offs_n  # [BLOCK_N] token positions
         n_mask = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        qk = dot(q, tl.trans(k.to(q.dtype)), DOT_PRECISION, DOT_UPCAST) * qk_scale
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))  # [G, N]
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
+                            stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
+        m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], qk_scale, m_i, l_i, acc,
+                                            DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     acc = acc / safe_l[:, None]

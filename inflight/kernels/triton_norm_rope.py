@@ -23,71 +23,92 @@ from inflight.kernels.triton_common import (
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr,  # [num_tokens, hidden]
-    residual_ptr,  # [num_tokens, hidden] (HAS_RESIDUAL)
+    x_ptr,  # [n0, n1, hidden] (a 2-D input has n1 == 1)
+    residual_ptr,  # [n0, n1, hidden] (HAS_RESIDUAL)
     weight_ptr,  # [hidden]
-    out_ptr,  # [num_tokens, hidden]
-    new_residual_ptr,  # [num_tokens, hidden] (HAS_RESIDUAL)
-    stride_x,
-    stride_r,
-    stride_o,
-    stride_nr,
+    out_ptr,  # [n0 * n1, hidden] contiguous
+    new_residual_ptr,  # [n0 * n1, hidden] contiguous (HAS_RESIDUAL)
+    n1,
+    stride_x0,
+    stride_x1,
+    stride_r0,
+    stride_r1,
     hidden,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    i, j = row // n1, row % n1
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + i * stride_x0 + j * stride_x1 + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        r = tl.load(residual_ptr + i * stride_r0 + j * stride_r1 + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(new_residual_ptr + row * stride_nr + offs, x, mask=mask)
+        tl.store(new_residual_ptr + row * hidden + offs, x, mask=mask)
     xf = x.to(tl.float32)
     variance = tl.sum(xf * xf, 0) / hidden
     normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x_ptr.dtype.element_ty)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
     out = normed.to(tl.float32) * w.to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * hidden + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: torch.Tensor,  # [num_tokens, hidden]
-    weight: torch.Tensor,  # [hidden]
-    eps: float,
-    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of ``x + residual``; returns (normed, the new residual ``x + residual``)."""
-    check_ndim("x", x, 2, "[num_tokens, hidden]")
+def _row_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(n1, stride0, stride1) of ``t`` seen as [n0, n1, hidden], last dim made dense first."""
+    if t.dim() == 2:
+        return 1, t.stride(0), 0
+    return t.shape[1], t.stride(0), t.stride(1)
+
+
+def _check_rms_norm_inputs(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None
+) -> None:
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"x must be [num_tokens, hidden] or [num_tokens, num_heads, head_dim] (got {tuple(x.shape)})."
+        )
     check_dtype("x", x, FLOAT_DTYPES)
     check_dtype("weight", weight, FLOAT_DTYPES)
-    num_tokens, hidden = x.shape
-    if weight.shape != (hidden,):
-        raise ValueError(f"weight must be [{hidden}] (got {tuple(weight.shape)}).")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight must be [{x.shape[-1]}] (got {tuple(weight.shape)}).")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(
             f"residual must match x ({tuple(x.shape)}, {x.dtype}); got "
             f"{tuple(residual.shape)}, {residual.dtype}."
         )
-    check_same_device(
-        x=x, weight=weight, **({"residual": residual} if residual is not None else {})
-    )
+    extra = {"residual": residual} if residual is not None else {}
+    check_same_device(x=x, weight=weight, **extra)
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden] (or [num_tokens, num_heads, head_dim]: qk-norm)
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # like x
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of ``x + residual``; returns (normed, the new residual ``x + residual``)."""
+    _check_rms_norm_inputs(x, weight, residual)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight.contiguous()
-    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if residual is None:
         new_residual, residual_in = x, x
     else:
         residual_in = residual if residual.stride(-1) == 1 else residual.contiguous()
-        new_residual = torch.empty_like(x)
-    if num_tokens == 0:
+        new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    hidden = x.shape[-1]
+    num_rows = x.numel() // hidden if hidden else 0
+    if num_rows == 0:
         return out, new_residual
+    n1, stride_x0, stride_x1 = _row_strides(x)
+    _, stride_r0, stride_r1 = _row_strides(residual_in)
     block = next_power_of_2(hidden)
-    _rms_norm_kernel[(num_tokens,)](
+    _rms_norm_kernel[(num_rows,)](
         x, residual_in, weight, out, new_residual,
-        x.stride(0), residual_in.stride(0), out.stride(0), new_residual.stride(0),
+        n1, stride_x0, stride_x1, stride_r0, stride_r1,
         hidden, eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,

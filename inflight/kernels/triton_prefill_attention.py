@@ -27,7 +27,12 @@ from inflight.kernels.triton_common import (
     check_same_device,
     next_power_of_2,
 )
-from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
+from inflight.kernels.triton_helpers import (
+    dot_precision,
+    load_kv_tile,
+    needs_upcast,
+    online_softmax_step,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,22 +124,11 @@ def _prefill_kernel(
     for tile_start in range(0, kv_end, BLOCK_N):
         pos = tile_start + offs_n  # [BLOCK_N] key positions
         n_mask = pos < kv_end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_offs = row[:, None] + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        qk = dot(q, tl.trans(k.to(q.dtype)), DOT_PRECISION, DOT_UPCAST) * qk_scale
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        qk = tl.where(visible, qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
-        m_i = m_new
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
+                            stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
+        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]  # causal within the chunk
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, qk_scale, m_i, l_i, acc,
+                                            DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_offs = tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :]

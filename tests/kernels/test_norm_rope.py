@@ -38,6 +38,20 @@ def test_rms_norm_matches_reference(case, device, poison_allocations, assert_clo
     assert_close(got_residual, expected_residual)
 
 
+def test_rms_norm_per_head_on_a_strided_view(device, poison_allocations, assert_close) -> None:
+    """Qwen3's qk-norm: [num_tokens, num_heads, head_dim] views into the fused QKV output."""
+    from inflight.kernels.triton_norm_rope import rms_norm
+
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, (4 + 2 * 2) * 64, generator=gen).to(BF16).to(device)
+    q = qkv[:, : 4 * 64].view(5, 4, 64)
+    weight = (1 + 0.5 * torch.randn(64, generator=gen)).to(BF16).to(device)
+    got, got_residual = rms_norm(q, weight, 1e-6)
+    expected, _ = reference.rms_norm(q, weight, 1e-6)
+    assert_close(got, expected)
+    assert got_residual is q
+
+
 def test_rms_norm_rejects_bad_weight(device) -> None:
     from inflight.kernels.triton_norm_rope import rms_norm
 

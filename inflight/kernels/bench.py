@@ -1,0 +1,160 @@
+"""``python -m inflight.kernels.bench``: the kernels' GPU benchmark.
+
+On CUDA it (1) checks every Triton kernel against its torch reference on fresh random
+inputs, (2) measures the device's copy bandwidth (a large device-to-device copy, read +
+write bytes), (3) prints decode-attention achieved bandwidth (K/V bytes read / median time,
+``triton.testing.do_bench``) against it for batch 1..256 x context 128..32k, and (4) the
+engine's decode-step time against its roofline for a generated ~0.5B Llama model
+(:mod:`inflight.kernels.bench_engine`). Without CUDA it says so and exits 2. Owns only the
+measurement and the printing; the kernels are imported, never re-implemented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import torch
+
+BATCHES = (1, 4, 16, 32, 64, 128, 256)
+CONTEXTS = (128, 512, 2048, 8192, 32768)
+QUICK_BATCHES = (1, 32, 256)
+QUICK_CONTEXTS = (128, 2048, 32768)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeShape:
+    """The attention shape of the decode table (Llama-3-8B-like heads)."""
+
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes/s of a large device-to-device copy, counting read + write."""
+    import triton.testing
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def kv_bytes(batch: int, context: int, shape: DecodeShape) -> int:
+    """K and V bytes one decode step reads for ``batch`` sequences of ``context`` tokens."""
+    elem = torch.finfo(shape.dtype).bits // 8
+    return 2 * batch * context * shape.num_kv_heads * shape.head_dim * elem
+
+
+def time_decode(batch: int, context: int, shape: DecodeShape) -> tuple[float, int]:
+    """(median ms, num_splits) of paged decode attention over shuffled blocks."""
+    import triton.testing
+
+    from inflight.kernels.triton_common import num_sms
+    from inflight.kernels.triton_decode_attention import paged_decode_attention, plan_decode
+
+    blocks_per_seq = -(-context // shape.block_size)
+    num_blocks = batch * blocks_per_seq
+    cache_shape = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    k_cache = torch.empty(cache_shape, dtype=shape.dtype, device="cuda").normal_()
+    v_cache = torch.empty(cache_shape, dtype=shape.dtype, device="cuda").normal_()
+    tables = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).int()
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    query = torch.randn(batch, shape.num_heads, shape.head_dim, dtype=shape.dtype, device="cuda")
+    scale = shape.head_dim**-0.5
+    ms = triton.testing.do_bench(
+        lambda: paged_decode_attention(query, k_cache, v_cache, tables, lens, scale),
+        return_mode="median",
+    )
+    plan = plan_decode(
+        batch, shape.num_kv_heads, blocks_per_seq * shape.block_size, shape.head_dim,
+        num_sms(query.device),
+    )  # fmt: skip
+    return ms, plan.num_splits
+
+
+def decode_table(
+    copy_bw: float, batches: tuple[int, ...], contexts: tuple[int, ...], max_kv_bytes: int
+) -> None:
+    """Print achieved decode-attention bandwidth against the copy bandwidth."""
+    shape = DecodeShape()
+    print(
+        f"\nPaged decode attention, {shape.num_heads} q heads / {shape.num_kv_heads} kv heads, "
+        f"head_dim {shape.head_dim}, block {shape.block_size}, {str(shape.dtype)[6:]}; "
+        f"copy bandwidth {copy_bw / 1e9:.0f} GB/s"
+    )
+    print(f"{'batch':>6} {'context':>8} {'splits':>6} {'time us':>9} {'GB/s':>8} {'% copy':>7}")
+    for batch in batches:
+        for context in contexts:
+            nbytes = kv_bytes(batch, context, shape)
+            if nbytes > max_kv_bytes:
+                print(f"{batch:>6} {context:>8} {'':>6} {'skipped: K/V over the memory cap':>26}")
+                continue
+            ms, splits = time_decode(batch, context, shape)
+            torch.cuda.empty_cache()  # the next point's cache may be larger
+            bw = nbytes / (ms * 1e-3)
+            print(
+                f"{batch:>6} {context:>8} {splits:>6} {ms * 1e3:>9.1f} {bw / 1e9:>8.0f} "
+                f"{100 * bw / copy_bw:>6.1f}%"
+            )
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m inflight.kernels.bench", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="a 3x3 decode table, batch 1 and 64 engine"
+    )
+    parser.add_argument("--skip-engine", action="store_true", help="kernels only")
+    parser.add_argument(
+        "--max-kv-fraction", type=float, default=0.45,
+        help="skip decode points whose K/V exceed this fraction of GPU memory (default 0.45)",
+    )  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if not torch.cuda.is_available():
+        print(
+            "inflight.kernels.bench needs a CUDA GPU and none is visible; nothing measured. "
+            "On the CPU the kernels are checked in Triton's interpreter: pytest tests/kernels",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        import triton
+    except ImportError:
+        print(
+            "inflight.kernels.bench needs the triton package (pip install triton).", file=sys.stderr
+        )
+        return 2
+    from inflight.kernels.bench_checks import run_checks
+    from inflight.kernels.triton_ops import TRITON_OPS
+
+    props = torch.cuda.get_device_properties(0)
+    print(
+        f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    results = run_checks(TRITON_OPS, (torch.bfloat16, torch.float16, torch.float32))
+    copy_bw = copy_bandwidth()
+    torch.cuda.empty_cache()
+    max_kv = int(args.max_kv_fraction * props.total_memory)
+    batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if args.quick else (BATCHES, CONTEXTS)
+    decode_table(copy_bw, batches, contexts, max_kv)
+    if not args.skip_engine:
+        from inflight.kernels.bench_engine import engine_table
+
+        engine_table(copy_bw, (1, 64) if args.quick else (1, 16, 64, 256))
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        print(f"\nFAILED correctness checks: {', '.join(sorted(set(failed)))}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
