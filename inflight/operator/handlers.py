@@ -114,6 +114,8 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
 async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
     """Status from the Deployment, live-config drift, and an autoscaling round when due."""
     meta = body["metadata"]
+    if (body.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+        return  # the reconcile handler has not handled this generation yet; it owns status then
     try:
         spec = parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
     except ValueError:

@@ -1,0 +1,247 @@
+"""Test harness: a kmock API server with the bits of API-server behaviour the operator relies on,
+a real kopf operator (our handlers, a fresh registry) running against it, and fake runtime pods.
+
+kmock stores objects and serves list/watch but does not assign uid, creationTimestamp,
+resourceVersion or metadata.generation, does not bump generation on spec changes and ignores
+generateName; ``ApiServer`` adds exactly that. Every request the operator sends is kept, so
+tests can check each is covered by ``inflight.operator.rbac.REQUIRED_PERMISSIONS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import kmock
+import kopf
+
+from inflight.operator import crd, handlers, rbac, render
+from inflight.operator.context import OperatorConfig, OperatorContext
+
+CR_PATH = "/apis/inflight.dev/v1alpha1/namespaces/{ns}/inferencedeployments"
+_RESOURCES = {
+    "inflight.dev/v1alpha1/inferencedeployments": ("InferenceDeployment", True, {"status", "scale"}),
+    "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, {"status"}),
+    "v1/services": ("Service", True, {"status"}),
+    "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/pods": ("Pod", True, {"status"}),
+    "v1/secrets": ("Secret", True, set()),
+    "v1/events": ("Event", True, set()),
+    "v1/namespaces": ("Namespace", False, set()),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
+}
+_VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(base.get(key), value)
+    return out
+
+
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock plus uid/creationTimestamp/resourceVersion/generation and generateName."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._versions = itertools.count(1)
+        for key, (kind, namespaced, subresources) in _RESOURCES.items():
+            self.resources[key] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, verbs=set(_VERBS), subresources=subresources
+            )
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and isinstance(request.data, dict):
+            if request.action == kmock.action.CREATE:
+                self._on_create(request.data)
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                self._on_update(request)
+        return await super()._handle(request)
+
+    def _on_create(self, data: dict[str, Any]) -> None:
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:8]}"
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta["generation"] = 1
+        meta["resourceVersion"] = str(next(self._versions))
+
+    def _on_update(self, request: kmock.Request) -> None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        current = self.objects[key].raw
+        meta = request.data.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._versions))
+        old_gen = (current.get("metadata") or {}).get("generation", 1)
+        if request.subresource is None and "spec" in request.data:
+            if _merge(current.get("spec") or {}, request.data["spec"]) != (current.get("spec") or {}):
+                meta["generation"] = old_gen + 1
+
+
+@dataclass
+class FakePod:
+    """A runtime stand-in on 127.0.0.1: serves /metrics, /health, /ready; records POST /admin/config."""
+
+    kv_cache_usage: float = 0.0
+    num_waiting: float = 0.0
+    admin_posts: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    port: int = 0
+    _runner: aiohttp.web.AppRunner | None = None
+
+    async def start(self) -> FakePod:
+        app = aiohttp.web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/admin/config", self._admin)
+        self._runner = aiohttp.web.AppRunner(app)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, _: aiohttp.web.Request) -> aiohttp.web.Response:
+        text = (
+            "# TYPE inflight:kv_cache_usage_perc gauge\n"
+            f'inflight:kv_cache_usage_perc{{model_name="m"}} {self.kv_cache_usage}\n'
+            "# TYPE inflight:num_requests_waiting gauge\n"
+            f'inflight:num_requests_waiting{{model_name="m"}} {self.num_waiting}\n'
+        )
+        return aiohttp.web.Response(text=text)
+
+    async def _admin(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self.admin_posts.append((await request.json(), request.headers.get("Authorization")))
+        return aiohttp.web.json_response({})
+
+
+def pod_object(name: str, instance: str, port: int, ns: str = "default", ready: bool = True) -> dict[str, Any]:
+    """A Pod as the API server would show it, pointing at 127.0.0.1:port."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": ns, "labels": render.common_labels(instance),
+            "annotations": {"prometheus.io/port": str(port)},
+        },
+        "spec": {"containers": [{"name": "runtime", "image": "x"}]},
+        "status": {
+            "phase": "Running", "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+class Cluster:
+    """The test's handle: API calls against the emulator and waiting helpers."""
+
+    def __init__(self, api: ApiServer) -> None:
+        self.api = api
+
+    async def request(self, method: str, path: str, body: Any = None, merge: bool = False) -> dict[str, Any]:
+        headers = {"Content-Type": "application/merge-patch+json"} if merge else {}
+        async with self.api.request(method, path, json=body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise AssertionError(f"{method} {path}: {resp.status} {data}")
+            return data
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", path, body)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        async with self.api.get(path) as resp:
+            return await resp.json() if resp.status == 200 else None
+
+    async def create_cr(self, doc: dict[str, Any], ns: str = "default") -> dict[str, Any]:
+        return await self.create(CR_PATH.format(ns=ns), doc)
+
+    async def cr(self, name: str, ns: str = "default") -> dict[str, Any] | None:
+        return await self.get(f"{CR_PATH.format(ns=ns)}/{name}")
+
+    async def patch_cr(self, name: str, patch: dict[str, Any], ns: str = "default") -> dict[str, Any]:
+        return await self.request("PATCH", f"{CR_PATH.format(ns=ns)}/{name}", patch, merge=True)
+
+    async def child(self, kind: str, name: str, ns: str = "default") -> dict[str, Any] | None:
+        prefix = {"deployments": "/apis/apps/v1", "poddisruptionbudgets": "/apis/policy/v1"}.get(kind, "/api/v1")
+        return await self.get(f"{prefix}/namespaces/{ns}/{kind}/{name}")
+
+    def requests_to(self, method: str, path_part: str) -> int:
+        return sum(1 for r in list(self.api) if r.method.value == method and path_part in str(r.url.path))
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll ``check`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        await asyncio.sleep(0.05)
+
+
+def uncovered_requests(api: ApiServer) -> list[str]:
+    """Requests the operator sent that REQUIRED_PERMISSIONS does not grant."""
+    verbs = {kmock.action.FETCH: "get", kmock.action.LIST: "list", kmock.action.WATCH: "watch",
+             kmock.action.CREATE: "create", kmock.action.DELETE: "delete"}
+    missing = set()
+    for req in list(api):
+        res = req.resource
+        if res is None or req.action is None or not res.plural or "kmock" in req.headers.get("User-Agent", ""):
+            continue
+        verb = verbs.get(req.action) or ("patch" if req.method.value == "PATCH" else "update")
+        plural = f"{res.plural}/{req.subresource}" if req.subresource else res.plural
+        if not rbac.allows(res.group or "", plural, verb):
+            missing.add(f"{verb} {res.group or 'core'}/{plural}")
+    return sorted(missing)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(tick_seconds: float = 0.2) -> AsyncIterator[Cluster]:
+    """kmock + our kopf handlers in a background task; stops the operator on exit."""
+    async with ApiServer() as api, kmock.Server(api) as server:
+        cluster = Cluster(api)
+        await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.build_crd())
+        registry = kopf.OperatorRegistry()
+        handlers.register(registry, tick_seconds=tick_seconds)
+        url = str(server.url).rstrip("/")
+        ctx = OperatorContext(
+            OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0),
+            login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
+        )
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(kopf.operator(
+            registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
+            memo=kopf.Memo(ctx=ctx), settings=kopf.OperatorSettings(),
+        ))
+        try:
+            await asyncio.wait_for(ready.wait(), 10)
+            yield cluster
+            assert not uncovered_requests(api), f"RBAC misses: {uncovered_requests(api)}"
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)

@@ -1,0 +1,180 @@
+"""End to end: two real ``inflight serve`` processes stand in for an InferenceDeployment's pods.
+
+kmock is the API server, our kopf operator runs against it, and a small "kubelet" loop in the
+test keeps Pod objects (pointing at 127.0.0.1:PORT) in line with the Deployment's replicas. A
+bounded burst of requests drives the first server's queue up; the operator scales 1 -> 2 on
+queue depth, then, after the load ends and the (short) scale-down window passes, back to 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.operator.kmock_harness import Cluster, pod_object, running_operator, wait_for
+
+pytestmark = pytest.mark.slow
+
+NAME = "demo-e2e"
+DOWN_WINDOW_S = 3.0
+NUM_REQUESTS = 12  # the burst: 4 run, 8 wait on a --max-num-sequences 4 server
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """Two runtime processes on 127.0.0.1 serving a tiny demo model; yields their ports."""
+    model = tmp_path_factory.mktemp("e2e") / "demo"
+    subprocess.run([sys.executable, "-m", "inflight.runtime.demo_model", str(model), "--size", "tiny"],
+                   check=True, capture_output=True, timeout=120)
+    ports = [_free_port(), _free_port()]
+    logs = [pathlib.Path(model.parent / f"server-{i}.log").open("w") for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "inflight.runtime", "serve", "--model", str(model), "--host", "127.0.0.1",
+             "--port", str(port), "--served-model-name", "demo", "--num-kv-blocks", "64",
+             "--max-num-sequences", "4", "--drain-timeout", "1"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        for port, log in zip(ports, logs, strict=True)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(_ready(p) for p in ports):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail(f"inflight serve did not become ready; logs in {model.parent}")
+            time.sleep(0.3)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+            if proc.poll() is None:
+                proc.kill()
+        for log in logs:
+            log.close()
+
+
+def _doc() -> dict[str, Any]:
+    return {
+        "apiVersion": "inflight.dev/v1alpha1", "kind": "InferenceDeployment",
+        "metadata": {"name": NAME, "namespace": "default"},
+        "spec": {
+            "model": {"servedModelName": "demo", "hostPath": {"path": "/models/demo"}},
+            "engine": {"maxNumSequences": 4},
+            "resources": {"gpus": 0},
+            "autoscaling": {
+                "enabled": True, "minReplicas": 1, "maxReplicas": 2,
+                "targetKvCacheUsage": 0.8, "targetQueueDepth": 2,
+                "scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": DOWN_WINDOW_S,
+                "intervalSeconds": 0.3,
+            },
+        },
+    }
+
+
+async def _burst(port: int) -> list[int]:
+    """NUM_REQUESTS concurrent completions, bounded by a timeout; returns HTTP statuses."""
+    body = {"model": "demo", "prompt": "hello world " * 8, "max_tokens": 32, "temperature": 0,
+            "ignore_eos": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
+
+        async def one() -> int:
+            async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        return list(await asyncio.gather(*(one() for _ in range(NUM_REQUESTS))))
+
+
+async def _kubelet(cluster: Cluster, ports: list[int], seen: dict[str, Any], stop: asyncio.Event) -> None:
+    """Keep pod objects in line with the Deployment's replicas; record replicas and reasons seen."""
+    while not stop.is_set():
+        deploy = await cluster.child("deployments", NAME)
+        cr = await cluster.cr(NAME)
+        if deploy is not None:
+            replicas = deploy["spec"].get("replicas", 0)
+            seen["replicas"].append(replicas)
+            for i, port in enumerate(ports):
+                pod_name = f"{NAME}-{i}"
+                exists = await cluster.get(f"{PODS}/{pod_name}") is not None
+                if i < replicas and not exists:
+                    await cluster.create(PODS, pod_object(pod_name, NAME, port))
+                elif i >= replicas and exists:
+                    await cluster.request("DELETE", f"{PODS}/{pod_name}")
+        reason = ((cr or {}).get("status") or {}).get("lastDecisionReason")
+        if reason and (not seen["reasons"] or seen["reasons"][-1] != reason):
+            seen["reasons"].append(reason)
+        await asyncio.sleep(0.1)
+
+
+async def _replicas(cluster: Cluster, value: int) -> bool:
+    deploy = await cluster.child("deployments", NAME)
+    return bool(deploy and deploy["spec"].get("replicas") == value)
+
+
+async def _scale_events(cluster: Cluster) -> list[tuple[str, str]]:
+    events = await cluster.get("/api/v1/namespaces/default/events") or {}
+    return [(e["reason"], e["message"]) for e in events.get("items", [])
+            if e.get("source", {}).get("component") == "inflight-operator"]
+
+
+def test_operator_scales_up_under_load_and_down_after_the_window(servers: list[int]) -> None:
+    async def scenario() -> None:
+        seen: dict[str, Any] = {"replicas": [], "reasons": []}
+        async with running_operator(tick_seconds=0.2) as cluster:
+            await cluster.create_cr(_doc())
+            await wait_for(lambda: _replicas(cluster, 1), timeout=10, what="Deployment with 1 replica")
+            stop = asyncio.Event()
+            kubelet = asyncio.create_task(_kubelet(cluster, servers, seen, stop))
+            try:
+                load = asyncio.create_task(_burst(servers[0]))
+                await wait_for(lambda: _replicas(cluster, 2), timeout=20, what="scale-up to 2 under load")
+                scaled_up = time.monotonic()
+                statuses = await asyncio.wait_for(load, 90)
+                assert statuses == [200] * NUM_REQUESTS
+                await wait_for(lambda: _replicas(cluster, 1), timeout=DOWN_WINDOW_S + 15,
+                               what="scale-down to 1 after the window")
+                assert time.monotonic() - scaled_up >= DOWN_WINDOW_S  # never before the window
+            finally:
+                stop.set()
+                await kubelet
+            events = await _scale_events(cluster)
+            cr = await cluster.cr(NAME)
+
+        reasons = [r for r, _ in events]
+        assert reasons[0] in ("ScaleUpQueue", "ScaleUpKvCache"), events
+        assert reasons[-1] == "ScaleDown", events
+        assert "scaled 1 -> 2" in events[0][1] and "scaled 2 -> 1" in events[-1][1], events
+        assert "StabilizingDown" in seen["reasons"], seen["reasons"]
+        assert max(seen["replicas"]) == 2 and seen["replicas"][-1] == 1
+        assert cr["status"]["lastScaleTime"] and cr["status"]["desiredReplicas"] == 1
+
+    asyncio.run(asyncio.wait_for(scenario(), 150))
