@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.server.state import ServerSettings
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -84,18 +85,22 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**values)
 
 
+def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """Server settings from the flags; ``INFLIGHT_API_KEY`` stands in for a missing --api-key."""
+    return ServerSettings(
+        model_name=args.served_model_name or args.model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        drain_timeout_s=args.drain_timeout,
+    )
+
+
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from inflight.runtime.server.logs import configure_logging
     from inflight.runtime.server.serve import serve
-    from inflight.runtime.server.state import ServerSettings
 
     try:
         config = engine_config_from_args(args)
-        settings = ServerSettings(
-            model_name=args.served_model_name or args.model,
-            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-            drain_timeout_s=args.drain_timeout,
-        )
+        settings = server_settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     if not os.path.isdir(args.model):

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import LiveServer
+from server_helpers import MODEL_NAME, LiveServer
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 
-MODEL_NAME = "demo"
 API_KEY = "test-key-123"
 MAIN_CONFIG = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max_model_len=512)
 

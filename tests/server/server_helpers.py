@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -11,20 +12,20 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any
-
-import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings, create_app
 from inflight.runtime.server.state import STATE
 
+MODEL_NAME = "demo"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 
@@ -176,3 +177,41 @@ class ServeProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+async def _poll_metrics(session: aiohttp.ClientSession, url: str, out: list[dict[str, float]],
+                        stop: asyncio.Event) -> None:  # /metrics needs no key
+    while not stop.is_set():
+        async with session.get(f"{url}/metrics") as resp:
+            out.append(parse_metrics(await resp.text()))
+        await asyncio.sleep(0.005)
+
+
+async def _stream_all(session: aiohttp.ClientSession, url: str, max_tokens: int, prompt: str,
+                      headers: dict[str, str] | None) -> int:
+    num_chunks = 0
+    request = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+               "ignore_eos": True, "stream": True}
+    async with session.post(f"{url}/v1/completions", json=request, headers=headers) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                num_chunks += 1
+    return num_chunks
+
+
+async def burst(url: str, num_streams: int, max_tokens: int, headers: dict[str, str] | None = None,
+                ) -> tuple[list[int], list[dict[str, float]]]:
+    """Run ``num_streams`` concurrent completion streams while sampling /metrics every ~5 ms.
+
+    Returns the number of chunks each stream got and the metric samples."""
+    samples: list[dict[str, float]] = []
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        poller = asyncio.create_task(_poll_metrics(session, url, samples, stop))
+        chunks = await asyncio.gather(*[
+            _stream_all(session, url, max_tokens, f"# task {i}\ndef f{i}(x):", headers) for i in range(num_streams)
+        ])
+        stop.set()
+        await poller
+    return list(chunks), samples
