@@ -113,6 +113,13 @@ def metrics(url: str) -> dict[str, float]:
     return parse_metrics(http("GET", f"{url}/metrics").text)
 
 
+def is_idle(url: str) -> bool:
+    """No request running or waiting and no KV block in use, per /metrics."""
+    m = metrics(url)
+    return (m["inflight:num_requests_running"] == 0 and m["inflight:num_requests_waiting"] == 0
+            and m["inflight:kv_cache_usage_perc"] == 0)
+
+
 def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

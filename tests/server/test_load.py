@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, burst, http, metrics, wait_until
+from server_helpers import LiveServer, burst, http, is_idle, metrics, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
@@ -28,11 +28,6 @@ GENERATED = f'inflight:generation_tokens_total{{model_name="{MODEL_NAME}"}}'
 def body(max_tokens: int, stream: bool, prompt: str = "def fib(n):") -> dict[str, Any]:
     return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream}
-
-
-def is_idle(url: str) -> bool:
-    m = metrics(url)
-    return m[RUNNING] == 0 and m[WAITING] == 0 and m[KV] == 0
 
 
 def test_burst_respects_batch_limit_and_drains(server: LiveServer) -> None:

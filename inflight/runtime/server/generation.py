@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
+from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import responses, streaming
 from inflight.runtime.server.async_engine import EngineRequest, EngineStepError
 from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error
@@ -60,17 +61,15 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
             index = p_index * req.n + c
             params = req.params_for_choice(c)
             if not req.max_tokens_given and req.is_chat:
-                room = engine.max_model_len - len(ids)
-                if room < 1:
-                    raise bad_request(
-                        f"the {param} has {len(ids)} tokens, which fills the context of "
-                        f"{engine.max_model_len}; shorten it", param, code="prompt_too_long")
-                params = dataclasses.replace(params, max_tokens=room)
+                params = _fill_context(params, len(ids), engine.max_model_len)
             try:
                 engine.validate_request(ids, params)
             except RequestRejectedError as exc:
                 state.metrics.observe_rejected(exc.reason)
-                raise from_rejection(exc, param) from None
+                error = from_rejection(exc, param)
+                if req.is_chat and error.param == "prompt":
+                    error.param = "messages"
+                raise error from None
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival))
             choices[req_id] = ChoiceState(index, req_id)
@@ -80,6 +79,20 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
         token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
     meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival)
+
+
+def _fill_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """Chat without max_tokens: the output may fill the rest of the context."""
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise bad_request(
+            f"the messages encode to {num_prompt_tokens} tokens, which fills the model's context of "
+            f"{max_model_len}; shorten them", "messages", code="prompt_too_long")
+    try:
+        return dataclasses.replace(params, max_tokens=room)
+    except ValueError as exc:  # e.g. min_tokens larger than the room left
+        raise bad_request(f"{exc} (max_tokens defaults to the {room} tokens left in the context)",
+                          "min_tokens") from None
 
 
 async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamResponse:
@@ -126,11 +139,13 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
             usage = responses.usage([len(p) for p in job.prompt_ids], list(job.choices.values()))
             await streaming.send(response, responses.usage_chunk(job.meta, obj, usage))
         await streaming.close_stream(response)
-    except EngineStepError:
-        job.outcome = "error"
-        await _send_error(response, internal_error())
     except OSError:  # the client went away mid-stream; leaving generate() aborts the rest
         job.outcome = "aborted"
+    except Exception as exc:  # the status line is sent: report in the stream, never a traceback
+        if not isinstance(exc, EngineStepError):
+            logger.exception("error while streaming %s", job.request_id)
+        job.outcome = "error"
+        await _send_error(response, internal_error())
     return response
 
 

@@ -15,6 +15,11 @@ from typing import Any
 from inflight.runtime.outputs import RequestOutput, RequestTimes, TokenLogprob
 
 TokenText = Callable[[int], str]
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 class ChoiceState:
@@ -70,10 +75,10 @@ def completion_logprobs(
     for entry in entries:
         text = token_text(entry.token_id)
         tokens.append(text)
-        token_logprobs.append(entry.logprob)
-        top = {text: entry.logprob}
+        token_logprobs.append(_finite(entry.logprob))
+        top = {text: _finite(entry.logprob)}
         for token_id, logprob in entry.top:
-            top.setdefault(token_text(token_id), logprob)
+            top.setdefault(token_text(token_id), _finite(logprob))
         tops.append(top)
         offsets.append(offset)
         offset += len(text)
@@ -88,7 +93,7 @@ def completion_logprobs(
 def chat_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText) -> dict[str, Any]:
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         text = token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
 
     content = []
     for entry in entries:
