@@ -15,6 +15,8 @@ import torch
 from inflight.kernels import reference
 from inflight.kernels.dispatch import KernelOps
 
+# The checks run on CUDA; a CPU smoke run (interpreter) may swap this for "cpu".
+DEVICE = "cuda"
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
@@ -39,10 +41,10 @@ def _paged(
         table[s, :n] = order[used : used + n]
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k = torch.randn(shape, device="cuda", dtype=dtype)
-    v = torch.randn(shape, device="cuda", dtype=dtype)
-    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    return k, v, table.int().cuda(), lens_t
+    k = torch.randn(shape, device=DEVICE, dtype=dtype)
+    v = torch.randn(shape, device=DEVICE, dtype=dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    return k, v, table.int().to(DEVICE), lens_t
 
 
 def _compare(
@@ -55,9 +57,9 @@ def _compare(
 
 
 def _check_store(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    cache = torch.full((64, 16, 8, 128), float("nan"), device="cuda", dtype=dtype)
-    key, value = (torch.randn(300, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
-    slots = torch.randperm(64 * 16, device="cuda")[:300]
+    cache = torch.full((64, 16, 8, 128), float("nan"), device=DEVICE, dtype=dtype)
+    key, value = (torch.randn(300, 8, 128, device=DEVICE, dtype=dtype) for _ in range(2))
+    slots = torch.randperm(64 * 16, device=DEVICE)[:300]
     slots[7] = -1
     ref_k, ref_v, k, v = (cache.clone() for _ in range(4))
     reference.store_kv_cache(key, value, ref_k, ref_v, slots)
@@ -73,7 +75,7 @@ def _check_store(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
 def _check_decode(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
     lens = [1, 16, 17, 255, 256, 1000, 4096, 3] + torch.randint(1, 3000, (24,)).tolist()
     k, v, table, lens_t = _paged(lens, 16, 8, 128, dtype)
-    query = torch.randn(len(lens), 32, 128, device="cuda", dtype=dtype)
+    query = torch.randn(len(lens), 32, 128, device=DEVICE, dtype=dtype)
     args = (query, k, v, table, lens_t, 128**-0.5)
     got = ops.paged_decode_attention(*args)
     return _compare("paged_decode_attention", got, reference.paged_decode_attention(*args), dtype)
@@ -84,16 +86,16 @@ def _check_prefill(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
     chunks = [(512, 512), (100, 612), (1, 700), (257, 257), (64, 2112), (0, 40), (33, 33)]
     k, v, table, lens_t = _paged([c for _, c in chunks], 32, 4, 128, dtype)
     q_lens = torch.tensor([q for q, _ in chunks])
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).int().cuda()
-    query = torch.randn(int(q_lens.sum()), 28, 128, device="cuda", dtype=dtype)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).int().to(DEVICE)
+    query = torch.randn(int(q_lens.sum()), 28, 128, device=DEVICE, dtype=dtype)
     args = (query, k, v, table, starts, lens_t, 128**-0.5)
     got = ops.paged_prefill_attention(*args)
     return _compare("paged_prefill_attention", got, reference.paged_prefill_attention(*args), dtype)
 
 
 def _check_rms_norm(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    x, residual = (torch.randn(77, 4096, device="cuda", dtype=dtype) for _ in range(2))
-    weight = 1 + 0.1 * torch.randn(4096, device="cuda", dtype=dtype)
+    x, residual = (torch.randn(77, 4096, device=DEVICE, dtype=dtype) for _ in range(2))
+    weight = 1 + 0.1 * torch.randn(4096, device=DEVICE, dtype=dtype)
     got, got_res = ops.rms_norm(x, weight, 1e-6, residual)
     exp, exp_res = reference.rms_norm(x, weight, 1e-6, residual)
     return _compare(
@@ -102,12 +104,12 @@ def _check_rms_norm(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
 
 
 def _check_rotary(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
-    angles = torch.arange(4096, device="cuda").float()[:, None] * inv_freq[None, :]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
+    angles = torch.arange(4096, device=DEVICE).float()[:, None] * inv_freq[None, :]
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [4096, 128]
-    positions = torch.randint(0, 4096, (333,), device="cuda")
-    query = torch.randn(333, 32, 128, device="cuda", dtype=dtype)
-    key = torch.randn(333, 8, 128, device="cuda", dtype=dtype)
+    positions = torch.randint(0, 4096, (333,), device=DEVICE)
+    query = torch.randn(333, 32, 128, device=DEVICE, dtype=dtype)
+    key = torch.randn(333, 8, 128, device=DEVICE, dtype=dtype)
     got = torch.cat([t.flatten(1) for t in ops.rotary_embedding(positions, query, key, cos_sin)], 1)
     exp = reference.rotary_embedding(positions, query, key, cos_sin)
     return _compare("rotary_embedding", got, torch.cat([t.flatten(1) for t in exp], 1), dtype)

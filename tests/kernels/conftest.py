@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,6 +62,16 @@ def poison_allocations(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny seeded qwen3 demo model (llama-family, plus per-head qk RMSNorm), made once."""
+    from inflight.runtime.demo_model import make_demo_model
+
+    return Path(
+        make_demo_model(tmp_path_factory.mktemp("qwen3-tiny"), arch="qwen3", size="tiny", seed=1)
+    )
 
 
 @dataclass(frozen=True, slots=True)

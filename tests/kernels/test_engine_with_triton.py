@@ -34,9 +34,8 @@ def _generate(model_dir: Path, backend: str, device: torch.device) -> dict[str, 
     return tokens
 
 
-def test_engine_greedy_tokens_match_torch_backend(tmp_path: Path, device: torch.device) -> None:
-    from inflight.runtime.demo_model import make_demo_model
-
+def test_engine_greedy_tokens_match_torch_backend(
+    tiny_model_dir: Path, device: torch.device
+) -> None:
     # qwen3: a llama-family decoder that also runs the per-head (qk) RMSNorm kernel.
-    model_dir = make_demo_model(tmp_path / "model", arch="qwen3", size="tiny", seed=1)
-    assert _generate(model_dir, "triton", device) == _generate(model_dir, "torch", device)
+    assert _generate(tiny_model_dir, "triton", device) == _generate(tiny_model_dir, "torch", device)

@@ -1,0 +1,55 @@
+"""The kernel benchmark's CPU-checkable parts: the no-GPU exit, the roofline arithmetic and
+the engine timing loop (run on the CPU engine with the torch kernels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from inflight.kernels import bench, bench_engine
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_bench_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_kv_bytes_counts_k_and_v() -> None:
+    shape = bench.DecodeShape(num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    assert bench.kv_bytes(2, 1024, shape) == 2 * 2 * 1024 * 8 * 128 * 2
+
+
+def test_model_bytes_match_the_checkpoint(tiny_model_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    sizes = bench_engine.model_bytes(tiny_model_dir, torch.bfloat16)
+    tensors = {}
+    for path in tiny_model_dir.glob("*.safetensors"):
+        tensors.update(load_file(str(path)))
+    untied = any(name.endswith("lm_head.weight") for name in tensors)
+    streamed = sum(
+        t.numel() for n, t in tensors.items() if not (untied and n.endswith("embed_tokens.weight"))
+    )
+    assert sizes.weight_bytes == 2 * streamed
+    assert sizes.kv_bytes_per_token > 0
+
+
+def test_time_decode_steps_on_cpu_engine(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inflight.runtime.config import EngineConfig
+    from inflight.runtime.engine import LLMEngine
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_engine, "TIMED_STEPS", 4)
+    config = EngineConfig(
+        device="cpu", kernel_backend="torch", num_kv_blocks=64, max_num_sequences=4
+    )
+    engine = LLMEngine.from_model_dir(tiny_model_dir, config)
+    seconds, mean_context = bench_engine.time_decode_steps(engine, 3, 100)
+    assert seconds > 0
+    assert bench_engine.PROMPT_LEN < mean_context < bench_engine.PROMPT_LEN + 20
+    assert not engine.has_unfinished_requests()
