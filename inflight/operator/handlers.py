@@ -50,7 +50,6 @@ def _conditions(body: Any) -> list[dict[str, Any]]:
 
 
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = "inflight.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inflight.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="inflight.dev", key="last-handled-configuration"
@@ -59,6 +58,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     settings.posting.level = logging.WARNING
     if getattr(memo, "ctx", None) is None:
         memo.ctx = OperatorContext(OperatorConfig.from_env())
+    settings.persistence.finalizer = memo.ctx.config.finalizer
     if memo.ctx.login is None:
         memo.ctx.login = default_login(settings)
 

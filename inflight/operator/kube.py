@@ -1,7 +1,8 @@
 """All of the operator's own Kubernetes API I/O: a small async client over aiohttp.
 
 Owns: URLs of the kinds the operator touches, authentication from a ``kopf.ConnectionInfo``
-(the same credentials kopf logged in with), get/list/create/patch/delete, create-or-patch
+(the same credentials kopf logged in with, with kopf's own SSL and
+header handling), get/list/create/patch/delete, create-or-patch
 (a 409 on create is not an error: the object is merge-patched), Events, and reading the API
 key Secret. Writes are JSON merge patches only (no server-side apply), so the same code works
 against a real API server and the kmock emulator. Knows nothing about what it writes.
@@ -9,10 +10,8 @@ against a real API server and the kmock emulator. Knows nothing about what it wr
 
 from __future__ import annotations
 
+import base64
 import datetime
-import os
-import ssl
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,33 +59,6 @@ class KubeError(Exception):
         self.status = status
 
 
-def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if conn.insecure:
-        return False
-    if not (conn.ca_path or conn.ca_data or conn.certificate_path or conn.certificate_data):
-        return True
-    ctx = ssl.create_default_context(
-        cafile=os.fsdecode(conn.ca_path) if conn.ca_path else None,
-        cadata=conn.ca_data.decode() if isinstance(conn.ca_data, bytes) else conn.ca_data,
-    )
-    cert, key = conn.certificate_path, conn.private_key_path
-    with tempfile.TemporaryDirectory() as tmp:
-        if conn.certificate_data:
-            cert = _write(tmp, "cert.pem", conn.certificate_data)
-        if conn.private_key_data:
-            key = _write(tmp, "key.pem", conn.private_key_data)
-        if cert:
-            ctx.load_cert_chain(os.fsdecode(cert), os.fsdecode(key) if key else None)
-    return ctx
-
-
-def _write(folder: str, name: str, data: str | bytes) -> str:
-    path = os.path.join(folder, name)
-    with open(path, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    return path
-
-
 class KubeClient:
     """An async client bound to one API server; call ``close()`` when done."""
 
@@ -102,7 +74,7 @@ class KubeClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=_ssl_context(self._conn))
+            connector = aiohttp.TCPConnector(ssl=self._conn.as_ssl_context())  # kopf's CA/cert handling
             self._session = aiohttp.ClientSession(
                 base_url=self._conn.server.rstrip("/") + "/",
                 headers=self._conn.as_http_headers(),
@@ -171,8 +143,6 @@ class KubeClient:
 
     async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
         """A Secret's value (base64-decoded), or ``None`` when the Secret or key is missing."""
-        import base64
-
         secret = await self.get(SECRETS, namespace, name)
         raw = ((secret or {}).get("data") or {}).get(key)
         return base64.b64decode(raw).decode() if raw else None

@@ -7,6 +7,8 @@ import base64
 import copy
 from typing import Any
 
+import pytest
+
 from inflight.operator import render
 from tests.operator.helpers import EXAMPLES, load_example
 from tests.operator.kmock_harness import FakePod, pod_object, running_operator, wait_for
@@ -165,3 +167,74 @@ def test_delete_removes_children_and_releases_the_resource() -> None:
                 assert await cluster.child(kind, _child_name(kind, "llama-minimal")) is None, kind
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_pod_that_becomes_ready_later_gets_the_live_config_from_the_timer() -> None:
+    async def scenario() -> None:
+        pod = await FakePod().start()
+        try:
+            async with running_operator() as cluster:
+                doc = load_example(next(p for p in EXAMPLES if p.stem == "minimal"))
+                doc["spec"]["engine"] = {"maxQueueLen": 5}
+                await cluster.create_cr(doc)
+                await wait_for(lambda: cluster.child("deployments", "llama-minimal"), what="deployment")
+                path = "/api/v1/namespaces/default/pods"
+                await cluster.create(path, pod_object("llama-minimal-0", "llama-minimal", pod.port, ready=False))
+                await asyncio.sleep(1.0)
+                assert pod.admin_posts == []  # not ready: nothing pushed
+                ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+                await cluster.request("PATCH", f"{path}/llama-minimal-0", ready, merge=True)
+                await wait_for(lambda: _all_posted_queue(pod, 5), what="timer pushed live config")
+                await asyncio.sleep(1.0)
+                assert len(pod.admin_posts) == 1  # pushed once, not every tick
+        finally:
+            await pod.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def _all_posted_queue(pod: FakePod, value: int) -> bool:
+    return bool(pod.admin_posts) and pod.admin_posts[-1][0].get("max_queue_len") == value
+
+
+def test_autoscaling_with_fake_pods_scales_up_and_down_and_posts_events() -> None:
+    async def scenario() -> None:
+        pods = [await FakePod(kv_cache_usage=0.9, num_waiting=10).start() for _ in range(3)]
+        try:
+            async with running_operator() as cluster:
+                doc = load_example(next(p for p in EXAMPLES if p.stem == "autoscaled"))
+                doc["spec"]["autoscaling"].update(
+                    maxReplicas=3, intervalSeconds=0.2, scaleDownStabilizationSeconds=1.0)
+                await cluster.create_cr(doc)
+                name, path = "mistral-autoscaled", "/api/v1/namespaces/default/pods"
+                await wait_for(lambda: cluster.child("deployments", name), what="deployment")
+                for i, pod in enumerate(pods):
+                    await cluster.create(path, pod_object(f"{name}-{i}", name, pod.port))
+                await wait_for(lambda: _deploy_replicas(cluster, name, 3), what="scale up to max 3")
+
+                async def observed() -> dict[str, Any] | None:
+                    cr = await cluster.cr(name)
+                    return cr if (cr or {}).get("status", {}).get("kvCacheUsage") is not None else None
+
+                cr = await wait_for(observed, what="observed KV usage in status")
+                assert cr["status"]["kvCacheUsage"] == pytest.approx(0.9)
+                assert cr["status"]["queueDepth"] == pytest.approx(10.0)
+                for pod in pods:
+                    pod.kv_cache_usage, pod.num_waiting = 0.0, 0.0
+                await wait_for(lambda: _deploy_replicas(cluster, name, 1), what="scale down to min 1")
+                events = (await cluster.get("/api/v1/namespaces/default/events"))["items"]
+                reasons = [e["reason"] for e in events if e["source"]["component"] == "inflight-operator"]
+                assert reasons[0] == "ScaleUpQueue" and reasons[-1] == "ScaleDown", reasons
+                cr = await cluster.cr(name)
+                assert cr["status"]["lastDecisionReason"] in ("ScaleDown", "ClampedMin", "Steady")
+                assert cr["status"]["lastScaleTime"]
+        finally:
+            for pod in pods:
+                await pod.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def _deploy_replicas(cluster: Any, name: str, value: int) -> bool:
+    deploy = await cluster.child("deployments", name)
+    return bool(deploy and deploy["spec"].get("replicas") == value)

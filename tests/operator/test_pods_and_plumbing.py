@@ -1,0 +1,169 @@
+"""Pod helpers (readiness, URL, metric parsing), status conditions, settings, CLI argv, kube client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import aiohttp
+import kmock
+import kopf
+import pytest
+
+from inflight.operator import metrics_scrape, status
+from inflight.operator.__main__ import build_argv
+from inflight.operator.context import OperatorConfig
+from inflight.operator.kube import CONFIGMAPS, SECRETS, KubeClient, KubeError
+from tests.operator.kmock_harness import ApiServer, FakePod, pod_object
+
+METRICS_TEXT = """\
+# HELP inflight:kv_cache_usage_perc KV-cache usage.
+# TYPE inflight:kv_cache_usage_perc gauge
+inflight:kv_cache_usage_perc{model_name="m"} 0.42
+# TYPE inflight:num_requests_waiting gauge
+inflight:num_requests_waiting{model_name="m"} 7.0
+# TYPE inflight:num_requests_running gauge
+inflight:num_requests_running{model_name="m"} 4.0
+# TYPE inflight:time_to_first_token_seconds histogram
+inflight:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 3.0
+inflight:time_to_first_token_seconds_count{model_name="m"} 3.0
+inflight:time_to_first_token_seconds_sum{model_name="m"} 0.3
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (METRICS_TEXT, (0.42, 7.0)),
+        ("# TYPE inflight:num_requests_waiting gauge\ninflight:num_requests_waiting 2\n", (None, 2.0)),
+        ("", (None, None)),
+    ],
+)
+def test_parse_metrics(text: str, expected: tuple[float | None, float | None]) -> None:
+    assert metrics_scrape.parse_metrics(text) == expected
+
+
+def _pod(**status_fields: Any) -> dict[str, Any]:
+    pod = pod_object("p", "demo", 9000)
+    pod["status"].update(status_fields)
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "ready"),
+    [
+        (_pod(), True),
+        (_pod(phase="Pending"), False),
+        (_pod(conditions=[{"type": "Ready", "status": "False"}]), False),
+        (_pod(conditions=[]), False),
+        ({**_pod(), "metadata": {**_pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, False),
+    ],
+)
+def test_pod_is_ready(pod: dict[str, Any], ready: bool) -> None:
+    assert metrics_scrape.pod_is_ready(pod) is ready
+
+
+def test_pod_target_uses_the_port_annotation_then_the_container_port() -> None:
+    assert metrics_scrape.pod_target(_pod()).base_url == "http://127.0.0.1:9000"
+    pod = _pod()
+    del pod["metadata"]["annotations"]
+    assert metrics_scrape.pod_target(pod).base_url == "http://127.0.0.1:8000"
+    assert metrics_scrape.pod_target(_pod(podIP=None)) is None
+    assert metrics_scrape.pod_target(_pod(podIP="fd00::1")).base_url == "http://[fd00::1]:9000"
+
+
+def test_scrape_and_push_against_a_fake_pod() -> None:
+    async def scenario() -> None:
+        pod = await FakePod(kv_cache_usage=0.5, num_waiting=3).start()
+        try:
+            target = metrics_scrape.PodTarget("p", f"http://127.0.0.1:{pod.port}")
+            dead = metrics_scrape.PodTarget("dead", "http://127.0.0.1:1")
+            async with aiohttp.ClientSession() as session:
+                got = await metrics_scrape.scrape_pods(session, [target, dead], 2.0)
+                error = await metrics_scrape.push_live_config(session, target, {"max_queue_len": 3}, "k", 2.0)
+                dead_error = await metrics_scrape.push_live_config(session, dead, {}, None, 2.0)
+        finally:
+            await pod.stop()
+        assert [(m.kv_cache_usage, m.num_waiting) for m in got] == [(0.5, 3.0), (None, None)]
+        assert error is None and pod.admin_posts == [({"max_queue_len": 3}, "Bearer k")]
+        assert dead_error is not None and dead_error.startswith("dead:")
+
+    asyncio.run(scenario())
+
+
+def test_condition_transition_time_changes_only_with_status() -> None:
+    first = status.merge_conditions(None, [status.Condition("Ready", False, "A", "a")], 100.0, 1)
+    same = status.merge_conditions(first, [status.Condition("Ready", False, "B", "b")], 200.0, 2)
+    flipped = status.merge_conditions(same, [status.Condition("Ready", True, "C", "c")], 300.0, 2)
+    assert same[0]["lastTransitionTime"] == first[0]["lastTransitionTime"] == status.rfc3339(100.0)
+    assert same[0]["reason"] == "B" and same[0]["observedGeneration"] == 2
+    assert flipped[0]["lastTransitionTime"] == status.rfc3339(300.0)
+
+
+@pytest.mark.parametrize(
+    ("deploy_status", "replicas", "ready_cond"),
+    [
+        ({"readyReplicas": 2, "updatedReplicas": 2, "replicas": 2}, 2, ("True", "AllReplicasReady")),
+        ({"readyReplicas": 1, "updatedReplicas": 2, "replicas": 2}, 2, ("True", "PartiallyReady")),
+        ({}, 2, ("False", "NoReplicasReady")),
+        ({}, 0, ("False", "ScaledToZero")),
+    ],
+)
+def test_observed_status(deploy_status: dict[str, Any], replicas: int, ready_cond: tuple[str, str]) -> None:
+    deploy = {"spec": {"replicas": replicas}, "status": deploy_status}
+    out = status.observed_status(deploy, None, [], 3, 0.0)
+    ready = next(c for c in out["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ready_cond
+    assert out["desiredReplicas"] == replicas
+
+
+def test_operator_config_from_env() -> None:
+    assert OperatorConfig.from_env({}) == OperatorConfig()
+    cfg = OperatorConfig.from_env({"INFLIGHT_OPERATOR_TICK_SECONDS": "0.5"})
+    assert cfg.tick_seconds == 0.5
+    with pytest.raises(ValueError, match="INFLIGHT_OPERATOR_TICK_SECONDS must be a number"):
+        OperatorConfig.from_env({"INFLIGHT_OPERATOR_TICK_SECONDS": "soon"})
+    with pytest.raises(ValueError, match="tick_seconds must be a number > 0"):
+        OperatorConfig(tick_seconds=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected_tail"),
+    [
+        ([], ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]),
+        (["-n", "team-a"], ["-n", "team-a", "--liveness=http://0.0.0.0:8080/healthz"]),
+        (["--liveness=http://0.0.0.0:9090/z", "-A"], ["--liveness=http://0.0.0.0:9090/z", "-A"]),
+    ],
+)
+def test_main_builds_kopf_run_argv(args: list[str], expected_tail: list[str]) -> None:
+    argv = build_argv(args)
+    assert argv[:3] == ["run", "-m", "inflight.operator"]
+    assert argv[3:] == expected_tail
+
+
+def test_kube_client_apply_patches_on_conflict_and_reads_secrets() -> None:
+    async def scenario() -> None:
+        async with ApiServer() as api, kmock.Server(api) as server:
+            kube = KubeClient(kopf.ConnectionInfo(server=str(server.url), insecure=True))
+            try:
+                cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
+                      "data": {"a": "1"}}
+                await kube.apply(CONFIGMAPS, "ns", cm)
+                await kube.apply(CONFIGMAPS, "ns", {**cm, "data": {"a": "2"}})  # 409 -> merge patch
+                assert (await kube.get(CONFIGMAPS, "ns", "c"))["data"] == {"a": "2"}
+                assert await kube.get(CONFIGMAPS, "ns", "missing") is None
+                secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "ns"},
+                          "data": {"api-key": base64.b64encode(b"k3y").decode()}}
+                await kube.create(SECRETS, "ns", secret)
+                assert await kube.read_secret("ns", "s", "api-key") == "k3y"
+                assert await kube.read_secret("ns", "s", "other") is None
+                assert await kube.delete(CONFIGMAPS, "ns", "c") is True
+                assert await kube.delete(CONFIGMAPS, "ns", "c") is False
+                with pytest.raises(KubeError) as info:
+                    await kube.patch(CONFIGMAPS, "ns", "c", {"data": {}})
+                assert info.value.status == 404
+            finally:
+                await kube.close()
+
+    asyncio.run(scenario())
