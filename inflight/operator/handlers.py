@@ -6,6 +6,10 @@ patch status), delete (delete children), a timer (status from the Deployment, li
 drift, autoscaling every ``spec.autoscaling.intervalSeconds``) and a liveness probe. The
 work itself is in ``reconcile``; the status shapes in ``status``.
 
+Deletion runs behind the finalizer ``inflight.dev/finalizer`` so the children are deleted
+explicitly (their owner references would let the garbage collector do it too); if the
+operator is uninstalled before its resources, remove that finalizer by hand.
+
 An invalid spec sets ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
 the spec changes again. ``register()`` takes the registry instead of using kopf's global
 one so tests can run isolated operators; ``inflight.operator`` registers onto the default
@@ -59,6 +63,8 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     if getattr(memo, "ctx", None) is None:
         memo.ctx = OperatorContext(OperatorConfig.from_env())
     settings.persistence.finalizer = memo.ctx.config.finalizer
+    # Let a timer that is mid-round at shutdown finish its (time-bounded) pod calls.
+    settings.background.instant_exit_timeout = memo.ctx.config.pod_timeout_seconds + 2.0
     if memo.ctx.login is None:
         memo.ctx.login = default_login(settings)
 
