@@ -15,6 +15,7 @@ This module knows nothing about the scheduler or the model.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def store_kv_cache(
@@ -60,19 +61,20 @@ def paged_decode_attention(
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_size = k_cache.shape[1]
-    max_len = int(context_lens.max())
-    max_blocks = (max_len + block_size - 1) // block_size
+    lens = context_lens.long()
+    max_blocks = (int(lens.max()) + block_size - 1) // block_size
+    num_slots = max_blocks * block_size
     table = block_tables[:, :max_blocks].long()
-    # Gather every sequence's blocks at once: [num_seqs, max_blocks * block_size, H_kv, D].
-    keys = k_cache[table].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
-    values = v_cache[table].reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
-    q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.einsum("skgd,stkd->skgt", q, keys.float()) * scale  # [S, H_kv, G, T]
-    positions = torch.arange(max_blocks * block_size, device=query.device)
-    pad = positions[None, :] >= context_lens[:, None].long()  # [S, T]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("skgt,stkd->skgd", probs, values.float())
+    # Gather every sequence's blocks at once, then view them as [S, H_kv, T, D] (no copy).
+    keys = k_cache[table].view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache[table].view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    # The G query heads sharing a KV head act as G queries of one attention call.
+    q = query.reshape(num_seqs, num_kv_heads, group, head_dim)
+    positions = torch.arange(num_slots, device=query.device)
+    visible = (positions[None, :] < lens[:, None])[:, None, None, :]  # [S, 1, 1, T]
+    out = F.scaled_dot_product_attention(
+        q.float(), keys.float(), values.float(), attn_mask=visible, scale=scale
+    )  # [S, H_kv, G, D]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
@@ -103,14 +105,18 @@ def paged_prefill_attention(
             continue
         keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
         values = _gather_context(v_cache, block_tables[s], ctx).float()
-        q = query[q_begin:q_end].float().view(q_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qkgd,tkd->kgqt", q, keys) * scale  # [H_kv, G, q_len, ctx]
+        q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
         q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
         k_pos = torch.arange(ctx, device=query.device)
-        future = k_pos[None, :] > q_pos[:, None]  # [q_len, ctx]
-        scores.masked_fill_(future, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("kgqt,tkd->qkgd", probs, values)
+        visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+        o = F.scaled_dot_product_attention(
+            q,
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
+            attn_mask=visible,
+            scale=scale,
+            enable_gqa=group > 1,
+        )[0].transpose(0, 1)  # [q_len, H, D]
         out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
     return out
 

@@ -45,11 +45,14 @@ class PrefillConfig:
     num_stages: int = 2
 
 
-def plan_prefill(num_tokens: int, num_seqs: int, head_dim: int) -> PrefillConfig:
-    """Smaller query tiles for short chunks (mixed batches), 64 for real prompts."""
+def plan_prefill(
+    num_tokens: int, num_seqs: int, head_dim: int, elem_size: int = 2
+) -> PrefillConfig:
+    """Smaller query tiles for short chunks (mixed batches), 64 for real prompts; narrower
+    key tiles for wide rows (fp32, head_dim 256) so the pipelined tiles fit shared memory."""
     avg_len = -(-num_tokens // max(num_seqs, 1))
     block_m = min(64, max(16, next_power_of_2(avg_len)))
-    block_n = 64 if head_dim <= 128 else 32
+    block_n = 64 if head_dim * elem_size <= 256 else 32
     return PrefillConfig(block_m=block_m, block_n=block_n, num_warps=4 if block_m <= 64 else 8)
 
 
@@ -148,7 +151,9 @@ def paged_prefill_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk."""
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")
-    config = plan_prefill(query.shape[0], context_lens.shape[0], query.shape[2])
+    config = plan_prefill(
+        query.shape[0], context_lens.shape[0], query.shape[2], query.element_size()
+    )
     return prefill_with_config(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, config
     )

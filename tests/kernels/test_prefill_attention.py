@@ -87,3 +87,11 @@ def test_prefill_rejects_bad_query_start_loc(device) -> None:
             torch.randn(2, 2, 64, device=device), cache, cache, tables,
             torch.tensor([0, 2], dtype=torch.int32, device=device), lens, 0.1,
         )  # fmt: skip
+
+
+def test_plan_prefill_narrows_key_tiles_for_wide_rows() -> None:
+    from inflight.kernels.triton_prefill_attention import plan_prefill
+
+    assert plan_prefill(4096, 2, 128, elem_size=2).block_n == 64
+    assert plan_prefill(4096, 2, 128, elem_size=4).block_n == 32
+    assert plan_prefill(4096, 2, 256, elem_size=2).block_n == 32

@@ -1,0 +1,143 @@
+"""``python -m inflight.kernels.compile_check``: compile every Triton kernel for a GPU target
+without a GPU (Triton's ahead-of-time path down to a cubin), and report the PTX's global
+load widths.
+
+Owns the kernels' representative launch signatures (dtypes, constexprs, 16-byte alignment
+hints as Triton's launcher would specialize them). The interpreter tests prove the
+kernels' arithmetic; this proves the same source lowers for the hardware (dot shapes,
+loop-carried types, early returns) and that K/V loads vectorize. Must run without
+``TRITON_INTERPRET`` (the kernels must be real ``JITFunction`` objects). Times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+FLOAT_ARGS = ("qk_scale", "eps")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One representative launch: pointer dtypes, constexprs, launch options."""
+
+    name: str
+    kernel: Any  # a triton JITFunction
+    pointers: dict[str, str]  # arg name -> Triton pointer type, e.g. "*bf16"
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    unaligned: tuple[str, ...] = field(default=())  # int args Triton would not see as % 16
+
+
+def _specs(dtype: str) -> list[KernelSpec]:
+    from inflight.kernels import (
+        triton_decode_attention as dec,
+    )
+    from inflight.kernels import (
+        triton_kv_store as kv,
+    )
+    from inflight.kernels import (
+        triton_norm_rope as nr,
+    )
+    from inflight.kernels import (
+        triton_prefill_attention as pf,
+    )
+
+    p = f"*{dtype}"
+    cache = {"k_cache_ptr": p, "v_cache_ptr": p}
+    attn = {
+        "GROUP": 4,
+        "BLOCK_D": 128,
+        "BLOCK_SIZE": 16,
+        "DOT_PRECISION": "tf32",
+        "DOT_UPCAST": False,
+    }
+    ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens")
+    return [
+        KernelSpec("store_kv", kv._store_kv_kernel,
+                   {"key_ptr": p, "value_ptr": p, **cache, "slot_ptr": "*i64"},
+                   {"BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}),
+        KernelSpec("decode_split", dec._decode_split_kernel,
+                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "context_lens_ptr": "*i32",
+                    "out_ptr": p, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"},
+                   {**attn, "BLOCK_G": 16, "BLOCK_N": 64, "DIRECT": False}, unaligned=ragged),
+        KernelSpec("decode_direct", dec._decode_split_kernel,
+                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "context_lens_ptr": "*i32",
+                    "out_ptr": p, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"},
+                   {**attn, "BLOCK_G": 16, "BLOCK_N": 64, "DIRECT": True}, unaligned=ragged),
+        KernelSpec("decode_reduce", dec._decode_reduce_kernel,
+                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
+                   {"BLOCK_P": 8, "BLOCK_D": 128}, num_warps=2, unaligned=ragged),
+        KernelSpec("prefill", pf._prefill_kernel,
+                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32",
+                    "context_lens_ptr": "*i32", "out_ptr": p},
+                   {**attn, "BLOCK_M": 64, "BLOCK_N": 64}, unaligned=ragged),
+        KernelSpec("rms_norm", nr._rms_norm_kernel,
+                   {"x_ptr": p, "residual_ptr": p, "weight_ptr": p, "out_ptr": p,
+                    "new_residual_ptr": p},
+                   {"HAS_RESIDUAL": True, "BLOCK": 4096}, num_warps=8),
+        KernelSpec("rotary", nr._rotary_kernel,
+                   {"positions_ptr": "*i64", "q_ptr": p, "k_ptr": p, "cos_sin_ptr": "*fp32",
+                    "q_out_ptr": p, "k_out_ptr": p},
+                   {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 128}),
+    ]  # fmt: skip
+
+
+def compile_spec(spec: KernelSpec, arch: int) -> dict[str, Any]:
+    """Compile ``spec`` for ``sm_<arch>``; returns the PTX and Triton's metadata."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(spec.kernel.arg_names):
+        if name in spec.constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = spec.pointers.get(name, "fp32" if name in FLOAT_ARGS else "i32")
+        if name in spec.pointers or (name not in FLOAT_ARGS and name not in spec.unaligned):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(spec.kernel, signature, spec.constexprs, attrs)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return {"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}
+
+
+def load_widths(ptx: str) -> dict[str, int]:
+    """Count of global loads by width in bits (``ld.global.v4.b32`` is 128)."""
+    widths: dict[str, int] = {}
+    for m in re.finditer(r"ld\.global(?:\.[a-z]+)*?(?:\.v(\d))?\.b(\d+)", ptx):
+        bits = int(m.group(1) or 1) * int(m.group(2))
+        widths[str(bits)] = widths.get(str(bits), 0) + 1
+    return widths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inflight.kernels.compile_check")
+    parser.add_argument("--arch", type=int, default=90, help="SM version, e.g. 80 or 90")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the compile check needs real JIT kernels", file=sys.stderr)
+        return 2
+    failed = 0
+    for spec in _specs(args.dtype):
+        try:
+            result = compile_spec(spec, args.arch)
+        except Exception as e:  # report every kernel, then fail
+            failed += 1
+            print(f"{spec.name:<14} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            continue
+        widths = " ".join(f"{b}b:{n}" for b, n in sorted(load_widths(result["ptx"]).items()))
+        print(f"{spec.name:<14} ok  shared {result['shared']:>6} B  global loads {widths}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
