@@ -13,12 +13,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from inflight.runtime.engine import LLMEngine
 
 PROMPT_LEN = 128
 WARMUP_STEPS = 3
 TIMED_STEPS = 20
+MAX_PREFILL_STEPS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def time_decode_steps(engine, batch: int, vocab_size: int) -> tuple[float, float]:
+def time_decode_steps(engine: LLMEngine, batch: int, vocab_size: int) -> tuple[float, float]:
     """(seconds per decode step, mean cached tokens per sequence) with ``batch`` sequences."""
     from inflight.runtime.sampling_params import SamplingParams
 
@@ -77,9 +82,13 @@ def time_decode_steps(engine, batch: int, vocab_size: int) -> tuple[float, float
         prompt = torch.randint(10, vocab_size, (PROMPT_LEN,), generator=gen).tolist()
         engine.add_request(req_id, prompt, params)
     context: dict[str, int] = {}
-    while len(context) < batch:  # prefill until every sequence has its first token
+    for _ in range(MAX_PREFILL_STEPS):  # prefill until every sequence has its first token
         for out in engine.step():
             context[out.req_id] = out.num_prompt_tokens + out.num_output_tokens
+        if len(context) == batch:
+            break
+    if len(context) < batch:
+        raise RuntimeError(f"{batch - len(context)} of {batch} requests never started decoding")
     for _ in range(WARMUP_STEPS):
         engine.step()
     start_context = sum(context.values()) / batch + WARMUP_STEPS
