@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
+import sys
 from typing import Any
 
 import aiohttp
@@ -167,3 +169,9 @@ def test_kube_client_apply_patches_on_conflict_and_reads_secrets() -> None:
                 await kube.close()
 
     asyncio.run(scenario())
+
+
+def test_operator_imports_no_torch() -> None:
+    """The operator image is slim: importing the operator must not pull in torch."""
+    code = "import sys, inflight.operator, inflight.operator.handlers; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
