@@ -12,8 +12,10 @@ measurement and the printing; the kernels are imported, never re-implemented.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -79,8 +81,9 @@ def time_decode(batch: int, context: int, shape: DecodeShape) -> tuple[float, in
 
 def decode_table(
     copy_bw: float, batches: tuple[int, ...], contexts: tuple[int, ...], max_kv_bytes: int
-) -> None:
-    """Print achieved decode-attention bandwidth against the copy bandwidth."""
+) -> list[dict[str, float]]:
+    """Print (and return) achieved decode-attention bandwidth against the copy bandwidth."""
+    rows: list[dict[str, float]] = []
     shape = DecodeShape()
     print(
         f"\nPaged decode attention, {shape.num_heads} q heads / {shape.num_kv_heads} kv heads, "
@@ -97,10 +100,27 @@ def decode_table(
             ms, splits = time_decode(batch, context, shape)
             torch.cuda.empty_cache()  # the next point's cache may be larger
             bw = nbytes / (ms * 1e-3)
+            rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms,
+                         "gb_per_s": bw / 1e9, "fraction_of_copy": bw / copy_bw})  # fmt: skip
             print(
                 f"{batch:>6} {context:>8} {splits:>6} {ms * 1e3:>9.1f} {bw / 1e9:>8.0f} "
                 f"{100 * bw / copy_bw:>6.1f}%"
             )
+    return rows
+
+
+def print_targets(decode_rows: list[dict[str, float]], engine_rows: list[dict[str, float]]) -> None:
+    """The issue's GPU targets: decode >= 70% of copy bandwidth at batch >= 32 and context
+    >= 2k; the engine's decode step within 2x of its roofline at batch 64."""
+    big = [r["fraction_of_copy"] for r in decode_rows if r["batch"] >= 32 and r["context"] >= 2048]
+    if big:
+        verdict = "met" if min(big) >= 0.7 else "NOT met"
+        print(f"\nTarget decode >= 70% of copy (batch >= 32, context >= 2k): worst "
+              f"{100 * min(big):.0f}% -> {verdict}")  # fmt: skip
+    at64 = [r["x_roofline"] for r in engine_rows if r["batch"] == 64]
+    if at64:
+        verdict = "met" if at64[0] <= 2.0 else "NOT met"
+        print(f"Target engine decode step <= 2x roofline at batch 64: {at64[0]:.2f}x -> {verdict}")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -109,6 +129,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="a 3x3 decode table, batch 1 and 64 engine"
     )
     parser.add_argument("--skip-engine", action="store_true", help="kernels only")
+    parser.add_argument("--json", type=Path, help="also write every table to this JSON file")
     parser.add_argument(
         "--max-kv-fraction", type=float, default=0.45,
         help="skip decode points whose K/V exceed this fraction of GPU memory (default 0.45)",
@@ -144,11 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.empty_cache()
     max_kv = int(args.max_kv_fraction * props.total_memory)
     batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if args.quick else (BATCHES, CONTEXTS)
-    decode_table(copy_bw, batches, contexts, max_kv)
+    decode_rows = decode_table(copy_bw, batches, contexts, max_kv)
+    engine_rows: list[dict[str, float]] = []
     if not args.skip_engine:
         from inflight.kernels.bench_engine import engine_table
 
-        engine_table(copy_bw, (1, 64) if args.quick else (1, 16, 64, 256))
+        engine_rows = engine_table(copy_bw, (1, 64) if args.quick else (1, 16, 64, 256))
+    print_targets(decode_rows, engine_rows)
+    if args.json:
+        report = {"device": props.name, "copy_gb_per_s": copy_bw / 1e9, "decode": decode_rows,
+                  "engine": engine_rows, "checks": [{"kernel": r.name, "dtype": str(r.dtype),
+                  "max_abs_err": r.max_abs_err, "ok": r.ok} for r in results]}  # fmt: skip
+        args.json.write_text(json.dumps(report, indent=2))
     failed = [r.name for r in results if not r.ok]
     if failed:
         print(f"\nFAILED correctness checks: {', '.join(sorted(set(failed)))}")

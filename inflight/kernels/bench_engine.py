@@ -103,15 +103,16 @@ def time_decode_steps(engine: LLMEngine, batch: int, vocab_size: int) -> tuple[f
     return seconds, start_context + TIMED_STEPS / 2
 
 
-def engine_table(copy_bw: float, batches: tuple[int, ...]) -> None:
-    """Print decode-step time vs (weight bytes + K/V bytes) / copy bandwidth per batch."""
+def engine_table(copy_bw: float, batches: tuple[int, ...]) -> list[dict[str, float]]:
+    """Print (and return) decode-step time vs (weight + K/V bytes) / copy bandwidth per batch."""
+    rows: list[dict[str, float]] = []
     try:
         from inflight.runtime.config import EngineConfig
         from inflight.runtime.demo_model import make_demo_model
         from inflight.runtime.engine import LLMEngine
     except ImportError as e:
         print(f"\nEngine roofline skipped: the engine API is not importable ({e}).")
-        return
+        return rows
     with tempfile.TemporaryDirectory() as tmp:
         print("\nGenerating the ~0.5B llama demo model ...", flush=True)
         model_dir = Path(make_demo_model(Path(tmp) / "llama-0.5b", arch="llama", size="0.5b"))
@@ -131,7 +132,10 @@ def engine_table(copy_bw: float, batches: tuple[int, ...]) -> None:
             seconds, mean_context = time_decode_steps(engine, batch, vocab)
             kv = batch * mean_context * sizes.kv_bytes_per_token
             roofline = (sizes.weight_bytes + kv) / copy_bw
+            rows.append({"batch": batch, "step_ms": seconds * 1e3, "kv_mb": kv / 1e6,
+                         "roofline_ms": roofline * 1e3, "x_roofline": seconds / roofline})  # fmt: skip
             print(
                 f"{batch:>6} {seconds * 1e3:>9.2f} {kv / 1e6:>8.1f} {roofline * 1e3:>12.3f} "
                 f"{seconds / roofline:>10.2f}x"
             )
+    return rows

@@ -53,3 +53,15 @@ def test_time_decode_steps_on_cpu_engine(
     assert seconds > 0
     assert bench_engine.PROMPT_LEN < mean_context < bench_engine.PROMPT_LEN + 20
     assert not engine.has_unfinished_requests()
+
+
+def test_print_targets_reads_the_issue_thresholds(capsys: pytest.CaptureFixture[str]) -> None:
+    decode = [
+        {"batch": 1, "context": 32768, "fraction_of_copy": 0.2},  # outside the target range
+        {"batch": 32, "context": 2048, "fraction_of_copy": 0.75},
+        {"batch": 256, "context": 8192, "fraction_of_copy": 0.9},
+    ]
+    bench.print_targets(decode, [{"batch": 64, "x_roofline": 2.5}])
+    out = capsys.readouterr().out
+    assert "worst 75% -> met" in out
+    assert "2.50x -> NOT met" in out
