@@ -200,6 +200,20 @@ def paged_decode_attention(
     return decode_with_plan(query, k_cache, v_cache, block_tables, context_lens, scale, plan)
 
 
+def _split_workspace(query: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [num_seqs, num_heads, num_splits, head_dim] and their log-sum-exps
+    [num_seqs, num_heads, num_splits]; placeholders when there is one split (no merge)."""
+    if num_splits == 1:
+        placeholder = torch.empty(1, dtype=torch.float32, device=query.device)
+        return placeholder, placeholder
+    num_seqs, num_heads, head_dim = query.shape
+    shape = (num_seqs, num_heads, num_splits)
+    return (
+        torch.empty((*shape, head_dim), dtype=torch.float32, device=query.device),
+        torch.empty(shape, dtype=torch.float32, device=query.device),
+    )
+
+
 def decode_with_plan(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
     k_cache: torch.Tensor,
@@ -222,13 +236,7 @@ def decode_with_plan(
     if num_seqs == 0:
         return out
     direct = plan.num_splits == 1
-    part_shape = (num_seqs, num_heads, plan.num_splits)
-    mid_lse = torch.empty(
-        part_shape if not direct else (1,), dtype=torch.float32, device=query.device
-    )
-    mid_o = torch.empty(
-        (*part_shape, head_dim) if not direct else (1,), dtype=torch.float32, device=query.device
-    )
+    mid_o, mid_lse = _split_workspace(query, plan.num_splits)
     block_d = next_power_of_2(head_dim)
     grid = (num_seqs, k_cache.shape[2], plan.num_splits)
     _decode_split_kernel[grid](
