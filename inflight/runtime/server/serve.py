@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
+FLUSH_TIMEOUT_S = 10.0
 
 
 async def serve(
@@ -45,12 +46,30 @@ async def serve(
             logger.info("listening on http://%s:%d (model %s); loading the model",
                         bound_host, bound_port, settings.model_name)
         code = await _until_stopped(app, stop)
+        await _flush_writes(runner, FLUSH_TIMEOUT_S)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)
     return code
+
+
+async def _flush_writes(runner: web.AppRunner, timeout_s: float) -> None:
+    """Wait until response bytes still buffered for slow clients have left the process.
+
+    A drained stream has written its last chunk, but under load a client may not have read
+    it yet; exiting before the transport buffers empty would cut that stream short.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        server = runner.server
+        connections = server.connections if server is not None else []
+        if not any(c.transport is not None and c.transport.get_write_buffer_size() > 0 for c in connections):
+            return
+        await asyncio.sleep(0.05)
+    logger.warning("some response bytes were still unsent after %.1f s", timeout_s)
 
 
 async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
