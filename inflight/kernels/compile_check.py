@@ -34,49 +34,21 @@ class KernelSpec:
     unaligned: tuple[str, ...] = field(default=())  # int args Triton would not see as % 16
 
 
-def _specs(dtype: str) -> list[KernelSpec]:
-    from inflight.kernels import (
-        triton_decode_attention as dec,
-    )
-    from inflight.kernels import (
-        triton_kv_store as kv,
-    )
-    from inflight.kernels import (
-        triton_norm_rope as nr,
-    )
-    from inflight.kernels import (
-        triton_prefill_attention as pf,
-    )
+ELEM_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[KernelSpec]:
+    """Launches as the wrappers would make them for a Llama-like layer (GQA 4, 8 KV heads)."""
+    from inflight.kernels import triton_kv_store as kv
+    from inflight.kernels import triton_norm_rope as nr
 
     p = f"*{dtype}"
     cache = {"k_cache_ptr": p, "v_cache_ptr": p}
-    attn = {
-        "GROUP": 4,
-        "BLOCK_D": 128,
-        "BLOCK_SIZE": 16,
-        "DOT_PRECISION": "tf32",
-        "DOT_UPCAST": False,
-    }
-    ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens")
     return [
         KernelSpec("store_kv", kv._store_kv_kernel,
                    {"key_ptr": p, "value_ptr": p, **cache, "slot_ptr": "*i64"},
-                   {"BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}),
-        KernelSpec("decode_split", dec._decode_split_kernel,
-                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "context_lens_ptr": "*i32",
-                    "out_ptr": p, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"},
-                   {**attn, "BLOCK_G": 16, "BLOCK_N": 64, "DIRECT": False}, unaligned=ragged),
-        KernelSpec("decode_direct", dec._decode_split_kernel,
-                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "context_lens_ptr": "*i32",
-                    "out_ptr": p, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"},
-                   {**attn, "BLOCK_G": 16, "BLOCK_N": 64, "DIRECT": True}, unaligned=ragged),
-        KernelSpec("decode_reduce", dec._decode_reduce_kernel,
-                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
-                   {"BLOCK_P": 8, "BLOCK_D": 128}, num_warps=2, unaligned=ragged),
-        KernelSpec("prefill", pf._prefill_kernel,
-                   {"q_ptr": p, **cache, "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32",
-                    "context_lens_ptr": "*i32", "out_ptr": p},
-                   {**attn, "BLOCK_M": 64, "BLOCK_N": 64}, unaligned=ragged),
+                   {"BLOCK_SIZE": block_size, "BLOCK_H": 8, "BLOCK_D": head_dim}),
+        *_attention_specs(dtype, head_dim, block_size),
         KernelSpec("rms_norm", nr._rms_norm_kernel,
                    {"x_ptr": p, "residual_ptr": p, "weight_ptr": p, "out_ptr": p,
                     "new_residual_ptr": p},
@@ -84,7 +56,46 @@ def _specs(dtype: str) -> list[KernelSpec]:
         KernelSpec("rotary", nr._rotary_kernel,
                    {"positions_ptr": "*i64", "q_ptr": p, "k_ptr": p, "cos_sin_ptr": "*fp32",
                     "q_out_ptr": p, "k_out_ptr": p},
-                   {"HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 128}),
+                   {"HALF": head_dim // 2, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": head_dim}),
+    ]  # fmt: skip
+
+
+def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelSpec]:
+    """Decode (split and direct), its merge, and prefill, with the planners' tile sizes."""
+    from inflight.kernels import triton_decode_attention as dec
+    from inflight.kernels import triton_prefill_attention as pf
+
+    p = f"*{dtype}"
+    decode = dec.plan_decode(32, 8, 4096, head_dim, sms=132)
+    prefill = pf.plan_prefill(4096, 4, head_dim, ELEM_SIZE[dtype])
+    attn = {
+        "GROUP": 4,
+        "BLOCK_D": head_dim,
+        "BLOCK_SIZE": block_size,
+        "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
+        "DOT_UPCAST": False,
+    }
+    ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens")
+    paged = {
+        "q_ptr": p,
+        "k_cache_ptr": p,
+        "v_cache_ptr": p,
+        "block_tables_ptr": "*i32",
+        "context_lens_ptr": "*i32",
+        "out_ptr": p,
+    }
+    decode_ptrs = {**paged, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"}
+    return [
+        *(KernelSpec(name, dec._decode_split_kernel, decode_ptrs,
+                     {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct},
+                     decode.num_warps, decode.num_stages, unaligned=ragged)
+          for name, direct in (("decode_split", False), ("decode_direct", True))),
+        KernelSpec("decode_reduce", dec._decode_reduce_kernel,
+                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
+                   {"BLOCK_P": 8, "BLOCK_D": head_dim}, num_warps=2, unaligned=ragged),
+        KernelSpec("prefill", pf._prefill_kernel, {**paged, "query_start_loc_ptr": "*i32"},
+                   {**attn, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n},
+                   prefill.num_warps, prefill.num_stages, unaligned=ragged),
     ]  # fmt: skip
 
 
@@ -122,12 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inflight.kernels.compile_check")
     parser.add_argument("--arch", type=int, default=90, help="SM version, e.g. 80 or 90")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the compile check needs real JIT kernels", file=sys.stderr)
         return 2
     failed = 0
-    for spec in _specs(args.dtype):
+    for spec in _specs(args.dtype, args.head_dim, args.block_size):
         try:
             result = compile_spec(spec, args.arch)
         except Exception as e:  # report every kernel, then fail

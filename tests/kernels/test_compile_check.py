@@ -15,8 +15,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(("arch", "dtype"), [(90, "bf16"), (80, "fp16")])
-def test_kernels_compile_for_gpu_targets(arch: int, dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("arch", "dtype", "head_dim", "block_size"), [(90, "bf16", 128, 16), (80, "fp16", 64, 32)]
+)
+def test_kernels_compile_for_gpu_targets(
+    arch: int, dtype: str, head_dim: int, block_size: int
+) -> None:
     triton = pytest.importorskip("triton")
     backends = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(backends):
