@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,15 +35,14 @@ class DecodeShape:
     head_dim: int = 128
     block_size: int = 16
     dtype: torch.dtype = torch.bfloat16
+    device: str = "cuda"  # the CPU (interpreter) only in the bench's own tests
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Bytes/s of a large device-to-device copy, counting read + write."""
-    import triton.testing
-
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    ms = median_ms(lambda: dst.copy_(src))
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -52,26 +52,31 @@ def kv_bytes(batch: int, context: int, shape: DecodeShape) -> int:
     return 2 * batch * context * shape.num_kv_heads * shape.head_dim * elem
 
 
-def time_decode(batch: int, context: int, shape: DecodeShape) -> tuple[float, int]:
-    """(median ms, num_splits) of paged decode attention over shuffled blocks."""
+def median_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` (``triton.testing.do_bench``: warm-up, L2 flushed)."""
     import triton.testing
 
+    return triton.testing.do_bench(fn, return_mode="median")
+
+
+def time_decode(
+    batch: int, context: int, shape: DecodeShape, timer: Callable[[Callable[[], object]], float]
+) -> tuple[float, int]:
+    """(ms per call by ``timer``, num_splits) of paged decode attention over shuffled blocks."""
     from inflight.kernels.triton_common import num_sms
     from inflight.kernels.triton_decode_attention import paged_decode_attention, plan_decode
 
     blocks_per_seq = -(-context // shape.block_size)
     num_blocks = batch * blocks_per_seq
     cache_shape = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-    k_cache = torch.empty(cache_shape, dtype=shape.dtype, device="cuda").normal_()
-    v_cache = torch.empty(cache_shape, dtype=shape.dtype, device="cuda").normal_()
-    tables = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).int()
-    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-    query = torch.randn(batch, shape.num_heads, shape.head_dim, dtype=shape.dtype, device="cuda")
+    dev = shape.device
+    k_cache = torch.empty(cache_shape, dtype=shape.dtype, device=dev).normal_()
+    v_cache = torch.empty(cache_shape, dtype=shape.dtype, device=dev).normal_()
+    tables = torch.randperm(num_blocks, device=dev).view(batch, blocks_per_seq).int()
+    lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    query = torch.randn(batch, shape.num_heads, shape.head_dim, dtype=shape.dtype, device=dev)
     scale = shape.head_dim**-0.5
-    ms = triton.testing.do_bench(
-        lambda: paged_decode_attention(query, k_cache, v_cache, tables, lens, scale),
-        return_mode="median",
-    )
+    ms = timer(lambda: paged_decode_attention(query, k_cache, v_cache, tables, lens, scale))
     plan = plan_decode(
         batch, shape.num_kv_heads, blocks_per_seq * shape.block_size, shape.head_dim,
         num_sms(query.device),
@@ -80,11 +85,15 @@ def time_decode(batch: int, context: int, shape: DecodeShape) -> tuple[float, in
 
 
 def decode_table(
-    copy_bw: float, batches: tuple[int, ...], contexts: tuple[int, ...], max_kv_bytes: int
+    copy_bw: float,
+    batches: tuple[int, ...],
+    contexts: tuple[int, ...],
+    max_kv_bytes: int,
+    shape: DecodeShape = DecodeShape(),
+    timer: Callable[[Callable[[], object]], float] = median_ms,
 ) -> list[dict[str, float]]:
     """Print (and return) achieved decode-attention bandwidth against the copy bandwidth."""
     rows: list[dict[str, float]] = []
-    shape = DecodeShape()
     print(
         f"\nPaged decode attention, {shape.num_heads} q heads / {shape.num_kv_heads} kv heads, "
         f"head_dim {shape.head_dim}, block {shape.block_size}, {str(shape.dtype)[6:]}; "
@@ -97,8 +106,9 @@ def decode_table(
             if nbytes > max_kv_bytes:
                 print(f"{batch:>6} {context:>8} {'':>6} {'skipped: K/V over the memory cap':>26}")
                 continue
-            ms, splits = time_decode(batch, context, shape)
-            torch.cuda.empty_cache()  # the next point's cache may be larger
+            ms, splits = time_decode(batch, context, shape, timer)
+            if shape.device == "cuda":
+                torch.cuda.empty_cache()  # the next point's cache may be larger
             bw = nbytes / (ms * 1e-3)
             rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms,
                          "gb_per_s": bw / 1e9, "fraction_of_copy": bw / copy_bw})  # fmt: skip

@@ -36,13 +36,23 @@ def store_kv_cache(
     flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def _gather_blocks(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``cache[table]`` for an int64 block table of any shape, via one ``index_select`` (faster on CPU)."""
+    rows = cache.flatten(1).index_select(
+        0, table.reshape(-1)
+    )  # [table.numel(), block_size * H_kv * D]
+    return rows.view(*table.shape, *cache.shape[1:])
+
+
 def _gather_context(
     cache: torch.Tensor, block_table: torch.Tensor, context_len: int
 ) -> torch.Tensor:
     """The first ``context_len`` cached rows of one sequence: [context_len, num_kv_heads, head_dim]."""
     block_size = cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
-    rows = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, H_kv, D]
+    rows = _gather_blocks(
+        cache, block_table[:num_blocks].long()
+    )  # [num_blocks, block_size, H_kv, D]
     return rows.reshape(-1, cache.shape[2], cache.shape[3])[:context_len]
 
 
@@ -66,8 +76,16 @@ def paged_decode_attention(
     num_slots = max_blocks * block_size
     table = block_tables[:, :max_blocks].long()
     # Gather every sequence's blocks at once, then view them as [S, H_kv, T, D] (no copy).
-    keys = k_cache[table].view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
-    values = v_cache[table].view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    keys = (
+        _gather_blocks(k_cache, table)
+        .view(num_seqs, num_slots, num_kv_heads, head_dim)
+        .transpose(1, 2)
+    )
+    values = (
+        _gather_blocks(v_cache, table)
+        .view(num_seqs, num_slots, num_kv_heads, head_dim)
+        .transpose(1, 2)
+    )
     # The G query heads sharing a KV head act as G queries of one attention call.
     q = query.reshape(num_seqs, num_kv_heads, group, head_dim)
     positions = torch.arange(num_slots, device=query.device)

@@ -65,3 +65,24 @@ def test_print_targets_reads_the_issue_thresholds(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "worst 75% -> met" in out
     assert "2.50x -> NOT met" in out
+
+
+def test_decode_table_on_the_interpreter(device: torch.device, capsys) -> None:
+    """The table's plumbing (shuffled caches, bytes / time, memory cap) with a fake timer."""
+    shape = bench.DecodeShape(num_heads=4, num_kv_heads=2, head_dim=64, device=device.type)
+    calls: list[float] = []
+
+    def timer(fn) -> float:
+        out = fn()
+        calls.append(float(out.float().abs().sum()))
+        return 0.5  # ms
+
+    cap = bench.kv_bytes(2, 40, shape)
+    rows = bench.decode_table(100e9, (1, 2), (16, 40), cap, shape=shape, timer=timer)
+    assert [(r["batch"], r["context"]) for r in rows] == [(1, 16), (1, 40), (2, 16), (2, 40)]
+    assert all(c > 0 for c in calls)  # the kernel ran and wrote finite output
+    row = rows[-1]
+    assert row["gb_per_s"] == pytest.approx(cap / 0.5e-3 / 1e9)
+    assert row["fraction_of_copy"] == pytest.approx(row["gb_per_s"] / 100)
+    rows = bench.decode_table(100e9, (2,), (40,), cap - 1, shape=shape, timer=timer)
+    assert rows == [] and "skipped" in capsys.readouterr().out
