@@ -44,9 +44,10 @@ def check_ndim(name: str, t: torch.Tensor, ndim: int, shape_doc: str) -> None:
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        listed = ", ".join(f"{n} on {d}" for n, d in devices.items())
+    first, *rest = tensors.values()
+    device = first.device
+    if any(t.device != device for t in rest):  # cheap on the hot path: runs every launch
+        listed = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
         raise ValueError(f"kernel inputs must share one device ({listed}).")
 
 

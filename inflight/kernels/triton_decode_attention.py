@@ -13,6 +13,7 @@ Knows nothing about the scheduler; the reference is the ground truth.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ class DecodePlan:
     num_stages: int = 2
 
 
+@functools.lru_cache(maxsize=1024)  # pure; called on every launch
 def plan_decode(
     num_seqs: int, num_kv_heads: int, max_context: int, head_dim: int, sms: int
 ) -> DecodePlan:

@@ -11,6 +11,7 @@ Knows nothing about the scheduler; the reference is the ground truth.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class PrefillConfig:
     num_stages: int = 2
 
 
+@functools.lru_cache(maxsize=1024)  # pure; called on every launch
 def plan_prefill(
     num_tokens: int, num_seqs: int, head_dim: int, elem_size: int = 2
 ) -> PrefillConfig:
