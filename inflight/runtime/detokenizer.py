@@ -8,6 +8,7 @@ taken back. Knows nothing about torch or scheduling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,6 +26,7 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.emitted = 0
         self.stopped = False
+        self._decode_ids = _backend_decoder(tokenizer) or self._decode_slow
 
     def append(self, token_id: int) -> bool:
         """Add one generated token; True if the text now contains a stop string (then cut there)."""
@@ -71,4 +73,27 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, token_ids: list[int]) -> str:
+        return self._decode_ids(token_ids)
+
+    def _decode_slow(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _backend_decoder(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    """The Rust ``tokenizers`` decode, when ``tokenizer.decode`` would return exactly its result.
+
+    That holds for transformers' fast tokenizer class with its own ``_decode`` (no subclass
+    override) and no clean-up of spaces (we never ask for it). It skips the wrapper's Python
+    (argument conversion, dispatch): 2.5 us instead of 6 us a call, two calls per token.
+    """
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(tokenizer, TokenizersBackend) or type(tokenizer)._decode is not TokenizersBackend._decode:
+        return None
+    if backend is None or not hasattr(backend, "decode"):
+        return None
+    decode = backend.decode
+    return lambda token_ids: decode(token_ids, skip_special_tokens=True)
