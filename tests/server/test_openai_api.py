@@ -169,14 +169,22 @@ def test_max_completion_tokens_and_priority_user(client: openai.OpenAI) -> None:
     assert resp.usage.completion_tokens == 3 and resp.choices[0].finish_reason == "length"
 
 
-@pytest.mark.xfail(reason="engine bug: sampler._apply_penalties updates an inference tensor in place "
-                          "outside torch.inference_mode (offline LLM.generate fails the same way)",
-                   strict=False)
-def test_penalties(client: openai.OpenAI) -> None:
-    resp = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], presence_penalty=0.5,
-                                     frequency_penalty=0.5, extra_body={"repetition_penalty": 1.1},
-                                     **GREEDY)
+def test_penalties_reach_the_engine(client: openai.OpenAI, demo_model_dir) -> None:
+    from inflight.runtime import LLM
+
+    penalties = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.3)
+    offline = LLM(demo_model_dir, **MAIN_CONFIG).generate(
+        PROMPTS[0], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, **penalties))[0]
+    resp = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], temperature=0.0, max_tokens=24,
+        presence_penalty=0.5, frequency_penalty=0.5, logprobs=1,
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.3},
+    )
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], logprobs=1, **GREEDY)
     assert resp.usage.completion_tokens == 24
+    assert resp.choices[0].text == offline.text
+    # Logprobs come from the penalized distribution: the penalties must have moved them.
+    assert resp.choices[0].logprobs.token_logprobs != plain.choices[0].logprobs.token_logprobs
 
 
 def test_metrics_expose_every_contract_name(server: LiveServer, client: openai.OpenAI) -> None:
