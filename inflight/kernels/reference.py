@@ -64,32 +64,66 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attending to all of its cached context (GQA aware)."""
-    num_seqs, num_heads, head_dim = query.shape
+    """One query token per sequence attending to all of its cached context (GQA aware).
+
+    Sequences are bucketed by context length (see :func:`_length_buckets`) so the gathered,
+    padded K/V stay close to the real context instead of ``num_seqs x`` the longest one.
+    """
+    num_seqs = query.shape[0]
     if num_seqs == 0:
         return torch.empty_like(query)
+    buckets = _length_buckets(context_lens.tolist(), k_cache.shape[1])
+    if len(buckets) == 1:
+        return _decode_bucket(query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1])
+    out = torch.empty_like(query)
+    for rows, num_blocks in buckets:
+        idx = torch.tensor(rows, dtype=torch.long, device=query.device)
+        part = _decode_bucket(
+            query.index_select(0, idx), k_cache, v_cache, block_tables.index_select(0, idx),
+            context_lens.index_select(0, idx), scale, num_blocks,
+        )
+        out.index_copy_(0, idx, part)
+    return out
+
+
+def _length_buckets(context_lens: list[int], block_size: int) -> list[tuple[list[int], int]]:
+    """Rows grouped by context length, longest first: ``(row indices, blocks to gather)``.
+
+    A new bucket starts when a sequence needs under 3/4 of the bucket's longest, which keeps
+    the padding within a third of what is gathered; few buckets when lengths are close.
+    """
+    order = sorted(range(len(context_lens)), key=lambda i: -context_lens[i])
+    buckets: list[tuple[list[int], int]] = []
+    for i in order:
+        num_blocks = max(1, -(-context_lens[i] // block_size))
+        if buckets and 4 * num_blocks >= 3 * buckets[-1][1]:
+            buckets[-1][0].append(i)
+        else:
+            buckets.append(([i], num_blocks))
+    return buckets
+
+
+def _decode_bucket(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, >= max_blocks] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    max_blocks: int,  # blocks of the longest context in this bucket
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_size = k_cache.shape[1]
-    lens = context_lens.long()
-    max_blocks = (int(lens.max()) + block_size - 1) // block_size
-    num_slots = max_blocks * block_size
+    num_slots = max_blocks * k_cache.shape[1]
     table = block_tables[:, :max_blocks].long()
     # Gather every sequence's blocks at once, then view them as [S, H_kv, T, D] (no copy).
-    keys = (
-        _gather_blocks(k_cache, table)
-        .view(num_seqs, num_slots, num_kv_heads, head_dim)
-        .transpose(1, 2)
-    )
-    values = (
-        _gather_blocks(v_cache, table)
-        .view(num_seqs, num_slots, num_kv_heads, head_dim)
-        .transpose(1, 2)
-    )
+    keys = _gather_blocks(k_cache, table).view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    values = _gather_blocks(v_cache, table).view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
     # The G query heads sharing a KV head act as G queries of one attention call.
     q = query.reshape(num_seqs, num_kv_heads, group, head_dim)
     positions = torch.arange(num_slots, device=query.device)
-    visible = (positions[None, :] < lens[:, None])[:, None, None, :]  # [S, 1, 1, T]
+    visible = (positions[None, :] < context_lens.long()[:, None])[:, None, None, :]  # [S, 1, 1, T]
     out = F.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=visible, scale=scale
     )  # [S, H_kv, G, D]
