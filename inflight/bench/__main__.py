@@ -1,0 +1,7 @@
+"""``python -m inflight.bench``: see :mod:`inflight.bench.cli`."""
+
+import sys
+
+from inflight.bench.cli import main
+
+sys.exit(main())

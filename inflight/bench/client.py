@@ -1,0 +1,127 @@
+"""The load client: an asyncio streaming OpenAI ``/v1/completions`` client that times each request.
+
+Owns sending one workload (a list of :class:`RequestSpec` with arrival offsets) to one server
+and recording, per request, the time to first token, every inter-token (inter-chunk) gap,
+the end-to-end latency and the token counts the server reports in its ``usage``. Every
+request has a timeout and the whole run a deadline, so a stuck server cannot hang a
+benchmark. Knows nothing about which server it talks to or how results are summarized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a workload: sent ``arrival_s`` seconds after the run starts."""
+
+    prompt: str
+    max_tokens: int
+    arrival_s: float = 0.0
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one request measured. Times in seconds, relative to its own send time."""
+
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)  # between consecutive token chunks
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None with fewer than two tokens)."""
+        if self.error or self.ttft_s is None or self.e2e_s is None or self.num_output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    results: tuple[RequestResult, ...]
+    wall_s: float  # first send to last response
+
+
+def completion_body(model: str, spec: RequestSpec) -> dict[str, object]:
+    """The request body: only standard OpenAI fields (peers reject unknown ones)."""
+    return {
+        "model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, sent: float, result: RequestResult) -> None:
+    last: float | None = None
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        event = json.loads(data)
+        now = time.perf_counter()
+        if any(c.get("text") for c in event.get("choices") or ()):
+            if result.ttft_s is None:
+                result.ttft_s = now - sent
+            elif last is not None:
+                result.gaps_s.append(now - last)
+            last = now
+        usage = event.get("usage")
+        if usage:
+            result.num_prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            result.num_output_tokens = int(usage.get("completion_tokens") or 0)
+
+
+async def send_one(
+    session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, timeout_s: float
+) -> RequestResult:
+    """Stream one completion; errors and timeouts are recorded, never raised."""
+    result = RequestResult()
+    sent = time.perf_counter()
+
+    async def attempt() -> None:
+        async with session.post(f"{url}/v1/completions", json=completion_body(model, spec)) as resp:
+            if resp.status != 200:
+                result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return
+            await _read_stream(resp, sent, result)
+
+    try:
+        await asyncio.wait_for(attempt(), timeout_s)
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:200]
+        return result
+    if result.error:
+        return result
+    result.e2e_s = time.perf_counter() - sent
+    if result.ttft_s is None or result.num_output_tokens == 0:
+        result.error = "no tokens or no usage in the stream"
+    return result
+
+
+async def _run(url: str, model: str, specs: list[RequestSpec], timeout_s: float) -> RunResult:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+
+        async def delayed(spec: RequestSpec) -> RequestResult:
+            await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - start)))
+            return await send_one(session, url, model, spec, timeout_s)
+
+        results = await asyncio.gather(*(delayed(s) for s in specs))
+        return RunResult(tuple(results), time.perf_counter() - start)
+
+
+def run_workload(url: str, model: str, specs: list[RequestSpec], timeout_s: float = 600.0) -> RunResult:
+    """Send ``specs`` to the server at ``url`` (each at its arrival offset) and wait for all."""
+    return asyncio.run(_run(url, model, specs, timeout_s))

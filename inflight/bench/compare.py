@@ -1,0 +1,135 @@
+"""The two HTTP sections of a run: the serving comparison (small model) and the roofline (medium).
+
+``run_serving_section`` sends the burst and the Poisson points to every system, writes the
+results table (burst), the Poisson table, the throughput-latency plot and the target
+checks. ``run_roofline_section`` serves the medium model with the tuned inflight
+configuration and compares its total tokens/s with ``matmul rate / (2 x parameters)``, the
+rate measured in the same run. Knows nothing about argument parsing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from inflight.bench import report, roofline, serving
+from inflight.bench.stats import Spread
+from inflight.bench.suite import (
+    PEER,
+    SuiteOptions,
+    bench_model,
+    default_systems,
+    load_points,
+    write_fragment,
+)
+from inflight.bench.systems import SystemSpec
+
+logger = logging.getLogger("inflight.bench")
+Combined = dict[str, dict[str, dict[str, Spread]]]
+OURS = "inflight (defaults)"
+
+
+def _poisson_table(combined: Combined, points: list[str]) -> str:
+    header = ["system", *(f"{p}: out tok/s / TTFT p99 ms / TPOT p50 ms" for p in points)]
+    rows = []
+    for system, by_point in combined.items():
+        cells = []
+        for p in points:
+            m = by_point.get(p)
+            cells.append("-" if m is None else
+                         f"{m['output_tok_s'].median:.0f} / {m['ttft_p99_s'].median * 1e3:.0f} / "
+                         f"{m['tpot_p50_s'].median * 1e3:.1f}" + (f" ({m['errors'].median:.0f} err)"
+                                                                  if m["errors"].median else ""))
+        rows.append([system, *cells])
+    return report.simple_table(header, rows)
+
+
+def check_targets(burst: dict[str, dict[str, Spread]]) -> list[str]:
+    """The issue's burst targets for inflight (defaults), each against the strongest competitor."""
+    ours = burst.get(OURS)
+    peers = {k: v for k, v in burst.items() if k.startswith(PEER)}
+    statics = {k: v for k, v in burst.items() if "static" in k}
+    if ours is None or not peers:
+        return ["targets not checked: inflight or the peer has no burst result"]
+    out = ours["output_tok_s"].median
+    best_peer = max(peers, key=lambda k: peers[k]["output_tok_s"].median)
+    lines = [_target(f"output tok/s >= 2x the best peer ({best_peer})", out / peers[best_peer]["output_tok_s"].median, 2.0)]
+    if statics:
+        best_static = max(statics, key=lambda k: statics[k]["output_tok_s"].median)
+        lines.append(_target(f"output tok/s >= 3x the best static baseline ({best_static})",
+                             out / statics[best_static]["output_tok_s"].median, 3.0))
+    lowest = min(peers, key=lambda k: peers[k]["ttft_p99_s"].median)
+    ttft, peer_ttft = ours["ttft_p99_s"].median, peers[lowest]["ttft_p99_s"].median
+    met = "met" if ttft <= peer_ttft else "MISSED"
+    lines.append(f"- p99 TTFT no higher than the peer's lowest ({lowest}): {ttft * 1e3:.0f} ms vs "
+                 f"{peer_ttft * 1e3:.0f} ms: **{met}**")
+    return lines
+
+
+def _target(label: str, ratio: float, goal: float) -> str:
+    return f"- {label}: {ratio:.2f}x: **{'met' if ratio >= goal else 'MISSED'}**"
+
+
+def run_serving_section(options: SuiteOptions, which: tuple[str, ...], engine_threads: int,
+                        systems: tuple[SystemSpec, ...] | None = None) -> Combined:
+    model = bench_model(options, "small")
+    points = load_points(options, model, which)
+    systems = systems or default_systems(options, engine_threads)
+    plan = serving.ServingPlan(model, systems, points, options.reps, options.results_dir / "logs")
+    errors: list[str] = []
+    combined = serving.combine_raw(serving.run_serving(plan, errors.append))
+    md = [f"## Serving: small model ({options.burst.num_requests}-request burst, prompt/output lognormal "
+          f"medians {options.burst.prompt_median}/{options.burst.output_median} tokens; {options.reps} "
+          "interleaved repetitions)", ""]
+    burst = {s: p["burst"] for s, p in combined.items() if "burst" in p}
+    if burst:
+        md += [report.results_table(burst, PEER), "", "Targets (burst, small model):", *check_targets(burst), ""]
+    poisson = [p.name for p in points if not p.is_burst]
+    if poisson:
+        md += [f"Poisson arrivals ({options.poisson.num_requests} requests per rate, medians):", "",
+               _poisson_table(combined, poisson), ""]
+    if errors:
+        md += ["Failures:", *(f"- {e}" for e in errors), ""]
+    plot = options.results_dir / "throughput_latency.png"
+    curves = {s: list(p.values()) for s, p in combined.items()}
+    report.plot_curves(curves, plot, "small model: throughput vs latency (burst + Poisson points)")
+    md += [f"![throughput vs latency]({plot.name})", ""]
+    record = {"systems": [s.name for s in systems], "points": [p.name for p in points],
+              "results": {s: {p: report.spreads_to_json(m) for p, m in by.items()} for s, by in combined.items()},
+              "errors": errors}
+    write_fragment(options, "serving", "\n".join(md), record)
+    return combined
+
+
+def run_roofline_section(options: SuiteOptions, engine_threads: int) -> dict[str, Any]:
+    model = bench_model(options, "medium")
+    num_params = roofline.num_parameters(model)
+    rate_before = roofline.matmul_rate()
+    cores = roofline.usable_cores()
+    tuned = ("--max-num-sequences", "128", "--max-num-tokens", "512")
+    systems = [SystemSpec(f"inflight (tuned), {engine_threads} thread(s)", "inflight", tuned)]
+    if cores != engine_threads:
+        systems.append(SystemSpec(f"inflight (tuned), {cores} threads", "inflight", tuned,
+                                  env=(("INFLIGHT_CPU_THREADS", str(cores)),)))
+    points = load_points(options, model, ("burst",))
+    plan = serving.ServingPlan(model, tuple(systems), points, options.reps, options.results_dir / "logs")
+    combined = serving.combine_raw(serving.run_serving(plan))
+    rate_after = roofline.matmul_rate()
+    best = max((rate_before, rate_after), key=lambda r: r.best_gflops)
+    roof = roofline.roofline_tok_s(best, num_params)
+    rows = []
+    for name, by_point in combined.items():
+        total = by_point["burst"]["total_tok_s"]
+        rows.append([name, report.fmt_spread(total, 1.0, "{:.0f}"), f"{roof:.0f}",
+                     f"{100 * total.median / roof:.0f}% ({100 * total.lo / roof:.0f}-{100 * total.hi / roof:.0f})"])
+    md = [f"## Roofline: medium model ({num_params:,} parameters), burst", "",
+          f"fp32 matmul rate measured in this run (1024^3, best thread count, best of before/after the "
+          f"serving runs): {best.best_gflops:.0f} GFLOP/s at {best.best_threads} thread(s) (before: "
+          f"{rate_before.by_threads}, after: {rate_after.by_threads}); roofline = rate / (2 x parameters) = "
+          f"{roof:.0f} tok/s. Target: total tok/s >= 60% of it.", "",
+          report.simple_table(("system", "total tok/s", "roofline tok/s", "share of roofline"), rows)]
+    record = {"num_parameters": num_params, "rate_before": roofline.rate_to_dict(rate_before),
+              "rate_after": roofline.rate_to_dict(rate_after), "roofline_tok_s": roof,
+              "results": {s: {p: report.spreads_to_json(m) for p, m in by.items()} for s, by in combined.items()}}
+    write_fragment(options, "roofline", "\n".join(md), record)
+    return record
