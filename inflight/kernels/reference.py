@@ -158,14 +158,17 @@ def paged_prefill_attention(
         keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
         values = _gather_context(v_cache, block_tables[s], ctx).float()
         q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
-        q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
-        k_pos = torch.arange(ctx, device=query.device)
-        visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+        visible = None  # a whole prompt (no cached prefix): plain causal, no mask tensor
+        if ctx != q_len:
+            q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
+            k_pos = torch.arange(ctx, device=query.device)
+            visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
         o = F.scaled_dot_product_attention(
             q,
             keys.transpose(0, 1)[None],
             values.transpose(0, 1)[None],
             attn_mask=visible,
+            is_causal=visible is None,
             scale=scale,
             enable_gqa=group > 1,
         )[0].transpose(0, 1)  # [q_len, H, D]
