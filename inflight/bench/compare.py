@@ -91,21 +91,11 @@ def run_serving_section(options: SuiteOptions, which: tuple[str, ...], engine_th
     plan = serving.ServingPlan(model, systems, points, options.reps, log_dir(options))
     errors: list[str] = []
     combined = serving.combine_raw(serving.run_serving(plan, errors.append))
-    md = [f"## Serving: small model ({options.burst.num_requests}-request burst, prompt/output lognormal "
-          f"medians {options.burst.prompt_median}/{options.burst.output_median} tokens; {options.reps} "
-          "interleaved repetitions)", ""]
-    burst = {s: p["burst"] for s, p in combined.items() if "burst" in p}
-    if burst:
-        md += [report.results_table(burst, PEER), "", "Targets (burst, small model):", *check_targets(burst), ""]
     poisson = [p.name for p in points if not p.is_burst]
-    if poisson:
-        md += [f"Poisson arrivals ({options.poisson.num_requests} requests per rate, medians):", "",
-               _poisson_table(combined, poisson), ""]
-    if errors:
-        md += ["Failures:", *(f"- {e}" for e in errors), ""]
+    md = serving_markdown(options, combined, poisson, errors)
     plot = options.results_dir / "throughput_latency.png"
     # Poisson points by rising rate, then the burst (the highest offered load).
-    order = [p.name for p in points if not p.is_burst] + [p.name for p in points if p.is_burst]
+    order = [*poisson, *(p.name for p in points if p.is_burst)]
     curves = {s: [by[name] for name in order if name in by] for s, by in combined.items()}
     report.plot_curves(curves, plot, "small model: throughput vs latency (burst + Poisson points)")
     md += [f"![throughput vs latency]({plot.name})", ""]
@@ -114,6 +104,32 @@ def run_serving_section(options: SuiteOptions, which: tuple[str, ...], engine_th
               "errors": errors}
     write_fragment(options, "serving", "\n".join(md), record)
     return combined
+
+
+def serving_markdown(options: SuiteOptions, combined: Combined, poisson: list[str], errors: list[str]) -> list[str]:
+    """The serving fragment: burst table with ratios vs the strongest peer, targets, Poisson table."""
+    md = [f"## Serving: small model ({options.burst.num_requests}-request burst, prompt/output lognormal "
+          f"medians {options.burst.prompt_median}/{options.burst.output_median} tokens, sigma "
+          f"{options.burst.sigma}; {options.reps} interleaved repetitions)", ""]
+    burst = {s: p["burst"] for s, p in combined.items() if "burst" in p}
+    peers = [s for s in burst if s.startswith(PEER)]
+    if burst:
+        peer = max(peers, key=lambda k: burst[k]["output_tok_s"].median) if peers else None
+        md += [f"Ratios are against the peer configuration with the highest output tok/s ({peer}).", "",
+               report.results_table(burst, peer), "", "Targets (burst, small model):", *check_targets(burst), ""]
+    if poisson:
+        md += [f"Poisson arrivals ({options.poisson.num_requests} requests per rate, medians):", "",
+               _poisson_table(combined, poisson), ""]
+    if errors:
+        md += ["Failures:", *(f"- {e}" for e in errors), ""]
+    return md
+
+
+def combined_from_json(record: dict[str, Any]) -> Combined:
+    """Rebuild the combined results from a written ``serving.json`` (to re-render the report)."""
+    return {system: {point: {m: Spread(v["median"], v["min"], v["max"]) for m, v in metrics.items()}
+                     for point, metrics in by_point.items()}
+            for system, by_point in record["results"].items()}
 
 
 def run_roofline_section(options: SuiteOptions, engine_threads: int) -> dict[str, Any]:
