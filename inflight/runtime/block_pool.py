@@ -60,9 +60,6 @@ class KVBlockPool:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
-
     def allocate(self, num_blocks: int) -> list[int] | None:
         """``num_blocks`` fresh blocks (ref 1), evicting cached ones LRU; None if too few."""
         if num_blocks > len(self._free):

@@ -33,8 +33,7 @@ class IncrementalDetokenizer:
         if self.stopped or token_id in self.skip_token_ids:
             return False
         self.token_ids.append(token_id)
-        prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.token_ids[self.prefix_offset :])
+        prefix, full = self._decode_window()
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return False  # an incomplete character: wait for more bytes
         old_len = len(self.text)
@@ -58,8 +57,7 @@ class IncrementalDetokenizer:
         """At the end of the request: decode whatever is still held back."""
         if self.stopped or self.read_offset == len(self.token_ids):
             return
-        prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.token_ids[self.prefix_offset :])
+        prefix, full = self._decode_window()
         self.text += full[len(prefix) :]
         self.read_offset = len(self.token_ids)
 
@@ -74,6 +72,13 @@ class IncrementalDetokenizer:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._decode_ids(token_ids)
+
+    def _decode_window(self) -> tuple[str, str]:
+        """Text of the tokens already read, and of those plus the new ones, since prefix_offset."""
+        return (
+            self._decode(self.token_ids[self.prefix_offset : self.read_offset]),
+            self._decode(self.token_ids[self.prefix_offset :]),
+        )
 
     def _decode_slow(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -71,11 +71,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    @property
-    def is_prefilling(self) -> bool:
-        """True while the prompt (or, after preemption, the recomputed tokens) is not all cached."""
-        return self.num_computed_tokens < self.num_tokens - 1
-
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
