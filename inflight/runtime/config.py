@@ -71,6 +71,10 @@ class EngineConfig:
     )
     device: str = field(default="auto", metadata=_help("auto | cpu | cuda."))
     seed: int = field(default=0, metadata=_help("Seed for requests that bring no seed of their own."))
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=_help("Split the model across this many devices (ranks) of one node; 1: no split."),
+    )
     kernel_backend: str = field(
         default="auto",
         metadata=_help("auto | triton | torch: which attention/KV kernels run (auto: Triton on CUDA)."),
@@ -94,6 +98,7 @@ class EngineConfig:
         if self.max_model_len is not None:
             _check_int(self, "max_model_len", 1)
         _check_int(self, "max_queue_len", 0)
+        _check_int(self, "tensor_parallel_size", 1)
         _check_int(self, "seed", 0)
         _check_choice(self, "scheduler_policy", SCHEDULER_POLICIES)
         _check_choice(self, "dtype", DTYPES)

@@ -33,6 +33,15 @@ class QueueFullError(RequestRejectedError):
         )
 
 
+class EngineFatalError(RuntimeError):
+    """The engine cannot go on (a tensor-parallel worker died, the device is gone, ...).
+
+    Unlike an error caused by one request, nothing is gained by failing only some requests:
+    the server answers every waiting client, turns ``/health`` to 503 and exits non-zero so
+    the orchestrator restarts the process.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """Log-probability of one generated token and the top alternatives at that position."""
