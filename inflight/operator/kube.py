@@ -1,22 +1,36 @@
-"""All of the operator's own Kubernetes API I/O: a small async client over aiohttp.
+"""All of the operator's own Kubernetes API I/O, through the official asyncio client.
 
-Owns: URLs of the kinds the operator touches, authentication from a ``kopf.ConnectionInfo``
-(the same credentials kopf logged in with, with kopf's own SSL and
-header handling), get/list/create/patch/delete, create-or-patch
-(a 409 on create is not an error: the object is merge-patched), Events, and reading the API
-key Secret. Writes are JSON merge patches only (no server-side apply), so the same code works
-against a real API server and the kmock emulator. Knows nothing about what it writes.
+Owns: which client API serves each kind the operator touches (``kubernetes_asyncio``'s typed
+``CoreV1Api``/``AppsV1Api``/``PolicyV1Api``, ``CustomObjectsApi`` for custom resources),
+authentication from a ``kopf.ConnectionInfo`` (the credentials kopf logged in with: its
+Authorization header, CA and client certificate, the latter two written to private temp
+files because the client reads them from paths), get/list/create/patch/delete,
+create-or-patch (a 409 on create is not an error: the object is merge-patched), Events, and
+Secrets (read a key; create one only when it is missing, so a generated key is never
+rotated). Typed answers are turned back into plain dicts (camelCase, as the API server
+writes them) at this boundary, so the rest of the operator works on JSON-shaped values.
+
+Patch strategy: JSON merge patch (RFC 7386) everywhere, forced with ``_content_type`` (the
+client would pick strategic merge for dict bodies). Why: custom resources (the
+InferenceDeployment's status, InferencePool) accept no strategic merge patch; a merge patch
+means the same thing on every kind and every API server, the kmock emulator included; the
+operator owns the whole pod template, so replacing lists wholesale is what it wants, and
+optional keys it stops setting are sent as ``null`` (``render.deployment_patch``).
+Knows nothing about what it writes.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -26,72 +40,110 @@ class Kind:
     api_version: str  # "v1", "apps/v1", ...
     plural: str
     kind: str
+    api: str = "CustomObjectsApi"  # the kubernetes_asyncio API class serving it
+    method: str = ""  # typed method suffix, e.g. "namespaced_deployment"; "" for custom objects
 
     @property
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
 
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        url = f"{root}/namespaces/{namespace}/{self.plural}"
-        if name is not None:
-            url += f"/{name}"
-        if subresource is not None:
-            url += f"/{subresource}"
-        return url
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
 
 
 INFERENCE_DEPLOYMENTS = Kind("inflight.dev/v1alpha1", "inferencedeployments", "InferenceDeployment")
-DEPLOYMENTS = Kind("apps/v1", "deployments", "Deployment")
-SERVICES = Kind("v1", "services", "Service")
-PDBS = Kind("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget")
-CONFIGMAPS = Kind("v1", "configmaps", "ConfigMap")
-PODS = Kind("v1", "pods", "Pod")
-SECRETS = Kind("v1", "secrets", "Secret")
-EVENTS = Kind("v1", "events", "Event")
+INFERENCE_POOLS = Kind("inference.networking.k8s.io/v1", "inferencepools", "InferencePool")
+DEPLOYMENTS = Kind("apps/v1", "deployments", "Deployment", "AppsV1Api", "namespaced_deployment")
+SERVICES = Kind("v1", "services", "Service", "CoreV1Api", "namespaced_service")
+PDBS = Kind("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", "PolicyV1Api",
+            "namespaced_pod_disruption_budget")
+CONFIGMAPS = Kind("v1", "configmaps", "ConfigMap", "CoreV1Api", "namespaced_config_map")
+PODS = Kind("v1", "pods", "Pod", "CoreV1Api", "namespaced_pod")
+SECRETS = Kind("v1", "secrets", "Secret", "CoreV1Api", "namespaced_secret")
+PVCS = Kind("v1", "persistentvolumeclaims", "PersistentVolumeClaim", "CoreV1Api",
+            "namespaced_persistent_volume_claim")
+EVENTS = Kind("v1", "events", "Event", "CoreV1Api", "namespaced_event")
 
 
 class KubeError(Exception):
     """A non-2xx answer from the API server."""
 
-    def __init__(self, status: int, method: str, path: str, message: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+    def __init__(self, status: int, method: str, what: str, message: str) -> None:
+        super().__init__(f"{method} {what}: HTTP {status}: {message}")
         self.status = status
+        self.reason = message
+
+
+def _configuration(conn: kopf.ConnectionInfo, tmpdir: str) -> client.Configuration:
+    """A client Configuration from kopf's credentials; CA/cert data go to files in ``tmpdir``."""
+
+    def materialize(data: str | bytes | None, path: Any, name: str) -> str | None:
+        if path:
+            return os.fspath(path) if isinstance(path, (str, os.PathLike)) else path.decode()
+        if not data:
+            return None
+        raw = data.encode() if isinstance(data, str) else data
+        if b"-----BEGIN" not in raw:  # kubeconfig data is base64 of the PEM
+            raw = base64.b64decode(raw)
+        file = os.path.join(tmpdir, name)
+        with open(os.open(file, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as fh:
+            fh.write(raw)
+        return file
+
+    config = client.Configuration(host=conn.server.rstrip("/"))
+    config.verify_ssl = not conn.insecure
+    config.ssl_ca_cert = materialize(conn.ca_data, conn.ca_path, "ca.pem")
+    config.cert_file = materialize(conn.certificate_data, conn.certificate_path, "cert.pem")
+    config.key_file = materialize(conn.private_key_data, conn.private_key_path, "key.pem")
+    config.proxy = conn.proxy_url
+    config.client_side_validation = False  # the API server validates; partial objects read fine
+    return config
 
 
 class KubeClient:
     """An async client bound to one API server; call ``close()`` when done."""
 
     def __init__(self, conn: kopf.ConnectionInfo, timeout_s: float = 30.0) -> None:
-        self._conn = conn
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="inflight-kube-")
+        self._api = client.ApiClient(_configuration(conn, self._tmp.name))
+        for header, value in conn.as_http_headers().items():  # kopf's Authorization (token/basic)
+            self._api.set_default_header(header, value)
+        self._api.user_agent = "inflight-operator"
+        self._timeout = timeout_s
+        self._apis: dict[str, Any] = {}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._api.close()
+        self._tmp.cleanup()
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._conn.as_ssl_context())  # kopf's CA/cert handling
-            self._session = aiohttp.ClientSession(
-                base_url=self._conn.server.rstrip("/") + "/",
-                headers=self._conn.as_http_headers(),
-                connector=connector,
-                timeout=self._timeout,
-            )
-        return self._session
+    def _typed(self, kind: Kind) -> Any:
+        if kind.api not in self._apis:
+            self._apis[kind.api] = getattr(client, kind.api)(self._api)
+        return self._apis[kind.api]
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        async with self._http().request(method, path.lstrip("/"), **kwargs) as resp:
-            if resp.status >= 400:
-                raise KubeError(resp.status, method, path, (await resp.text())[:500])
-            return await resp.json(content_type=None) or {}
+    async def _call(self, verb: str, kind: Kind, namespace: str, name: str | None = None, **kwargs: Any) -> Any:
+        """One API call; answers as dicts, errors as KubeError."""
+        api = self._typed(kind)
+        kwargs["_request_timeout"] = self._timeout
+        args: list[Any] = [name] if name is not None else []
+        try:
+            if kind.method:
+                result = await getattr(api, f"{verb}_{kind.method}")(*args, namespace, **kwargs)
+            else:
+                custom = {"read": "get", "patch_status": "patch", "patch_scale": "patch"}.get(verb, verb)
+                suffix = verb[len("patch_"):] if verb.startswith("patch_") else ""
+                result = await getattr(api, f"{custom}_namespaced_custom_object{'_' + suffix if suffix else ''}")(
+                    kind.group, kind.version, namespace, kind.plural, *args, **kwargs)
+        except ApiException as exc:
+            body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+            raise KubeError(exc.status or 0, verb, f"{kind.plural}/{namespace}/{name or ''}",
+                            str(body or exc.reason or "")[:500]) from None
+        return result if isinstance(result, dict) else self._api.sanitize_for_serialization(result)
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self._request("GET", kind.path(namespace, name))
+            return await self._call("read", kind, namespace, name)
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -100,29 +152,27 @@ class KubeClient:
     async def list(self, kind: Kind, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Objects carrying all ``labels`` (also filtered here, the selector is advisory)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        data = await self._request("GET", kind.path(namespace), params={"labelSelector": selector})
-        items = data.get("items") or []
+        data = await self._call("list", kind, namespace, label_selector=selector)
         return [
-            obj for obj in items
-            if all((obj.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
+            obj for obj in data.get("items") or []
+            if all(((obj.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in labels.items())
         ]
 
     async def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", kind.path(namespace), json=body)
+        return await self._call("create", kind, namespace, body=body)
 
     async def patch(
         self, kind: Kind, namespace: str, name: str, body: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
-        """JSON merge patch (RFC 7386)."""
-        return await self._request(
-            "PATCH", kind.path(namespace, name, subresource), json=body, headers={"Content-Type": MERGE_PATCH}
-        )
+        """JSON merge patch (RFC 7386) of the object or its ``status``/``scale`` subresource."""
+        verb = "patch" if subresource is None else f"patch_{subresource}"
+        return await self._call(verb, kind, namespace, name, body=body, _content_type=MERGE_PATCH)
 
     async def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         """Delete (background propagation); ``False`` when it was already gone."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         try:
-            await self._request("DELETE", kind.path(namespace, name), json=body)
+            await self._call("delete", kind, namespace, name, body=body)
         except KubeError as exc:
             if exc.status == 404:
                 return False
@@ -140,6 +190,18 @@ class KubeClient:
                 raise
         name = body["metadata"]["name"]
         return await self.patch(kind, namespace, name, patch_body if patch_body is not None else body)
+
+    async def create_if_missing(self, kind: Kind, namespace: str, body: dict[str, Any]) -> bool:
+        """Create ``body`` unless an object of that name exists (never changes it); True if created."""
+        if await self.get(kind, namespace, body["metadata"]["name"]) is not None:
+            return False
+        try:
+            await self.create(kind, namespace, body)
+        except KubeError as exc:
+            if exc.status == 409:  # created meanwhile by someone else: keep theirs
+                return False
+            raise
+        return True
 
     async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
         """A Secret's value (base64-decoded), or ``None`` when the Secret or key is missing."""
