@@ -1,0 +1,274 @@
+"""Converting a GGUF file (llama.cpp, Ollama) into a Hugging Face model directory.
+
+Reads the file with the ``gguf`` package's reader, dequantizes every tensor with its
+``gguf.quants`` helpers to float32, undoes the row permutation llama.cpp applies to the
+query and key projections, and writes a directory our loader reads like any checkpoint:
+``config.json``, ``generation_config.json``, safetensors shards (one per group of layers, so
+loading reports progress per group) with an index, and the tokenizer files built by
+:mod:`inflight.runtime.model.gguf_tokenizer`. The directory is written under a temporary
+name and renamed when complete, so an interrupted conversion never looks finished.
+
+Knows the GGUF tensor and metadata names of the Llama family only; anything else is refused
+with the list of what is supported. Knows nothing about serving or where files are cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from inflight.runtime.model.gguf_tokenizer import write_tokenizer
+
+Progress = Callable[[str], None]
+
+# GGUF architecture -> the transformers architecture it converts to.
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+LAYERS_PER_SHARD = 5
+
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_IGNORED_TENSORS = ("rope_freqs.weight",)
+
+
+def supported_quantization_types() -> tuple[str, ...]:
+    """Names of the GGML tensor types this converter can dequantize (the ``gguf`` package's)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import _type_traits  # the registry of types gguf.quants implements
+
+    names = {"F32", "F16"} | {t.name for t in _type_traits}
+    return tuple(sorted(names & {t.name for t in GGMLQuantizationType}))
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFModelInfo:
+    """The architecture facts read from a GGUF header."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+def field_value(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value (scalars, strings and arrays), or ``default`` when the key is absent."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def read_model_info(reader: Any) -> GGUFModelInfo:
+    """Architecture facts from the header; ``ValueError`` for an unsupported architecture."""
+    arch = field_value(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; inflight converts "
+            f"{', '.join(sorted(SUPPORTED_GGUF_ARCHITECTURES))} (Llama, Mistral, SmolLM and other "
+            "Llama-architecture models)."
+        )
+
+    def need(key: str) -> Any:
+        value = field_value(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"GGUF file lacks {arch}.{key}; it cannot be converted.")
+        return value
+
+    num_heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return GGUFModelInfo(
+        architecture=arch,
+        num_layers=int(need("block_count")),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_heads=num_heads,
+        num_kv_heads=int(field_value(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=int(field_value(reader, f"{arch}.rope.dimension_count", hidden // num_heads)),
+        vocab_size=int(field_value(reader, f"{arch}.vocab_size", int(embed.shape[-1]))),
+        max_position_embeddings=int(need("context_length")),
+        rope_theta=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings="output.weight" not in names,
+    )
+
+
+def check_supported(reader: Any) -> GGUFModelInfo:
+    """Validate architecture, rope scaling and tensor types before any work is done."""
+    info = read_model_info(reader)
+    scaling = field_value(reader, f"{info.architecture}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; only unscaled rope converts.")
+    supported = set(supported_quantization_types())
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - supported)
+    if bad:
+        raise ValueError(
+            f"unsupported GGUF tensor type(s) {', '.join(bad)}; supported: {', '.join(sorted(supported))}."
+        )
+    return info
+
+
+def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k permutation (it interleaves each head's two rotary halves).
+
+    llama.cpp stores ``w.reshape(h, 2, d/2, in).swapaxes(1, 2)``; this is the inverse.
+    """
+    rows = weight.shape[0]
+    half = rows // num_heads // 2
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The transformers name of a GGUF tensor, or ``None`` for one the model does not need."""
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    if gguf_name in _IGNORED_TENSORS:
+        return None
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-architecture model.")
+
+
+def dequantized(tensor: Any, info: GGUFModelInfo) -> torch.Tensor:
+    """One GGUF tensor as float32 in transformers' layout (q/k rows un-permuted)."""
+    from gguf.quants import dequantize
+
+    array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest-first
+    array = array.reshape(shape)
+    if tensor.name.endswith("attn_q.weight"):
+        array = unpermute_rows(array, info.num_heads)
+    elif tensor.name.endswith("attn_k.weight"):
+        array = unpermute_rows(array, info.num_kv_heads)
+    return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+
+
+def _shard_of(gguf_name: str, num_shards: int) -> int:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return int(parts[1]) // LAYERS_PER_SHARD
+    return 0 if gguf_name == "token_embd.weight" else num_shards - 1
+
+
+def _shards(reader: Any, info: GGUFModelInfo) -> Iterator[tuple[int, int, list[Any]]]:
+    """(shard index, shard count, GGUF tensors) per group of layers."""
+    num_shards = -(-info.num_layers // LAYERS_PER_SHARD)
+    groups: list[list[Any]] = [[] for _ in range(num_shards)]
+    for tensor in reader.tensors:
+        groups[_shard_of(tensor.name, num_shards)].append(tensor)
+    for i, group in enumerate(groups):
+        yield i, num_shards, group
+
+
+def hf_config(reader: Any, info: GGUFModelInfo) -> dict[str, Any]:
+    """The ``config.json`` contents for the converted directory."""
+    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
+    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    return {
+        "architectures": [SUPPORTED_GGUF_ARCHITECTURES[info.architecture]],
+        "model_type": info.architecture,
+        "vocab_size": info.vocab_size,
+        "hidden_size": info.hidden_size,
+        "intermediate_size": info.intermediate_size,
+        "num_hidden_layers": info.num_layers,
+        "num_attention_heads": info.num_heads,
+        "num_key_value_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": info.max_position_embeddings,
+        "rms_norm_eps": info.rms_norm_eps,
+        "rope_theta": info.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": info.tie_word_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": None if bos is None else int(bos),
+        "eos_token_id": None if eos is None else int(eos),
+        "torch_dtype": "float32",
+    }
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress | None = None) -> Path:
+    """Convert ``gguf_path`` into a Hugging Face directory at ``out_dir`` and return it."""
+    from gguf import GGUFReader
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    say = progress or (lambda _msg: None)
+    reader = GGUFReader(str(gguf_path))
+    info = check_supported(reader)
+    tmp = out_dir.with_name(out_dir.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        say(f"converting {gguf_path.name}: {info.architecture}, {info.num_layers} layers, "
+            f"hidden {info.hidden_size}, vocab {info.vocab_size}")
+        write_tokenizer(reader, tmp)
+        say("converting: tokenizer written (tokenizer.json, chat template)")
+        config = hf_config(reader, info)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_generation_config(config, tmp)
+        weight_map = _write_weights(reader, info, tmp, say)
+        index = {"metadata": {"source": gguf_path.name}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"converted {gguf_path.name} -> {out_dir}")
+    return out_dir
+
+
+def _write_weights(reader: Any, info: GGUFModelInfo, out: Path, say: Progress) -> dict[str, str]:
+    weight_map: dict[str, str] = {}
+    for i, num_shards, group in _shards(reader, info):
+        name = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
+        tensors: dict[str, torch.Tensor] = {}
+        for tensor in group:
+            hf_name = hf_tensor_name(tensor.name)
+            if hf_name is not None:
+                tensors[hf_name] = dequantized(tensor, info)
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        size_mb = sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6
+        first = i * LAYERS_PER_SHARD
+        last = min(first + LAYERS_PER_SHARD, info.num_layers) - 1
+        say(f"converting: shard {i + 1}/{num_shards} (layers {first}-{last}, {size_mb:.0f} MB float32)")
+    return weight_map
+
+
+def _write_generation_config(config: dict[str, Any], out: Path) -> None:
+    gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

@@ -1,0 +1,79 @@
+"""What ``--model`` names: a Hugging Face directory, or a GGUF file converted once into a cache.
+
+:func:`resolve_model_dir` is called before the loader: a directory passes through; a ``.gguf``
+file is converted (first time only) into a directory keyed by the file's name, size and
+modification time under the cache root (``INFLIGHT_CACHE_DIR``, else
+``$XDG_CACHE_HOME/inflight``, else ``~/.cache/inflight``); anything else gets a message that
+says what to do, since nothing is ever downloaded from a model hub. Knows nothing about
+weights or tokenizers beyond asking :mod:`gguf_convert` to convert.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+Progress = Callable[[str], None]
+CACHE_ENV = "INFLIGHT_CACHE_DIR"
+_GGUF_MAGIC = b"GGUF"
+
+
+def cache_root() -> Path:
+    """Where converted GGUF models are kept."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inflight"
+
+
+def is_gguf_file(path: Path) -> bool:
+    """True for a regular file that starts with the GGUF magic bytes."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == _GGUF_MAGIC
+
+
+def converted_dir_for(gguf_path: Path, root: Path | None = None) -> Path:
+    """The cache directory a GGUF file converts into (changes when the file changes)."""
+    st = gguf_path.stat()
+    return (root or cache_root()) / "gguf" / f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}"
+
+
+def model_dir_problem(model: str) -> str | None:
+    """Why ``model`` cannot be served (a message to print), or ``None`` when it can."""
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return f"{model} is a directory but not a model directory: it has no config.json."
+        return None
+    if path.is_file():
+        if is_gguf_file(path):
+            return None
+        return f"{model} is a file but not a GGUF file; pass a model directory or a .gguf file."
+    hint = ""
+    if "/" in model and not model.startswith((".", "/")) and model.count("/") == 1:
+        hint = (f" '{model}' looks like a Hugging Face hub id: inflight never downloads models; "
+                f"fetch it first (e.g. `huggingface-cli download {model} --local-dir models/{model.split('/')[1]}`)"
+                " and pass that directory.")
+    return f"{model}: no such directory or .gguf file.{hint}"
+
+
+def resolve_model_dir(model: str | Path, progress: Progress | None = None) -> Path:
+    """A local model directory for ``model``, converting a GGUF file the first time it is seen."""
+    problem = model_dir_problem(str(model))
+    if problem:
+        raise ValueError(problem)
+    path = Path(model)
+    if path.is_dir():
+        return path
+    target = converted_dir_for(path.resolve())
+    if (target / "config.json").is_file():
+        if progress:
+            progress(f"using the converted {path.name} in {target}")
+        return target
+    from inflight.runtime.model.gguf_convert import convert_gguf
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return convert_gguf(path, target, progress)
