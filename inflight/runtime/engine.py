@@ -5,10 +5,17 @@ batch, samples one token for each sequence whose known tokens are all computed, 
 stop rules, and returns a :class:`RequestOutput` delta per request that produced a token or
 finished. Finished requests free their KV blocks in the same step, so waiting requests board
 at the next one. Single-threaded: callers serialize access (the server runs it in one thread).
+
+Requests are checked against the loaded model and the live config in :meth:`validate_request`
+before they are queued, so no request should make a step raise. If the forward pass or the
+sampler raises anyway, the step is retried request by request to find the culprits, which
+finish with ``finish_reason == "error"`` (their blocks freed) while the others go on; a
+forward pass that fails for every request alone raises :class:`EngineFatalError`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +29,7 @@ from inflight.runtime.detokenizer import IncrementalDetokenizer
 from inflight.runtime.kv_manager import KVCacheManager, cdiv
 from inflight.runtime.model_runner import ModelRunner
 from inflight.runtime.outputs import (
+    EngineFatalError,
     EngineStats,
     QueueFullError,
     RequestOutput,
@@ -33,18 +41,27 @@ from inflight.runtime.request import Request
 from inflight.runtime.sampler import Sampler, SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.scheduler import ScheduledChunk, Scheduler
+from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import eos_token_ids, load_tokenizer
+
+
+logger = logging.getLogger("inflight.engine")
+_Sampled = tuple[ScheduledChunk, int, "TokenLogprob | None"]  # (chunk, token id, its logprob)
 
 
 class _Live:
     """Per-request engine-side state that is not scheduling state."""
 
-    __slots__ = ("detok", "generator", "pending_logprobs")
+    __slots__ = ("detok", "generator", "pending_logprobs", "matcher")
 
-    def __init__(self, detok: IncrementalDetokenizer, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, detok: IncrementalDetokenizer, generator: torch.Generator | None,
+        matcher: RequestMatcher | None = None,
+    ) -> None:
         self.detok = detok
         self.generator = generator
         self.pending_logprobs: list[TokenLogprob] = []
+        self.matcher = matcher  # structured outputs: advanced once per accepted output token
 
 
 class LLMEngine:
@@ -55,11 +72,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
+        check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
         self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.scheduler = Scheduler(self.config, self.kv)
-        self.sampler = Sampler(runner.device)
+        self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(runner.device, lambda: self.structured.executor)
         self._requests: dict[str, Request] = {}
         self._live: dict[str, _Live] = {}
         self._arrivals = 0
@@ -99,6 +118,7 @@ class LLMEngine:
             raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
             raise RequestRejectedError(f"prompt token ids must be integers in [0, {vocab})", "invalid_request", "prompt")
+        _check_params_for_vocab(params, vocab)
         cfg = self.config
         if n + params.max_tokens > self.max_model_len:
             raise RequestRejectedError(
@@ -141,7 +161,13 @@ class LLMEngine:
             seed = params.seed if params.seed is not None else hash((self.config.seed, req.arrival_seq))
             generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
         skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
-        self._live[req_id] = _Live(IncrementalDetokenizer(self.tokenizer, params.stop, skip), generator)
+        matcher = None
+        if params.structured is not None:
+            try:  # compiled already (the server compiles before adding); else compiles here
+                matcher = self.structured.new_matcher(params.structured)
+            except ValueError as exc:
+                raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
+        self._live[req_id] = _Live(IncrementalDetokenizer(self.tokenizer, params.stop, skip), generator, matcher)
         self._requests[req_id] = req
         self.scheduler.add(req)
 
@@ -167,24 +193,68 @@ class LLMEngine:
         for req in sched.admitted:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-        batch = self.runner.prepare(sched.chunks)
-        logits = self.runner.execute(batch)
-        rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
-        sampled = self.sampler.sample(logits, rows)
-        for chunk in sched.chunks:
+        chunks, failed, sampled = self._forward_and_sample(sched.chunks)
+        for chunk in chunks:
             self._advance(chunk)
-        outputs: list[RequestOutput] = []
+        outputs = [self._fail(req) for req in failed]
         now = time.monotonic()
-        for chunk, token_id, logprob in zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs, strict=True):
-            out = self._append_token(chunk.request, token_id, logprob, now)
+        for chunk, token_id, logprob in sampled:
+            try:
+                out = self._append_token(chunk.request, token_id, logprob, now)
+            except EngineFatalError:
+                raise
+            except Exception:
+                logger.exception("request %s failed while appending its token", chunk.request.req_id)
+                out = self._fail(chunk.request)
             if out is not None:
                 outputs.append(out)
         return outputs
 
+    def _forward_and_sample(
+        self, chunks: tuple[ScheduledChunk, ...]
+    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[_Sampled]]:
+        """Run the batch: (chunks that ran, requests that made it fail, sampled tokens)."""
+        try:
+            return chunks, [], self._run_batch(chunks)
+        except EngineFatalError:
+            raise
+        except Exception:
+            logger.exception("engine step failed; retrying its %d request(s) one by one", len(chunks))
+        ok, failed, sampled = [], [], []
+        for chunk in chunks:
+            try:
+                sampled.extend(self._run_batch((chunk,)))
+                ok.append(chunk)
+            except EngineFatalError:
+                raise
+            except Exception:
+                failed.append(chunk.request)
+        if len(chunks) > 1 and not ok:
+            raise EngineFatalError(f"the engine step fails for each of its {len(chunks)} requests alone")
+        logger.error("failed request(s) %s; %d other(s) go on", [r.req_id for r in failed], len(ok))
+        return tuple(ok), failed, sampled
+
+    def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[_Sampled]:
+        """Forward + sample ``chunks`` without advancing them (a retry writes the same KV slots).
+
+        A retry after a failed batch may draw a sampled request's random numbers again, so
+        only a failed step can change what a seeded request in it generates."""
+        batch = self.runner.prepare(chunks)
+        logits = self.runner.execute(batch)
+        rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
+        sampled = self.sampler.sample(logits, rows)
+        return list(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs, strict=True))
+
+    def _fail(self, req: Request) -> RequestOutput:
+        """Finish ``req`` with ``finish_reason == "error"`` and free its blocks."""
+        self.scheduler.remove(req)
+        req.finish_reason = "error"
+        return self._finish_output(req, (), "")
+
     def _sampling_row(self, req: Request) -> SamplingRow:
         return SamplingRow(
             req.params, req.prompt_token_ids, req.output_token_ids,
-            self._live[req.req_id].generator, self.eos_token_ids,
+            self._live[req.req_id].generator, self.eos_token_ids, self._live[req.req_id].matcher,
         )
 
     def _advance(self, chunk: ScheduledChunk) -> None:
@@ -204,6 +274,8 @@ class LLMEngine:
         if logprob is not None:
             live.pending_logprobs.append(logprob)
         reason = self._stop_reason(req, token_id, live.detok.append(token_id))
+        if live.matcher is not None and _grammar_finished(req, live.matcher, token_id):
+            reason = "stop"
         new_ids = (token_id,)
         if reason is None:
             return self._delta(req, new_ids, live.detok.take_delta(False), False, None)
@@ -270,7 +342,9 @@ class LLMEngine:
             raise ValueError(
                 f"cannot change {', '.join(bad)} on a running engine; live-tunable: {', '.join(LIVE_TUNABLE_FIELDS)}"
             )
-        self.config = self.config.replace(**changes)
+        config = self.config.replace(**changes)
+        check_token_budget(config)
+        self.config = config
         self.scheduler.config = self.config
         return self.config
 
@@ -284,3 +358,50 @@ class LLMEngine:
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
         self._num_prompt_tokens = self._num_generation_tokens = self._num_steps = 0
 
+
+
+def check_token_budget(config: EngineConfig) -> None:
+    """Refuse ``max_num_tokens < max_model_len`` with chunked context off: a long prompt could
+    never be scheduled and would block every request queued behind it."""
+    if config.enable_chunked_context or config.max_model_len is None:
+        return
+    if config.max_num_tokens < config.max_model_len:
+        raise ValueError(
+            f"max_num_tokens ({config.max_num_tokens}) must be at least max_model_len "
+            f"({config.max_model_len}) when chunked context is off, or a prompt that long could never "
+            "be scheduled; raise max_num_tokens, lower max_model_len or enable chunked context."
+        )
+
+
+def _check_params_for_vocab(params: SamplingParams, vocab: int) -> None:
+    """The sampling parameters that index the vocabulary must stay inside it."""
+    bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+    if bad is not None:
+        raise RequestRejectedError(
+            f"stop_token_ids must be token ids in [0, {vocab}) for this model (got {bad})",
+            "invalid_request", "stop_token_ids",
+        )
+    bad = next((t for t, _ in params.logit_bias if t >= vocab), None)
+    if bad is not None:
+        raise RequestRejectedError(
+            f"logit_bias keys must be token ids in [0, {vocab}) for this model (got {bad})",
+            "invalid_request", "logit_bias",
+        )
+    if params.logprobs is not None and params.logprobs > vocab:
+        raise RequestRejectedError(
+            f"logprobs asks for {params.logprobs} alternatives; this model's vocabulary has {vocab} tokens",
+            "invalid_request", "logprobs",
+        )
+
+
+def _grammar_finished(req: Request, matcher: RequestMatcher, token_id: int) -> bool:
+    """Advance ``req``'s grammar past ``token_id``; True once the grammar is complete.
+
+    Called once per accepted token, never for tokens recomputed after a preemption. A token the
+    grammar refuses (only possible when every allowed token was masked out, e.g. by
+    ``min_tokens`` banning the EOS a finished grammar needs) ends the request.
+    """
+    if not matcher.accept(token_id):
+        logger.warning("request %s: token %d does not match its grammar; stopping", req.req_id, token_id)
+        return True
+    return matcher.is_finished

@@ -1,14 +1,24 @@
 """SamplingParams: how one request's tokens are chosen and when it stops (vLLM vocabulary).
 
 Validation happens at construction and raises ``ValueError`` naming the field and the fix,
-so the server can turn it into an HTTP 400 with ``param`` set. Knows nothing about torch.
+so the server can turn it into an HTTP 400 with ``param`` set. The bounds here are the ones
+that hold for any model (counts, lengths, integer ranges a tensor can hold); the checks that
+need the loaded model (token ids below the vocabulary size, the context length) live in
+``LLMEngine.validate_request``. Knows nothing about torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inflight.runtime.structured.params import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_TOP_K = 2**31 - 1  # larger means "no top-k" anyway; bigger ints overflow int64 tensors
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,9 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's plus k alternatives
+    prompt_logprobs: int | None = None  # None: none; k >= 0: each prompt token's plus k alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) added to logits
+    structured: StructuredOutputsParams | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,24 +62,48 @@ class SamplingParams:
         _number_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, low_open=False)
         if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
             raise ValueError(
-                f"repetition_penalty must be in (0, 10] (got {self.repetition_penalty!r}); 1 disables it."
+                f"repetition_penalty must be in (0, 10] (got {brief(self.repetition_penalty)}); 1 disables it."
             )
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be an integer >= -1 (got {self.top_k!r}); 0 or -1 disables it.")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer (got {self.seed!r}).")
+        if (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                or not -1 <= self.top_k <= MAX_TOP_K):
+            raise ValueError(
+                f"top_k must be an integer in [-1, {MAX_TOP_K}] (got {brief(self.top_k)}); 0 or -1 disables it."
+            )
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX
+        ):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1] (got {brief(self.seed)}).")
         if self.logprobs is not None:
             _int_at_least("logprobs", self.logprobs, 0)
             if self.logprobs > MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be at most {MAX_LOGPROBS} (got {self.logprobs}).")
+        if self.prompt_logprobs is not None:
+            _int_at_least("prompt_logprobs", self.prompt_logprobs, 0)
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                raise ValueError(f"prompt_logprobs must be at most {MAX_LOGPROBS} (got {self.prompt_logprobs}).")
+        _check_logit_bias(self)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutputsParams):
+            raise ValueError("structured must be a StructuredOutputsParams.")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false (got {self.ignore_eos!r}).")
+            raise ValueError(f"ignore_eos must be true or false (got {brief(self.ignore_eos)}).")
+        self._check_stops()
+
+    def _check_stops(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings (got {len(self.stop)}).")
         for s in self.stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must be non-empty strings (got {s!r}).")
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"stop must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters "
+                    f"(got {brief(s)})."
+                )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids (got {len(self.stop_token_ids)})."
+            )
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"stop_token_ids must be non-negative integers (got {t!r}).")
+                raise ValueError(f"stop_token_ids must be non-negative integers (got {brief(t)}).")
 
     @property
     def greedy(self) -> bool:
@@ -81,17 +118,41 @@ class SamplingParams:
         )
 
 
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so an error never echoes a huge input back."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value) if not isinstance(value, (list, tuple, dict, str)) or len(value) < limit else None
+    if text is None:
+        return f"<a {type(value).__name__} of length {len(value)}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_logit_bias(params: SamplingParams) -> None:
+    bias = params.logit_bias
+    if isinstance(bias, dict):
+        bias = tuple(bias.items())
+    pairs = []
+    for token, value in bias:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids (got {token!r}).")
+        if not _is_number(value) or not -100.0 <= value <= 100.0:
+            raise ValueError(f"logit_bias values must be in [-100, 100] (got {value!r} for token {token}).")
+        pairs.append((token, float(value)))
+    object.__setattr__(params, "logit_bias", tuple(pairs))
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _int_at_least(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r}).")
+        raise ValueError(f"{name} must be an integer >= {minimum} (got {brief(value)}).")
 
 
 def _number_in(name: str, value: object, low: float, high: float, *, low_open: bool) -> None:
     ok = _is_number(value) and (low < value if low_open else low <= value) and value <= high  # type: ignore[operator]
     if not ok:
         bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}] (got {value!r}).")
+        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}] (got {brief(value)}).")

@@ -43,7 +43,7 @@ def test_unknown_config_field_on_replace():
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(top_p=1.2), "top_p must be in (0, 1]"),
     (dict(temperature=-1), "temperature must be in [0, 2]"),
-    (dict(top_k=-3), "top_k must be an integer >= -1"),
+    (dict(top_k=-3), "top_k must be an integer in [-1,"),
     (dict(min_p=2), "min_p must be in [0, 1]"),
     (dict(repetition_penalty=0), "repetition_penalty must be in (0, 10]"),
     (dict(presence_penalty=3), "presence_penalty must be in [-2, 2]"),
