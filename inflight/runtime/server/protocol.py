@@ -301,10 +301,10 @@ def _get_str(obj: dict[str, Any], name: str, default: str | None) -> str | None:
 
 
 def check_model(model: str | None, served: str) -> None:
-    """400 unless ``model`` (when given) is the served model name."""
+    """404 ``model_not_found`` (as OpenAI and vLLM answer) unless ``model`` is the served name."""
     if model is not None and model != served:
         raise APIError(
-            400,
+            404,
             f"model '{model}' is not served here; this server serves '{served}' (see GET /v1/models)",
             "invalid_request_error",
             "model",
