@@ -1,7 +1,8 @@
 """Sampler: turns a step's logits into one token per sampling request.
 
-Applies, per row: repetition / presence / frequency penalties, min_tokens (EOS and stop
-tokens masked until reached), then greedy argmax or temperature + top_k + top_p + min_p and
+Applies, per row: ``logit_bias``, repetition / presence / frequency penalties, min_tokens
+(EOS and stop tokens masked until reached), the grammar's token mask for constrained rows
+(structured outputs; free rows of the same batch are untouched), then greedy argmax or temperature + top_k + top_p + min_p and
 a draw from the request's own ``torch.Generator`` (so a seeded request gets the same tokens
 whatever else shares the batch). Log-probabilities (with top alternatives) come from the
 penalized distribution before temperature. Knows nothing about scheduling or the model.
@@ -9,12 +10,15 @@ penalized distribution before temperature. Knows nothing about scheduling or the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.structured.bitmask import apply_bitmask, fill_bitmask
+from inflight.runtime.structured.manager import RequestMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None
     eos_token_ids: tuple[int, ...]
+    matcher: RequestMatcher | None = None  # structured outputs: the request's grammar state
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +40,15 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless apart from the device; call :meth:`sample` once per step."""
+    """Stateless apart from the device; call :meth:`sample` once per step.
 
-    def __init__(self, device: torch.device) -> None:
+    ``grammar_executor`` returns llguidance's executor for filling many masks in parallel
+    (created lazily by the engine's structured-output manager on first use).
+    """
+
+    def __init__(self, device: torch.device, grammar_executor: Callable[[], object] | None = None) -> None:
         self.device = device
+        self._grammar_executor = grammar_executor
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
@@ -46,6 +56,8 @@ class Sampler:
         if not rows:
             return SamplerOutput([], [])
         for i, row in enumerate(rows):
+            if row.params.logit_bias:
+                _apply_logit_bias(logits[i], row.params.logit_bias)
             if row.params.needs_penalties:
                 _apply_penalties(logits[i], row)
             if row.params.min_tokens and len(row.output_token_ids) < row.params.min_tokens:
@@ -54,6 +66,7 @@ class Sampler:
                     banned.extend(row.eos_token_ids)
                 if banned:
                     logits[i, banned] = float("-inf")
+        self._apply_grammars(logits, rows)
         logprobs = _logprobs(logits, rows)
         greedy = [r.params.greedy for r in rows]
         if all(greedy):
@@ -62,6 +75,14 @@ class Sampler:
             token_ids = self._random_sample(logits, rows, greedy)
         chosen = _chosen_logprobs(logprobs, token_ids)
         return SamplerOutput(token_ids, chosen)
+
+    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        constrained = [(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None and not r.matcher.failed]
+        if not constrained:
+            return
+        executor = self._grammar_executor() if self._grammar_executor is not None and len(constrained) > 1 else None
+        bitmask = fill_bitmask([m for _, m in constrained], logits.shape[-1], executor)  # type: ignore[arg-type]
+        apply_bitmask(logits, [i for i, _ in constrained], bitmask)
 
     def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
         dev = logits.device
@@ -89,6 +110,12 @@ def _argmax(logits: torch.Tensor) -> list[int]:
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
+
+
+def _apply_logit_bias(row_logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> None:
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.int64, device=row_logits.device)
+    vals = torch.tensor([b for _, b in bias], dtype=row_logits.dtype, device=row_logits.device)
+    row_logits.index_add_(0, ids, vals)
 
 
 def _apply_penalties(row_logits: torch.Tensor, row: SamplingRow) -> None:

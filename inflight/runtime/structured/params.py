@@ -1,0 +1,68 @@
+"""StructuredOutputsParams: one request's output constraint as a canonical, hashable value.
+
+The value crosses from the server into ``SamplingParams`` and the engine, and is the key of
+the compiled-grammar cache, so equal constraints written differently (key order of a JSON
+schema) compile once. Imports neither torch nor llguidance; validation of the grammar itself
+happens when it is compiled (``manager``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_SPEC_CHARS = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """``kind``: json (a JSON schema), json_object (any JSON object), regex, choice, grammar
+    (Lark or GBNF). ``spec``: the schema as canonical JSON, the regex, the JSON list of
+    choices, or the grammar text ("" for json_object)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"structured output kind must be one of {', '.join(KINDS)} (got {self.kind!r}).")
+        if not isinstance(self.spec, str):
+            raise ValueError(f"structured output spec must be a string (got {type(self.spec).__name__}).")
+        if len(self.spec) > MAX_SPEC_CHARS:
+            raise ValueError(f"the {self.kind} constraint is longer than {MAX_SPEC_CHARS} characters.")
+
+    @classmethod
+    def json_schema(cls, schema: Any) -> StructuredOutputsParams:
+        """A JSON schema given as a dict/bool or as JSON text."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("a JSON schema must be an object")
+        return cls("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @classmethod
+    def json_object(cls) -> StructuredOutputsParams:
+        return cls("json_object", "")
+
+    @classmethod
+    def regex(cls, pattern: str) -> StructuredOutputsParams:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError("a regex constraint must be a non-empty string")
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, choices: Any) -> StructuredOutputsParams:
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("a choice constraint must be a non-empty list of non-empty strings")
+        return cls("choice", json.dumps(choices))
+
+    @classmethod
+    def grammar(cls, text: str) -> StructuredOutputsParams:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a grammar constraint must be a non-empty Lark or GBNF grammar")
+        return cls("grammar", text)
