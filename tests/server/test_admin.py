@@ -19,8 +19,17 @@ def test_get_reports_every_engine_field(keyed_server: LiveServer) -> None:
     reply = http("GET", f"{keyed_server.url}/admin/config", headers=AUTH)
     assert reply.status == 200
     config = reply.json()
-    assert set(config) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(config) == {f.name for f in dataclasses.fields(EngineConfig)} | {"resolved"}
     assert config["max_num_sequences"] == 4 and config["num_kv_blocks"] == 64
+    assert config["resolved"] == {"device": "cpu", "dtype": "float32", "kernel_backend": "torch"}
+
+
+def test_post_unknown_field_is_named_unknown(keyed_server: LiveServer) -> None:
+    reply = http("POST", f"{keyed_server.url}/admin/config", {"max_num_seqs": 2}, AUTH)
+    assert reply.status == 400 and reply.json()["error"]["param"] == "max_num_seqs"
+    assert reply.json()["error"]["message"].startswith("unknown field 'max_num_seqs'")
+    reply = http("POST", f"{keyed_server.url}/admin/config", {"block_size": 32}, AUTH)
+    assert reply.status == 400 and "cannot be changed while running" in reply.json()["error"]["message"]
 
 
 def test_post_changes_the_running_engine(keyed_server: LiveServer) -> None:

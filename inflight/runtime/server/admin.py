@@ -1,6 +1,7 @@
 """The admin endpoint: GET/POST /admin/config, the live engine config and live retuning.
 
-Owns the admin JSON shape: GET returns the live ``EngineConfig`` (snake_case names); POST
+Owns the admin JSON shape: GET returns the live ``EngineConfig`` (snake_case names, plus
+``resolved``: the device, dtype and kernel backend ``auto`` chose); POST
 takes an object of any of ``LIVE_TUNABLE_FIELDS`` and applies it on the engine thread via
 ``engine.update_config``. Other fields or bad values are 400 OpenAI errors. Authentication
 is the app's middleware (same key as /v1). Knows nothing about the OpenAI generation API.
@@ -8,7 +9,9 @@ is the app's middleware (same key as /v1). Knows nothing about the OpenAI genera
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -24,7 +27,7 @@ async def get_config(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.engine.is_ready:
         raise unavailable("the model is still loading; retry shortly", "loading")
-    return web.json_response(state.engine.engine.config.to_dict())
+    return web.json_response(config_body(state.engine.engine, state.engine.engine.config))
 
 
 async def post_config(request: web.Request) -> web.Response:
@@ -41,7 +44,19 @@ async def post_config(request: web.Request) -> web.Response:
         logger.info("live config changed: %s", changes)
     else:
         config = state.engine.engine.config
-    return web.json_response(config.to_dict())
+    return web.json_response(config_body(state.engine.engine, config))
+
+
+def config_body(engine: Any, config: EngineConfig) -> dict[str, Any]:
+    """The config's fields plus ``resolved``: what ``auto`` turned into on this machine."""
+    runner = engine.runner
+    body = config.to_dict()
+    body["resolved"] = {
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "kernel_backend": runner.ops.name,
+    }
+    return body
 
 
 def validate_changes(body: object) -> dict[str, int]:
@@ -50,7 +65,12 @@ def validate_changes(body: object) -> dict[str, int]:
         raise bad_request(
             f"the body must be a JSON object with any of: {', '.join(LIVE_TUNABLE_FIELDS)}"
         )
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
     for name, value in body.items():
+        if name not in known:
+            raise bad_request(
+                f"unknown field '{name}'; live fields: {', '.join(LIVE_TUNABLE_FIELDS)}", name
+            )
         if name not in LIVE_TUNABLE_FIELDS:
             raise bad_request(
                 f"'{name}' cannot be changed while running; live fields: "

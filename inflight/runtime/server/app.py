@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from inflight import __version__
 from inflight.runtime.server import admin, openai_api
 from inflight.runtime.server.async_engine import AsyncEngine
 from inflight.runtime.server.errors import (
@@ -53,6 +54,7 @@ def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/version", version)
     openai_api.add_routes(app)
     admin.add_routes(app)
     app.on_startup.append(_start_engine)
@@ -96,6 +98,10 @@ async def ready(request: web.Request) -> web.Response:
     if not state.engine.is_ready:
         return web.json_response({"status": "loading"}, status=503)
     return web.json_response({"status": "ready"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": __version__})
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
