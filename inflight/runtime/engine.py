@@ -95,12 +95,28 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         if progress:
             progress(f"loading model from {model_dir}")
-        runner = ModelRunner(model_dir, config, progress)
-        tokenizer = load_tokenizer(model_dir)
-        engine = cls(runner, tokenizer, config)
+        workers = None
+        if config.tensor_parallel_size > 1:
+            from inflight.runtime.distributed.launcher import WorkerGroup
+
+            if progress:
+                progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
+            workers = WorkerGroup.start(model_dir, config)
+        try:
+            runner = ModelRunner(model_dir, config, progress, tp=workers.tp if workers else None, workers=workers)
+            tokenizer = load_tokenizer(model_dir)
+            engine = cls(runner, tokenizer, config)
+        except BaseException:
+            if workers is not None:
+                workers.close()
+            raise
         if progress:
             progress("model loaded")
         return engine
+
+    def close(self) -> None:
+        """Release what outlives the Python objects (tensor-parallel worker processes)."""
+        self.runner.close()
 
     # -- requests ---------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -180,10 +196,14 @@ class LLMEngine:
         return self._finish_output(req, (), "")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while requests are in flight, or when a dead tensor-parallel worker awaits
+        the next :meth:`step` to raise ``EngineFatalError``."""
+        workers = self.runner.workers
+        return self.scheduler.has_unfinished() or (workers is not None and workers.failure is not None)
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.runner.check_health()
         sched = self.scheduler.schedule()
         self._num_steps += 1
         self._num_tokens_last_step = sched.num_batched_tokens

@@ -5,6 +5,12 @@ prompt chunks), runs the decoder, and returns the final hidden states' logits fo
 sequences that sample this step. It sizes the KV cache from the config (explicit block
 count, the free-GPU-memory fraction on CUDA, or a capped default on the CPU). Knows nothing
 about sampling or scheduling policy.
+
+Under tensor parallelism every rank has a ModelRunner holding its shard of the weights and
+of the KV cache (its KV heads, every block). Rank 0's runner also prepares the batch and
+broadcasts it (:meth:`execute`); the other ranks' runners run what they receive
+(:meth:`execute_received`). The block count is agreed across ranks (the minimum), so the
+scheduler's one block table is valid on every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,17 +30,29 @@ from inflight.runtime.model.loader import Progress, load_hf_config, load_model
 from inflight.runtime.model.rope import build_cos_sin_cache
 from inflight.runtime.scheduler import ScheduledChunk
 
+if TYPE_CHECKING:
+    from inflight.runtime.distributed.comm import StepTensors, TensorParallel
+    from inflight.runtime.distributed.launcher import WorkerGroup
+
 logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_CAP_BYTES = 4 << 30
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, rank: int = 0, world_size: int = 1) -> torch.device:
+    """The device of tensor-parallel ``rank``: ``cuda:rank`` on CUDA, the CPU otherwise."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device=cuda but no CUDA device is visible; use device=cpu.")
+    if name == "cuda" and world_size > 1:
+        if torch.cuda.device_count() < world_size:
+            raise ValueError(
+                f"tensor_parallel_size {world_size} needs {world_size} GPUs; "
+                f"{torch.cuda.device_count()} visible."
+            )
+        return torch.device("cuda", rank)
     return torch.device(name)
 
 
@@ -73,16 +92,25 @@ class BatchInputs:
 class ModelRunner:
     """Runs the decoder over the paged KV cache."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None,
+        tp: TensorParallel | None = None, workers: WorkerGroup | None = None,
+    ) -> None:
         self.model_dir = Path(model_dir)
-        self.device = resolve_device(config.device)
+        self.tp = tp
+        self.workers = workers  # rank 0 of a tensor-parallel group: the other ranks' processes
+        world = tp.world_size if tp is not None else 1
+        self.device = resolve_device(config.device, tp.rank if tp is not None else 0, world)
         if self.device.type == "cpu":
-            torch.set_num_threads(cpu_threads())
+            torch.set_num_threads(max(1, cpu_threads() // world))
+        elif world > 1:
+            torch.cuda.set_device(self.device)
         hf_config = load_hf_config(model_dir)
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
-        self.model, self.hf_config = load_model(model_dir, self.dtype, self.device, progress, hf_config)
+        self.model, self.hf_config = load_model(model_dir, self.dtype, self.device, progress, hf_config, tp)
         self.spec = self.model.spec
+        self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
         self.block_size = config.block_size
         self.max_model_len = self._resolve_max_model_len(config)
@@ -90,7 +118,9 @@ class ModelRunner:
             self.device
         )
         self.num_kv_blocks = self._resolve_num_blocks(config)
-        shape = (self.num_kv_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        if tp is not None:
+            self.num_kv_blocks = tp.agree_num_blocks(self.num_kv_blocks)
+        shape = (self.num_kv_blocks, self.block_size, self.num_local_kv_heads, self.spec.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device),
              torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -116,8 +146,9 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
+        """Bytes of one block on this rank (its KV heads)."""
         elem = torch.finfo(self.dtype).bits // 8
-        return 2 * self.spec.num_layers * self.block_size * self.spec.kv_size * elem
+        return 2 * self.spec.num_layers * self.block_size * self.num_local_kv_heads * self.spec.head_dim * elem
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -187,9 +218,40 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
-        """Logits ``[num_sampled, vocab]`` (float32) for the sampling rows of ``batch``."""
-        hidden = self.model(batch.input_ids, batch.positions, self.cos_sin, self.kv_caches, batch.meta, self.ops)
-        return self.model.compute_logits(hidden[batch.sample_indices])
+        """Logits ``[num_sampled, vocab]`` (float32) for the sampling rows of ``batch``.
+
+        Rank 0 of a tensor-parallel group first broadcasts the batch; any failure from then
+        on leaves the ranks out of step, so it raises ``EngineFatalError``.
+        """
+        if self.workers is None:
+            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices)
+        else:
+            logits = self.workers.run_step(
+                lambda: self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
+                (batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
+            )
+        assert logits is not None  # rank 0 always gets the gathered logits
+        return logits
+
+    @torch.inference_mode()
+    def execute_received(self, step: StepTensors) -> None:
+        """Ranks 1..N-1: run a step broadcast by rank 0 (logits go to rank 0)."""
+        self._forward(*step)
+
+    def check_health(self) -> None:
+        """Raise ``EngineFatalError`` if a tensor-parallel worker has died (rank 0)."""
+        if self.workers is not None:
+            self.workers.check()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent)."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 sample_indices: torch.Tensor) -> torch.Tensor | None:
+        hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
+        return self.model.compute_logits(hidden[sample_indices])
 
 
 def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:

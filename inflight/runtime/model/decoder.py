@@ -9,13 +9,18 @@ fused into one matmul each at load time. Knows nothing about scheduling or sampl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.dispatch import KernelOps
+from inflight.runtime.distributed.layout import ShardLayout, shard_layout
 from inflight.runtime.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from inflight.runtime.distributed.comm import TensorParallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +45,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
         super().__init__()
         self.spec = spec
-        self.qkv_proj = nn.Linear(spec.hidden_size, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.tp = tp
+        self.num_heads = layout.num_heads
+        self.num_kv_heads = layout.num_kv_heads
+        self.q_size = layout.num_heads * spec.head_dim
+        self.kv_size = layout.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = spec.head_dim**-0.5
@@ -61,10 +71,10 @@ class Attention(nn.Module):
         spec = self.spec
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-        q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
-        k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
-        v = v.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, spec.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, spec.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, spec.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)[0]
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)[0]
@@ -90,40 +100,46 @@ class Attention(nn.Module):
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
                 meta.prefill_context_lens, self.scale,
             )
-        return self.o_proj(out.reshape(num_tokens, spec.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
         super().__init__()
-        self.intermediate_size = spec.intermediate_size
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.tp = tp
+        self.intermediate_size = layout.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(self.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(F.silu(gate) * up)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
         super().__init__()
-        self.self_attn = Attention(spec)
-        self.mlp = MLP(spec)
+        self.self_attn = Attention(spec, layout, tp)
+        self.mlp = MLP(spec, layout, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """Embeddings, decoder layers, final norm and the LM head."""
+    """Embeddings, decoder layers, final norm and the LM head (this rank's shard of each)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.tp = tp
+        self.layout = shard_layout(spec, 0, 1) if tp is None else shard_layout(spec, tp.rank, tp.world_size)
+        vocab = self.layout.vocab_per_rank
+        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -136,7 +152,7 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         ops: KernelOps,
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             norm = layer.input_layernorm
@@ -147,5 +163,19 @@ class CausalLM(nn.Module):
             hidden = layer.mlp(x)
         return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, vocab], float32
-        return self.lm_head(hidden).float()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        if self.tp is None:
+            return self.embed_tokens(input_ids)
+        start, end = self.layout.vocab_start, self.layout.vocab_end
+        mine = (input_ids >= start) & (input_ids < end)
+        hidden = self.embed_tokens(torch.where(mine, input_ids - start, 0))
+        hidden.mul_(mine.unsqueeze(-1).to(hidden.dtype))
+        return self.tp.all_reduce(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``[n, vocab]`` float32 logits; None on tensor-parallel ranks other than 0."""
+        logits = self.lm_head(hidden).float()
+        if self.tp is None:
+            return logits
+        gathered = self.tp.gather_vocab(logits)
+        return None if gathered is None else gathered[:, : self.spec.vocab_size]

@@ -3,6 +3,10 @@
 Reads ``config.json`` through transformers' ``AutoConfig`` and the weights from
 ``model.safetensors`` or a sharded ``model.safetensors.index.json``, fusing q/k/v and
 gate/up projections as they load. Never downloads anything: the path must be a directory.
+
+Under tensor parallelism each rank reads only its slice of each tensor (``get_slice``), as
+its :class:`~inflight.runtime.distributed.layout.ShardLayout` says, so no rank ever holds
+the whole model. Row-parallel biases (o_proj, down_proj) are added once, by rank 0.
 """
 
 from __future__ import annotations
@@ -10,13 +14,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 
+from inflight.runtime.distributed.layout import ShardLayout
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
+
+if TYPE_CHECKING:
+    from inflight.runtime.distributed.comm import TensorParallel
 
 Progress = Callable[[str], None]
 
@@ -49,21 +57,60 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"{model_dir} holds no safetensors weights (model.safetensors or an index).")
 
 
-def _iter_tensors(files: list[Path], progress: Progress | None) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(files: list[Path], progress: Progress | None) -> Iterator[tuple[str, Any]]:
+    """``(name, slice)`` for every tensor; a slice reads only the part that is indexed."""
     for i, path in enumerate(files):
         if progress:
             progress(f"loading weights: shard {i + 1}/{len(files)} ({path.name})")
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
-def _slices(spec: ModelSpec, fused: str) -> list[tuple[int, int]]:
+def _slices(spec: ModelSpec, layout: ShardLayout, fused: str) -> list[tuple[int, int]]:
+    """Rows of this rank's fused tensor that each checkpoint tensor fills."""
     if fused == "qkv_proj":
-        q, kv = spec.q_size, spec.kv_size
+        q, kv = layout.num_heads * spec.head_dim, layout.num_kv_heads * spec.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
-    n = spec.intermediate_size
+    n = layout.intermediate_size
     return [(0, n), (n, 2 * n)]
+
+
+def _split(module: str, spec: ModelSpec, layout: ShardLayout) -> tuple[int, int, int, int] | None:
+    """``(axis, full size, start, length)`` of this rank's part of ``module``'s weight, or None."""
+    hd, lay = spec.head_dim, layout
+    if module == "q_proj":
+        return 0, spec.num_heads * hd, lay.q_head_start * hd, lay.num_heads * hd
+    if module in ("k_proj", "v_proj"):
+        return 0, spec.num_kv_heads * hd, lay.kv_head_start * hd, lay.num_kv_heads * hd
+    if module in ("gate_proj", "up_proj"):
+        return 0, spec.intermediate_size, lay.rank * lay.intermediate_size, lay.intermediate_size
+    if module == "o_proj":
+        return 1, spec.num_heads * hd, lay.q_head_start * hd, lay.num_heads * hd
+    if module == "down_proj":
+        return 1, spec.intermediate_size, lay.rank * lay.intermediate_size, lay.intermediate_size
+    if module in ("embed_tokens", "lm_head"):
+        return 0, spec.vocab_size, lay.vocab_start, lay.vocab_end - lay.vocab_start
+    return None
+
+
+def _read_shard(name: str, part: Any, spec: ModelSpec, layout: ShardLayout) -> torch.Tensor:
+    """This rank's slice of checkpoint tensor ``name`` (the whole tensor when unsplit)."""
+    parts = name.split(".")
+    module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+    split = _split(module, spec, layout)
+    if not layout.is_sharded or split is None:
+        return part[:]
+    axis, full, start, length = split
+    shape = part.get_shape()
+    if module in ("o_proj", "down_proj") and kind == "bias":  # added once, after the all-reduce
+        full_bias = part[:]
+        return full_bias if layout.rank == 0 else torch.zeros_like(full_bias)
+    if len(shape) <= axis or shape[axis] != full:
+        return part[:]  # the wrong shape: load_model names the tensor and both shapes
+    rows = part[start : start + length] if axis == 0 else part[:, start : start + length]
+    pad = layout.vocab_per_rank - length if module in ("embed_tokens", "lm_head") else 0
+    return rows if pad == 0 else torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
 
 
 def load_model(
@@ -72,19 +119,20 @@ def load_model(
     device: torch.device,
     progress: Progress | None = None,
     config: Any | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[CausalLM, Any]:
-    """Our decoder with the checkpoint's weights, on ``device`` in ``dtype``; and the HF config."""
+    """Our decoder (this rank's shard under ``tp``) on ``device`` in ``dtype``; and the HF config."""
     model_dir = Path(model_dir)
     config = config if config is not None else load_hf_config(model_dir)
     spec = spec_from_hf_config(config)
     with torch.device("meta"):
-        model = CausalLM(spec)
+        model = CausalLM(spec, tp)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for hf_name, tensor in _iter_tensors(_weight_files(model_dir), progress):
+    for hf_name, part in _iter_tensors(_weight_files(model_dir), progress):
         name = hf_name.removeprefix("model.")
         if "rotary_emb" in name:
             continue
@@ -95,9 +143,10 @@ def load_model(
             fused, idx = _FUSED[parts[-2]]
             parts[-2] = fused
             target = ".".join(parts)
-            rows = _slices(spec, fused)[idx]
+            rows = _slices(spec, model.layout, fused)[idx]
         if target not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} does not fit the {spec.arch} decoder.")
+        tensor = _read_shard(name, part, spec, model.layout)
         with torch.no_grad():
             dest = params[target] if rows is None else params[target][rows[0] : rows[1]]
             if dest.shape != tensor.shape:

@@ -1,0 +1,86 @@
+"""A tensor-parallel worker (ranks 1..N-1): ``python -m inflight.runtime.distributed.worker``.
+
+Started by :mod:`.launcher` in the engine process, never by hand. It joins the groups
+through rank 0's ``TCPStore``, loads its shard of the weights, allocates its shard of the KV
+cache (the block count agreed with rank 0), then runs every step rank 0 broadcasts until
+rank 0 says stop. A start-up error is written to the store for rank 0 to report. It
+ignores SIGINT/SIGTERM (rank 0 drains and then stops it) and exits by itself if rank 0's
+process disappears, so no worker outlives its engine. Knows nothing about requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.distributed.comm import TensorParallel
+from inflight.runtime.distributed.launcher import HOST, KEY_PREFIX, START_TIMEOUT_S, backend_for, init_groups
+
+logger = logging.getLogger("inflight.tp-worker")
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Leave at once when the engine process is gone (its children are re-parented)."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(3)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m inflight.runtime.distributed.worker")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{args.rank} %(levelname)s %(message)s")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    store = dist.TCPStore(HOST, args.port, args.world_size, is_master=False,
+                          timeout=timedelta(seconds=START_TIMEOUT_S))
+    keys = dist.PrefixStore(KEY_PREFIX, store)
+    try:
+        config = EngineConfig(**json.loads(args.config))
+        from inflight.runtime.model_runner import ModelRunner
+
+        keys.set(f"joined/{args.rank}", "1")
+        _, control = init_groups(store, args.rank, args.world_size, backend_for(config.device))
+
+        def agree_num_blocks(local: int) -> int:
+            keys.set(f"blocks/{args.rank}", str(local))
+            keys.wait(["blocks/final"])
+            return int(keys.get("blocks/final"))
+
+        tp = TensorParallel(args.rank, args.world_size, None, control, agree_num_blocks)
+        runner = ModelRunner(args.model_dir, config, None, tp=tp)
+    except BaseException as exc:
+        keys.set(f"error/{args.rank}", f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        return 1
+    logger.info("loaded its shard: %d KV blocks on %s", runner.num_kv_blocks, runner.device)
+    while (step := tp.receive_step(runner.device)) is not None:
+        runner.execute_received(step)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
