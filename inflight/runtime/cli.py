@@ -3,8 +3,12 @@
 Owns the argument parser. Engine flags are generated from ``EngineConfig``'s fields (name
 with dashes, the field's help text, the dataclass default; bools as ``--x/--no-x``), so a
 new engine knob becomes a flag with no edit here and no second copy of a default. Server
-flags (--model, --host, --port, ...) are the only hand-written ones. Knows nothing about
-HTTP handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls ``serve``.
+flags (--model, --host, --port, ...) are the only hand-written ones; vLLM's spellings of the
+same knobs are accepted as aliases (``VLLM_ALIASES``). Before anything heavy it checks what a
+user gets wrong on day one, each reported in one line: a bad value (with ``serve``'s usage), a
+model path that is not a model, a port in use, a tokenizer that does not load. A ``.gguf``
+model is converted once into a cached directory (``gguf_source``). Knows nothing about HTTP
+handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls ``serve``.
 """
 
 from __future__ import annotations
@@ -12,24 +16,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
+import socket
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from inflight import __version__
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server.state import ServerSettings
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+# vLLM's flag names for EngineConfig fields, accepted as aliases (docs/from-vllm.md).
+VLLM_ALIASES = {
+    "max_num_sequences": ("--max-num-seqs",),
+    "max_num_tokens": ("--max-num-batched-tokens",),
+    "kv_cache_free_gpu_mem_fraction": ("--gpu-memory-utilization",),
+}
 
 logger = logging.getLogger("inflight.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight", description="In-flight batching LLM server.")
+    parser.add_argument("--version", action="version", version=f"inflight {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
@@ -37,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     server = serve.add_argument_group("server")
-    server.add_argument("--model", required=True, help="Local Hugging Face model directory.")
+    server.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="Same as --model (vLLM's positional form).")
+    server.add_argument("--model", default=None,
+                        help="Local Hugging Face model directory, or a .gguf file (converted once "
+                             "into a cache directory).")
     server.add_argument("--host", default="127.0.0.1", help="Address to bind.")
     server.add_argument("--port", type=int, default=8000, help="Port to bind (0: any free port).")
     server.add_argument("--served-model-name", default=None,
@@ -47,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--drain-timeout", type=float, default=30.0,
                         help="Seconds to let requests in flight finish after SIGTERM.")
     server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Log level.")
+    server.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                        help="text: one readable line per event; json: one JSON object per line.")
     add_engine_flags(serve.add_argument_group("engine"))
     return parser
 
@@ -56,16 +78,16 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
         kind, optional = _flag_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
+        flags = ("--" + f.name.replace("_", "-"), *VLLM_ALIASES.get(f.name, ()))
         default = f.default if f.default is not dataclasses.MISSING else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
         if optional and kind is not int:
             raise TypeError(f"EngineConfig.{f.name}: only Optional[int] fields have a flag form")
         if kind is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
+            group.add_argument(*flags, dest=f.name, type=kind, default=default, help=help_text,
                                metavar="N" if kind in (int, float) else "VALUE")
 
 
@@ -94,36 +116,104 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
     )
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound right now (one line), or ``None`` when it can."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"--host {host}: cannot resolve it ({exc.strerror})"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use (another server?); choose another with --port"
+            return f"cannot bind {host}:{port}: {exc.strerror}"
+    return None
+
+
+def kv_cache_problem(engine: Any) -> str | None:
+    """vLLM's start-up refusal: the KV cache must hold at least one full-length sequence."""
+    capacity = engine.config.num_kv_blocks * engine.config.block_size
+    if capacity >= engine.max_model_len:
+        return None
+    return (f"the KV cache holds {capacity} tokens, fewer than one full-length sequence "
+            f"(max_model_len {engine.max_model_len}); raise --num-kv-blocks (on CUDA: "
+            "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
+
+
+def _prepare_model(model: str, progress: Callable[[str], None]) -> Path:
+    """The model directory (a GGUF file converted once), its tokenizer checked before weights load."""
+    from inflight.runtime.model.gguf_source import resolve_model_dir
+    from inflight.runtime.tokenizer import load_tokenizer
+
+    model_dir = resolve_model_dir(model, progress)
+    try:
+        load_tokenizer(model_dir)
+    except Exception as exc:  # transformers raises many kinds; all mean the same to the user
+        raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
+    return model_dir
+
+
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from inflight.runtime.model.gguf_source import model_dir_problem
     from inflight.runtime.server.logs import configure_logging
     from inflight.runtime.server.serve import serve
+    from inflight.runtime.stats_log import start_stats_log
 
     try:
         config = engine_config_from_args(args)
         settings = server_settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if not os.path.isdir(args.model):
-        parser.error(f"--model {args.model}: no such directory (make one with "
-                     "`python -m inflight.runtime.demo_model models/demo`)")
-    configure_logging(args.log_level)
-    model_dir = args.model
+    problem = model_dir_problem(args.model)
+    if problem:
+        parser.error(problem)
+    in_use = port_problem(args.host, args.port)
+    if in_use:
+        print(f"inflight serve: error: {in_use}", file=sys.stderr)
+        return 1
+    configure_logging(args.log_level, args.log_format)
+    progress = logging.getLogger("inflight.loading")
+    try:
+        model_dir = _prepare_model(args.model, progress.info)
+    except ValueError as exc:
+        print(f"inflight serve: error: {exc}", file=sys.stderr)
+        return 1
 
     def load() -> Any:
         from inflight.runtime.engine import LLMEngine
 
-        progress = logging.getLogger("inflight.loading")
         progress.info("loading %s with %s", model_dir, config.to_dict())
-        return LLMEngine.from_model_dir(model_dir, config, progress=progress.info)
+        engine = LLMEngine.from_model_dir(model_dir, config, progress=progress.info)
+        refusal = kv_cache_problem(engine)
+        if refusal:
+            raise ValueError(refusal)
+        start_stats_log(engine.stats)
+        return engine
 
     return asyncio.run(serve(settings, load, args.host, args.port))
+
+
+def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["serve"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args, parser)
+        serve_parser = _serve_parser(parser)
+        if args.model and args.model_path and args.model != args.model_path:
+            serve_parser.error(f"two models given: {args.model_path} and --model {args.model}")
+        args.model = args.model or args.model_path
+        if not args.model:
+            serve_parser.error("the model is required: inflight serve MODEL (or --model MODEL)")
+        return _serve(args, serve_parser)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -6,17 +6,20 @@
     print(outputs[0].text, outputs[0].token_ids, outputs[0].finish_reason)
 
 It adds every prompt to one engine and steps until all finish, so the prompts share batches
-exactly as concurrent server requests would.
+exactly as concurrent server requests would. With ``tensor_parallel_size=N`` the engine
+starts N-1 worker processes; ``close()`` (or a ``with`` block, or interpreter exit) stops them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
+from inflight.runtime.model.gguf_source import resolve_model_dir
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
 
@@ -27,9 +30,22 @@ class LLM:
     """Offline batch generation over one :class:`LLMEngine`."""
 
     def __init__(self, model: str | Path, **engine_config: Any) -> None:
-        self.engine = LLMEngine.from_model_dir(model, EngineConfig(**engine_config))
+        model_dir = resolve_model_dir(model)  # a .gguf file converts once into a cached directory
+        self.engine = LLMEngine.from_model_dir(model_dir, EngineConfig(**engine_config))
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any (idempotent)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def generate(
         self,

@@ -1,4 +1,4 @@
-"""Process logging for ``inflight serve``: one JSON object per line on stderr.
+"""Process logging for ``inflight serve``: one JSON object (or one text line) per record on stderr.
 
 Owns the log line format (``ts``, ``level``, ``logger``, ``message``). The per-request line
 of ``generation`` carries its fields as a JSON message, which is merged into the line so a
@@ -44,10 +44,15 @@ def _as_object(message: str) -> dict[str, object] | None:
     return value if isinstance(value, dict) else None
 
 
-def configure_logging(level: str) -> None:
-    """Send every log record to stderr as JSON at ``level`` (e.g. "info")."""
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str, fmt: str = "json") -> None:
+    """Send every log record to stderr at ``level`` (e.g. "info"), as ``json`` or ``text`` lines."""
+    if fmt not in ("json", "text"):
+        raise ValueError(f"log format must be json or text (got {fmt!r}).")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
