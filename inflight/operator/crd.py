@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from inflight.operator import engine_args
+from inflight.operator import crd_parts, engine_args
 from inflight.operator.render import API_GROUP, API_VERSION, KIND
 from inflight.operator.spec import RUNTIME_IMAGE, SERVICE_TYPES
 from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, SCHEDULER_POLICIES
@@ -49,10 +49,16 @@ def _engine_schema() -> dict[str, Any]:
         "items": {"type": "string"},
         "description": "More runtime CLI flags, appended verbatim (changing them rolls the pods).",
     }
+    tokens = engine_args.default_of("max_num_tokens")
     return {
         "type": "object",
         "description": "Engine knobs (EngineConfig fields in camelCase). Unset ones take the runtime's defaults.",
         "properties": props,
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.maxModelLen) || !has(self.enableChunkedContext) || self.enableChunkedContext"
+                    f" || (has(self.maxNumTokens) ? self.maxNumTokens : {tokens}) >= self.maxModelLen",
+            "message": "with enableChunkedContext false, maxNumTokens must be >= maxModelLen",
+        }],
     }
 
 
@@ -70,7 +76,7 @@ def _int(desc: str, minimum: int, default: int | None = None, **extra: Any) -> d
 def _model_schema() -> dict[str, Any]:
     return {
         "type": "object",
-        "description": "Where the weights are: exactly one of pvc, hostPath, image.",
+        "description": "Where the weights are: exactly one of pvc, hostPath, image, hf.",
         "properties": {
             "servedModelName": _str("Model name clients send in requests (default: the resource name)."),
             "pvc": {
@@ -94,12 +100,16 @@ def _model_schema() -> dict[str, Any]:
                     "path": _str("Directory of the model inside that image."),
                 },
             },
+            "hf": crd_parts.hf_schema(),
+            "cache": crd_parts.cache_schema(),
         },
         "x-kubernetes-validations": [
             {
-                "rule": "[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
-                "message": "set exactly one of pvc, hostPath, image",
-            }
+                "rule": "[has(self.pvc), has(self.hostPath), has(self.image), has(self.hf)]"
+                        ".filter(x, x).size() == 1",
+                "message": "set exactly one of pvc, hostPath, image, hf",
+            },
+            {"rule": "!has(self.cache) || has(self.hf)", "message": "cache is only used with hf"},
         ],
     }
 
@@ -146,9 +156,11 @@ def _spec_schema() -> dict[str, Any]:
                 "type": "object",
                 "description": "Per-pod resources.",
                 "properties": {
-                    "gpus": _int("GPUs per pod (nvidia.com/gpu).", 0, 1),
+                    "gpus": _int("GPUs per pod (resource gpuResourceName); also the tensor-parallel size "
+                                 "unless engine.tensorParallelSize is set.", 0, 1),
                     "cpu": {"x-kubernetes-int-or-string": True, "description": "CPU request, e.g. 4."},
                     "memory": {"x-kubernetes-int-or-string": True, "description": "Memory request and limit, e.g. 32Gi."},
+                    **crd_parts.resources_extra(),
                 },
             },
             "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -171,7 +183,14 @@ def _spec_schema() -> dict[str, Any]:
                 "properties": {"name": _str("Secret name."), "key": _str("Key in the Secret.", default="api-key")},
             },
             "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0, 30),
+            **crd_parts.pod_properties(),
         },
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.engine) || !has(self.engine.tensorParallelSize) || !has(self.resources) || "
+                    "!has(self.resources.gpus) || self.resources.gpus == 0 || "
+                    "self.engine.tensorParallelSize == self.resources.gpus",
+            "message": "engine.tensorParallelSize must equal resources.gpus (leave it unset to follow gpus)",
+        }],
     }
 
 
@@ -194,6 +213,7 @@ def _status_schema() -> dict[str, Any]:
             "lastDecisionReason": {"type": "string"},
             "lastDecisionMessage": {"type": "string"},
             "observedGeneration": {"type": "integer"},
+            **crd_parts.status_properties(),
             "conditions": {
                 "type": "array",
                 "items": {

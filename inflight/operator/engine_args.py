@@ -27,6 +27,7 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "dtype",
     "scheduler_policy",
     "max_queue_len",
+    "tensor_parallel_size",
 )
 # Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
@@ -85,7 +86,25 @@ def parse_engine(raw: dict[str, Any]) -> dict[str, Any]:
         EngineConfig(**values)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"spec.engine is invalid: {exc}") from exc
+    check_chunked_context(values)
     return values
+
+
+def check_chunked_context(values: dict[str, Any]) -> None:
+    """With chunked context off the engine refuses ``max_num_tokens < max_model_len`` at start.
+
+    The operator can tell only when ``maxModelLen`` is set (otherwise it comes from the
+    model's config); then a bad spec becomes a Degraded condition, not a crash-looping pod.
+    """
+    max_len = values.get("max_model_len")
+    chunked = values.get("enable_chunked_context", default_of("enable_chunked_context"))
+    tokens = values.get("max_num_tokens", default_of("max_num_tokens"))
+    if max_len is not None and not chunked and tokens < max_len:
+        raise ValueError(
+            f"spec.engine: maxNumTokens ({tokens}) is below maxModelLen ({max_len}) with "
+            "enableChunkedContext false, so a long prompt could never be scheduled; raise "
+            "maxNumTokens, lower maxModelLen, or enable chunked context."
+        )
 
 
 def live_values(values: dict[str, Any]) -> dict[str, Any]:

@@ -112,7 +112,7 @@ async def on_reconcile(
 
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
-    deleted = await reconcile.delete_children(memo.ctx, meta["name"], meta["namespace"])
+    deleted = await reconcile.delete_children(memo.ctx, meta["name"], meta["namespace"], meta.get("uid", ""))
     memo.state = None
     logger.info("deleted %s", ", ".join(deleted) or "nothing (already gone)")
 

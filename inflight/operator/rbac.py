@@ -26,12 +26,17 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("inflight.dev", "inferencedeployments/status", ("get", "patch")),
     # Children, owned by the custom resource (create; patch on 409; get; delete on delete).
     Permission("apps", "deployments", ("get", "create", "patch", "delete")),
-    Permission("", "services", ("create", "patch", "delete")),
+    Permission("", "services", ("get", "create", "patch", "delete")),
     Permission("policy", "poddisruptionbudgets", ("create", "patch", "delete")),
     Permission("", "configmaps", ("create", "patch", "delete")),
-    # Pods are listed to scrape /metrics and push live config; the API key Secret is read.
+    # Pods are listed to scrape /metrics, push live config and read the model download's state.
     Permission("", "pods", ("list",)),
-    Permission("", "secrets", ("get",)),
+    # The admin Secret (<name>-admin) is created once, read for live pushes, deleted with its owner.
+    Permission("", "secrets", ("get", "create", "delete")),
+    # The model-cache PVC (<name>-model-cache, spec.model.cache.size) is created once.
+    Permission("", "persistentvolumeclaims", ("get", "create", "delete")),
+    # spec.inferencePool: the InferencePool (the picker's Deployment/Service are covered above).
+    Permission("inference.networking.k8s.io", "inferencepools", ("get", "create", "patch", "delete")),
     # Scaling decisions and kopf's handler outcomes are posted as Events.
     Permission("", "events", ("create",)),
     # kopf's cluster observation (resource discovery; namespaces only in namespaced mode).

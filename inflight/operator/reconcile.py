@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.operator import autoscaler, engine_args, metrics_scrape, render
 from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
 from inflight.operator.context import OperatorContext
-from inflight.operator.kube import CONFIGMAPS, DEPLOYMENTS, PDBS, PODS, SERVICES
+from inflight.operator.kube import (
+    CONFIGMAPS, DEPLOYMENTS, INFERENCE_POOLS, PDBS, PODS, PVCS, SECRETS, SERVICES, Kind,
+)
+from inflight.operator.render_pool import picker_name
 from inflight.operator.spec import InferenceSpec
 
 logger = logging.getLogger(__name__)
@@ -33,22 +37,51 @@ class ResourceState:
 
 
 async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
-    """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent)."""
+    """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
+    admin Secret and the model-cache PVC only when missing (never rotated, never resized)."""
     kube, ns = ctx.kube, spec.namespace
+    admin = render.render_admin_secret(spec, owner, secrets.token_urlsafe(32))
+    if await kube.create_if_missing(SECRETS, ns, admin):
+        logger.info("created admin Secret %s/%s", ns, admin["metadata"]["name"])
+    if (pvc := render.render_cache_pvc(spec, owner)) is not None:
+        await kube.create_if_missing(PVCS, ns, pvc)
     await kube.apply(CONFIGMAPS, ns, render.render_configmap(spec, owner))
     deployment = render.render_deployment(spec, owner, render.initial_replicas(spec))
     await kube.apply(DEPLOYMENTS, ns, deployment, render.deployment_patch(deployment, spec.autoscaling.enabled))
     await kube.apply(SERVICES, ns, render.render_service(spec, owner))
     await kube.apply(PDBS, ns, render.render_pdb(spec, owner))
+    pool_objects = render.render_pool_objects(spec, owner)
+    kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
+    for obj in pool_objects:
+        await kube.apply(kinds[obj["kind"]], ns, obj)
+    applied = {(o["kind"], o["metadata"]["name"]) for o in pool_objects}
+    for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
+        if (kind.kind, obj_name) not in applied and await kube.get(kind, ns, obj_name) is not None:
+            await kube.delete(kind, ns, obj_name)
 
 
-async def delete_children(ctx: OperatorContext, name: str, namespace: str) -> list[str]:
-    """Delete what the operator created (owner references would GC it too); returns kinds deleted."""
+def pool_children(name: str) -> list[tuple[Kind, str]]:
+    """What ``inferencePool`` may create: the pool and the picker's Deployment and Service."""
+    return [(INFERENCE_POOLS, name), (DEPLOYMENTS, picker_name(name)), (SERVICES, picker_name(name))]
+
+
+async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: str = "") -> list[str]:
+    """Delete what the operator created (owner references would GC it too); returns kinds deleted.
+
+    The admin Secret and the cache PVC go only when this resource owns them: one a user made
+    beforehand (same name) is left alone.
+    """
     deleted = []
     for kind, obj_name in (
         (DEPLOYMENTS, name), (SERVICES, name), (PDBS, name), (CONFIGMAPS, render.configmap_name(name)),
+        *pool_children(name),
     ):
         if await ctx.kube.delete(kind, namespace, obj_name):
+            deleted.append(kind.kind)
+    for kind, obj_name in ((SECRETS, render.admin_secret_name(name)), (PVCS, f"{name}-model-cache")):
+        obj = await ctx.kube.get(kind, namespace, obj_name)
+        owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+        if uid and any(o.get("uid") == uid for o in owners) and await ctx.kube.delete(kind, namespace, obj_name):
             deleted.append(kind.kind)
     return deleted
 
@@ -72,10 +105,7 @@ async def sync_live_config(
     ]
     if not targets:
         return []
-    api_key = None
-    if spec.api_key_secret_ref is not None:
-        ref = spec.api_key_secret_ref
-        api_key = await ctx.kube.read_secret(spec.namespace, ref.name, ref.key)
+    api_key = await ctx.kube.read_secret(spec.namespace, render.admin_secret_name(spec.name), render.ADMIN_KEY)
     values = engine_args.live_values(spec.engine)
     errors = []
     for target in targets:

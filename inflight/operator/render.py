@@ -1,6 +1,10 @@
-"""Pure manifest builders: InferenceSpec -> Deployment, Service, PDB and live-config ConfigMap.
+"""Pure manifest builders: InferenceSpec -> Deployment, Service, PDB, live-config ConfigMap,
+admin Secret and model-cache PVC (the model volume and init containers are ``render_model``'s,
+the InferencePool and endpoint picker ``render_pool``'s).
 
-Owns what the child objects look like. No I/O, no clock: the same spec always renders the
+Owns what the child objects look like, including the pod passthrough (imagePullSecrets,
+env/envFrom, volumes/volumeMounts, runtimeClassName, pod labels/annotations, shm size, GPU
+resource name) and the rollout strategy. No I/O, no clock: the same spec always renders the
 same dicts, so every field is checked by table-driven tests.
 
 Live retune without a rollout: the live-tunable knobs (``LIVE_TUNABLE_FIELDS``:
@@ -16,11 +20,12 @@ a literal flag in the template, so changing it rolls the pods.
 
 from __future__ import annotations
 
+import base64
 import copy
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.operator import engine_args
+from inflight.operator import engine_args, render_model, render_pool
 from inflight.operator.spec import InferenceSpec
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS
 
@@ -28,7 +33,8 @@ API_GROUP = "inflight.dev"
 API_VERSION = "v1alpha1"
 KIND = "InferenceDeployment"
 CONTAINER_PORT = 8000
-MODEL_MOUNT = "/models"
+MODEL_MOUNT = render_model.MODEL_MOUNT
+ADMIN_KEY = "admin-api-key"
 PRESTOP_SLEEP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 10
 STARTUP_PERIOD_SECONDS = 10
@@ -59,6 +65,10 @@ def common_labels(name: str) -> dict[str, str]:
 
 def configmap_name(name: str) -> str:
     return f"{name}-live-config"
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin"
 
 
 def endpoint_url(spec: InferenceSpec) -> str:
@@ -98,12 +108,9 @@ def render_configmap(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
 
 def runtime_args(spec: InferenceSpec) -> list[str]:
     """The runtime container's args (no live values: those come from env)."""
-    model_path = MODEL_MOUNT if not spec.model.path else f"{MODEL_MOUNT}/{spec.model.path.strip('/')}"
-    if spec.model.image:
-        model_path = MODEL_MOUNT
     return [
         "serve",
-        "--model", model_path,
+        "--model", render_model.model_path(spec.model),
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
         "--served-model-name", spec.model.served_model_name,
@@ -127,7 +134,11 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
         env.append(
             {"name": "INFLIGHT_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
-    return env
+    env.append({
+        "name": "INFLIGHT_ADMIN_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": admin_secret_name(spec.name), "key": ADMIN_KEY}},
+    })
+    return env + [copy.deepcopy(e) for e in spec.pod.env]
 
 
 def _resources(spec: InferenceSpec) -> dict[str, Any]:
@@ -138,7 +149,8 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
     if spec.resources.memory is not None:
         requests["memory"] = limits["memory"] = spec.resources.memory
     if spec.resources.gpus:
-        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = spec.resources.gpus
+        gpu = spec.pod.gpu_resource_name
+        requests[gpu] = limits[gpu] = spec.resources.gpus
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
@@ -152,7 +164,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _container(spec: InferenceSpec) -> dict[str, Any]:
-    return {
+    container = {
         "name": "runtime",
         "image": spec.image,
         "command": ["inflight"],
@@ -165,8 +177,9 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
         "readinessProbe": _probe("/ready", 5, 2),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": [
-            {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": not spec.model.image},
+            render_model.runtime_mount(spec.model),
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(copy.deepcopy(m) for m in spec.pod.volume_mounts),
         ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -174,36 +187,20 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
             "runAsNonRoot": True,
         },
     }
-
-
-def _model_volume(spec: InferenceSpec) -> dict[str, Any]:
-    if spec.model.pvc_claim_name:
-        return {"name": "model", "persistentVolumeClaim": {"claimName": spec.model.pvc_claim_name, "readOnly": True}}
-    if spec.model.host_path:
-        return {"name": "model", "hostPath": {"path": spec.model.host_path, "type": "Directory"}}
-    return {"name": "model", "emptyDir": {}}
-
-
-def _init_containers(spec: InferenceSpec) -> list[dict[str, Any]]:
-    """An image that carries the weights: copy them into the shared emptyDir first."""
-    if not spec.model.image:
-        return []
-    src = spec.model.path.rstrip("/") or "/"
-    return [
-        {
-            "name": "model-loader",
-            "image": spec.model.image,
-            "command": ["sh", "-c", f'cp -a "{src}/." {MODEL_MOUNT}/'],
-            "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}],
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        }
-    ]
+    if spec.pod.env_from:
+        container["envFrom"] = [copy.deepcopy(e) for e in spec.pod.env_from]
+    return container
 
 
 def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec)],
-        "volumes": [_model_volume(spec), {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            render_model.model_volume(spec.name, spec.model),
+            _shm_volume(spec),
+            *render_model.extra_volumes(spec.model),
+            *(copy.deepcopy(v) for v in spec.pod.volumes),
+        ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {
             "runAsNonRoot": True,
@@ -213,8 +210,12 @@ def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if init := _init_containers(spec):
+    if init := render_model.init_containers(spec.model, spec.image):
         pod_spec["initContainers"] = init
+    if spec.pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.pod.image_pull_secrets]
+    if spec.pod.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.pod.runtime_class_name
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -223,17 +224,26 @@ def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    annotations = {**spec.pod.annotations, **PROMETHEUS_ANNOTATIONS}
     return {
-        "metadata": {
-            "labels": common_labels(spec.name),
-            "annotations": {
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(CONTAINER_PORT),
-                "prometheus.io/path": "/metrics",
-            },
-        },
+        "metadata": {"labels": {**spec.pod.labels, **common_labels(spec.name)}, "annotations": annotations},
         "spec": pod_spec,
     }
+
+
+PROMETHEUS_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(CONTAINER_PORT),
+    "prometheus.io/path": "/metrics",
+}
+
+
+def _shm_volume(spec: InferenceSpec) -> dict[str, Any]:
+    """Memory-backed /dev/shm: multi-process (tensor-parallel) runtimes share tensors through it."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if spec.pod.shm_size is not None:
+        empty_dir["sizeLimit"] = spec.pod.shm_size
+    return {"name": "dshm", "emptyDir": empty_dir}
 
 
 def termination_grace_seconds(spec: InferenceSpec) -> int:
@@ -252,12 +262,46 @@ def render_deployment(spec: InferenceSpec, owner: Owner, replicas: int | None) -
     """The Deployment; ``replicas=None`` leaves spec.replicas out (the autoscaler owns it)."""
     deploy_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(spec.name)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "strategy": _strategy(spec),
         "template": render_pod_template(spec),
     }
     if replicas is not None:
         deploy_spec["replicas"] = replicas
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(spec, owner), "spec": deploy_spec}
+
+
+def _strategy(spec: InferenceSpec) -> dict[str, Any]:
+    if spec.rollout.type == "Recreate":
+        return {"type": "Recreate"}
+    surge = {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
+    return {"type": "RollingUpdate", "rollingUpdate": surge}
+
+
+def render_admin_secret(spec: InferenceSpec, owner: Owner, key: str) -> dict[str, Any]:
+    """The admin credential Secret (created once; the operator never rotates it)."""
+    meta = _metadata(spec, owner)
+    meta["name"] = admin_secret_name(spec.name)
+    data = {ADMIN_KEY: base64.b64encode(key.encode()).decode()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": data}
+
+
+def render_cache_pvc(spec: InferenceSpec, owner: Owner) -> dict[str, Any] | None:
+    return render_model.render_cache_pvc(spec.name, spec.model, _metadata(spec, owner))
+
+
+def render_pool_objects(spec: InferenceSpec, owner: Owner) -> list[dict[str, Any]]:
+    """InferencePool and, unless an existing picker is named, the picker's Deployment and Service."""
+    if not spec.inference_pool.enabled:
+        return []
+    objects = [render_pool.render_inference_pool(
+        spec, _metadata(spec, owner), selector_labels(spec.name), CONTAINER_PORT)]
+    if spec.inference_pool.create_picker:
+        meta = _metadata(spec, owner)
+        meta["name"] = render_pool.picker_name(spec.name)
+        meta["labels"] = {**render_pool.picker_labels(spec.name), "app.kubernetes.io/managed-by": "inflight-operator"}
+        objects += [render_pool.render_picker_deployment(spec, meta),
+                    render_pool.render_picker_service(spec, copy.deepcopy(meta))]
+    return objects
 
 
 def render_service(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
@@ -282,7 +326,10 @@ def render_pdb(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
     }
 
 
-_OPTIONAL_POD_KEYS = ("initContainers", "nodeSelector", "tolerations", "affinity", "priorityClassName")
+_OPTIONAL_POD_KEYS = (
+    "initContainers", "nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets",
+    "runtimeClassName",
+)
 
 
 def deployment_patch(deployment: dict[str, Any], autoscaling: bool) -> dict[str, Any]:
@@ -297,4 +344,6 @@ def deployment_patch(deployment: dict[str, Any], autoscaling: bool) -> dict[str,
     pod_spec = patch["spec"]["template"]["spec"]
     for key in _OPTIONAL_POD_KEYS:
         pod_spec.setdefault(key, None)
+    if patch["spec"]["strategy"]["type"] == "Recreate":
+        patch["spec"]["strategy"]["rollingUpdate"] = None  # the API server refuses it with Recreate
     return patch

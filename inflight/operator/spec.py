@@ -1,6 +1,7 @@
 """Typed InferenceDeployment spec: frozen dataclasses parsed and validated from the CR dict.
 
-Owns: the shape of ``spec`` as Python values, the operator-side defaults that are not
+Owns: the shape of ``spec`` as Python values (model sources in ``model_source``, pod
+passthrough and rollout in ``pod_settings``), ``resources.gpus`` -> tensor-parallel size, the operator-side defaults that are not
 engine knobs (engine defaults live in EngineConfig only), and the validation a CR must
 pass before anything is rendered (``parse_spec`` raises ``ValueError`` with a message
 naming the field). Knows nothing about Kubernetes I/O or manifests.
@@ -11,21 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import engine_args
+from inflight.operator import engine_args, fields
+from inflight.operator.model_source import ModelSource, parse_model
+from inflight.operator.pod_settings import PodSettings, Rollout, parse_pod_settings, parse_rollout
 
 RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Where the weights come from: exactly one of pvc, host_path, image."""
-
-    served_model_name: str
-    pvc_claim_name: str | None = None
-    host_path: str | None = None
-    image: str | None = None
-    path: str = ""  # inside the volume / the image
+EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
+FAILURE_MODES = ("FailClose", "FailOpen")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +54,19 @@ class SecretRef:
 
 
 @dataclass(frozen=True, slots=True)
+class InferencePoolSpec:
+    """Optional Gateway API Inference Extension wiring: an InferencePool and its endpoint picker."""
+
+    enabled: bool = False
+    create_picker: bool = True  # render the endpoint picker (EPP) Deployment and Service
+    picker_image: str = EPP_IMAGE
+    picker_port: int = 9002
+    failure_mode: str = "FailClose"
+    picker_service_account: str | None = None  # needs the RBAC in docs/kubernetes.md
+    picker_service: str | None = None  # an existing EPP Service (create_picker false)
+
+
+@dataclass(frozen=True, slots=True)
 class InferenceSpec:
     """The whole validated spec; ``engine`` holds snake_case EngineConfig values that were set."""
 
@@ -79,6 +86,9 @@ class InferenceSpec:
     service: ServiceSpec = ServiceSpec()
     api_key_secret_ref: SecretRef | None = None
     drain_timeout_seconds: int = 30
+    pod: PodSettings = PodSettings()
+    rollout: Rollout = Rollout()
+    inference_pool: InferencePoolSpec = InferencePoolSpec()
 
 
 def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec:
@@ -90,14 +100,16 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
     if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
         raise ValueError("spec.engine.extraArgs must be a list of strings.")
     replicas = _int(spec, "replicas", 1, minimum=0)
+    resources_raw = _obj(spec, "resources")
+    resources = _parse_resources(resources_raw)
     return InferenceSpec(
         name=name,
         namespace=namespace,
-        model=_parse_model(name, _obj(spec, "model", required=True)),
-        engine=engine_args.parse_engine(engine_raw),
+        model=parse_model(name, _obj(spec, "model", required=True)),
+        engine=_with_tensor_parallel(engine_args.parse_engine(engine_raw), resources.gpus),
         extra_args=tuple(extra_args),
         image=_str(spec, "image", RUNTIME_IMAGE),
-        resources=_parse_resources(_obj(spec, "resources")),
+        resources=resources,
         node_selector={str(k): str(v) for k, v in _obj(spec, "nodeSelector").items()},
         tolerations=tuple(_list_of_obj(spec, "tolerations")),
         affinity=_obj(spec, "affinity") or None,
@@ -107,33 +119,56 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         service=_parse_service(_obj(spec, "service")),
         api_key_secret_ref=_parse_secret_ref(spec.get("apiKeySecretRef")),
         drain_timeout_seconds=_int(spec, "drainTimeoutSeconds", 30, minimum=0),
+        pod=parse_pod_settings(spec, resources_raw),
+        rollout=parse_rollout(_obj(spec, "rollout")),
+        inference_pool=_parse_inference_pool(_obj(spec, "inferencePool")),
     )
 
 
-def _parse_model(name: str, raw: dict[str, Any]) -> ModelSource:
-    sources = [k for k in ("pvc", "hostPath", "image") if raw.get(k) is not None]
-    if len(sources) != 1:
+def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """``tensor_parallel_size`` defaults to the pod's GPUs; an explicit value must equal them.
+
+    With ``gpus: 0`` (CPU pods) an explicit value is kept (CPU ranks over gloo). Whether the
+    model's attention heads divide by it is checked by the runtime at start (the operator
+    never sees the model's config).
+    """
+    tp = engine.get("tensor_parallel_size")
+    if tp is None:
+        return {**engine, "tensor_parallel_size": gpus} if gpus > 1 else engine
+    if gpus > 0 and tp != gpus:
         raise ValueError(
-            "spec.model needs exactly one of pvc, hostPath, image "
-            f"(got {', '.join(sources) or 'none'})."
+            f"spec.engine.tensorParallelSize ({tp}) must equal spec.resources.gpus ({gpus}): each rank "
+            "drives one GPU of the pod. Leave tensorParallelSize unset to follow gpus."
         )
-    source = _obj(raw, sources[0], prefix="spec.model")
-    served = _str(raw, "servedModelName", name, prefix="spec.model")
-    if sources[0] == "pvc":
-        return ModelSource(
-            served_model_name=served,
-            pvc_claim_name=_str(source, "claimName", None, prefix="spec.model.pvc"),
-            path=_str(source, "path", "", prefix="spec.model.pvc"),
-        )
-    if sources[0] == "hostPath":
-        return ModelSource(
-            served_model_name=served,
-            host_path=_str(source, "path", None, prefix="spec.model.hostPath"),
-        )
-    return ModelSource(
-        served_model_name=served,
-        image=_str(source, "image", None, prefix="spec.model.image"),
-        path=_str(source, "path", None, prefix="spec.model.image"),
+    return engine
+
+
+def _parse_inference_pool(raw: dict[str, Any]) -> InferencePoolSpec:
+    p = "spec.inferencePool"
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{p}.enabled must be true or false (got {enabled!r}).")
+    picker = _obj(raw, "endpointPicker", prefix=p)
+    pp = f"{p}.endpointPicker"
+    create = picker.get("create", True)
+    if not isinstance(create, bool):
+        raise ValueError(f"{pp}.create must be true or false (got {create!r}).")
+    mode = _str(picker, "failureMode", "FailClose", prefix=pp)
+    if mode not in FAILURE_MODES:
+        raise ValueError(f"{pp}.failureMode must be one of {', '.join(FAILURE_MODES)} (got {mode!r}).")
+    port = _int(picker, "port", 9002, minimum=1, prefix=pp)
+    if port > 65535:
+        raise ValueError(f"{pp}.port must be <= 65535 (got {port}).")
+    service = fields.optional_string(picker, "serviceName", pp)
+    if create and service is not None:
+        raise ValueError(f"{pp}.serviceName names an existing picker; set create: false with it.")
+    if not create and service is None:
+        raise ValueError(f"{pp}.serviceName is required with create: false (the picker's Service).")
+    return InferencePoolSpec(
+        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", EPP_IMAGE, prefix=pp),
+        picker_port=port, failure_mode=mode,
+        picker_service_account=fields.optional_string(picker, "serviceAccountName", pp),
+        picker_service=service,
     )
 
 
@@ -194,42 +229,20 @@ def _parse_secret_ref(raw: Any) -> SecretRef | None:
 
 
 def _obj(raw: dict[str, Any], key: str, required: bool = False, prefix: str = "spec") -> dict[str, Any]:
-    value = raw.get(key)
-    if value is None:
-        if required:
-            raise ValueError(f"{prefix}.{key} is required.")
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{prefix}.{key} must be an object (got {type(value).__name__}).")
-    return value
+    return fields.obj(raw, key, prefix, required)
 
 
 def _list_of_obj(raw: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = raw.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise ValueError(f"spec.{key} must be a list of objects.")
-    return value
+    return fields.list_of_obj(raw, key, "spec")
 
 
 def _str(raw: dict[str, Any], key: str, default: str | None, prefix: str = "spec") -> str:
-    value = raw.get(key, default)
-    if value is None:
-        raise ValueError(f"{prefix}.{key} is required.")
-    if not isinstance(value, str):
-        raise ValueError(f"{prefix}.{key} must be a string (got {value!r}).")
-    return value
+    return fields.string(raw, key, default, prefix)
 
 
 def _int(raw: dict[str, Any], key: str, default: int, minimum: int, prefix: str = "spec") -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{prefix}.{key} must be an integer >= {minimum} (got {value!r}).")
-    return value
+    return fields.integer(raw, key, default, minimum, prefix)
 
 
 def _num(raw: dict[str, Any], key: str, default: float, prefix: str, zero: bool = False) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
-        bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"{prefix}.{key} must be a number {bound} (got {value!r}).")
-    return float(value)
+    return fields.number(raw, key, default, prefix, zero)

@@ -37,6 +37,8 @@ _RESOURCES = {
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/pods": ("Pod", True, {"status"}),
     "v1/secrets": ("Secret", True, set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
+    "inference.networking.k8s.io/v1/inferencepools": ("InferencePool", True, {"status"}),
     "v1/events": ("Event", True, set()),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),

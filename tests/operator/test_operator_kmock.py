@@ -78,9 +78,14 @@ def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls() -> None:
                 await wait_for(lambda: _all_posted(pods, 128), what="initial live config on both pods")
                 before = await cluster.child("deployments", "qwen-tuned")
 
+                admin = await _admin_key(cluster, "qwen-tuned")
+                assert admin and admin != "s3cret" and len(admin) >= 32
+
                 await cluster.patch_cr("qwen-tuned", {"spec": {"engine": {"maxNumSequences": 99}}})
                 await wait_for(lambda: _all_posted(pods, 99), what="maxNumSequences=99 pushed to both pods")
-                assert all(p.admin_posts[-1][1] == "Bearer s3cret" for p in pods)
+                # Live pushes carry the admin credential, never the inference key; it is not rotated.
+                assert all(p.admin_posts[-1][1] == f"Bearer {admin}" for p in pods)
+                assert await _admin_key(cluster, "qwen-tuned") == admin
                 assert pods[0].admin_posts[-1][0] == {"max_num_sequences": 99, "max_num_tokens": 4096,
                                                        "max_queue_len": 512}
                 cm = await cluster.child("configmaps", "qwen-tuned-live-config")
@@ -99,6 +104,11 @@ def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls() -> None:
                 await pod.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def _admin_key(cluster: Any, name: str) -> str | None:
+    secret = await cluster.get(f"/api/v1/namespaces/default/secrets/{name}-admin")
+    return base64.b64decode(secret["data"]["admin-api-key"]).decode() if secret else None
 
 
 async def _all_posted(pods: list[FakePod], value: int) -> bool:

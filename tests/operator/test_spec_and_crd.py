@@ -37,7 +37,7 @@ def test_crd_engine_properties_are_exactly_the_engine_knobs() -> None:
     assert engine_props == expected
     issue_list = {"maxNumSequences", "maxNumTokens", "kvCacheFreeGpuMemFraction", "blockSize",
                   "enableChunkedContext", "enablePrefixCaching", "maxModelLen", "dtype",
-                  "schedulerPolicy", "maxQueueLen"}
+                  "schedulerPolicy", "maxQueueLen", "tensorParallelSize"}
     assert engine_props - {"extraArgs"} == issue_list
 
 

@@ -72,18 +72,26 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
   resources: ["deployments"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
   verbs: ["create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch", "delete"]
-# Runtime pods are listed to scrape /metrics and push live config; the API key is read.
+# Runtime pods are listed to scrape /metrics, push live config and read the model download state.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The admin Secret (<name>-admin) and the model-cache PVC are created once, read, deleted with their owner.
 - apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
+  resources: ["secrets", "persistentvolumeclaims"]
+  verbs: ["get", "create", "delete"]
+# spec.inferencePool: the Gateway API Inference Extension's InferencePool.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
 # Scaling decisions and handler outcomes.
 - apiGroups: [""]
   resources: ["events"]

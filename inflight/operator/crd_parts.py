@@ -1,0 +1,151 @@
+"""CRD schema pieces for the model sources, the pod passthrough, the rollout and the InferencePool.
+
+Owns the OpenAPI (structural) schema and CEL rules of those ``spec`` fields; ``crd`` puts
+them together. What the schema cannot check (names the operator reserves, volumes a mount
+refers to) ``pod_settings`` and ``model_source`` check and report as a Degraded condition.
+Knows nothing about I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS
+from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES
+from inflight.operator.spec import EPP_IMAGE, FAILURE_MODES
+
+PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+INT_OR_STRING = {"x-kubernetes-int-or-string": True}
+
+
+def _str(desc: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": desc, **extra}
+
+
+def _objects(desc: str, required: list[str] | None = None) -> dict[str, Any]:
+    item: dict[str, Any] = dict(PRESERVE)
+    if required:
+        item["required"] = required
+    return {"type": "array", "description": desc, "items": item}
+
+
+def hf_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "A Hugging Face Hub repo, downloaded by an init container into spec.model.cache.",
+        "required": ["repoId"],
+        "properties": {
+            "repoId": _str("Repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct."),
+            "revision": _str("Branch, tag or commit (pin a commit for reproducible pods).", default="main"),
+            "tokenSecretRef": {
+                "type": "object",
+                "description": "Secret holding a Hub token (gated or private repos).",
+                "required": ["name"],
+                "properties": {"name": _str("Secret name."), "key": _str("Key in the Secret.", default="token")},
+            },
+            "allowPatterns": {
+                "type": "array", "items": {"type": "string"}, "minItems": 1,
+                "description": f"Files to fetch (globs). Default: {', '.join(DEFAULT_HF_PATTERNS)}.",
+            },
+            "image": _str("Image that runs the download (default: the runtime image)."),
+        },
+    }
+
+
+def cache_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Where an hf model is downloaded: an existing PVC (claimName), a PVC the operator "
+                       "creates (size), or, with neither, an emptyDir per pod (every pod downloads).",
+        "properties": {
+            "claimName": _str("An existing PVC shared by the replicas (ReadWriteMany, or per node)."),
+            "size": {**INT_OR_STRING, "description": "Create <name>-model-cache of this size, e.g. 100Gi."},
+            "storageClassName": _str("StorageClass of the created PVC."),
+            "accessMode": _str("Access mode of the created PVC.", default="ReadWriteMany", enum=list(ACCESS_MODES)),
+        },
+        "x-kubernetes-validations": [
+            {"rule": "!(has(self.claimName) && has(self.size))", "message": "set claimName or size, not both"}
+        ],
+    }
+
+
+def pod_properties() -> dict[str, Any]:
+    """Top-level ``spec`` fields passed through to the runtime pods."""
+    string_map = {"type": "object", "additionalProperties": {"type": "string"}}
+    return {
+        "imagePullSecrets": {
+            "type": "array", "description": "Secrets for pulling the runtime (and model) images.",
+            "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+        },
+        "env": _objects("Extra env vars of the runtime container (core/v1 EnvVar).", ["name"]),
+        "envFrom": _objects("Env from ConfigMaps/Secrets (core/v1 EnvFromSource)."),
+        "volumes": _objects("Extra pod volumes (core/v1 Volume); names model, dshm, hf-home are taken.", ["name"]),
+        "volumeMounts": _objects("Mounts of spec.volumes into the runtime container (not under /models or "
+                                 "/dev/shm).", ["name", "mountPath"]),
+        "runtimeClassName": _str("RuntimeClass of the pods (e.g. nvidia)."),
+        "podAnnotations": {**string_map, "description": "Extra pod annotations."},
+        "podLabels": {**string_map, "description": "Extra pod labels (not the app.kubernetes.io selector keys)."},
+        "rollout": rollout_schema(),
+        "inferencePool": inference_pool_schema(),
+    }
+
+
+def resources_extra() -> dict[str, Any]:
+    return {
+        "shmSize": {**INT_OR_STRING, "description": "Size limit of the memory-backed /dev/shm (default: none)."},
+        "gpuResourceName": _str("Extended resource the GPUs are requested as (MIG profiles, AMD: amd.com/gpu).",
+                                default=DEFAULT_GPU_RESOURCE),
+    }
+
+
+def rollout_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "How a pod-template change rolls out. Recreate stops old pods first (a full GPU pool "
+                       "cannot fit a surge pod); RollingUpdate defaults to maxSurge 1, maxUnavailable 0.",
+        "properties": {
+            "strategy": _str("RollingUpdate or Recreate.", default="RollingUpdate", enum=list(ROLLOUT_TYPES)),
+            "maxSurge": {**INT_OR_STRING, "description": "Extra pods during a RollingUpdate (int or percent)."},
+            "maxUnavailable": {**INT_OR_STRING, "description": "Pods that may be down during a RollingUpdate."},
+        },
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.strategy) || self.strategy != 'Recreate' || "
+                    "(!has(self.maxSurge) && !has(self.maxUnavailable))",
+            "message": "maxSurge/maxUnavailable apply to RollingUpdate only",
+        }],
+    }
+
+
+def inference_pool_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Render an InferencePool (inference.networking.k8s.io/v1) over the runtime pods and its "
+                       "endpoint picker, so a Gateway routes by prefix affinity, queue depth and KV usage.",
+        "properties": {
+            "enabled": {"type": "boolean", "default": False, "description": "Render the InferencePool."},
+            "endpointPicker": {
+                "type": "object",
+                "properties": {
+                    "create": {"type": "boolean", "default": True,
+                               "description": "Render the picker's Deployment and Service (<name>-epp)."},
+                    "serviceName": _str("An existing picker Service (with create: false)."),
+                    "image": _str("Endpoint picker image.", default=EPP_IMAGE),
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 9002,
+                             "description": "The picker's gRPC (ext-proc) port."},
+                    "failureMode": _str("What the Gateway does when the picker does not answer.",
+                                        default="FailClose", enum=list(FAILURE_MODES)),
+                    "serviceAccountName": _str("ServiceAccount of the picker (needs the RBAC in docs/kubernetes.md)."),
+                },
+            },
+        },
+    }
+
+
+def status_properties() -> dict[str, Any]:
+    return {
+        "modelCache": {
+            "type": "object",
+            "description": "State of the hf model download (Pending, Downloading, Ready, Failed).",
+            "properties": {k: {"type": "string"} for k in ("state", "volume", "path", "message")},
+        },
+    }
