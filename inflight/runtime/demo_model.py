@@ -5,7 +5,8 @@
 Writes an ordinary Hugging Face directory (config.json, model.safetensors, tokenizer.json,
 generation_config.json) that transformers and our loader both read. The tokenizer is a
 byte-level BPE trained offline with ``tokenizers`` on the Python standard library's sources,
-with bos/eos/pad tokens and a ChatML chat template. Weights are drawn with a larger spread
+with bos/eos/pad tokens and a ChatML chat template that speaks the architecture's family's
+tool-call (and, for qwen3, reasoning) conventions (``demo_chat_templates``). Weights are drawn with a larger spread
 than a trained model's init so that greedy decoding stays varied. Nothing is downloaded.
 """
 
@@ -17,6 +18,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from inflight.runtime.demo_chat_templates import chat_template_for
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -60,8 +63,9 @@ def _corpus_files(max_bytes: int = 3_000_000) -> list[str]:
     return files
 
 
-def train_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad and a chat template."""
+def train_tokenizer(vocab_size: int, arch: str | None = None) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad and a chat template
+    (``arch``'s family template with tools; plain ChatML when ``arch`` is None)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -80,7 +84,8 @@ def train_tokenizer(vocab_size: int) -> Any:
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        additional_special_tokens=list(CHAT_TOKENS), chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=list(CHAT_TOKENS),
+        chat_template=CHAT_TEMPLATE if arch is None else chat_template_for(arch),
         clean_up_tokenization_spaces=False,
     )
 
@@ -127,7 +132,7 @@ def make_demo_model(
     preset = SIZES[size]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(preset.vocab_size)
+    tokenizer = train_tokenizer(preset.vocab_size, arch)
     ids = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
            "eos_token_id": tokenizer.eos_token_id if eos else None}
     config = _hf_config(arch, preset, len(tokenizer), ids)

@@ -14,6 +14,7 @@ from typing import Any
 
 from inflight.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 from inflight.runtime.server.errors import APIError, bad_request
+from inflight.runtime.server.request_features import RequestFeatures, chat_message, parse_features
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -22,13 +23,10 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Known OpenAI fields this server does not implement: a request that uses them is refused
 # rather than silently answered differently. Values that mean "off" are accepted.
+# Output-shaping fields (response_format, tools, echo, ...) are parsed in request_features.
 _UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
-    "echo": (False, None),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "best_of": (None, 1),
 }
 
 Prompt = str | tuple[int, ...]
@@ -56,6 +54,7 @@ class GenerationRequest:
     num_logprobs: int | None
     priority: int
     user: str | None
+    features: RequestFeatures = dataclasses.field(default_factory=RequestFeatures)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""
@@ -97,8 +96,13 @@ def _build(
     stream = _get_bool(obj, "stream", False)
     include_usage = _parse_stream_options(obj.get("stream_options"), stream)
     n = _get_int(obj, "n", 1, 1, MAX_N)
+    features = parse_features(obj, is_chat, n)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
     params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param)
+    params = dataclasses.replace(
+        params, structured=features.structured, logit_bias=features.logit_bias,
+        prompt_logprobs=features.prompt_logprobs,
+    )
     return GenerationRequest(
         model=model,
         is_chat=is_chat,
@@ -112,6 +116,7 @@ def _build(
         num_logprobs=num_logprobs,
         priority=_get_int(obj, "priority", 0, -(2**31), 2**31 - 1),
         user=_get_str(obj, "user", None),
+        features=features,
     )
 
 
@@ -201,7 +206,7 @@ def _parse_messages(value: object) -> tuple[dict[str, str], ...]:
             raise bad_request(
                 f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)} (got {role!r})", "messages"
             )
-        messages.append({"role": role, "content": _message_text(message.get("content"), i)})
+        messages.append(chat_message(message, i, _message_text(message.get("content"), i)))
     return tuple(messages)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inflight.runtime.outputs import RequestOutput, RequestTimes, TokenLogprob
+from inflight.runtime.server.chat_output import ChatOutputPlan, build_message
 
 TokenText = Callable[[int], str]
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this
@@ -131,22 +132,23 @@ def chat_body(
     choices: Sequence[ChoiceState],
     prompt_lens: Sequence[int],
     token_text: TokenText | None,
+    plan: ChatOutputPlan | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming /v1/chat/completions body."""
-    return {
-        **meta,
-        "object": "chat.completion",
-        "choices": [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(c.logprobs, token_text) if token_text else None,
-                "finish_reason": c.finish_reason,
-            }
-            for c in choices
-        ],
-        "usage": usage(prompt_lens, choices),
-    }
+    """The non-streaming /v1/chat/completions body. ``plan``: how to split reasoning and
+    parse tool calls out of the text (None: the text is the content)."""
+    bodies = []
+    for c in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        finish = c.finish_reason
+        if plan is not None:
+            message, finish = build_message(plan, c.text, finish)
+        bodies.append({
+            "index": c.index,
+            "message": message,
+            "logprobs": chat_logprobs(c.logprobs, token_text) if token_text else None,
+            "finish_reason": finish,
+        })
+    return {**meta, "object": "chat.completion", "choices": bodies, "usage": usage(prompt_lens, choices)}
 
 
 def completion_chunk(

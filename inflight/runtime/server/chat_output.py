@@ -1,0 +1,161 @@
+"""The assistant message of a chat choice: content, ``reasoning_content`` and ``tool_calls``.
+
+``ChatOutputPlan`` says, per request, whether to split reasoning and which tool-call format to
+parse (a model family for ``tool_choice: auto``, ``required`` / ``named`` for forced calls).
+:func:`build_message` turns a finished choice's text into the non-streamed message;
+:class:`ChatStream` turns text deltas into OpenAI delta objects whose concatenation gives the
+same message (tool calls are sent whole as soon as each is complete; a named call streams its
+arguments as they come). Knows nothing about HTTP or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.runtime.server.reasoning import ReasoningStream, split_reasoning
+from inflight.runtime.server.tool_calls import MARKERS, ToolCall, parse_tool_calls, partial_marker_len
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOutputPlan:
+    reasoning: bool = False  # split <think>...</think> into reasoning_content
+    starts_in_reasoning: bool = False  # the prompt already opened <think>
+    tool_mode: str | None = None  # None, a family (hermes/llama3/mistral), "required" or "named"
+    tool_name: str | None = None  # the forced function for "named"
+
+    @property
+    def is_plain(self) -> bool:
+        return not self.reasoning and self.tool_mode is None
+
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def _call_json(call: ToolCall, call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def build_message(plan: ChatOutputPlan, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """(message, finish_reason): ``tool_calls`` replaces ``stop`` when the model called tools."""
+    reasoning, content = split_reasoning(text, plan.starts_in_reasoning) if plan.reasoning else (None, text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if plan.tool_mode is not None:
+        parsed = parse_tool_calls(plan.tool_mode, content, plan.tool_name)
+        message["content"] = parsed.content
+        if parsed.tool_calls:
+            message["tool_calls"] = [_call_json(c, new_call_id()) for c in parsed.tool_calls]
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+    return message, finish_reason
+
+
+class _ToolStream:
+    """Content deltas and completed tool calls from streamed content text."""
+
+    def __init__(self, mode: str, name: str | None) -> None:
+        self.mode, self.name = mode, name
+        self.text = ""
+        self.sent = 0  # chars of text handed out (as content, or as named-call arguments)
+        self.in_tools = mode in ("named", "required")
+        self.num_calls = 0
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCall], str]:
+        """(content delta, newly completed calls, named-call argument delta)."""
+        self.text += delta
+        if self.mode == "named":
+            args, self.sent = self.text[self.sent:], len(self.text)
+            return "", [], args
+        content = "" if self.in_tools else self._content_until_tools(finished)
+        calls: list[ToolCall] = []
+        if self.in_tools:
+            parsed = parse_tool_calls(self.mode, self.text, self.name)
+            calls = list(parsed.tool_calls[self.num_calls:])
+            self.num_calls += len(calls)
+            if finished and self.num_calls == 0:  # not a tool call after all: it was content
+                content, self.sent = content + self.text[self.sent:], len(self.text)
+        return content, calls, ""
+
+    def _content_until_tools(self, finished: bool) -> str:
+        if self.mode == "llama3":
+            body = self.text.lstrip()
+            if body.startswith(("{", "<|python_tag|>")):
+                self.in_tools = True
+                return ""
+            if not finished and (not body or "<|python_tag|>".startswith(body)):
+                return ""
+            out, self.sent = self.text[self.sent:], len(self.text)
+            return out
+        marker = MARKERS[self.mode]
+        idx = self.text.find(marker, self.sent)
+        if idx >= 0:
+            out, self.sent, self.in_tools = self.text[self.sent:idx], idx, True
+            return out
+        hold = 0 if finished else partial_marker_len(self.text, marker)
+        end = len(self.text) - hold
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out
+
+
+class ChatStream:
+    """One streamed choice: feed text deltas, get OpenAI ``delta`` objects."""
+
+    def __init__(self, plan: ChatOutputPlan) -> None:
+        self.plan = plan
+        self.reasoning = ReasoningStream(plan.starts_in_reasoning) if plan.reasoning else None
+        self.tools = _ToolStream(plan.tool_mode, plan.tool_name) if plan.tool_mode else None
+        self.num_calls = 0
+        self.named_id: str | None = None
+
+    def feed(self, text: str, finished: bool) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        content = text
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.feed(text, finished)
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+        if self.tools is None:
+            if content:
+                delta["content"] = content
+            return delta
+        content, calls, args = self.tools.feed(content, finished)
+        if content:
+            delta["content"] = content
+        items = [self._call_delta(c) for c in calls]
+        if self.plan.tool_mode == "named" and (args or self.named_id is None):
+            items.append(self._named_delta(args))
+        if items:
+            delta["tool_calls"] = items
+        return delta
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self._called() else reason
+
+    def _called(self) -> bool:
+        if self.plan.tool_mode == "named":
+            return self.tools is not None and _is_json_object(self.tools.text)
+        return self.num_calls > 0
+
+    def _call_delta(self, call: ToolCall) -> dict[str, Any]:
+        item = {"index": self.num_calls, **_call_json(call, new_call_id())}
+        self.num_calls += 1
+        return item
+
+    def _named_delta(self, args: str) -> dict[str, Any]:
+        if self.named_id is None:
+            self.named_id = new_call_id()
+            return {"index": 0, "id": self.named_id, "type": "function",
+                    "function": {"name": self.plan.tool_name, "arguments": args}}
+        return {"index": 0, "function": {"arguments": args}}
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False

@@ -1,0 +1,56 @@
+"""Glue between a parsed request's features and the handlers: template arguments, grammar
+compilation off the event loop, and the per-request output plan (reasoning / tool calls).
+
+Knows the engine only through ``engine.structured`` (the grammar compiler) and its tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from inflight.runtime.server.chat_output import ChatOutputPlan
+from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.protocol import GenerationRequest
+from inflight.runtime.server.reasoning import THINK_START
+from inflight.runtime.server.tool_calls import detect_family
+
+
+def template_kwargs(req: GenerationRequest) -> dict[str, Any]:
+    """Extra ``apply_chat_template`` arguments: the tools (unless tool_choice is none) and the
+    client's ``chat_template_kwargs`` (e.g. Qwen3's ``enable_thinking``)."""
+    features = req.features
+    kwargs = dict(features.chat_template_kwargs)
+    if features.tools and features.tool_choice != "none":
+        kwargs["tools"] = [dict(t) for t in features.tools]
+    return kwargs
+
+
+async def compile_constraint(engine: Any, req: GenerationRequest) -> None:
+    """Compile the request's grammar in the compiler's worker pool (cached), so adding the
+    request later costs the engine loop a copy only. 400 naming the field when it is invalid."""
+    structured = req.params.structured
+    if structured is None:
+        return
+    try:
+        await asyncio.wrap_future(engine.structured.submit(structured))
+    except ValueError as exc:
+        raise bad_request(str(exc), req.features.constraint_param) from None
+
+
+def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -> ChatOutputPlan:
+    """How to read this chat request's output: reasoning split, and which tool-call format."""
+    features = req.features
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    reasoning = THINK_START in template and features.chat_template_kwargs.get("enable_thinking", True) is not False
+    starts_in = False
+    if reasoning:
+        tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+        starts_in = tail.rstrip().endswith(THINK_START)
+    mode: str | None = None
+    if features.tool_choice == "auto":
+        mode = detect_family(template)
+    elif features.tool_choice in ("required", "named"):
+        mode = features.tool_choice
+    return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name)

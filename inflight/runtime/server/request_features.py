@@ -1,0 +1,310 @@
+"""Parse the request fields that shape *what* a chat or completion says, beyond sampling.
+
+``response_format`` (json_object / json_schema), vLLM's ``guided_*`` and ``structured_outputs``,
+``tools`` / ``tool_choice`` / ``parallel_tool_calls``, ``chat_template_kwargs``,
+``logit_bias``, ``echo``, ``best_of`` and ``prompt_logprobs`` become one frozen
+:class:`RequestFeatures`. At most one output constraint per request; forced tool calls
+(``required`` or a named function) become a JSON-schema constraint so their arguments always
+parse and validate. The unknown-field policy lives here too: OpenAI/vLLM fields that would
+change the output but are not implemented are refused (400 naming the field); harmless
+bookkeeping fields are accepted. Knows nothing about tokenizers or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from inflight.runtime.server.errors import bad_request
+from inflight.runtime.structured import StructuredOutputsParams
+
+MAX_TOOLS = 128
+MAX_LOGIT_BIAS = 1024
+# Fields that would change the output and are not implemented: refused unless "off".
+UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
+    "suffix": (None, ""),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "guided_whitespace_pattern": (None,),
+    "use_beam_search": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "documents": (None, []),
+    "chat_template": (None,),
+}
+_NOT_YET: dict[str, tuple[object, ...]] = {"echo": (False,), "best_of": (1,), "prompt_logprobs": ()}
+# Accepted and harmless: they do not change what the model writes.
+HARMLESS_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                   "guided_decoding_backend", "request_id")
+
+# apply_chat_template's own arguments: a client must not set them through chat_template_kwargs.
+_TEMPLATE_RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                      "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                      "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    structured: StructuredOutputsParams | None = None
+    constraint_param: str | None = None  # the field the constraint came from (for errors)
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI tool objects, for the chat template
+    tool_choice: str = "none"  # none | auto | required | named
+    tool_name: str | None = None  # the named function
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    echo: bool = False
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
+
+
+def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeatures:
+    """Validate the output-shaping fields of a request body (400 naming the field on error)."""
+    for name, off in UNIMPLEMENTED_UNLESS_OFF.items():
+        if obj.get(name) is not None and obj[name] not in off:
+            raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
+    tools, choice, tool_name, parallel = _parse_tools(obj) if is_chat else ((), "none", None, True)
+    if not is_chat:
+        for name in ("tools", "tool_choice", "response_format", "chat_template_kwargs"):
+            if obj.get(name) is not None:
+                raise bad_request(f"'{name}' is only for /v1/chat/completions", name)
+    constraints = _parse_constraints(obj)
+    if choice in ("required", "named"):
+        constraints.append(("tool_choice", _forced_tool_schema(tools, choice, tool_name, parallel)))
+    if len(constraints) > 1:
+        names = ", ".join(f"'{p}'" for p, _ in constraints)
+        raise bad_request(f"only one output constraint per request; got {names}", constraints[1][0])
+    param, structured = constraints[0] if constraints else (None, None)
+    for name, off in _NOT_YET.items():
+        if obj.get(name) is not None and obj[name] not in off:
+            raise bad_request(f"'{name}' is not supported by this server yet; leave it out", name)
+    return RequestFeatures(
+        structured=structured, constraint_param=param, tools=tools, tool_choice=choice, tool_name=tool_name,
+        parallel_tool_calls=parallel, chat_template_kwargs=_parse_template_kwargs(obj) if is_chat else {},
+        logit_bias=_parse_logit_bias(obj.get("logit_bias")), echo=_parse_echo(obj, is_chat),
+        best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_int_field(obj, "prompt_logprobs", 0, 20),
+    )
+
+
+def _int_field(obj: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"'{name}' must be an integer between {low} and {high} (got {value!r})", name)
+    return value
+
+
+def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
+    value = obj.get("echo")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'echo' must be true or false (got {value!r})", "echo")
+    if value and is_chat:
+        raise bad_request("'echo' is only supported on /v1/completions", "echo")
+    return value
+
+
+def _parse_best_of(obj: dict[str, Any], is_chat: bool, n: int) -> int | None:
+    best_of = _int_field(obj, "best_of", 1, 16)
+    if best_of is None:
+        return None
+    if is_chat:
+        raise bad_request("'best_of' is only supported on /v1/completions", "best_of")
+    if best_of < n:
+        raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({n})", "best_of")
+    if best_of > n and obj.get("stream"):
+        raise bad_request("'best_of' larger than 'n' cannot be streamed", "best_of")
+    return best_of
+
+
+def _parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad_request(f"'logit_bias' keys must be token ids (got {key!r})", "logit_bias") from None
+        if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad_request(f"'logit_bias' needs token ids >= 0 and biases in [-100, 100] (got {key!r}: {bias!r})",
+                              "logit_bias")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _parse_template_kwargs(obj: dict[str, Any]) -> dict[str, Any]:
+    value = obj.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    reserved = set(_TEMPLATE_RESERVED) & set(value)
+    if reserved:
+        raise bad_request(f"'chat_template_kwargs' must not set {', '.join(sorted(reserved))}", "chat_template_kwargs")
+    return dict(value)
+
+
+def _constraint(param: str, make: Any, value: Any) -> tuple[str, StructuredOutputsParams]:
+    try:
+        return param, make(value)
+    except ValueError as exc:
+        raise bad_request(f"'{param}': {exc}", param) from None
+
+
+def _parse_constraints(obj: dict[str, Any]) -> list[tuple[str, StructuredOutputsParams]]:
+    found = []
+    rf = obj.get("response_format")
+    if rf is not None:
+        parsed = _parse_response_format(rf)
+        if parsed is not None:
+            found.append(("response_format", parsed))
+    S = StructuredOutputsParams
+    guided = {"guided_json": S.json_schema, "guided_regex": S.regex, "guided_choice": S.choice,
+              "guided_grammar": S.grammar}
+    for name, make in guided.items():
+        if obj.get(name) is not None:
+            found.append(_constraint(name, make, obj[name]))
+    so = obj.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad_request("'structured_outputs' must be an object", "structured_outputs")
+        makers = {"json": S.json_schema, "regex": S.regex, "choice": S.choice, "grammar": S.grammar}
+        unknown = sorted(set(so) - set(makers) - {"json_object"})
+        if unknown:
+            raise bad_request(f"'structured_outputs' does not support {', '.join(unknown)}", "structured_outputs")
+        for key, make in makers.items():
+            if so.get(key) is not None:
+                found.append(_constraint("structured_outputs", make, so[key]))
+        if so.get("json_object"):
+            found.append(("structured_outputs", S.json_object()))
+    return found
+
+
+def _parse_response_format(rf: object) -> StructuredOutputsParams | None:
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise bad_request("'response_format' must be an object with a 'type'", "response_format")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams.json_object()
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise bad_request("'response_format.json_schema' must be an object with a 'schema' object",
+                              "response_format")
+        if not isinstance(spec.get("name", "x"), str) or not isinstance(spec.get("strict", False), (bool, type(None))):
+            raise bad_request("'response_format.json_schema' needs a string 'name' and a boolean 'strict'",
+                              "response_format")
+        return _constraint("response_format", StructuredOutputsParams.json_schema, spec.get("schema", {}))[1]
+    raise bad_request(f"'response_format.type' must be text, json_object or json_schema (got {kind!r})",
+                      "response_format")
+
+
+def _parse_tools(obj: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...], str, str | None, bool]:
+    tools = obj.get("tools") or []
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} function tools", "tools")
+    names = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", "tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name must be a non-empty string", "tools")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        names.append(fn["name"])
+    parallel = obj.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    choice, name = _parse_tool_choice(obj.get("tool_choice"), names)
+    return tuple(tools), choice, name, parallel
+
+
+def _parse_tool_choice(value: object, names: list[str]) -> tuple[str, str | None]:
+    if value is None:
+        return ("auto" if names else "none"), None
+    if value in ("none", "auto", "required"):
+        if value != "none" and not names:
+            raise bad_request(f"tool_choice '{value}' needs 'tools'", "tool_choice")
+        return str(value), None
+    fn = value.get("function") if isinstance(value, dict) else None
+    if not isinstance(fn, dict) or value.get("type") != "function" or not isinstance(fn.get("name"), str):  # type: ignore[union-attr]
+        raise bad_request("'tool_choice' must be none, auto, required or "
+                          "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    if fn["name"] not in names:
+        raise bad_request(f"tool_choice names '{fn['name']}', which is not in 'tools'", "tool_choice")
+    return "named", fn["name"]
+
+
+def _params_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def _forced_tool_schema(
+    tools: tuple[dict[str, Any], ...], choice: str, name: str | None, parallel: bool
+) -> StructuredOutputsParams:
+    if choice == "named":
+        tool = next(t for t in tools if t["function"]["name"] == name)
+        return _constraint("tool_choice", StructuredOutputsParams.json_schema, _params_schema(tool))[1]
+    items = [
+        {"type": "object", "properties": {"name": {"const": t["function"]["name"]}, "parameters": _params_schema(t)},
+         "required": ["name", "parameters"], "additionalProperties": False}
+        for t in tools
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return _constraint("tool_choice", StructuredOutputsParams.json_schema, json.loads(json.dumps(schema)))[1]
+
+
+def chat_message(raw: dict[str, Any], index: int, content: str) -> dict[str, Any]:
+    """A chat message for the template: role and text, plus the tool fields a history carries
+    (an assistant's ``tool_calls`` with arguments as objects, a tool result's ``tool_call_id``
+    and ``name``, an assistant's ``reasoning_content``)."""
+    message: dict[str, Any] = {"role": raw["role"], "content": content}
+    calls = raw.get("tool_calls")
+    if calls is not None and raw["role"] == "assistant":
+        if not isinstance(calls, list):
+            raise bad_request(f"messages[{index}].tool_calls must be a list", "messages")
+        message["tool_calls"] = [_history_call(c, index) for c in calls]
+    for key in ("tool_call_id", "name", "reasoning_content"):
+        if raw.get(key) is not None:
+            if not isinstance(raw[key], str):
+                raise bad_request(f"messages[{index}].{key} must be a string", "messages")
+            message[key] = raw[key]
+    return message
+
+
+def _history_call(call: object, index: int) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(f"messages[{index}].tool_calls entries need function.name and function.arguments",
+                          "messages")
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object", "messages") from None
+    if not isinstance(args, dict):
+        raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object", "messages")
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call, dict) and isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out

@@ -1,0 +1,183 @@
+"""Tool calls in model output: one pure parser per model family, plus a streaming extractor.
+
+Families (what the model writes when it calls a tool):
+
+* ``hermes`` (Qwen2/2.5/3, Hermes, our qwen demo template):
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one block per call.
+* ``llama3`` (Llama 3.1+ JSON tool calling): the whole reply is ``{"name": ..., "parameters":
+  {...}}`` (optionally after ``<|python_tag|>``), several calls separated by ``;``.
+* ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
+  ``[TOOL_CALLS]name[ARGS]{...}`` per call.
+
+Plus two formats of our own for forced calls, whose output the grammar engine constrains:
+``required`` (a JSON array of ``{"name", "parameters"}``) and ``named`` (the arguments object
+alone). Text that does not parse as a call stays content: nothing the model wrote is dropped
+silently. Knows nothing about HTTP, the engine or tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+FAMILIES = ("hermes", "llama3", "mistral")
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
+MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    content: str | None  # None when there is no text besides the calls
+    tool_calls: tuple[ToolCall, ...]
+
+
+def detect_family(chat_template: str | None) -> str:
+    """The tool-call format a chat template teaches its model (hermes when it says nothing)."""
+    template = chat_template or ""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return "hermes"
+
+
+def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args: Any = {}
+    for key in args_keys:
+        if key in obj:
+            args = obj[key]
+            break
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _content(text: str) -> str | None:
+    return text if text.strip() else None
+
+
+def parse_hermes(text: str) -> ParsedOutput:
+    start = text.find("<tool_call>")
+    if start < 0:
+        return ParsedOutput(_content(text), ())
+    calls = []
+    for match in _HERMES_BLOCK.finditer(text, start):
+        try:
+            call = _call(json.loads(match.group(1)))
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            return ParsedOutput(_content(text), ())
+        calls.append(call)
+    return ParsedOutput(_content(text[:start]), tuple(calls))
+
+
+def parse_llama3(text: str) -> ParsedOutput:
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):].lstrip()
+    if not body.startswith("{"):
+        return ParsedOutput(_content(text), ())
+    decoder = json.JSONDecoder()
+    calls, pos = [], 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return ParsedOutput(_content(text), ())
+        call = _call(obj, ("parameters", "arguments"))
+        if call is None:
+            return ParsedOutput(_content(text), ())
+        calls.append(call)
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+    return ParsedOutput(None, tuple(calls))
+
+
+def parse_mistral(text: str) -> ParsedOutput:
+    start = text.find("[TOOL_CALLS]")
+    if start < 0:
+        return ParsedOutput(_content(text), ())
+    rest = text[start + len("[TOOL_CALLS]"):].strip()
+    calls: list[ToolCall] = []
+    decoder = json.JSONDecoder()
+    try:
+        if rest.startswith("["):
+            objs, _ = decoder.raw_decode(rest)
+            calls = [c for c in (_call(o) for o in (objs if isinstance(objs, list) else [])) if c is not None]
+            if not isinstance(objs, list) or len(calls) != len(objs):
+                return ParsedOutput(_content(text), ())
+        else:
+            for part in filter(str.strip, rest.split("[TOOL_CALLS]")):
+                match = _MISTRAL_ARGS.match(part)
+                if match is None:
+                    return ParsedOutput(_content(text), ())
+                args, _ = decoder.raw_decode(part, match.end())
+                call = _call({"name": match.group(1), "arguments": args})
+                if call is None:
+                    return ParsedOutput(_content(text), ())
+                calls.append(call)
+    except json.JSONDecodeError:
+        return ParsedOutput(_content(text), ())
+    return ParsedOutput(_content(text[:start]), tuple(calls))
+
+
+def parse_required(text: str) -> ParsedOutput:
+    """Our forced-call format: ``[{"name": ..., "parameters": {...}}, ...]``."""
+    try:
+        objs = json.loads(text)
+    except json.JSONDecodeError:
+        return ParsedOutput(_content(text), ())
+    calls = [_call(o, ("parameters",)) for o in objs] if isinstance(objs, list) else [None]
+    if not calls or any(c is None for c in calls):
+        return ParsedOutput(_content(text), ())
+    return ParsedOutput(None, tuple(c for c in calls if c is not None))
+
+
+def parse_named(text: str, name: str) -> ParsedOutput:
+    """Our named-call format: the arguments object alone."""
+    call = _call({"name": name, "arguments": text})
+    # The arguments stay exactly as generated (they are what a stream of this call sends).
+    return ParsedOutput(_content(text), ()) if call is None else ParsedOutput(None, (ToolCall(name, text),))
+
+
+_PARSERS = {"hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral, "required": parse_required}
+
+
+def parse_tool_calls(mode: str, text: str, name: str | None = None) -> ParsedOutput:
+    """``mode``: a family, ``required`` or ``named`` (with the forced function's ``name``)."""
+    if mode == "named":
+        if name is None:
+            raise ValueError("the named mode needs the function name")
+        return parse_named(text, name)
+    try:
+        return _PARSERS[mode](text)
+    except KeyError:
+        raise ValueError(f"unknown tool-call format {mode!r}; one of {', '.join(_PARSERS)}, named") from None
+
+
+def partial_marker_len(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
