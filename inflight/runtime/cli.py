@@ -31,6 +31,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.server.state import ServerSettings
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
+ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 # vLLM's flag names for EngineConfig fields, accepted as aliases (docs/from-vllm.md).
@@ -63,7 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--served-model-name", default=None,
                         help="Model name clients send (default: the --model argument).")
     server.add_argument("--api-key", default=None,
-                        help=f"Require 'Authorization: Bearer KEY' on /v1 and /admin (env {API_KEY_ENV}).")
+                        help=f"Require 'Authorization: Bearer KEY' on /v1 (env {API_KEY_ENV}).")
+    server.add_argument("--admin-api-key", default=None,
+                        help=f"Enable /admin, with 'Authorization: Bearer KEY' (env {ADMIN_API_KEY_ENV}); "
+                             "/admin is off without it and --api-key never grants it.")
+    server.add_argument("--engine-stall-timeout", type=float, default=_server_default("engine_stall_timeout_s"),
+                        help="Seconds one engine step may run before the server declares the engine dead, "
+                             "answers every client with 503 and exits non-zero.")
+    server.add_argument("--keepalive-timeout", type=float, default=_server_default("keepalive_timeout_s"),
+                        help="Seconds before an idle connection, or one that has not sent a whole "
+                             "request head, is closed.")
+    server.add_argument("--request-read-timeout", type=float, default=_server_default("request_read_timeout_s"),
+                        help="Seconds a request body may take to arrive (408 after).")
+    server.add_argument("--stream-write-timeout", type=float, default=_server_default("stream_write_timeout_s"),
+                        help="Seconds a stream may wait for its client to read before it is cut "
+                             "and its requests aborted.")
     server.add_argument("--drain-timeout", type=float, default=30.0,
                         help="Seconds to let requests in flight finish after SIGTERM.")
     server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Log level.")
@@ -71,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text: one readable line per event; json: one JSON object per line.")
     add_engine_flags(serve.add_argument_group("engine"))
     return parser
+
+
+def _server_default(name: str) -> Any:
+    """The ``ServerSettings`` default of ``name`` (the one copy of it)."""
+    return next(f.default for f in dataclasses.fields(ServerSettings) if f.name == name)
 
 
 def add_engine_flags(group: argparse._ArgumentGroup) -> None:
@@ -112,7 +132,12 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         model_name=args.served_model_name or args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        admin_api_key=args.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None,
         drain_timeout_s=args.drain_timeout,
+        engine_stall_timeout_s=args.engine_stall_timeout,
+        keepalive_timeout_s=args.keepalive_timeout,
+        request_read_timeout_s=args.request_read_timeout,
+        stream_write_timeout_s=args.stream_write_timeout,
     )
 
 

@@ -16,6 +16,8 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 
 API_KEY = "test-key-123"
+ADMIN_KEY = "admin-key-456"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MAIN_CONFIG = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max_model_len=512)
 
 
@@ -28,11 +30,11 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(demo_model_dir: Path) -> Iterator[LiveServer]:
-    """The shared server: no API key, max 4 sequences, 128 KV blocks, 64 KiB body limit."""
+    """The shared server: no API key, an admin key, max 4 sequences, 128 KV blocks, 64 KiB body limit."""
     live = LiveServer(
         demo_model_dir,
         EngineConfig(**MAIN_CONFIG),
-        ServerSettings(model_name=MODEL_NAME, max_body_bytes=64 * 1024),
+        ServerSettings(model_name=MODEL_NAME, max_body_bytes=64 * 1024, admin_api_key=ADMIN_KEY),
     ).start()
     yield live
     live.stop()
@@ -40,11 +42,11 @@ def server(demo_model_dir: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def keyed_server(demo_model_dir: Path) -> Iterator[LiveServer]:
-    """A server that requires ``Authorization: Bearer test-key-123``."""
+    """A server that requires ``Authorization: Bearer test-key-123`` (and the admin key on /admin)."""
     live = LiveServer(
         demo_model_dir,
         EngineConfig(max_num_sequences=4, num_kv_blocks=64, max_model_len=256),
-        ServerSettings(model_name=MODEL_NAME, api_key=API_KEY),
+        ServerSettings(model_name=MODEL_NAME, api_key=API_KEY, admin_api_key=ADMIN_KEY),
     ).start()
     yield live
     live.stop()

@@ -24,6 +24,7 @@ from aiohttp import web
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings, create_app
 from inflight.runtime.server.state import STATE
+from inflight.runtime.server.transport import make_runner
 
 MODEL_NAME = "demo"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ class LiveServer:
         from inflight.runtime.engine import LLMEngine
 
         app = create_app(self.settings, lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        self.runner = make_runner(app, self.settings.keepalive_timeout_s)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -4,7 +4,7 @@ error body (``{"error": {"message", "type", "param", "code"}}``) and never a tra
 from __future__ import annotations
 
 import pytest
-from conftest import API_KEY, MODEL_NAME
+from conftest import ADMIN_AUTH, API_KEY, MODEL_NAME
 from server_helpers import LiveServer, Reply, http
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -84,7 +84,8 @@ def check_error(reply: Reply, status: int, error_type: str, param: str | None) -
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_request(server: LiveServer, method: str, path: str, body: object, status: int,
                      error_type: str, param: str | None) -> None:
-    check_error(http(method, server.url + path, body), status, error_type, param)
+    headers = ADMIN_AUTH if path.startswith("/admin/") else None
+    check_error(http(method, server.url + path, body, headers), status, error_type, param)
 
 
 def test_the_table_is_big_enough() -> None:

@@ -4,7 +4,7 @@ Owns the admin JSON shape: GET returns the live ``EngineConfig`` (snake_case nam
 ``resolved``: the device, dtype and kernel backend ``auto`` chose); POST
 takes an object of any of ``LIVE_TUNABLE_FIELDS`` and applies it on the engine thread via
 ``engine.update_config``. Other fields or bad values are 400 OpenAI errors. Authentication
-is the app's middleware (same key as /v1). Knows nothing about the OpenAI generation API.
+is the app's middleware (the separate --admin-api-key; /admin is off without one). Knows nothing about the OpenAI generation API.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ async def post_config(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.engine.is_ready:
         raise unavailable("the model is still loading; retry shortly", "loading")
-    body = await read_json(request, state.settings.max_body_bytes)
+    body = await read_json(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
     changes = validate_changes(body)
     if changes:
         try:

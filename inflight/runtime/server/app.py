@@ -1,16 +1,22 @@
 """The aiohttp application: routes, middlewares, health / readiness / metrics, and drain.
 
 Owns what is common to every route: the OpenAI error shape for every failure (a 500 never
-carries a traceback), API-key checks for /v1 and /admin, refusing generation with 503 while
-loading or draining, counting requests in flight, and ``drain`` (wait for them, up to a
-timeout, then abort the rest). Knows nothing about request schemas (``protocol``), the
-engine thread (``async_engine``) or process signals (``serve``).
+carries a traceback), the inference key for /v1 and the separate admin key for /admin (off
+without one), refusing generation with 503 while loading, draining or after the engine died,
+counting refused requests in the metrics, counting requests in flight, the engine watchdog
+(a step that does not return within the stall timeout kills the engine), and ``drain`` (wait
+for requests in flight up to a timeout, then answer the rest with a 503 or a stream error
+event). Knows nothing about request schemas (``protocol``), the engine thread
+(``async_engine``) or process signals (``serve``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -18,11 +24,14 @@ from aiohttp import web
 
 from inflight import __version__
 from inflight.runtime.server import admin, openai_api
-from inflight.runtime.server.async_engine import AsyncEngine
+from inflight.runtime.server.async_engine import AsyncEngine, RequestsCutError
 from inflight.runtime.server.errors import (
     APIError,
+    admin_disabled,
+    admin_unauthorized,
     internal_error,
     not_found,
+    rejection_reason,
     unauthorized,
     unavailable,
 )
@@ -35,7 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("inflight.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_PROTECTED_PREFIXES = ("/v1/", "/admin/")
+WATCHDOG = web.AppKey("inflight_watchdog", asyncio.Task)
+CUT_GRACE_S = 5.0  # after a drain timeout: time for cut requests to send their error
 
 
 def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web.Application:
@@ -44,7 +54,12 @@ def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web
     Call inside a running event loop. ``loader`` runs on the engine thread.
     """
     metrics = ServerMetrics(settings.model_name, lambda: engine.stats())
-    engine = AsyncEngine(loader, on_step=lambda e: metrics.observe_step(e.stats().num_tokens_last_step))
+    engine = AsyncEngine(
+        loader,
+        on_step=lambda e: metrics.observe_step(e.stats().num_tokens_last_step),
+        on_death=lambda reason: state.dead.set(),
+        max_backlog=settings.max_stream_backlog,
+    )
     state = ServerState(settings, engine, metrics)
     app = web.Application(
         middlewares=[_errors, _auth, _admission],
@@ -63,36 +78,63 @@ def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web
 
 
 async def _start_engine(app: web.Application) -> None:
-    app[STATE].engine.start()
+    state = app[STATE]
+    state.engine.start()
+    app[WATCHDOG] = asyncio.get_running_loop().create_task(_watch_engine(state))
 
 
 async def _stop_engine(app: web.Application) -> None:
-    await app[STATE].engine.stop()
+    state = app[STATE]
+    app[WATCHDOG].cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await app[WATCHDOG]
+    await state.engine.stop()
+    state.close_pool()
+
+
+async def _watch_engine(state: ServerState) -> None:
+    """Declare the engine dead when one step has run longer than the stall timeout."""
+    limit = state.settings.engine_stall_timeout_s
+    interval = min(1.0, limit / 4)
+    while state.engine.dead_reason is None:
+        await asyncio.sleep(interval)
+        started = state.engine.step_started_at
+        if started is not None and time.monotonic() - started > limit:
+            state.engine.declare_dead(f"an engine step has not returned within the stall timeout ({limit:g} s)")
 
 
 async def drain(app: web.Application, timeout_s: float) -> bool:
     """Refuse new requests (503) and wait up to ``timeout_s`` for those in flight.
 
-    Returns true when all finished in time; otherwise aborts the rest and returns false.
+    Returns true when all finished in time. Otherwise the rest are cut: streams get an error
+    event, non-streaming requests a 503, their engine requests are aborted; returns false.
     """
     state = app[STATE]
     state.draining = True
     logger.info("draining: %d request(s) in flight, up to %.1f s", state.num_in_flight, timeout_s)
     if await state.wait_idle(timeout_s):
         return True
-    logger.warning("drain timeout: aborting %d request(s) still in flight", state.num_in_flight)
-    for task in list(state.tasks):
+    logger.warning("drain timeout: cutting %d request(s) still in flight", state.num_in_flight)
+    state.engine.fail_all(RequestsCutError("the server is shutting down and its drain timeout expired"))
+    if await state.wait_idle(CUT_GRACE_S):
+        return False
+    for task in list(state.tasks):  # e.g. still tokenizing: nothing to answer with yet
         task.cancel()
-    await state.wait_idle(5.0)
+    await state.wait_idle(CUT_GRACE_S)
     return False
 
 
 async def health(request: web.Request) -> web.Response:
+    reason = request.app[STATE].engine.dead_reason
+    if reason is not None:
+        return web.json_response({"status": "dead", "reason": reason}, status=503)
     return web.json_response({"status": "ok"})
 
 
 async def ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.engine.dead_reason is not None:
+        return web.json_response({"status": "dead", "reason": state.engine.dead_reason}, status=503)
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
     if not state.engine.is_ready:
@@ -114,26 +156,43 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as exc:
-        return exc.to_response()
+        error = exc
     except web.HTTPException as exc:
         if exc.status == 404:
-            return not_found(f"no route {request.method} {request.path}").to_response()
-        error = APIError(exc.status, exc.reason, "invalid_request_error")
-        return error.to_response()
+            error = not_found(f"no route {request.method} {request.path[:200]}")
+        else:
+            error = APIError(exc.status, exc.reason, "invalid_request_error")
     except Exception:
-        logger.exception("unhandled error in %s %s", request.method, request.path)
-        return internal_error().to_response()
+        logger.exception("unhandled error in %s %s", request.method, request.path[:200])
+        error = internal_error()
+    if request.method == "POST" and request.path.startswith("/v1/"):
+        reason = rejection_reason(error)
+        if reason is not None and reason != "draining":  # draining is counted at admission
+            request.app[STATE].metrics.observe_rejected(reason)
+    return error.to_response()
 
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    key = request.app[STATE].settings.api_key
-    if key and request.path.startswith(_PROTECTED_PREFIXES):
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise unauthorized()
+    settings = request.app[STATE].settings
+    if request.path.startswith("/admin/"):
+        if settings.admin_api_key is None:
+            raise admin_disabled()
+        if not _bearer_matches(request, settings.admin_api_key):
+            raise admin_unauthorized()
+    elif settings.api_key and request.path.startswith("/v1/") and not _bearer_matches(request, settings.api_key):
+        raise unauthorized()
     return await handler(request)
+
+
+def _bearer_matches(request: web.Request, key: str) -> bool:
+    """Constant-time check of ``Authorization: Bearer <key>``; any odd header is a mismatch."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    try:
+        sent = token.strip().encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in the header (surrogate escapes)
+        return False
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, key.encode("utf-8"))
 
 
 @web.middleware
@@ -142,6 +201,9 @@ async def _admission(request: web.Request, handler: Handler) -> web.StreamRespon
     if request.method != "POST" or not request.path.startswith("/v1/"):
         return await handler(request)
     state = request.app[STATE]
+    if state.engine.dead_reason is not None:
+        raise unavailable("the engine has stopped and the server is exiting; retry on another replica",
+                          "engine_dead")
     if state.draining:
         state.metrics.observe_rejected("draining")
         raise unavailable("the server is shutting down; retry on another replica", "draining")

@@ -17,6 +17,10 @@ from inflight.runtime.outputs import RequestRejectedError
 
 RETRY_AFTER_QUEUE_FULL_S = 1
 RETRY_AFTER_UNAVAILABLE_S = 5
+MAX_MESSAGE_CHARS = 1000  # an error never echoes megabytes of the input back
+# Engine rejection reasons that keep their own label in request_rejected_total; every other
+# 400 counts as "invalid_request".
+REJECTION_REASONS = ("prompt_too_long", "too_large_for_cache", "queue_full", "draining")
 
 
 @dataclass(slots=True)
@@ -34,9 +38,12 @@ class APIError(Exception):
         return self.message
 
     def body(self) -> dict[str, object]:
+        message = self.message
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 15] + "... (truncated)"
         return {
             "error": {
-                "message": self.message,
+                "message": message,
                 "type": self.type,
                 "param": self.param,
                 "code": self.code,
@@ -63,6 +70,44 @@ def unauthorized() -> APIError:
         "authentication_error",
         code="invalid_api_key",
     )
+
+
+def admin_unauthorized() -> APIError:
+    return APIError(
+        401,
+        "missing or wrong admin key: send 'Authorization: Bearer <key>' with the server's "
+        "--admin-api-key (the inference --api-key does not grant admin)",
+        "authentication_error",
+        code="invalid_admin_key",
+    )
+
+
+def admin_disabled() -> APIError:
+    return APIError(
+        404,
+        "the admin API is off on this server; start it with --admin-api-key "
+        "(or env INFLIGHT_ADMIN_API_KEY) to enable /admin",
+        "not_found_error",
+        code="admin_disabled",
+    )
+
+
+def request_timeout(seconds: float) -> APIError:
+    return APIError(
+        408,
+        f"the request body did not arrive within {seconds:g} s",
+        "invalid_request_error",
+        code="request_timeout",
+    )
+
+
+def rejection_reason(error: APIError) -> str | None:
+    """The ``request_rejected_total`` label of a refused generation request, or ``None``."""
+    if error.code in REJECTION_REASONS:
+        return error.code
+    if 400 <= error.status < 500 and error.status not in (401, 403, 404):
+        return "invalid_request"
+    return None
 
 
 def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:

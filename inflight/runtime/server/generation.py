@@ -2,13 +2,17 @@
 
 Owns what happens between a parsed request and its response: one engine request per
 (prompt, choice) with ids ``<request id>-<choice index>``, engine-side validation (400),
-admission (429 when the queue is full), streaming chunks or one body, usage, metrics,
-the per-request JSON log line, and aborting the unfinished engine requests when the client
-goes away. Knows nothing about routing, auth or parsing JSON bodies.
+admission (429 when the queue is full; 400 when the request has more choices than the queue
+can ever hold), streaming chunks or one body, usage, metrics, the per-request JSON log line,
+and aborting the unfinished engine requests when the client goes away or stops reading.
+Engine failures are answered, never dropped: a request the engine failed on gets a 500 (a
+stream an error event), a dead engine or a drain cut a 503. Knows nothing about routing,
+auth or parsing JSON bodies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -21,8 +25,14 @@ from aiohttp import web
 from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import responses, streaming
-from inflight.runtime.server.async_engine import EngineRequest, EngineStepError
-from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error
+from inflight.runtime.server.async_engine import (
+    BacklogError,
+    EngineDeadError,
+    EngineRequest,
+    EngineStepError,
+    RequestsCutError,
+)
+from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error, unavailable
 from inflight.runtime.server.protocol import GenerationRequest
 from inflight.runtime.server.responses import ChoiceState, TokenText
 from inflight.runtime.server.state import ServerState
@@ -65,7 +75,6 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
             try:
                 engine.validate_request(ids, params)
             except RequestRejectedError as exc:
-                state.metrics.observe_rejected(exc.reason)
                 error = from_rejection(exc, param)
                 if req.is_chat and error.param == "prompt":
                     error.param = "messages"
@@ -73,12 +82,25 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival))
             choices[req_id] = ChoiceState(index, req_id)
+    _check_fits_queue(len(engine_requests), engine.config.max_queue_len, "n" if req.n > 1 else param)
     token_text = None
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
         token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
     meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival)
+
+
+def _check_fits_queue(num_requests: int, max_queue_len: int, param: str) -> None:
+    """400 for more engine requests (prompts x n) than the waiting queue can ever hold.
+
+    ``max_queue_len == 0`` means admission is paused (a retry may succeed later): 429 then.
+    """
+    if max_queue_len and num_requests > max_queue_len:
+        raise bad_request(
+            f"this request makes {num_requests} engine requests (prompts x n) but the server's queue "
+            f"holds at most {max_queue_len}; send fewer prompts or a smaller n", param,
+            code="too_many_choices")
 
 
 def _fill_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
@@ -105,55 +127,85 @@ async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamR
                 _record(state, job, out)
             return web.json_response(_body(job))
     except RequestRejectedError as exc:
-        state.metrics.observe_rejected(exc.reason)
         job.outcome = "rejected"
         raise from_rejection(exc, "messages" if job.req.is_chat else "prompt") from None
-    except EngineStepError:
+    except (EngineStepError, EngineDeadError, RequestsCutError, BacklogError) as exc:
         job.outcome = "error"
-        raise internal_error() from None
+        raise engine_failure(exc) from None
     except BaseException:
         job.outcome = "aborted" if job.outcome == "ok" else job.outcome
         raise
     finally:
         if job.outcome != "rejected":
+            _count_aborted(state, job)
             _log_finished(job)
+
+
+def engine_failure(exc: BaseException) -> APIError:
+    """The HTTP error for a request the engine did not finish: 503 if the server is going
+    away (retry elsewhere), 500 if the engine failed on it."""
+    if isinstance(exc, EngineDeadError):
+        return unavailable(f"the engine has stopped ({exc}); the server is exiting, retry on another replica",
+                           "engine_dead")
+    if isinstance(exc, RequestsCutError):
+        return unavailable(f"{exc}; retry on another replica", "drain_timeout")
+    if isinstance(exc, BacklogError):
+        return unavailable(f"the stream was cut: {exc}", "client_too_slow")
+    return internal_error()
+
+
+def _count_aborted(state: ServerState, job: Job) -> None:
+    """Choices that never finished (the client left, or the request was cut) count as aborts."""
+    for choice in job.choices.values():
+        if choice.finish_reason is None:
+            state.metrics.observe_aborted()
 
 
 async def _stream(request: web.Request, state: ServerState, job: Job, group: Any) -> web.StreamResponse:
     response = await streaming.open_stream(request)
+    send = _stream_sender(response, state.settings.stream_write_timeout_s)
     extra = {"usage": None} if job.req.include_usage else {}
     try:
         if job.req.is_chat:
             for choice in sorted(job.choices.values(), key=lambda c: c.index):
                 chunk = responses.chat_chunk(job.meta, choice.index, {"role": "assistant", "content": ""}, None)
-                await streaming.send(response, {**chunk, **extra})
+                await send({**chunk, **extra})
         async for out in group:
             choice = job.choices[out.req_id]
             start_offset = choice.num_chars
             _record(state, job, out)
             chunk = _chunk(job, choice, out, start_offset)
             if chunk is not None:
-                await streaming.send(response, {**chunk, **extra})
+                await send({**chunk, **extra})
         if job.req.include_usage:
             obj = "chat.completion.chunk" if job.req.is_chat else "text_completion"
             usage = responses.usage([len(p) for p in job.prompt_ids], list(job.choices.values()))
-            await streaming.send(response, responses.usage_chunk(job.meta, obj, usage))
+            await send(responses.usage_chunk(job.meta, obj, usage))
         await streaming.close_stream(response)
-    except OSError:  # the client went away mid-stream; leaving generate() aborts the rest
+    except (OSError, asyncio.TimeoutError):  # the client left or stopped reading: abort the rest
         job.outcome = "aborted"
     except Exception as exc:  # the status line is sent: report in the stream, never a traceback
-        if not isinstance(exc, EngineStepError):
+        if not isinstance(exc, (EngineStepError, EngineDeadError, RequestsCutError, BacklogError)):
             logger.exception("error while streaming %s", job.request_id)
         job.outcome = "error"
-        await _send_error(response, internal_error())
+        await _send_error(response, engine_failure(exc), state.settings.stream_write_timeout_s)
     return response
 
 
-async def _send_error(response: web.StreamResponse, error: APIError) -> None:
+def _stream_sender(response: web.StreamResponse, timeout_s: float) -> Any:
+    """``send(payload)`` that gives up (``TimeoutError``) when the client stops reading."""
+
+    async def send(payload: dict[str, Any]) -> None:
+        await asyncio.wait_for(streaming.send(response, payload), timeout_s)
+
+    return send
+
+
+async def _send_error(response: web.StreamResponse, error: APIError, timeout_s: float) -> None:
     try:
-        await streaming.send(response, error.body())
-        await streaming.close_stream(response)
-    except OSError:
+        await asyncio.wait_for(streaming.send(response, error.body()), timeout_s)
+        await asyncio.wait_for(streaming.close_stream(response), timeout_s)
+    except (OSError, asyncio.TimeoutError):
         pass
 
 

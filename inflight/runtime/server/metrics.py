@@ -124,6 +124,10 @@ class ServerMetrics:
                 per_token = (times.finished - times.first_token) / (num_output_tokens - 1)
                 self.tpot.labels(name).observe(max(0.0, per_token))
 
+    def observe_aborted(self) -> None:
+        """One engine request (one choice) aborted before it finished (client gone, cut)."""
+        self.success.labels(self.model_name, "abort").inc()
+
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()
 

@@ -1,23 +1,34 @@
 """The OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
 
-Owns reading the JSON body (400 malformed, 413 too large), checking the model name, and
+Owns reading the JSON body (400 malformed in any way: bad JSON, bad encoding, bad
+compression, nesting past ``MAX_JSON_DEPTH``, integers past Python's digit limit, strings
+that are not valid Unicode; 413 too large; 408 too slow), checking the model name, and
 turning prompts or chat messages into token ids (the tokenizer's chat template with the
-generation prompt). Hands the rest to ``generation``. Knows nothing about the engine
-thread, metrics names or the server lifecycle.
+generation prompt) on the state's worker pool, so a huge prompt never blocks the event
+loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
+names or the server lifecycle.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.server import generation
-from inflight.runtime.server.errors import bad_request, body_too_large, from_rejection
+from inflight.runtime.server.errors import (
+    bad_request,
+    body_too_large,
+    from_rejection,
+    queue_full,
+    request_timeout,
+)
 from inflight.runtime.server.protocol import (
     GenerationRequest,
     check_model,
@@ -27,29 +38,78 @@ from inflight.runtime.server.protocol import (
 from inflight.runtime.server.state import STATE, ServerState
 
 
-async def read_json(request: web.Request, max_bytes: int) -> Any:
-    """The request body as JSON: 413 past ``max_bytes``, 400 when it is not JSON."""
+MAX_JSON_DEPTH = 64
+
+
+async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.0) -> Any:
+    """The request body as JSON: 413 past ``max_bytes``, 408 past ``timeout_s``, else 400
+    for anything that is not a JSON document of valid Unicode nested at most ``MAX_JSON_DEPTH``."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise body_too_large(max_bytes)
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), timeout_s)
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large(max_bytes) from None
+    except asyncio.TimeoutError:
+        raise request_timeout(timeout_s) from None
+    except (ClientPayloadError, HttpProcessingError) as exc:  # e.g. Content-Encoding: gzip on non-gzip
+        cause = exc.__cause__ or exc
+        raise bad_request(f"the request body could not be read: {type(cause).__name__} "
+                          f"(check Content-Encoding and Transfer-Encoding)") from None
     if len(raw) > max_bytes:
         raise body_too_large(max_bytes)
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise bad_request(f"the request body is not acceptable JSON: {str(exc)[:200]}") from None
+    _check_json_value(body)
+    return body
+
+
+def _check_json_value(body: Any) -> None:
+    """400 for nesting deeper than ``MAX_JSON_DEPTH`` or strings with lone surrogates (which
+    no tokenizer can encode), walking the document iteratively."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise bad_request("the request body has a string that is not valid Unicode "
+                                      "(a lone UTF-16 surrogate escape such as \\ud800)") from None
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+        items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items)
+
+
+async def _tokenize(state: ServerState, fn: Any) -> Any:
+    """Run a tokenizer call on the worker pool (429 when too many are already waiting)."""
+    if state.num_tokenizing >= state.settings.max_pending_tokenizations:
+        raise queue_full("too many prompts are being tokenized; retry shortly")
+    return await state.in_pool(fn)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_completion_request(await read_json(request, state.settings.max_body_bytes))
+    req = parse_completion_request(await _read_body(request, state))
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
+
+    def encode_all() -> list[list[int]]:
+        return [engine.encode_prompt(p) if isinstance(p, str) else list(p) for p in req.prompts]
+
     try:
-        prompt_ids = [engine.encode_prompt(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        prompt_ids = await _tokenize(state, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
     job = generation.plan(state, req, prompt_ids, "cmpl")
@@ -58,11 +118,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_chat_request(await read_json(request, state.settings.max_body_bytes))
+    req = parse_chat_request(await _read_body(request, state))
     check_model(req.model, state.settings.model_name)
-    prompt_ids = [_apply_chat_template(state, req)]
+    prompt_ids = [await _tokenize(state, lambda: _apply_chat_template(state, req))]
     job = generation.plan(state, req, prompt_ids, "chatcmpl")
     return await generation.run(request, state, job)
+
+
+async def _read_body(request: web.Request, state: ServerState) -> Any:
+    return await read_json(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
 
 
 def _apply_chat_template(state: ServerState, req: GenerationRequest) -> list[int]:
@@ -73,10 +137,10 @@ def _apply_chat_template(state: ServerState, req: GenerationRequest) -> list[int
         )
     try:
         ids = tokenizer.apply_chat_template(
-            list(req.messages or ()), add_generation_prompt=True, tokenize=True, return_dict=False
+            list(req.messages or ()), add_generation_prompt=True, tokenize=True, return_dict=False,
         )
     except Exception as exc:  # the template's own checks (e.g. role order) raise
-        raise bad_request(f"the chat template refused these messages: {exc}", "messages") from None
+        raise bad_request(f"the chat template refused these messages: {str(exc)[:300]}", "messages") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return _as_ids(ids)

@@ -3,15 +3,21 @@
 Owns the process lifecycle: the HTTP port opens first (so /health answers and /ready says
 503 while the model loads), SIGTERM / SIGINT start a drain (new requests 503, requests in
 flight finish up to the drain timeout), then the runner and the engine thread stop and
-``serve`` returns the exit code (0 after a drain, 1 when loading failed). Knows nothing
-about argument parsing (``cli``) or request handling (``app``).
+``serve`` returns the exit code (0 after a drain, 1 when loading failed). A second SIGTERM
+or SIGINT exits at once (``os._exit``, code 128 + signal). When the engine dies or stalls,
+every waiting client has already been answered (503 or a stream error event); ``serve``
+gives those answers a moment to leave, then exits with code 1 through ``os._exit``, since a
+stalled engine thread might never let the interpreter finish. Knows nothing about argument
+parsing (``cli``) or request handling (``app``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,12 +25,15 @@ from aiohttp import web
 
 from inflight.runtime.server.app import create_app, drain
 from inflight.runtime.server.state import STATE, ServerSettings
+from inflight.runtime.server.transport import make_runner
 
 if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
 FLUSH_TIMEOUT_S = 10.0
+DEATH_ANSWER_S = 2.0  # after an engine death: time for the 503s and error events to leave
+EXIT_ENGINE_DEAD = 1
 
 
 async def serve(
@@ -32,12 +41,12 @@ async def serve(
 ) -> int:
     """Serve until SIGTERM / SIGINT; return the process exit code."""
     app = create_app(settings, loader)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    runner = make_runner(app, settings.keepalive_timeout_s)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _on_signal, sig, stop)
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -46,6 +55,10 @@ async def serve(
             logger.info("listening on http://%s:%d (model %s); loading the model",
                         bound_host, bound_port, settings.model_name)
         code = await _until_stopped(app, stop)
+        if app[STATE].dead.is_set():
+            await app[STATE].wait_idle(DEATH_ANSWER_S)
+            await _flush_writes(runner, DEATH_ANSWER_S)
+            _exit_now(EXIT_ENGINE_DEAD, f"engine dead: {app[STATE].engine.dead_reason}; exiting")
         await _flush_writes(runner, FLUSH_TIMEOUT_S)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,6 +66,20 @@ async def serve(
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)
     return code
+
+
+def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    if stop.is_set():
+        _exit_now(128 + sig, f"second {sig.name}: exiting at once without draining")
+    stop.set()
+
+
+def _exit_now(code: int, message: str) -> None:
+    """Log ``message`` and end the process now, whatever other threads are doing."""
+    logger.critical("%s (exit code %d)", message, code)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _flush_writes(runner: web.AppRunner, timeout_s: float) -> None:
@@ -76,16 +103,20 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
     state = app[STATE]
     loaded = asyncio.ensure_future(state.engine.wait_ready())
     stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if loaded.done():
-        if loaded.exception() is not None:
-            logger.error("loading the model failed: %s", loaded.exception())
-            stopped.cancel()
-            return 1
-        logger.info("ready: model %s loaded and warmed up", state.settings.model_name)
-        await stopped
-    else:
-        loaded.cancel()
+    dead = asyncio.ensure_future(state.dead.wait())
+    try:
+        await asyncio.wait({loaded, stopped, dead}, return_when=asyncio.FIRST_COMPLETED)
+        if loaded.done() and not dead.done():
+            if loaded.exception() is not None:
+                logger.error("loading the model failed: %s", loaded.exception())
+                return 1
+            logger.info("ready: model %s loaded and warmed up", state.settings.model_name)
+            await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)
+        if dead.done():
+            return EXIT_ENGINE_DEAD
+    finally:
+        for future in (loaded, stopped, dead):
+            future.cancel()
     logger.info("shutdown signal received")
     drained = await drain(app, state.settings.drain_timeout_s)
     logger.info("drain %s", "complete" if drained else "timed out; aborted the rest")

@@ -1,7 +1,8 @@
 """The per-app server state every handler reaches through ``request.app[STATE]``.
 
-Owns the settings (served name, API key, drain timeout, body limit), the lifecycle flags
-(loading / ready / draining), the in-flight request count used for graceful drain, and
+Owns the settings (served name, API keys, timeouts, body and buffer limits), the lifecycle
+flags (loading / ready / draining / dead), the in-flight request count used for graceful
+drain, the bounded worker pool that tokenizes and templates prompts off the event loop, and
 references to the async engine and the metrics. No module-level mutable state: each app
 gets its own ``ServerState``. Knows nothing about the OpenAI schemas.
 """
@@ -9,9 +10,12 @@ gets its own ``ServerState``. Knows nothing about the OpenAI schemas.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -19,16 +23,35 @@ from inflight.runtime.server.async_engine import AsyncEngine
 from inflight.runtime.server.metrics import ServerMetrics
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """Server knobs that are not engine knobs (those live in ``EngineConfig``)."""
+    """Server knobs that are not engine knobs (those live in ``EngineConfig``).
+
+    ``admin_api_key``: the credential for /admin (off when ``None``; ``api_key`` never grants
+    it). ``engine_stall_timeout_s``: a step that has not returned by then kills the server.
+    ``keepalive_timeout_s``: an idle connection, or one that has not sent a whole request
+    head, is closed after this. ``request_read_timeout_s``: the most a request body may take
+    to arrive (408 after). ``stream_write_timeout_s`` and ``max_stream_backlog``: a stream
+    whose client does not read for that long, or lets that many outputs pile up, is cut and
+    its requests aborted. ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
+    that tokenizes prompts off the event loop and how many may wait for it (429 beyond).
+    """
 
     model_name: str
     api_key: str | None = None
     drain_timeout_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    admin_api_key: str | None = None
+    engine_stall_timeout_s: float = 300.0
+    keepalive_timeout_s: float = 75.0
+    request_read_timeout_s: float = 60.0
+    stream_write_timeout_s: float = 60.0
+    max_stream_backlog: int = 4096
+    tokenizer_workers: int = 2
+    max_pending_tokenizations: int = 64
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -37,6 +60,15 @@ class ServerSettings:
             raise ValueError(f"drain timeout must be >= 0 seconds (got {self.drain_timeout_s}).")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024 (got {self.max_body_bytes}).")
+        for name in ("engine_stall_timeout_s", "keepalive_timeout_s", "request_read_timeout_s",
+                     "stream_write_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds (got {getattr(self, name)}).")
+        for name in ("max_stream_backlog", "tokenizer_workers", "max_pending_tokenizations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)}).")
+        if self.admin_api_key is not None and self.admin_api_key == self.api_key:
+            raise ValueError("the admin API key must differ from the inference --api-key.")
 
 
 class ServerState:
@@ -49,10 +81,25 @@ class ServerState:
         self.draining = False
         self.num_in_flight = 0
         self.tasks: set[asyncio.Task[object]] = set()  # handlers in flight, cancelled at drain timeout
+        self.dead = asyncio.Event()  # the engine died or stalled: the process must exit
         self._idle = asyncio.Event()
         self._idle.set()
         self._ids = itertools.count()
         self._id_prefix = secrets.token_hex(4)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            settings.tokenizer_workers, thread_name_prefix="inflight-tokenize")
+        self.num_tokenizing = 0
+
+    async def in_pool(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (tokenizing, templating) on the worker pool; None of it blocks the loop."""
+        self.num_tokenizing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        finally:
+            self.num_tokenizing -= 1
+
+    def close_pool(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{self._id_prefix}{next(self._ids):06d}"
