@@ -33,6 +33,9 @@ import torch.distributed as dist
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.distributed.comm import StepTensors, TensorParallel
+from inflight.runtime.distributed.layout import shard_layout
+from inflight.runtime.model.loader import load_hf_config
+from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import EngineFatalError
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,7 @@ class WorkerGroup:
     def start(cls, model_dir: str | Path, config: EngineConfig) -> WorkerGroup:
         """Start ranks 1..N-1 and join the process groups as rank 0 (see module docstring)."""
         world = config.tensor_parallel_size
+        shard_layout(spec_from_hf_config(load_hf_config(model_dir)), 0, world)  # splits? else ValueError
         if dist.is_initialized():
             raise ValueError("a tensor-parallel engine is already running in this process; close it first.")
         store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,

@@ -24,7 +24,13 @@ import torch.distributed as dist
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.distributed.comm import TensorParallel
-from inflight.runtime.distributed.launcher import HOST, KEY_PREFIX, START_TIMEOUT_S, backend_for, init_groups
+from inflight.runtime.distributed.launcher import (
+    HOST,
+    KEY_PREFIX,
+    START_TIMEOUT_S,
+    backend_for,
+    init_groups,
+)
 
 logger = logging.getLogger("inflight.tp-worker")
 PARENT_POLL_S = 0.5

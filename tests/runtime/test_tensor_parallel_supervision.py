@@ -1,0 +1,90 @@
+"""Tensor-parallel start-up and supervision on the CPU (gloo), offline.
+
+The model must split (else ValueError before any process starts); a worker that fails or
+dies during start-up fails the start at once with its message; a SIGKILLed worker turns
+the next step into ``EngineFatalError`` whether the engine is busy or idle, and closing the
+engine leaves no worker process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inflight.runtime.distributed import launcher
+from inflight.runtime.distributed.layout import shard_layout, valid_tensor_parallel_sizes
+from inflight.runtime.llm import LLM
+from inflight.runtime.model.loader import load_hf_config
+from inflight.runtime.model.spec import spec_from_hf_config
+from inflight.runtime.outputs import EngineFatalError
+from inflight.runtime.sampling_params import SamplingParams
+
+
+def test_layout_splits_heads_and_replicates_kv_heads(model_factory) -> None:
+    spec = spec_from_hf_config(load_hf_config(model_factory("llama")))  # 4 heads, 2 KV heads
+    assert valid_tensor_parallel_sizes(spec) == [1, 2, 4]
+    four = [shard_layout(spec, r, 4) for r in range(4)]
+    assert [(lay.q_head_start, lay.num_heads) for lay in four] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [(lay.kv_head_start, lay.num_kv_heads) for lay in four] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    two = [shard_layout(spec, r, 2) for r in range(2)]
+    assert [(lay.vocab_start, lay.vocab_end) for lay in two] == [(0, 512), (512, spec.vocab_size)]
+    with pytest.raises(ValueError, match="does not evenly divide the model's 4 attention heads.*1, 2, 4"):
+        shard_layout(spec, 0, 3)
+
+
+def test_tp_size_that_does_not_divide_the_heads_fails_before_any_process(model_factory) -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size 3"):
+        LLM(model_factory("llama"), tensor_parallel_size=3, num_kv_blocks=8)
+
+
+def test_worker_that_fails_to_load_fails_the_start_with_its_message(model_factory, monkeypatch) -> None:
+    spawn = launcher._spawn
+
+    def bad_dir(rank, world, port, model_dir, config):
+        return spawn(rank, world, port, Path(model_dir) / "missing", config)
+
+    monkeypatch.setattr(launcher, "_spawn", bad_dir)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker rank 1 failed to start: ValueError: .*missing is not a model"):
+        LLM(model_factory("llama"), tensor_parallel_size=2, num_kv_blocks=8)
+    assert time.monotonic() - t0 < 60
+
+
+def test_worker_that_dies_at_start_fails_the_start_at_once(model_factory, monkeypatch) -> None:
+    monkeypatch.setattr(launcher, "_spawn", lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"]))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 .* exited with code 7 during start-up"):
+        LLM(model_factory("llama"), tensor_parallel_size=2, num_kv_blocks=8)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("when", ["busy", "idle"])
+def test_killed_worker_is_a_fatal_engine_error(model_factory, when: str) -> None:
+    with LLM(model_factory("llama"), tensor_parallel_size=2, num_kv_blocks=64) as llm:
+        engine = llm.engine
+        procs = list(engine.runner.workers._procs.values())
+        params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        for i in range(8):
+            engine.add_request(str(i), [1, 5, 7, 9] * 10, params)
+        for _ in range(3):
+            engine.step()
+        if when == "idle":
+            for i in range(8):
+                engine.abort_request(str(i))
+            assert not engine.has_unfinished_requests()
+        os.kill(procs[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineFatalError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+            while time.monotonic() - t0 < 10:
+                if engine.has_unfinished_requests():
+                    engine.step()
+                else:
+                    time.sleep(0.01)
+        assert time.monotonic() - t0 < 5
+    assert all(p.poll() is not None for p in procs)
