@@ -132,8 +132,6 @@ class LLMEngine:
         vocab = self.runner.spec.vocab_size
         if n == 0:
             raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
-            raise RequestRejectedError(f"prompt token ids must be integers in [0, {vocab})", "invalid_request", "prompt")
         _check_params_for_vocab(params, vocab)
         cfg = self.config
         if n + params.max_tokens > self.max_model_len:
@@ -153,6 +151,9 @@ class LLMEngine:
                 f"({self.pool.num_blocks * cfg.block_size} tokens); lower max_tokens",
                 "too_large_for_cache", "max_tokens",
             )
+        # last: the per-token scan is the one check whose cost grows with the prompt
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise RequestRejectedError(f"prompt token ids must be integers in [0, {vocab})", "invalid_request", "prompt")
 
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -223,3 +223,48 @@ async def burst(url: str, num_streams: int, max_tokens: int, headers: dict[str, 
         stop.set()
         await poller
     return list(chunks), samples
+
+
+@dataclass
+class RawReply:
+    status: int  # 0: the server closed the connection without an answer
+    head: str
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def raw_http(port: int, data: bytes, timeout: float = 30.0, then_wait: float = 0.0) -> RawReply:
+    """Send ``data`` as-is on a new connection (optionally idle ``then_wait`` seconds first
+    after sending) and read until the server closes; for requests a client library refuses."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        if then_wait:
+            time.sleep(then_wait)
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                raw = b"".join(chunks)
+                head, sep, body = raw.partition(b"\r\n\r\n")
+                match = re.search(rb"content-length: *(\d+)", head, re.I)
+                if sep and match and len(body) >= int(match.group(1)):
+                    break
+        except ConnectionResetError:
+            pass
+    raw = b"".join(chunks)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+    return RawReply(status, head.decode("latin-1"), body)
+
+
+def post_bytes(path: str, body: bytes, extra_headers: bytes = b"") -> bytes:
+    """A raw POST request with ``body`` and a correct Content-Length."""
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + extra_headers + b"\r\n" + body

@@ -52,7 +52,7 @@ async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.
         raise body_too_large(max_bytes) from None
     except asyncio.TimeoutError:
         raise request_timeout(timeout_s) from None
-    except (ClientPayloadError, HttpProcessingError) as exc:  # e.g. Content-Encoding: gzip on non-gzip
+    except (web.RequestPayloadError, ClientPayloadError, HttpProcessingError) as exc:  # e.g. bad gzip
         cause = exc.__cause__ or exc
         raise bad_request(f"the request body could not be read: {type(cause).__name__} "
                           f"(check Content-Encoding and Transfer-Encoding)") from None

@@ -12,12 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from inflight.runtime.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.request_features import RequestFeatures, chat_message, parse_features
 
 MAX_N = 16
-MAX_STOP_STRINGS = 16
 MAX_PROMPTS = 64
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -188,7 +187,7 @@ def _parse_token_list(value: object, param: str) -> tuple[int, ...]:
         raise bad_request(f"'{param}' must be a list of token ids", param)
     for token in value:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise bad_request(f"'{param}' token ids must be non-negative integers (got {token!r})", param)
+            raise bad_request(f"'{param}' token ids must be non-negative integers (got {brief(token)})", param)
     if param == "prompt" and not value:
         raise bad_request("a token-id prompt must not be empty", param)
     return tuple(value)
@@ -204,7 +203,7 @@ def _parse_messages(value: object) -> tuple[dict[str, str], ...]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise bad_request(
-                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)} (got {role!r})", "messages"
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)} (got {brief(role)})", "messages"
             )
         messages.append(chat_message(message, i, _message_text(message.get("content"), i)))
     return tuple(messages)
@@ -264,9 +263,9 @@ def _get_int(
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer (got {value!r})", name)
+        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", name)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise bad_request(f"'{name}' must be {_bounds(minimum, maximum)} (got {value})", name)
+        raise bad_request(f"'{name}' must be {_bounds(minimum, maximum)} (got {brief(value)})", name)
     return value
 
 
@@ -283,7 +282,7 @@ def _get_number(obj: dict[str, Any], name: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"'{name}' must be a number (got {value!r})", name)
+        raise bad_request(f"'{name}' must be a number (got {brief(value)})", name)
     return float(value)
 
 
@@ -292,7 +291,7 @@ def _get_bool(obj: dict[str, Any], name: str, default: bool, param: str | None =
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false (got {value!r})", param or name)
+        raise bad_request(f"'{name}' must be true or false (got {brief(value)})", param or name)
     return value
 
 
@@ -301,7 +300,7 @@ def _get_str(obj: dict[str, Any], name: str, default: str | None) -> str | None:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string (got {value!r})", name)
+        raise bad_request(f"'{name}' must be a string (got {brief(value)})", name)
     return value
 
 
