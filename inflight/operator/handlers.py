@@ -10,7 +10,8 @@ Deletion runs behind the finalizer ``inflight.dev/finalizer`` so the children ar
 explicitly (their owner references would let the garbage collector do it too); if the
 operator is uninstalled before its resources, remove that finalizer by hand.
 
-An invalid spec sets ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
+An invalid spec (or one whose objects the API server refuses with 400/422) sets
+``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
 the spec changes again. ``register()`` takes the registry instead of using kopf's global
 one so tests can run isolated operators; ``inflight.operator`` registers onto the default
 registry for ``kopf run -m inflight.operator``.
@@ -24,10 +25,10 @@ from typing import Any
 
 import kopf
 
-from inflight.operator import reconcile, render, status
+from inflight.operator import reconcile, render, render_model, status
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
-from inflight.operator.kube import DEPLOYMENTS
+from inflight.operator.kube import DEPLOYMENTS, KubeError
 from inflight.operator.reconcile import ResourceState
 from inflight.operator.spec import InferenceSpec, parse_spec
 
@@ -102,7 +103,15 @@ async def on_reconcile(
     spec = _parse_or_degrade(body, patch, now)
     ctx: OperatorContext = memo.ctx
     meta = body["metadata"]
-    await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
+    try:
+        await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
+    except KubeError as exc:
+        if exc.status not in (400, 422):
+            raise  # a transient API error: kopf retries
+        # The API server refused what the spec rendered (e.g. a bad volume or env source).
+        message = f"the API server rejected an object: {exc}"
+        patch.status.update(status.invalid_spec_status(message, _conditions(body), meta.get("generation"), now))
+        raise kopf.PermanentError(message) from exc
     pods = await reconcile.list_pods(ctx, spec)
     errors = await reconcile.sync_live_config(ctx, spec, _state(memo), pods)
     for error in errors:
@@ -143,6 +152,8 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
     new_status = status.observed_status(deployment, decision, _conditions(body), meta.get("generation"), now)
     if state.last_scale_time is not None:
         new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
+    if (cache := render_model.cache_status(spec.name, spec.model, pods)) is not None:
+        new_status["modelCache"] = cache
     patch.status.update(new_status)
 
 
