@@ -1,0 +1,164 @@
+"""Engine supervision: the engine thread's death (any BaseException), an EngineFatalError or a
+stalled step turns /health and /ready to 503, answers every waiting client (503, or an error
+event in a stream) and, in a real process, exits non-zero within seconds. A second SIGTERM
+exits at once. Faults are injected with ``INFLIGHT_TEST_ENGINE_FAULT`` (tests only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, wait_until
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.outputs import EngineFatalError
+from inflight.runtime.server import ServerSettings
+from inflight.runtime.server.faults import FAULT_ENV
+from inflight.runtime.server.state import STATE
+
+LONG = {"model": MODEL_NAME, "prompt": "# long\n", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+CONFIG = EngineConfig(max_num_sequences=2, num_kv_blocks=64, max_model_len=512)
+
+
+async def _stream(url: str, started: asyncio.Event) -> str:
+    """How a stream ended: "completed", "error:<code>" or "silent-cut"."""
+    code = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        try:
+            async with session.post(f"{url}/v1/completions", json={**LONG, "stream": True}) as resp:
+                if resp.status != 200:
+                    return f"status:{resp.status}"
+                async for raw in resp.content:
+                    started.set()
+                    line = raw.decode().strip()
+                    if line.startswith("data: {") and '"error"' in line:
+                        code = json.loads(line[6:])["error"]["code"]
+        except aiohttp.ClientError:
+            return "silent-cut"
+    return "completed" if code is None else f"error:{code}"
+
+
+async def _plain(url: str) -> tuple[int, str | None]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with session.post(f"{url}/v1/completions", json=LONG) as resp:
+            return resp.status, (await resp.json()).get("error", {}).get("code")
+
+
+async def _clients(url: str, num_streams: int = 2, num_plain: int = 2) -> tuple[list[str], list[tuple[int, str | None]]]:
+    started = asyncio.Event()
+    streams = [asyncio.create_task(_stream(url, started)) for _ in range(num_streams)]
+    plain = [asyncio.create_task(_plain(url)) for _ in range(num_plain)]
+    return list(await asyncio.gather(*streams)), list(await asyncio.gather(*plain))
+
+
+def _assert_dead(url: str, outcomes: tuple[list[str], list[tuple[int, str | None]]]) -> None:
+    streams, plain = outcomes
+    assert streams and all(s == "error:engine_dead" for s in streams), streams
+    assert plain and all(p == (503, "engine_dead") for p in plain), plain
+    for probe in ("/health", "/ready"):
+        reply = http("GET", url + probe)
+        assert reply.status == 503 and reply.json()["status"] == "dead", reply.text
+    reply = http("POST", url + "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    assert reply.status == 503 and reply.json()["error"]["code"] == "engine_dead"
+
+
+@pytest.fixture
+def faulty_server(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    fault, settings = request.param
+    monkeypatch.setenv(FAULT_ENV, fault)
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME, **settings)).start()
+    monkeypatch.delenv(FAULT_ENV)
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("faulty_server", [("die-after-steps:5", {})], indirect=True)
+def test_engine_thread_death_answers_everyone(faulty_server: LiveServer) -> None:
+    outcomes = asyncio.run(asyncio.wait_for(_clients(faulty_server.url), 60))
+    _assert_dead(faulty_server.url, outcomes)
+    state = faulty_server.app[STATE]
+    assert state.dead.is_set() and "injected engine-thread death" in (state.engine.dead_reason or "")
+
+
+@pytest.mark.parametrize("faulty_server", [("stall-after-steps:5", {"engine_stall_timeout_s": 1.0})], indirect=True)
+def test_a_stalled_step_is_declared_dead(faulty_server: LiveServer) -> None:
+    started = time.monotonic()
+    outcomes = asyncio.run(asyncio.wait_for(_clients(faulty_server.url), 60))
+    _assert_dead(faulty_server.url, outcomes)
+    assert "stall timeout" in (faulty_server.app[STATE].engine.dead_reason or "")
+    assert time.monotonic() - started < 30
+
+
+def test_engine_fatal_error_is_never_isolated(demo_model_dir: Path) -> None:
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME)).start()
+    try:
+        engine = live.app[STATE].engine.engine
+        real_step = engine.step
+        steps = iter(range(10**6))
+
+        def step() -> list:
+            if next(steps) == 4:
+                raise EngineFatalError("a tensor-parallel worker died (injected)")
+            return real_step()
+
+        engine.step = step  # type: ignore[method-assign]
+        outcomes = asyncio.run(asyncio.wait_for(_clients(live.url), 60))
+        _assert_dead(live.url, outcomes)
+        assert "tensor-parallel worker died" in (live.app[STATE].engine.dead_reason or "")
+    finally:
+        live.stop()
+
+
+def _serve_args(demo_model_dir: Path, *extra: str) -> list[str]:
+    return ["--model", str(demo_model_dir), "--served-model-name", MODEL_NAME, "--port", "0",
+            "--max-num-sequences", "2", "--num-kv-blocks", "64", "--max-model-len", "512", *extra]
+
+
+def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path) -> None:
+    server = ServeProcess(_serve_args(demo_model_dir), env={FAULT_ENV: "die-after-steps:20"})
+    try:
+        server.wait_ready()
+        streams, plain = asyncio.run(asyncio.wait_for(_clients(server.url, 3, 3), 60))
+        answered = time.monotonic()
+        code = server.proc.wait(15)
+        exited_after = time.monotonic() - answered
+    finally:
+        server.stop()
+    assert all(s == "error:engine_dead" for s in streams), (streams, server.log())
+    assert all(p == (503, "engine_dead") for p in plain), plain
+    assert code == 1, server.log()
+    print(f"process exited with code {code} {exited_after:.2f} s after every client was answered")
+    assert exited_after < 10, exited_after
+    log = server.log()
+    assert "the engine thread died" in log and "engine dead" in log
+
+
+def test_a_second_sigterm_exits_at_once(demo_model_dir: Path) -> None:
+    server = ServeProcess(_serve_args(demo_model_dir, "--drain-timeout", "120"))
+    try:
+        server.wait_ready()
+
+        async def scenario() -> int:
+            started = asyncio.Event()
+            stream = asyncio.create_task(_stream(server.url, started))
+            await asyncio.wait_for(started.wait(), 30)
+            server.terminate()
+            await asyncio.sleep(0.5)
+            assert server.proc.poll() is None  # draining: the stream is still running
+            signalled = time.monotonic()
+            server.terminate()
+            code = await asyncio.to_thread(server.proc.wait, 10)
+            assert time.monotonic() - signalled < 5
+            stream.cancel()
+            return code
+
+        code = asyncio.run(asyncio.wait_for(scenario(), 90))
+    finally:
+        server.stop()
+    assert code == 128 + 15, server.log()
+    assert "second SIGTERM" in server.log()
