@@ -1,0 +1,155 @@
+"""A real ``inflight serve --tensor-parallel-size 2`` subprocess, through the openai client.
+
+Concurrent greedy completions (chunked context under a small token budget, a KV cache small
+enough to preempt, prompts sharing a prefix) return what the offline TP=1 engine returns;
+SIGTERM drains and leaves no worker behind; a SIGKILLed worker while clients wait makes
+``/health`` say 503 and the server exit non-zero within 10 s with every client answered;
+and a worker whose engine process is SIGKILLed exits by itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+from pathlib import Path
+
+import openai
+
+from inflight.runtime.llm import LLM
+from inflight.runtime.sampling_params import SamplingParams
+from tests.server.server_helpers import ServeProcess, http, metrics, wait_until
+
+from .hf_reference import CORPUS
+
+MODEL = "demo"
+ENGINE_ARGS = ["--num-kv-blocks", "14", "--max-num-tokens", "32", "--max-num-sequences", "8", "--max-model-len", "224"]
+PROMPTS = [CORPUS[: 40 + 23 * i] for i in range(8)] + [CORPUS[:120] + tail for tail in ("x = 1", "def f():")]
+
+
+def _worker_pids(server_pid: int) -> list[int]:
+    """The tensor-parallel workers started by ``server_pid`` (from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server_pid and b"inflight.runtime.distributed.worker" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _serve(model_dir: Path, *extra: str) -> ServeProcess:
+    server = ServeProcess(["--model", str(model_dir), "--served-model-name", MODEL, "--port", "0",
+                           "--tensor-parallel-size", "2", *ENGINE_ARGS, *extra])
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _client(server: ServeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=30.0, max_retries=0)
+
+
+def test_served_tp2_matches_offline_tp1_and_sigterm_leaves_no_worker(model_factory) -> None:
+    model_dir = model_factory("qwen2")
+    with LLM(model_dir, num_kv_blocks=14, max_num_tokens=32, max_num_sequences=8, max_model_len=224) as offline:
+        want = offline.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0.0))
+    server = _serve(model_dir)
+    try:
+        workers = _worker_pids(server.proc.pid)
+        assert len(workers) == 1
+        client = _client(server)
+
+        def complete(prompt: str):
+            return client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.0)
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(complete, PROMPTS))
+        for g, w in zip(got, want, strict=True):
+            assert g.choices[0].text == w.text
+            assert g.usage.completion_tokens == len(w.token_ids)
+        server.terminate()
+        assert server.proc.wait(30) == 0, server.log()
+        assert wait_until(lambda: not any(_alive(p) for p in workers), 10), "a worker outlived the server"
+    finally:
+        server.stop()
+
+
+def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_factory) -> None:
+    server = _serve(model_factory("llama"), "--num-kv-blocks", "64")
+    try:
+        (worker,) = _worker_pids(server.proc.pid)
+        client = _client(server)
+
+        def stream(i: int) -> str:
+            try:
+                chunks = client.completions.create(
+                    model=MODEL, prompt=PROMPTS[i], max_tokens=120, temperature=0.0, stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                for _ in chunks:
+                    pass
+                return "finished"
+            except openai.APIStatusError as exc:
+                return f"status {exc.status_code}"
+            except openai.APIError as exc:  # an error event inside the stream, or the connection cut
+                return f"error {type(exc).__name__}"
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(stream, i) for i in range(8)]
+            assert wait_until(lambda: _in_flight(server) == 8, 30), "the 8 streams never reached the engine"
+            os.kill(worker, signal.SIGKILL)
+            killed = time.monotonic()
+            assert wait_until(lambda: _health(server) != 200, 10), "/health still 200 after the worker died"
+            code = server.proc.wait(15)
+            elapsed = time.monotonic() - killed
+            answers = [f.result(timeout=15) for f in futures]
+    finally:
+        server.stop()
+    if os.environ.get("INFLIGHT_TP_REPORT"):
+        print(f"\nworker SIGKILL -> server exit code {code} after {elapsed:.2f} s; clients: {answers}")
+    assert code != 0
+    assert elapsed < 10, f"the server took {elapsed:.1f} s to exit"
+    assert "finished" not in answers and len(answers) == 8, answers
+    assert "rank 1" in server.log() and "SIGKILL" in server.log()
+
+
+def test_worker_exits_when_its_engine_process_is_killed(model_factory) -> None:
+    server = _serve(model_factory("llama"))
+    try:
+        (worker,) = _worker_pids(server.proc.pid)
+        server.proc.kill()
+        server.proc.wait(10)
+        assert wait_until(lambda: not _alive(worker), 10), "the worker outlived its engine process"
+    finally:
+        server.stop()
+
+
+def _in_flight(server: ServeProcess) -> float:
+    m = metrics(server.url)
+    return m["inflight:num_requests_running"] + m["inflight:num_requests_waiting"]
+
+
+def _health(server: ServeProcess) -> int:
+    try:
+        return http("GET", f"{server.url}/health", timeout=2).status
+    except OSError:
+        return 0  # the process is gone: not healthy either
+
