@@ -37,6 +37,7 @@ from inflight.runtime.outputs import (
     RequestTimes,
     TokenLogprob,
 )
+from inflight.runtime.prompt_logprobs import span_logprobs
 from inflight.runtime.request import Request
 from inflight.runtime.sampler import Sampler, SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
@@ -52,7 +53,7 @@ _Sampled = tuple[ScheduledChunk, int, "TokenLogprob | None"]  # (chunk, token id
 class _Live:
     """Per-request engine-side state that is not scheduling state."""
 
-    __slots__ = ("detok", "generator", "pending_logprobs", "matcher")
+    __slots__ = ("detok", "generator", "pending_logprobs", "matcher", "prompt_logprobs", "prompt_logprobs_sent")
 
     def __init__(
         self, detok: IncrementalDetokenizer, generator: torch.Generator | None,
@@ -62,6 +63,8 @@ class _Live:
         self.generator = generator
         self.pending_logprobs: list[TokenLogprob] = []
         self.matcher = matcher  # structured outputs: advanced once per accepted output token
+        self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (token 0 has no context)
+        self.prompt_logprobs_sent = False
 
 
 class LLMEngine:
@@ -262,9 +265,27 @@ class LLMEngine:
         only a failed step can change what a seeded request in it generates."""
         batch = self.runner.prepare(chunks)
         logits = self.runner.execute(batch)
+        if batch.prompt_logprob_spans:
+            logits = self._collect_prompt_logprobs(batch, logits)
         rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
         sampled = self.sampler.sample(logits, rows)
         return list(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs, strict=True))
+
+    def _collect_prompt_logprobs(self, batch: Any, logits: torch.Tensor) -> torch.Tensor:
+        """Record the prompt logprobs of ``batch``'s prompt rows; return the sampling rows.
+
+        Only positions not collected yet are kept, so a recompute (or a retried step) adds
+        nothing twice."""
+        row = len(batch.sampled_chunks)
+        for chunk, first, count in batch.prompt_logprob_spans:
+            req = chunk.request
+            collected = self._live[req.req_id].prompt_logprobs
+            if first + count > len(collected) >= first:
+                entries = span_logprobs(logits[row : row + count], req.prompt_token_ids, first,
+                                        req.params.prompt_logprobs or 0)
+                collected.extend(entries[len(collected) - first:])
+            row += count
+        return logits[: len(batch.sampled_chunks)]
 
     def _fail(self, req: Request) -> RequestOutput:
         """Finish ``req`` with ``finish_reason == "error"`` and free its blocks."""
@@ -325,11 +346,14 @@ class LLMEngine:
         live = self._live[req.req_id]
         logprobs = tuple(live.pending_logprobs) if req.params.logprobs is not None else None
         live.pending_logprobs.clear()
+        prompt_logprobs = None
+        if req.params.prompt_logprobs is not None and not live.prompt_logprobs_sent and (new_ids or finished):
+            prompt_logprobs, live.prompt_logprobs_sent = tuple(live.prompt_logprobs), True
         return RequestOutput(
             req_id=req.req_id, new_token_ids=new_ids, new_text=text, finished=finished,
             finish_reason=reason, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
-            new_logprobs=logprobs, times=times,
+            new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs,
         )
 
     def _finish_output(self, req: Request, new_ids: tuple[int, ...], text: str) -> RequestOutput:

@@ -28,6 +28,8 @@ class KVCacheManager:
         """Cached blocks covering a prefix of ``req``'s tokens (at least one token stays to compute)."""
         if not self.pool.enable_prefix_caching or req.num_computed_tokens > 0:
             return []
+        if req.params.prompt_logprobs is not None:  # cached tokens would have no logits
+            return []
         req.block_hashes = hash_full_blocks(req.token_ids, self.block_size, req.block_hashes)
         max_blocks = (req.num_tokens - 1) // self.block_size
         return self.pool.find_cached(req.block_hashes[:max_blocks])

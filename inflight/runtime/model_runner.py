@@ -87,6 +87,9 @@ class BatchInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor  # [num_sampled] rows of the packed batch to compute logits for
     sampled_chunks: tuple[ScheduledChunk, ...]  # in the order of sample_indices
+    # Prompt logprobs: (chunk, first position, count) whose rows follow the sampled rows in
+    # sample_indices; the row at position p predicts prompt token p + 1.
+    prompt_logprob_spans: tuple[tuple[ScheduledChunk, int, int], ...] = ()
 
 
 class ModelRunner:
@@ -180,6 +183,8 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         sampled: list[ScheduledChunk] = []
+        spans: list[tuple[ScheduledChunk, int, int]] = []
+        prompt_rows: list[int] = []
         ctx_lens: list[int] = []
         q_starts: list[int] = [0]
         for chunk in decodes + prefills:
@@ -195,6 +200,10 @@ class ModelRunner:
             if chunk.sample:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(chunk)
+            if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                count = min(start + n, req.num_prompt_tokens - 1) - start
+                spans.append((chunk, start, count))
+                prompt_rows.extend(range(len(ids) - n, len(ids) - n + count))
         nd = len(decodes)
         dev = self.device
         tables = [c.request.block_ids for c in decodes + prefills]
@@ -212,8 +221,9 @@ class ModelRunner:
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
             positions=torch.tensor(pos, dtype=torch.int64, device=dev),
             meta=meta,
-            sample_indices=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            sample_indices=torch.tensor(sample_rows + prompt_rows, dtype=torch.int64, device=dev),
             sampled_chunks=tuple(sampled),
+            prompt_logprob_spans=tuple(spans),
         )
 
     @torch.inference_mode()

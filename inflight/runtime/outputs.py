@@ -80,6 +80,9 @@ class RequestOutput:
     num_cached_tokens: int
     new_logprobs: tuple[TokenLogprob, ...] | None = None
     times: RequestTimes | None = None
+    # With SamplingParams.prompt_logprobs: prompt tokens 1.. (token 0 has no context), once,
+    # on the request's first output.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

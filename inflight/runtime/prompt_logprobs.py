@@ -1,0 +1,33 @@
+"""Prompt logprobs: the log-probability of each prompt token given the tokens before it.
+
+The runner computes logits for the prompt rows of requests that ask (``SamplingParams.
+prompt_logprobs``); this module turns those rows into one :class:`TokenLogprob` per prompt
+token (from the second on: the first has no context) with the top-k alternatives, from the
+raw distribution (no penalties, temperature or masks). Knows nothing about scheduling; the
+engine keeps what each request has collected so a recompute after preemption adds nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from inflight.runtime.outputs import TokenLogprob
+
+
+def span_logprobs(
+    logits: torch.Tensor, prompt_token_ids: Sequence[int], first_position: int, k: int
+) -> list[TokenLogprob]:
+    """``logits``: ``[count, vocab]`` rows at positions ``first_position ..``; row i scores
+    prompt token ``first_position + i + 1``."""
+    count = logits.shape[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(prompt_token_ids[first_position + 1 : first_position + 1 + count],
+                           dtype=torch.int64, device=logits.device)
+    chosen = logp.gather(1, targets[:, None]).squeeze(1).tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * count
+    if k > 0:
+        vals, idx = logp.topk(k, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+    return [TokenLogprob(int(t), lp, top) for t, lp, top in zip(targets.tolist(), chosen, tops, strict=True)]
