@@ -3,7 +3,11 @@ a real kopf operator (our handlers, a fresh registry) running against it, and fa
 
 kmock stores objects and serves list/watch but does not assign uid, creationTimestamp,
 resourceVersion or metadata.generation, does not bump generation on spec changes and ignores
-generateName; ``ApiServer`` adds exactly that. Every request the operator sends is kept, so
+generateName; ``ApiServer`` adds exactly that. For the real ``kubectl`` it also serves the
+resources' singular and short names in discovery (``kubectl get infd``) and OpenAPI v3
+(``/openapi/v3`` and one document per group/version holding the CRD's schema under its GVK), so
+``kubectl apply`` validates manifests against the CRD client-side, as it does when a server does
+not advertise server-side field validation. Every request the operator sends is kept, so
 tests can check each is covered by ``inflight.operator.rbac.REQUIRED_PERMISSIONS``.
 """
 
@@ -27,6 +31,7 @@ import kopf
 
 from inflight.operator import crd, handlers, rbac, render
 from inflight.operator.context import OperatorConfig, OperatorContext
+from tests.operator import kmock_schema
 
 CR_PATH = "/apis/inflight.dev/v1alpha1/namespaces/{ns}/inferencedeployments"
 _RESOURCES = {
@@ -44,6 +49,9 @@ _RESOURCES = {
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
 }
 _VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
+_SHORT_NAMES = {"inferencedeployments": {"infd"}, "deployments": {"deploy"}, "services": {"svc"},
+                "poddisruptionbudgets": {"pdb"}, "configmaps": {"cm"}, "persistentvolumeclaims": {"pvc"},
+                "inferencepools": {"infpool"}, "events": {"ev"}, "namespaces": {"ns"}}
 
 
 def _merge(base: Any, patch: Any) -> Any:
@@ -65,17 +73,94 @@ class ApiServer(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
         for key, (kind, namespaced, subresources) in _RESOURCES.items():
+            plural = key.rsplit("/", 1)[1]
             self.resources[key] = kmock.ResourceInfo(
-                kind=kind, namespaced=namespaced, verbs=set(_VERBS), subresources=subresources
+                kind=kind, namespaced=namespaced, verbs=set(_VERBS), subresources=subresources,
+                singular=kind.lower(), shortnames=_SHORT_NAMES.get(plural, set()),
             )
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith("/openapi/"):
+            return self._openapi(request.url.path)
+        if request.resource is not None and isinstance(request.data, list) and request.action == kmock.action.UPDATE:
+            self._check_json_patch_tests(request)
         if request.resource is not None and isinstance(request.data, dict):
+            if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+                self._check_strict(request)
             if request.action == kmock.action.CREATE:
                 self._on_create(request.data)
             elif request.action == kmock.action.UPDATE and request.name is not None:
                 self._on_update(request)
         return await super()._handle(request)
+
+    def _crds(self) -> list[dict[str, Any]]:
+        return [obj.raw for (res, _, _), obj in list(self.objects.items())
+                if res.plural == "customresourcedefinitions" and not obj.deleted]
+
+    def _openapi(self, path: str) -> aiohttp.web.Response:
+        schemas = kmock_schema.crd_schemas(self._crds())
+        if path.rstrip("/") == "/openapi/v3":
+            return aiohttp.web.json_response(kmock_schema.openapi_root(schemas))
+        doc = kmock_schema.openapi_group_version(schemas, path.removeprefix("/openapi/v3/apis/"))
+        if doc is None:
+            return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return aiohttp.web.json_response(doc)
+
+    def _check_json_patch_tests(self, request: kmock.Request) -> None:
+        """A failed JSON-patch ``test`` op is a 422 from the API server (kmock answers 500), which
+        is what kopf's optimistic finalizer/annotation patches expect before re-reading."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        current: Any = self.objects[key].raw
+        for op in request.data:
+            if not isinstance(op, dict) or op.get("op") != "test":
+                continue
+            value: Any = current
+            for part in str(op.get("path", "")).lstrip("/").split("/"):
+                part = part.replace("~1", "/").replace("~0", "~")
+                value = value.get(part) if isinstance(value, dict) else None
+            if value != op.get("value"):
+                raise kmock.KubernetesError(
+                    status=422, reason="Invalid",
+                    message=f"the server rejected our request due to an error in our request: "
+                            f"test of {op.get('path')} failed",
+                )
+
+    def _check_strict(self, request: kmock.Request) -> None:
+        """``?fieldValidation=Strict`` on a custom object: a 422 like the API server's, or nothing."""
+        if request.params.get("fieldValidation") != "Strict" or request.subresource is not None:
+            return
+        res = request.resource
+        entry = kmock_schema.crd_schemas(self._crds()).get(f"{res.group}/{res.version}")
+        if entry is None or not isinstance(request.data, dict):
+            return
+        obj = request.data
+        key = (res, request.namespace, request.name)
+        if request.action == kmock.action.UPDATE and key in self.objects:
+            obj = _merge(self.objects[key].raw, request.data)
+        if errors := kmock_schema.strict_errors(obj, entry[3]):
+            name = (obj.get("metadata") or {}).get("name")
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid",
+                message=f'{entry[0]}.{res.group} "{name}" is invalid: ' + "; ".join(errors),
+            )
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        """Discovery as the API server has it: short names on resources, not on their subresources."""
+        doc = await super()._serve_version(request)
+        for entry in doc["resources"]:
+            if "/" in entry["name"]:
+                entry["shortNames"] = []
+        return doc
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """Lists carry ``kind: <Kind>List`` and ``apiVersion`` (kubectl's decoder needs them)."""
+        doc = await super()._serve_list(request)
+        info = self.resources[f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
+                              if request.resource.group else f"{request.resource.version}/{request.resource.plural}"]
+        gv = f"{request.resource.group}/{request.resource.version}" if request.resource.group else request.resource.version
+        return {"apiVersion": gv, "kind": f"{info.kind}List", **doc}
 
     def _on_create(self, data: dict[str, Any]) -> None:
         meta = data.setdefault("metadata", {})
@@ -158,8 +243,9 @@ def pod_object(name: str, instance: str, port: int, ns: str = "default", ready: 
 class Cluster:
     """The test's handle: API calls against the emulator and waiting helpers."""
 
-    def __init__(self, api: ApiServer) -> None:
+    def __init__(self, api: ApiServer, api_url: str = "") -> None:
         self.api = api
+        self.api_url = api_url  # the emulator's base URL, for real clients (kubectl)
 
     async def request(self, method: str, path: str, body: Any = None, merge: bool = False) -> dict[str, Any]:
         headers = {"Content-Type": "application/merge-patch+json"} if merge else {}
@@ -206,13 +292,15 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, w
 
 
 def uncovered_requests(api: ApiServer) -> list[str]:
-    """Requests the operator sent that REQUIRED_PERMISSIONS does not grant."""
+    """Requests the operator sent that REQUIRED_PERMISSIONS does not grant (the tests' own
+    requests, from kmock's client or kubectl, are a user's, not the operator's)."""
     verbs = {kmock.action.FETCH: "get", kmock.action.LIST: "list", kmock.action.WATCH: "watch",
              kmock.action.CREATE: "create", kmock.action.DELETE: "delete"}
     missing = set()
     for req in list(api):
         res = req.resource
-        if res is None or req.action is None or not res.plural or "kmock" in req.headers.get("User-Agent", ""):
+        agent = req.headers.get("User-Agent", "")
+        if res is None or req.action is None or not res.plural or "kmock" in agent or agent.startswith("kubectl"):
             continue
         verb = verbs.get(req.action) or ("patch" if req.method.value == "PATCH" else "update")
         plural = f"{res.plural}/{req.subresource}" if req.subresource else res.plural
@@ -225,7 +313,7 @@ def uncovered_requests(api: ApiServer) -> list[str]:
 async def running_operator(tick_seconds: float = 0.2) -> AsyncIterator[Cluster]:
     """kmock + our kopf handlers in a background task; stops the operator on exit."""
     async with ApiServer() as api, kmock.Server(api) as server:
-        cluster = Cluster(api)
+        cluster = Cluster(api, str(server.url).rstrip("/"))
         await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.build_crd())
         registry = kopf.OperatorRegistry()
         handlers.register(registry, tick_seconds=tick_seconds)

@@ -235,8 +235,12 @@ def test_autoscaling_with_fake_pods_scales_up_and_down_and_posts_events() -> Non
                 events = (await cluster.get("/api/v1/namespaces/default/events"))["items"]
                 reasons = [e["reason"] for e in events if e["source"]["component"] == "inflight-operator"]
                 assert reasons[0] == "ScaleUpQueue" and reasons[-1] == "ScaleDown", reasons
-                cr = await cluster.cr(name)
-                assert cr["status"]["lastDecisionReason"] in ("ScaleDown", "ClampedMin", "Steady")
+                async def settled() -> dict[str, Any] | None:  # the tick that scaled patches status last
+                    cr = await cluster.cr(name)
+                    reason = cr["status"].get("lastDecisionReason")
+                    return cr if reason in ("ScaleDown", "ClampedMin", "Steady") else None
+
+                cr = await wait_for(settled, what="status after the scale-down")
                 assert cr["status"]["lastScaleTime"]
         finally:
             for pod in pods:
