@@ -59,7 +59,7 @@ async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.
     if len(raw) > max_bytes:
         raise body_too_large(max_bytes)
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259); json.loads(bytes) would guess
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
     except RecursionError:

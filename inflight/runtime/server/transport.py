@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from inflight.runtime.server.errors import APIError
@@ -41,6 +41,15 @@ class _HardenedRequestHandler(RequestHandler):
         response = error.to_response()
         response.force_close()
         return response
+
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """An undecodable body (bad gzip, ...) was already answered with a 400: one line, no trace."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, (RequestPayloadError, HttpProcessingError)):
+            logger.warning("dropped the rest of an undecodable request body (%s)", type(exc).__name__)
+            return
+        super().log_exception(*args, **kw)
 
 
 class _HardenedServer(web.Server):

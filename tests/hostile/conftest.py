@@ -1,0 +1,20 @@
+"""The hostile suite's server: a tiny demo model served in-process on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.hostile.suite import hostile_engine_config, hostile_settings
+from tests.server.server_helpers import LiveServer
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from inflight.runtime.demo_model import make_demo_model
+
+    model_dir = make_demo_model(tmp_path_factory.mktemp("hostile-model") / "demo", size="tiny")
+    live = LiveServer(model_dir, hostile_engine_config(), hostile_settings()).start()
+    yield live
+    live.stop()
