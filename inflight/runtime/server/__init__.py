@@ -2,9 +2,9 @@
 
 One line per module:
 
-* ``app``          routes, middlewares (errors, auth, admission), /health /ready /metrics, drain
+* ``app``          routes, middlewares (errors, auth, admission), /health /ready /metrics, watchdog, drain
 * ``serve``        the process lifecycle: bind, load with progress, SIGTERM drain, exit code
-* ``async_engine`` the engine step loop in its own thread; thread-safe command queue
+* ``async_engine`` the engine step loop in its own thread; command queue; death and failure handling
 * ``openai_api``   /v1/completions, /v1/chat/completions, /v1/models: bodies, prompts, chat template
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
@@ -15,6 +15,8 @@ One line per module:
 * ``admin``        GET/POST /admin/config (live retuning)
 * ``state``        per-app settings and state (no module-level mutable state)
 * ``logs``         JSON log lines
+* ``transport``    the aiohttp runner: parse errors answered and logged without echo, keep-alive
+* ``faults``       test-only injected engine-thread death or stall (``INFLIGHT_TEST_ENGINE_FAULT``)
 """
 
 from inflight.runtime.server.app import create_app, drain
