@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from inflight import __version__
-from inflight.runtime.server import admin, openai_api
+from inflight.runtime.server import admin, openai_api, tokenize_api
 from inflight.runtime.server.async_engine import AsyncEngine, RequestsCutError
 from inflight.runtime.server.errors import (
     APIError,
@@ -71,6 +71,7 @@ def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/version", version)
     openai_api.add_routes(app)
+    tokenize_api.add_routes(app)
     admin.add_routes(app)
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)

@@ -7,8 +7,10 @@ Knows the engine only through ``engine.structured`` (the grammar compiler) and i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from inflight.runtime.server import echo
 from inflight.runtime.server.chat_output import ChatOutputPlan
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.protocol import GenerationRequest
@@ -54,3 +56,24 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -
     elif features.tool_choice in ("required", "named"):
         mode = features.tool_choice
     return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name)
+
+
+def body_decorator(
+    req: GenerationRequest, tokenizer: Any, prompt_ids: Sequence[Sequence[int]]
+) -> Callable[[dict[str, Any], list[Any]], None] | None:
+    """What to add to the finished body: echo and/or prompt logprobs (None: nothing)."""
+    features = req.features
+    if not features.echo and features.prompt_logprobs is None:
+        return None
+    cache: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        if token_id not in cache:
+            cache[token_id] = tokenizer.decode([token_id])
+        return cache[token_id]
+
+    if req.is_chat:
+        return lambda body, choices: echo.decorate_chat(body, choices, token_text)
+    texts = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in req.prompts]
+    return lambda body, choices: echo.decorate_completion(
+        body, choices, prompt_ids, texts, features.echo, features.prompt_logprobs is not None, token_text)

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from aiohttp import web
 from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import responses, streaming
+from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream
 from inflight.runtime.server.async_engine import (
     BacklogError,
     EngineDeadError,
@@ -55,6 +57,9 @@ class Job:
     arrival: float
     first_token_at: float | None = None
     outcome: str = "ok"
+    output_plan: ChatOutputPlan | None = None  # chat: reasoning / tool-call parsing (None: plain text)
+    chat_streams: dict[str, ChatStream] = dataclasses.field(default_factory=dict)  # per choice, when streaming
+    decorate: Callable[[dict[str, Any], list[ChoiceState]], None] | None = None  # echo / prompt logprobs
 
 
 def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]], prefix: str) -> Job:
@@ -219,6 +224,12 @@ def _chunk(job: Job, choice: ChoiceState, out: RequestOutput, start_offset: int)
     if job.token_text is not None:
         logprobs = responses.chat_logprobs(out.new_logprobs or (), job.token_text)
     delta = {"content": out.new_text} if out.new_text else {}
+    if job.output_plan is not None:
+        stream = job.chat_streams.setdefault(choice.req_id, ChatStream(job.output_plan))
+        delta = stream.feed(out.new_text, out.finished)
+        finish = stream.finish_reason(finish)
+        if not delta and not out.finished and logprobs is None:
+            return None
     return responses.chat_chunk(job.meta, choice.index, delta, finish, logprobs)
 
 
@@ -242,8 +253,12 @@ def _body(job: Job) -> dict[str, Any]:
     choices = sorted(job.choices.values(), key=lambda c: c.index)
     prompt_lens = [len(p) for p in job.prompt_ids]
     if job.req.is_chat:
-        return responses.chat_body(job.meta, choices, prompt_lens, job.token_text)
-    return responses.completion_body(job.meta, choices, prompt_lens, job.token_text)
+        body = responses.chat_body(job.meta, choices, prompt_lens, job.token_text, job.output_plan)
+    else:
+        body = responses.completion_body(job.meta, choices, prompt_lens, job.token_text)
+    if job.decorate is not None:
+        job.decorate(body, choices)
+    return body
 
 
 def _log_finished(job: Job) -> None:

@@ -21,7 +21,7 @@ from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from inflight.runtime.outputs import RequestRejectedError
-from inflight.runtime.server import generation
+from inflight.runtime.server import chat_support, generation
 from inflight.runtime.server.errors import (
     bad_request,
     body_too_large,
@@ -112,7 +112,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt_ids = await _tokenize(state, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
+    await chat_support.compile_constraint(engine, req)
     job = generation.plan(state, req, prompt_ids, "cmpl")
+    job.decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)
 
 
@@ -121,7 +123,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = parse_chat_request(await _read_body(request, state))
     check_model(req.model, state.settings.model_name)
     prompt_ids = [await _tokenize(state, lambda: _apply_chat_template(state, req))]
+    await chat_support.compile_constraint(state.engine.engine, req)
     job = generation.plan(state, req, prompt_ids, "chatcmpl")
+    plan = chat_support.output_plan(req, state.engine.engine.tokenizer, prompt_ids[0])
+    job.output_plan = None if plan.is_plain else plan
+    job.decorate = chat_support.body_decorator(req, state.engine.engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)
 
 
@@ -138,6 +144,7 @@ def _apply_chat_template(state: ServerState, req: GenerationRequest) -> list[int
     try:
         ids = tokenizer.apply_chat_template(
             list(req.messages or ()), add_generation_prompt=True, tokenize=True, return_dict=False,
+            **chat_support.template_kwargs(req),
         )
     except Exception as exc:  # the template's own checks (e.g. role order) raise
         raise bad_request(f"the chat template refused these messages: {str(exc)[:300]}", "messages") from None

@@ -14,7 +14,12 @@ from typing import Any
 
 from inflight.runtime.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
-from inflight.runtime.server.request_features import RequestFeatures, chat_message, parse_features
+from inflight.runtime.server.request_features import (
+    RequestFeatures,
+    chat_message,
+    engine_prompt_logprobs,
+    parse_features,
+)
 
 MAX_N = 16
 MAX_PROMPTS = 64
@@ -100,7 +105,7 @@ def _build(
     params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param)
     params = dataclasses.replace(
         params, structured=features.structured, logit_bias=features.logit_bias,
-        prompt_logprobs=features.prompt_logprobs,
+        prompt_logprobs=engine_prompt_logprobs(features, num_logprobs),
     )
     return GenerationRequest(
         model=model,

@@ -39,7 +39,6 @@ UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
     "documents": (None, []),
     "chat_template": (None,),
 }
-_NOT_YET: dict[str, tuple[object, ...]] = {"echo": (False,), "best_of": (1,), "prompt_logprobs": ()}
 # Accepted and harmless: they do not change what the model writes.
 HARMLESS_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
                    "guided_decoding_backend", "request_id")
@@ -82,15 +81,20 @@ def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeature
         names = ", ".join(f"'{p}'" for p, _ in constraints)
         raise bad_request(f"only one output constraint per request; got {names}", constraints[1][0])
     param, structured = constraints[0] if constraints else (None, None)
-    for name, off in _NOT_YET.items():
-        if obj.get(name) is not None and obj[name] not in off:
-            raise bad_request(f"'{name}' is not supported by this server yet; leave it out", name)
     return RequestFeatures(
         structured=structured, constraint_param=param, tools=tools, tool_choice=choice, tool_name=tool_name,
         parallel_tool_calls=parallel, chat_template_kwargs=_parse_template_kwargs(obj) if is_chat else {},
         logit_bias=_parse_logit_bias(obj.get("logit_bias")), echo=_parse_echo(obj, is_chat),
-        best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_int_field(obj, "prompt_logprobs", 0, 20),
+        best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_parse_prompt_logprobs(obj),
     )
+
+
+def _parse_prompt_logprobs(obj: dict[str, Any]) -> int | None:
+    value = _int_field(obj, "prompt_logprobs", 0, 20)
+    if value is not None and obj.get("stream"):
+        raise bad_request("'prompt_logprobs' cannot be streamed here; send the request without 'stream'",
+                          "prompt_logprobs")
+    return value
 
 
 def _int_field(obj: dict[str, Any], name: str, low: int, high: int) -> int | None:
@@ -110,6 +114,8 @@ def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
         raise bad_request(f"'echo' must be true or false (got {value!r})", "echo")
     if value and is_chat:
         raise bad_request("'echo' is only supported on /v1/completions", "echo")
+    if value and obj.get("stream"):
+        raise bad_request("'echo' cannot be streamed here; send the request without 'stream'", "echo")
     return value
 
 
@@ -121,8 +127,9 @@ def _parse_best_of(obj: dict[str, Any], is_chat: bool, n: int) -> int | None:
         raise bad_request("'best_of' is only supported on /v1/completions", "best_of")
     if best_of < n:
         raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({n})", "best_of")
-    if best_of > n and obj.get("stream"):
-        raise bad_request("'best_of' larger than 'n' cannot be streamed", "best_of")
+    if best_of > n:
+        raise bad_request(f"'best_of' larger than 'n' is not supported; set best_of to n ({n}) or leave it out",
+                          "best_of")
     return best_of
 
 
@@ -308,3 +315,10 @@ def _history_call(call: object, index: int) -> dict[str, Any]:
     if isinstance(call, dict) and isinstance(call.get("id"), str):
         out["id"] = call["id"]
     return out
+
+
+def engine_prompt_logprobs(features: RequestFeatures, num_logprobs: int | None) -> int | None:
+    """How many prompt alternatives the engine must compute: ``prompt_logprobs``, or for
+    ``echo`` with ``logprobs`` the same number as for the output tokens."""
+    wanted = [k for k in (features.prompt_logprobs, num_logprobs if features.echo else None) if k is not None]
+    return max(wanted) if wanted else None

@@ -38,6 +38,7 @@ class ChoiceState:
         self.num_cached_tokens = 0
         self.times: RequestTimes | None = None
         self.last_token_at: float | None = None  # time.monotonic() of the latest delta
+        self.prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.., when asked
 
     def add(self, out: RequestOutput) -> None:
         self.text_parts.append(out.new_text)
@@ -49,6 +50,8 @@ class ChoiceState:
         self.num_cached_tokens = out.num_cached_tokens
         if out.times is not None:
             self.times = out.times
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             self.finish_reason = out.finish_reason
 

@@ -1,0 +1,90 @@
+"""POST /tokenize and POST /detokenize (vLLM's shapes), for clients that count or inspect tokens.
+
+``/tokenize`` takes ``{"prompt": str}`` (``add_special_tokens``, default true) or chat
+``{"messages": [...]}`` (``add_generation_prompt``, default true; ``tools`` and
+``chat_template_kwargs`` as in chat completions) and answers ``{"count", "max_model_len",
+"tokens"}``; ``/detokenize`` takes ``{"tokens": [ids]}`` and answers ``{"prompt": text}``.
+Tokenizing runs off the event loop. Knows nothing about the engine beyond its tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from inflight.runtime.server import chat_support
+from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.protocol import check_model, parse_chat_request
+from inflight.runtime.server.state import STATE
+
+MAX_DETOKENIZE_TOKENS = 1 << 20
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    from inflight.runtime.server.openai_api import read_json
+
+    state = request.app[STATE]
+    body = await read_json(request, state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    check_model(model, state.settings.model_name)
+    return body
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, True)
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false", name)
+    return value
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    body = await _body(request)
+    engine = request.app[STATE].engine.engine
+    tokenizer = engine.tokenizer
+    if "messages" in body:
+        req = parse_chat_request({"messages": body["messages"], "tools": body.get("tools"),
+                                  "chat_template_kwargs": body.get("chat_template_kwargs")})
+        add_gen = _flag(body, "add_generation_prompt")
+
+        def run() -> Any:
+            return tokenizer.apply_chat_template(list(req.messages or ()), add_generation_prompt=add_gen,
+                                                 tokenize=True, return_dict=False,
+                                                 **chat_support.template_kwargs(req))
+    elif isinstance(body.get("prompt"), str):
+        prompt, special = body["prompt"], _flag(body, "add_special_tokens")
+
+        def run() -> Any:
+            return tokenizer.encode(prompt, add_special_tokens=special)
+    else:
+        raise bad_request("send 'prompt' (a string) or 'messages' (a chat)", "prompt")
+    try:
+        ids = await asyncio.to_thread(run)
+    except Exception as exc:  # the chat template's own checks
+        raise bad_request(f"could not tokenize: {exc}", "messages" if "messages" in body else "prompt") from None
+    if ids and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    tokens = [int(t) for t in ids]
+    return web.json_response({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await _body(request)
+    engine = request.app[STATE].engine.engine
+    tokens = body.get("tokens")
+    vocab = engine.runner.spec.vocab_size
+    if (not isinstance(tokens, list) or len(tokens) > MAX_DETOKENIZE_TOKENS
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)):
+        raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
+    text = await asyncio.to_thread(engine.tokenizer.decode, tokens)
+    return web.json_response({"prompt": text})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
