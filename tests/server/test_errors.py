@@ -24,7 +24,7 @@ def chat(**fields: object) -> dict[str, object]:
 CASES = [
     ("malformed-json", "POST", C, b'{"prompt": "x",', 400, BAD, None),
     ("body-not-object", "POST", C, b"[1, 2]", 400, BAD, None),
-    ("unknown-model", "POST", C, comp(model="gpt-9"), 400, BAD, "model"),
+    ("unknown-model", "POST", C, comp(model="gpt-9"), 404, BAD, "model"),  # model_not_found, as OpenAI
     ("missing-prompt", "POST", C, {"model": MODEL_NAME}, 400, BAD, "prompt"),
     ("prompt-wrong-type", "POST", C, comp(prompt=3), 400, BAD, "prompt"),
     ("prompt-mixed-list", "POST", C, comp(prompt=["a", 1]), 400, BAD, "prompt"),
