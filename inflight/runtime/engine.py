@@ -155,7 +155,8 @@ class LLMEngine:
                 "too_large_for_cache", "max_tokens",
             )
         # last: the per-token scan is the one check whose cost grows with the prompt
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+        if not all(type(t) is int for t in prompt_token_ids) or not 0 <= min(prompt_token_ids) <= max(
+                prompt_token_ids) < vocab:
             raise RequestRejectedError(f"prompt token ids must be integers in [0, {vocab})", "invalid_request", "prompt")
 
     def add_request(

@@ -162,3 +162,72 @@ def test_a_second_sigterm_exits_at_once(demo_model_dir: Path) -> None:
         server.stop()
     assert code == 128 + 15, server.log()
     assert "second SIGTERM" in server.log()
+
+
+def test_a_request_the_engine_fails_on_fails_alone(demo_model_dir: Path) -> None:
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME)).start()
+    try:
+        engine = live.app[STATE].engine.engine
+        real_sample = engine.sampler.sample
+
+        def sample(logits, rows):  # a sampler bug that only one request's parameters trigger
+            if any(r.params.seed == 13 for r in rows):
+                raise RuntimeError("injected sampler failure")
+            return real_sample(logits, rows)
+
+        engine.sampler.sample = sample  # type: ignore[method-assign]
+        healthy = {**LONG, "max_tokens": 40}
+        reference = http("POST", f"{live.url}/v1/completions", healthy).json()["choices"][0]["text"]
+
+        async def scenario() -> tuple[list[int], list[str], str]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                async def post(body: dict) -> tuple[int, dict]:
+                    async with session.post(f"{live.url}/v1/completions", json=body) as resp:
+                        return resp.status, await resp.json()
+
+                poison = {**LONG, "seed": 13, "temperature": 0.8, "max_tokens": 40}
+                results = await asyncio.gather(post(healthy), post(poison), post(healthy))
+                streamed = await _stream_body(session, live.url, {**poison, "stream": True})
+            statuses = [status for status, _ in results]
+            texts = [body["choices"][0]["text"] for status, body in results if status == 200]
+            return statuses, texts, streamed
+
+        statuses, texts, streamed = asyncio.run(asyncio.wait_for(scenario(), 60))
+        assert statuses == [200, 500, 200]
+        assert texts == [reference, reference]
+        assert streamed == "error:internal_error"
+        assert http("GET", f"{live.url}/health").status == 200
+        assert wait_until(lambda: engine.stats().num_used_kv_blocks == 0, 10)
+    finally:
+        live.stop()
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_server_goes_on(demo_model_dir: Path) -> None:
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME)).start()
+    try:
+        engine = live.app[STATE].engine.engine
+        real_step = engine.step
+        calls = iter(range(10**6))
+
+        def step() -> list:
+            if next(calls) == 3:
+                raise RuntimeError("injected scheduler bug")
+            return real_step()
+
+        engine.step = step  # type: ignore[method-assign]
+        first = http("POST", f"{live.url}/v1/completions", LONG)
+        assert first.status == 500 and first.json()["error"]["code"] == "internal_error"
+        after = http("POST", f"{live.url}/v1/completions", {**LONG, "max_tokens": 8})
+        assert after.status == 200 and http("GET", f"{live.url}/health").status == 200
+    finally:
+        live.stop()
+
+
+async def _stream_body(session: aiohttp.ClientSession, url: str, body: dict) -> str:
+    code = None
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {") and '"error"' in line:
+                code = json.loads(line[6:])["error"]["code"]
+    return "completed" if code is None else f"error:{code}"

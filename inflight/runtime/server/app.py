@@ -24,7 +24,7 @@ from aiohttp import web
 
 from inflight import __version__
 from inflight.runtime.server import admin, openai_api, tokenize_api
-from inflight.runtime.server.async_engine import AsyncEngine, RequestsCutError
+from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
 from inflight.runtime.server.errors import (
     APIError,
     admin_disabled,
@@ -158,6 +158,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except APIError as exc:
         error = exc
+    except EngineDeadError as exc:  # e.g. an admin call after the engine died
+        error = unavailable(f"the engine has stopped ({exc}); the server is exiting", "engine_dead")
     except web.HTTPException as exc:
         if exc.status == 404:
             error = not_found(f"no route {request.method} {request.path[:200]}")

@@ -72,24 +72,32 @@ async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.
 
 def _check_json_value(body: Any) -> None:
     """400 for nesting deeper than ``MAX_JSON_DEPTH`` or strings with lone surrogates (which
-    no tokenizer can encode), walking the document iteratively."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
+    no tokenizer can encode), walking the document iteratively (numbers cost one type check)."""
+    _check_string(body)
+    stack: list[tuple[Any, int]] = [(body, 1)] if type(body) in (dict, list) else []
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, str):
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise bad_request("the request body has a string that is not valid Unicode "
-                                      "(a lone UTF-16 surrogate escape such as \\ud800)") from None
-            continue
-        if not isinstance(value, (dict, list)):
-            continue
         if depth > MAX_JSON_DEPTH:
             raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
-        items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
-        stack.extend((item, depth + 1) for item in items)
+        if type(value) is dict:
+            for key in value:
+                _check_string(key)
+            value = value.values()
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                _check_string(item)
+            elif kind is list or kind is dict:
+                stack.append((item, depth + 1))
+
+
+def _check_string(value: Any) -> None:
+    if type(value) is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request("the request body has a string that is not valid Unicode "
+                              "(a lone UTF-16 surrogate escape such as \\ud800)") from None
 
 
 async def _tokenize(state: ServerState, fn: Any) -> Any:
@@ -101,7 +109,8 @@ async def _tokenize(state: ServerState, fn: Any) -> Any:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_completion_request(await _read_body(request, state))
+    body = await _read_body(request, state)
+    req = await state.in_pool(lambda: parse_completion_request(body))
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
 
@@ -113,18 +122,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
     await chat_support.compile_constraint(engine, req)
-    job = generation.plan(state, req, prompt_ids, "cmpl")
+    job = await state.in_pool(lambda: generation.plan(state, req, prompt_ids, "cmpl"))
     job.decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    req = parse_chat_request(await _read_body(request, state))
+    body = await _read_body(request, state)
+    req = await state.in_pool(lambda: parse_chat_request(body))
     check_model(req.model, state.settings.model_name)
     prompt_ids = [await _tokenize(state, lambda: _apply_chat_template(state, req))]
     await chat_support.compile_constraint(state.engine.engine, req)
-    job = generation.plan(state, req, prompt_ids, "chatcmpl")
+    job = await state.in_pool(lambda: generation.plan(state, req, prompt_ids, "chatcmpl"))
     plan = chat_support.output_plan(req, state.engine.engine.tokenizer, prompt_ids[0])
     job.output_plan = None if plan.is_plain else plan
     job.decorate = chat_support.body_decorator(req, state.engine.engine.tokenizer, prompt_ids)
