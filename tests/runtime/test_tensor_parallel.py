@@ -1,11 +1,11 @@
-"""Tensor parallelism on the CPU with gloo: TP=2 gives the same tokens as TP=1.
+"""Tensor parallelism on the CPU with gloo: TP=2 (and TP=4) give the same tokens as TP=1.
 
 One TP=2 engine per architecture (through the offline ``LLM`` API: starting the worker
 process costs seconds) is shared by the scenarios of that architecture, each compared token
 for token with a TP=1 engine of the same config: steps mixing prefills and decodes, chunked
 context under a small token budget, forced preemption under a small KV cache, prefix
 caching, seeded sampling, and logprobs, which bound the fp32 difference of the two
-reduction orders (``INFLIGHT_TP_REPORT=1 pytest -s`` prints the measured worst case).
+reduction orders. TP=4 on a model with 2 KV heads checks the replicated-KV-head layout (``INFLIGHT_TP_REPORT=1 pytest -s`` prints the measured worst case).
 Supervision lives in ``test_tensor_parallel_supervision.py``.
 """
 
@@ -34,12 +34,12 @@ LOGPROB_TOLERANCE = 1e-4  # fp32: o_proj/down_proj partial sums are added in ano
 
 
 class Pair:
-    """A TP=1 engine and a TP=2 engine of one architecture and config."""
+    """A TP=1 engine and a TP=N engine of one architecture and config."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, tp: int) -> None:
         self.model_dir = model_dir
         self.one = LLMEngine.from_model_dir(model_dir, EngineConfig(**CONFIG))
-        self.llm = LLM(model_dir, tensor_parallel_size=2, **CONFIG)
+        self.llm = LLM(model_dir, tensor_parallel_size=tp, **CONFIG)
         self.two = self.llm.engine
 
     def run(self, prompts: list[list[int]], params: list[SamplingParams], **knobs) -> list[dict[str, list[int]]]:
@@ -55,16 +55,16 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pairs(model_factory) -> Iterator[dict[str, Pair]]:
-    """At most one live TP=2 engine (torch.distributed's group is per process)."""
-    live: dict[str, Pair] = {}
+    """At most one live TP>1 engine (torch.distributed's group is per process)."""
+    live: dict[tuple[str, int], Pair] = {}
 
-    def get(arch: str) -> Pair:
-        if arch not in live:
+    def get(arch: str, tp: int) -> Pair:
+        if (arch, tp) not in live:
             for old in live.values():
                 old.llm.close()
             live.clear()
-            live[arch] = Pair(model_factory(arch))
-        return live[arch]
+            live[arch, tp] = Pair(model_factory(arch), tp)
+        return live[arch, tp]
 
     yield get  # type: ignore[misc]
     for pair in live.values():
@@ -75,9 +75,13 @@ def _greedy(n: int) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=MAX_TOKENS[i % len(MAX_TOKENS)], temperature=0.0) for i in range(n)]
 
 
-@pytest.mark.parametrize(("arch", "scenario"), [(a, s) for a in ARCHS for s in SCENARIOS])
-def test_tp2_matches_tp1(pairs, arch: str, scenario: str) -> None:
-    pair = pairs(arch)
+# TP=4 on 2 KV heads: each KV head replicated on two ranks (qwen3: q/k norm, head_dim != hidden/heads).
+CASES = [("qwen3", 4, s) for s in ("mixed", "preemption")] + [(a, 2, s) for a in ARCHS for s in SCENARIOS]
+
+
+@pytest.mark.parametrize(("arch", "tp", "scenario"), CASES)
+def test_tp_matches_tp1(pairs, arch: str, tp: int, scenario: str) -> None:
+    pair = pairs(arch, tp)
     tok = pair.two.tokenizer
     prompts = prompts_of_lengths(tok, LENGTHS)
     before = [e.stats() for e in (pair.one, pair.two)]
@@ -100,7 +104,7 @@ def test_tp2_matches_tp1(pairs, arch: str, scenario: str) -> None:
         one, two = pair.run(prompts[:8], params)
     else:
         one, two = _logprobs_within_tolerance(pair, prompts_of_lengths(tok, [7, 33, 64, 90]))
-    assert two == one, f"{arch}/{scenario}: TP=2 tokens differ from TP=1"
+    assert two == one, f"{arch}/{scenario}: TP={tp} tokens differ from TP=1"
     assert sum(len(t) for t in two.values()) > 0
 
 
