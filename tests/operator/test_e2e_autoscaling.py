@@ -4,12 +4,17 @@ kmock is the API server, our kopf operator runs against it, and a small "kubelet
 test keeps Pod objects (pointing at 127.0.0.1:PORT) in line with the Deployment's replicas. A
 bounded burst of requests drives the first server's queue up; the operator scales 1 -> 2 on
 queue depth, then, after the load ends and the (short) scale-down window passes, back to 1.
+The servers get their admin key the way a pod does (env ``INFLIGHT_ADMIN_API_KEY`` from the
+``<name>-admin`` Secret, created here beforehand so the key is known; the operator keeps an
+existing Secret), and the operator's live-config push reaches them with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import os
 import pathlib
 import socket
 import subprocess
@@ -28,8 +33,10 @@ pytestmark = pytest.mark.slow
 
 NAME = "demo-e2e"
 DOWN_WINDOW_S = 3.0
-NUM_REQUESTS = 12  # the burst: 4 run, 8 wait on a --max-num-sequences 4 server
+NUM_REQUESTS = 24  # the burst: 4 run, 20 wait on a --max-num-sequences 4 server (a few seconds)
 PODS = "/api/v1/namespaces/default/pods"
+ADMIN_KEY = "e2e-admin-key-0123456789abcdef"
+LIVE_QUEUE_LEN = 50  # the CR's maxQueueLen; the servers start with the default
 
 
 def _free_port() -> int:
@@ -59,7 +66,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
             [sys.executable, "-m", "inflight.runtime", "serve", "--model", str(model), "--host", "127.0.0.1",
              "--port", str(port), "--served-model-name", "demo", "--num-kv-blocks", "64",
              "--max-num-sequences", "4", "--drain-timeout", "1"],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "INFLIGHT_ADMIN_API_KEY": ADMIN_KEY},
         )
         for port, log in zip(ports, logs, strict=True)
     ]
@@ -88,7 +95,7 @@ def _doc() -> dict[str, Any]:
         "metadata": {"name": NAME, "namespace": "default"},
         "spec": {
             "model": {"servedModelName": "demo", "hostPath": {"path": "/models/demo"}},
-            "engine": {"maxNumSequences": 4},
+            "engine": {"maxNumSequences": 4, "maxQueueLen": LIVE_QUEUE_LEN},
             "resources": {"gpus": 0},
             "autoscaling": {
                 "enabled": True, "minReplicas": 1, "maxReplicas": 2,
@@ -102,7 +109,7 @@ def _doc() -> dict[str, Any]:
 
 async def _burst(port: int) -> list[int]:
     """NUM_REQUESTS concurrent completions, bounded by a timeout; returns HTTP statuses."""
-    body = {"model": "demo", "prompt": "hello world " * 8, "max_tokens": 32, "temperature": 0,
+    body = {"model": "demo", "prompt": "hello world " * 8, "max_tokens": 160, "temperature": 0,
             "ignore_eos": True}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
 
@@ -135,6 +142,20 @@ async def _kubelet(cluster: Cluster, ports: list[int], seen: dict[str, Any], sto
         await asyncio.sleep(0.1)
 
 
+async def _admin_status(port: int, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/admin/config", headers=headers) as resp:
+            return resp.status
+
+
+async def _live_queue_len(port: int) -> bool:
+    async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        async with session.get(f"http://127.0.0.1:{port}/admin/config", headers=headers) as resp:
+            return resp.status == 200 and (await resp.json()).get("max_queue_len") == LIVE_QUEUE_LEN
+
+
 async def _replicas(cluster: Cluster, value: int) -> bool:
     deploy = await cluster.child("deployments", NAME)
     return bool(deploy and deploy["spec"].get("replicas") == value)
@@ -150,19 +171,25 @@ def test_operator_scales_up_under_load_and_down_after_the_window(servers: list[i
     async def scenario() -> None:
         seen: dict[str, Any] = {"replicas": [], "reasons": []}
         async with running_operator(tick_seconds=0.2) as cluster:
+            secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-admin", "namespace": "default"},
+                      "data": {"admin-api-key": base64.b64encode(ADMIN_KEY.encode()).decode()}}
+            await cluster.create("/api/v1/namespaces/default/secrets", secret)
             await cluster.create_cr(_doc())
             await wait_for(lambda: _replicas(cluster, 1), timeout=10, what="Deployment with 1 replica")
             stop = asyncio.Event()
             kubelet = asyncio.create_task(_kubelet(cluster, servers, seen, stop))
             try:
+                await wait_for(lambda: _live_queue_len(servers[0]), timeout=20, what="live config pushed with the admin key")
+                assert await _admin_status(servers[0], None) in (401, 403)  # no key: refused
+                load_started = time.monotonic()  # the scale-up decision cannot come before this
                 load = asyncio.create_task(_burst(servers[0]))
                 await wait_for(lambda: _replicas(cluster, 2), timeout=20, what="scale-up to 2 under load")
-                scaled_up = time.monotonic()
                 statuses = await asyncio.wait_for(load, 90)
                 assert statuses == [200] * NUM_REQUESTS
                 await wait_for(lambda: _replicas(cluster, 1), timeout=DOWN_WINDOW_S + 15,
                                what="scale-down to 1 after the window")
-                assert time.monotonic() - scaled_up >= DOWN_WINDOW_S  # never before the window
+                # Never before the window (StabilizingDown below shows the window holding it back).
+                assert time.monotonic() - load_started >= DOWN_WINDOW_S
             finally:
                 stop.set()
                 await kubelet
