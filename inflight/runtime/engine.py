@@ -26,7 +26,8 @@ import torch
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.detokenizer import IncrementalDetokenizer
-from inflight.runtime.kv_manager import KVCacheManager, cdiv
+from inflight.runtime.input_checks import check_request, check_token_budget
+from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.model_runner import ModelRunner
 from inflight.runtime.outputs import (
     EngineFatalError,
@@ -44,7 +45,6 @@ from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.scheduler import ScheduledChunk, Scheduler
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import eos_token_ids, load_tokenizer
-
 
 logger = logging.getLogger("inflight.engine")
 _Sampled = tuple[ScheduledChunk, int, "TokenLogprob | None"]  # (chunk, token id, its logprob)
@@ -130,34 +130,8 @@ class LLMEngine:
         return list(prompt)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise :class:`RequestRejectedError` for a request that can never run."""
-        n = len(prompt_token_ids)
-        vocab = self.runner.spec.vocab_size
-        if n == 0:
-            raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
-        _check_params_for_vocab(params, vocab)
-        cfg = self.config
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestRejectedError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context "
-                f"length ({self.max_model_len} tokens); shorten the prompt or lower max_tokens",
-                "prompt_too_long", "max_tokens" if n < self.max_model_len else "prompt",
-            )
-        if not cfg.enable_chunked_context and n > cfg.max_num_tokens:
-            raise RequestRejectedError(
-                f"prompt ({n} tokens) exceeds max_num_tokens ({cfg.max_num_tokens}) and chunked context is off",
-                "prompt_too_long", "prompt",
-            )
-        if cdiv(n + params.max_tokens, cfg.block_size) > self.pool.num_blocks:
-            raise RequestRejectedError(
-                f"prompt + max_tokens ({n + params.max_tokens} tokens) is larger than the whole KV cache "
-                f"({self.pool.num_blocks * cfg.block_size} tokens); lower max_tokens",
-                "too_large_for_cache", "max_tokens",
-            )
-        # last: the per-token scan is the one check whose cost grows with the prompt
-        if not all(type(t) is int for t in prompt_token_ids) or not 0 <= min(prompt_token_ids) <= max(
-                prompt_token_ids) < vocab:
-            raise RequestRejectedError(f"prompt token ids must be integers in [0, {vocab})", "invalid_request", "prompt")
+        """Raise :class:`RequestRejectedError` for a request that can never run (no state change)."""
+        check_request(prompt_token_ids, params, self.config, self.runner.spec.vocab_size)
 
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -404,40 +378,6 @@ class LLMEngine:
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
         self._num_prompt_tokens = self._num_generation_tokens = self._num_steps = 0
 
-
-
-def check_token_budget(config: EngineConfig) -> None:
-    """Refuse ``max_num_tokens < max_model_len`` with chunked context off: a long prompt could
-    never be scheduled and would block every request queued behind it."""
-    if config.enable_chunked_context or config.max_model_len is None:
-        return
-    if config.max_num_tokens < config.max_model_len:
-        raise ValueError(
-            f"max_num_tokens ({config.max_num_tokens}) must be at least max_model_len "
-            f"({config.max_model_len}) when chunked context is off, or a prompt that long could never "
-            "be scheduled; raise max_num_tokens, lower max_model_len or enable chunked context."
-        )
-
-
-def _check_params_for_vocab(params: SamplingParams, vocab: int) -> None:
-    """The sampling parameters that index the vocabulary must stay inside it."""
-    bad = next((t for t in params.stop_token_ids if t >= vocab), None)
-    if bad is not None:
-        raise RequestRejectedError(
-            f"stop_token_ids must be token ids in [0, {vocab}) for this model (got {bad})",
-            "invalid_request", "stop_token_ids",
-        )
-    bad = next((t for t, _ in params.logit_bias if t >= vocab), None)
-    if bad is not None:
-        raise RequestRejectedError(
-            f"logit_bias keys must be token ids in [0, {vocab}) for this model (got {bad})",
-            "invalid_request", "logit_bias",
-        )
-    if params.logprobs is not None and params.logprobs > vocab:
-        raise RequestRejectedError(
-            f"logprobs asks for {params.logprobs} alternatives; this model's vocabulary has {vocab} tokens",
-            "invalid_request", "logprobs",
-        )
 
 
 def _grammar_finished(req: Request, matcher: RequestMatcher, token_id: int) -> bool:

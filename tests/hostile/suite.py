@@ -266,9 +266,7 @@ def serve_and_run(max_examples: int = 150) -> Report:
     import tempfile
     from pathlib import Path
 
-    from inflight.runtime.config import EngineConfig
     from inflight.runtime.demo_model import make_demo_model
-    from inflight.runtime.server import ServerSettings
     from tests.server.server_helpers import LiveServer
 
     with tempfile.TemporaryDirectory() as tmp:

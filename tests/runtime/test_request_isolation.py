@@ -90,10 +90,10 @@ def test_a_sampler_failure_fails_only_its_request(engine: LLMEngine, monkeypatch
     expected = {name: _reference(engine, p) for name, p in prompts.items() if name != "poison"}
     real_sample = engine.sampler.sample
 
-    def sample(logits, rows):
+    def sample(logits, rows, *rest):
         if any(r.params.seed == 13 for r in rows):
             raise RuntimeError("injected sampler failure")
-        return real_sample(logits, rows)
+        return real_sample(logits, rows, *rest)
 
     monkeypatch.setattr(engine.sampler, "sample", sample)
     for name, prompt in prompts.items():

@@ -170,10 +170,10 @@ def test_a_request_the_engine_fails_on_fails_alone(demo_model_dir: Path) -> None
         engine = live.app[STATE].engine.engine
         real_sample = engine.sampler.sample
 
-        def sample(logits, rows):  # a sampler bug that only one request's parameters trigger
+        def sample(logits, rows, *rest):  # a sampler bug that only one request's parameters trigger
             if any(r.params.seed == 13 for r in rows):
                 raise RuntimeError("injected sampler failure")
-            return real_sample(logits, rows)
+            return real_sample(logits, rows, *rest)
 
         engine.sampler.sample = sample  # type: ignore[method-assign]
         healthy = {**LONG, "max_tokens": 40}

@@ -17,8 +17,8 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +26,6 @@ from aiohttp import web
 from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import responses, streaming
-from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream
 from inflight.runtime.server.async_engine import (
     BacklogError,
     EngineDeadError,
@@ -34,7 +33,14 @@ from inflight.runtime.server.async_engine import (
     EngineStepError,
     RequestsCutError,
 )
-from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error, unavailable
+from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream
+from inflight.runtime.server.errors import (
+    APIError,
+    bad_request,
+    from_rejection,
+    internal_error,
+    unavailable,
+)
 from inflight.runtime.server.protocol import GenerationRequest
 from inflight.runtime.server.responses import ChoiceState, TokenText
 from inflight.runtime.server.state import ServerState

@@ -37,7 +37,6 @@ from inflight.runtime.server.protocol import (
 )
 from inflight.runtime.server.state import STATE, ServerState
 
-
 MAX_JSON_DEPTH = 64
 
 
