@@ -2,7 +2,8 @@
 
 Applies, per row: ``logit_bias``, repetition / presence / frequency penalties, min_tokens
 (EOS and stop tokens masked until reached), the grammar's token mask for constrained rows
-(structured outputs; free rows of the same batch are untouched), then greedy argmax or temperature + top_k + top_p + min_p and
+(structured outputs; free rows of the same batch are untouched; the masks can be computed on a
+worker thread while the forward pass runs, see :meth:`Sampler.prepare_masks`), then greedy argmax or temperature + top_k + top_p + min_p and
 a draw from the request's own ``torch.Generator`` (so a seeded request gets the same tokens
 whatever else shares the batch). Log-probabilities (with top alternatives) come from the
 penalized distribution before temperature. Knows nothing about scheduling or the model.
@@ -10,6 +11,7 @@ penalized distribution before temperature. Knows nothing about scheduling or the
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +36,14 @@ class SamplingRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingMasks:
+    """Grammar masks being filled for the constrained rows (their indices among the rows)."""
+
+    row_indices: tuple[int, ...]
+    bitmask: concurrent.futures.Future  # of the numpy bitmask, one row per index
+
+
+@dataclass(frozen=True, slots=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
@@ -49,10 +59,26 @@ class Sampler:
     def __init__(self, device: torch.device, grammar_executor: Callable[[], object] | None = None) -> None:
         self.device = device
         self._grammar_executor = grammar_executor
+        self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def prepare_masks(self, rows: list[SamplingRow], vocab_size: int) -> PendingMasks | None:
+        """Start filling the constrained rows' grammar masks on a worker thread (llguidance
+        drops the GIL), so the work overlaps the forward pass; pass the result to :meth:`sample`.
+        The matchers must not advance until then (they advance after sampling)."""
+        constrained = [(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None and not r.matcher.failed]
+        if not constrained:
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inflight-masks")
+        executor = self._grammar_executor() if self._grammar_executor is not None and len(constrained) > 1 else None
+        matchers = [m for _, m in constrained]
+        future = self._mask_pool.submit(fill_bitmask, matchers, vocab_size, executor)  # type: ignore[arg-type]
+        return PendingMasks(tuple(i for i, _ in constrained), future)
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        """``logits``: ``[num_rows, vocab]`` float32, modified in place."""
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None = None) -> SamplerOutput:
+        """``logits``: ``[num_rows, vocab]`` float32, modified in place. ``masks``: from
+        :meth:`prepare_masks` for these rows (else the masks are computed here)."""
         if not rows:
             return SamplerOutput([], [])
         for i, row in enumerate(rows):
@@ -66,7 +92,7 @@ class Sampler:
                     banned.extend(row.eos_token_ids)
                 if banned:
                     logits[i, banned] = float("-inf")
-        self._apply_grammars(logits, rows)
+        self._apply_grammars(logits, rows, masks)
         logprobs = _logprobs(logits, rows)
         greedy = [r.params.greedy for r in rows]
         if all(greedy):
@@ -76,13 +102,12 @@ class Sampler:
         chosen = _chosen_logprobs(logprobs, token_ids)
         return SamplerOutput(token_ids, chosen)
 
-    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-        constrained = [(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None and not r.matcher.failed]
-        if not constrained:
-            return
-        executor = self._grammar_executor() if self._grammar_executor is not None and len(constrained) > 1 else None
-        bitmask = fill_bitmask([m for _, m in constrained], logits.shape[-1], executor)  # type: ignore[arg-type]
-        apply_bitmask(logits, [i for i, _ in constrained], bitmask)
+    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None) -> None:
+        if masks is None:
+            masks = self.prepare_masks(rows, logits.shape[-1])
+            if masks is None:
+                return
+        apply_bitmask(logits, masks.row_indices, masks.bitmask.result())
 
     def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
         dev = logits.device
