@@ -239,11 +239,12 @@ class LLMEngine:
         A retry after a failed batch may draw a sampled request's random numbers again, so
         only a failed step can change what a seeded request in it generates."""
         batch = self.runner.prepare(chunks)
+        rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
+        masks = self.sampler.prepare_masks(rows, self.runner.spec.vocab_size)  # filled during the forward
         logits = self.runner.execute(batch)
         if batch.prompt_logprob_spans:
             logits = self._collect_prompt_logprobs(batch, logits)
-        rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
-        sampled = self.sampler.sample(logits, rows)
+        sampled = self.sampler.sample(logits, rows, masks)
         return list(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs, strict=True))
 
     def _collect_prompt_logprobs(self, batch: Any, logits: torch.Tensor) -> torch.Tensor:
