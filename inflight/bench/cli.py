@@ -1,4 +1,7 @@
-"""``python -m inflight.bench all|burst|poisson|overhead|sweep|roofline [options]``.
+"""``python -m inflight.bench all|burst|poisson|overhead|sweep|roofline|smollm2 [options]``.
+
+``smollm2`` (not part of ``all``) serves the real SmolLM2-135M-Instruct and compares it with
+transformers ``generate`` on the same burst of chat requests (:mod:`inflight.bench.smollm2`).
 
 Owns the argument parser and the order sections run in; every section writes its markdown
 fragment and JSON under ``--results-dir`` and ``RESULTS.md`` is rebuilt after each command.
@@ -18,7 +21,7 @@ from pathlib import Path
 from inflight.bench import suite, workloads
 from inflight.bench.suite import SuiteOptions
 
-COMMANDS = ("all", "burst", "poisson", "overhead", "sweep", "roofline")
+COMMANDS = ("all", "burst", "poisson", "overhead", "sweep", "roofline", "smollm2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rates", default="2,4,8,16", help="Poisson rates, requests/s, comma-separated")
     parser.add_argument("--static-batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smollm2-requests", type=int, default=32, help="smollm2: chat requests in the burst")
+    parser.add_argument("--smollm2-max-tokens", type=int, default=64, help="smollm2: output tokens per request")
     return parser
 
 
@@ -88,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command == "smollm2":
+        from inflight.bench.smollm2 import Smollm2Options, run_smollm2
+
+        run_smollm2(Smollm2Options(options.results_dir, options.models_dir,
+                                   args.smollm2_requests, args.smollm2_max_tokens))
+        return 0
     run(args.command, options)
     return 0
 
