@@ -3,8 +3,8 @@
 Concurrent greedy completions (chunked context under a small token budget, a KV cache small
 enough to preempt, prompts sharing a prefix) return what the offline TP=1 engine returns;
 SIGTERM drains and leaves no worker behind; a SIGKILLed worker while clients wait makes
-``/health`` say 503 and the server exit non-zero within 10 s with every client answered;
-and a worker whose engine process is SIGKILLed exits by itself.
+``/health`` say 503 and the server exit non-zero within 10 s with every client answered (an
+idle server exits too); and a worker whose engine process is SIGKILLed exits by itself.
 """
 
 from __future__ import annotations
@@ -128,6 +128,20 @@ def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_fac
     assert code != 0
     assert elapsed < 10, f"the server took {elapsed:.1f} s to exit"
     assert "finished" not in answers and len(answers) == 8, answers
+    assert "rank 1" in server.log() and "SIGKILL" in server.log()
+
+
+def test_killed_worker_of_an_idle_server_exits_it_within_10s(model_factory) -> None:
+    server = _serve(model_factory("llama"))
+    try:
+        (worker,) = _worker_pids(server.proc.pid)
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        code = server.proc.wait(15)
+        elapsed = time.monotonic() - killed
+    finally:
+        server.stop()
+    assert code != 0 and elapsed < 10, (code, elapsed)
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
