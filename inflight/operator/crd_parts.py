@@ -48,6 +48,8 @@ def hf_schema() -> dict[str, Any]:
                 "description": f"Files to fetch (globs). Default: {', '.join(DEFAULT_HF_PATTERNS)}.",
             },
             "image": _str("Image that runs the download (default: the runtime image)."),
+            "endpoint": _str("A Hub mirror's URL (HF_ENDPOINT of the download); default huggingface.co.",
+                             pattern="^https?://"),
         },
     }
 

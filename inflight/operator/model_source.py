@@ -35,6 +35,7 @@ class HfSource:
     token: SecretKeyRef | None = None
     allow_patterns: tuple[str, ...] = DEFAULT_HF_PATTERNS
     image: str | None = None  # image that runs the download (default: the runtime image)
+    endpoint: str | None = None  # a Hub mirror (HF_ENDPOINT); default huggingface.co
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +120,11 @@ def _parse_hf(raw: dict) -> HfSource:
     patterns = raw.get("allowPatterns", list(DEFAULT_HF_PATTERNS))
     if not isinstance(patterns, list) or not patterns or not all(isinstance(x, str) and x for x in patterns):
         raise ValueError(f"{p}.allowPatterns must be a non-empty list of glob strings (e.g. ['*.json']).")
+    endpoint = fields.optional_string(raw, "endpoint", p)
+    if endpoint is not None and not endpoint.startswith(("https://", "http://")):
+        raise ValueError(f"{p}.endpoint must be an http(s) URL such as https://hf-mirror.example.com (got {endpoint!r}).")
     return HfSource(repo_id=repo_id, revision=revision, token=token, allow_patterns=tuple(patterns),
-                    image=fields.optional_string(raw, "image", p))
+                    image=fields.optional_string(raw, "image", p), endpoint=endpoint)
 
 
 def _parse_cache(raw: dict) -> ModelCache:

@@ -84,6 +84,8 @@ def init_containers(model: ModelSource, runtime_image: str) -> list[dict[str, An
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
     ]
+    if model.hf.endpoint is not None:
+        env.append({"name": "HF_ENDPOINT", "value": model.hf.endpoint})
     if model.hf.token is not None:
         ref = model.hf.token
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

@@ -68,6 +68,9 @@ CASES = [
      lambda d: _pod(d)["initContainers"][0]["command"][-4:],
      ["--allow-pattern", "*.json", "--allow-pattern", "*.safetensors"]),
     ({"model": HF}, lambda d: {"name": "hf-home", "emptyDir": {}} in _pod(d)["volumes"], True),
+    ({"model": {"hf": {**HF["hf"], "endpoint": "https://mirror.example.com"}}},
+     lambda d: {"name": "HF_ENDPOINT", "value": "https://mirror.example.com"} in _pod(d)["initContainers"][0]["env"],
+     True),
     ({"model": HF}, lambda d: _c(d)["volumeMounts"][0], {"name": "model", "mountPath": "/models", "readOnly": True}),
     # pod passthrough
     ({"imagePullSecrets": [{"name": "regcred"}]}, lambda d: _pod(d)["imagePullSecrets"], [{"name": "regcred"}]),
@@ -117,6 +120,7 @@ INVALID = [
     ({"model": {"hf": {"repoId": "a b"}}}, "spec.model.hf.repoId 'a b' is not valid"),
     ({"model": {"hf": {"repoId": "a/b", "revision": "../x"}}}, "must not contain '..'"),
     ({"model": {"hf": {"repoId": "a/b", "allowPatterns": []}}}, "allowPatterns must be a non-empty list"),
+    ({"model": {"hf": {"repoId": "a/b", "endpoint": "mirror.local"}}}, "endpoint must be an http(s) URL"),
     ({"model": {"pvc": {"claimName": "m"}, "cache": {"size": "1Gi"}}}, "cache is only used with spec.model.hf"),
     ({"model": {"hf": {"repoId": "a/b"}, "cache": {"claimName": "c", "size": "1Gi"}}}, "not both"),
     ({"model": {"hf": {"repoId": "a/b"}, "cache": {"size": "lots"}}}, "spec.model.cache.size 'lots' is not valid"),
