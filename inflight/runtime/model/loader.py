@@ -61,7 +61,7 @@ def _iter_tensors(files: list[Path], progress: Progress | None) -> Iterator[tupl
     """``(name, slice)`` for every tensor; a slice reads only the part that is indexed."""
     for i, path in enumerate(files):
         if progress:
-            progress(f"loading weights: shard {i + 1}/{len(files)} ({path.name})")
+            progress(f"loading weights: shard {i + 1}/{len(files)} ({path.name}, {path.stat().st_size / 1e6:.0f} MB)")
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield name, f.get_slice(name)
