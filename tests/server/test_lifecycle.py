@@ -98,6 +98,10 @@ def test_drain_timeout_answers_the_rest_and_frees_blocks(demo_model_dir: Path) -
             streams = [asyncio.create_task(_stream_until_cut(live.url, started)) for _ in range(3)]
             plain = asyncio.create_task(_plain_until_cut(live.url))
             await asyncio.wait_for(started.wait(), 30)
+            for _ in range(500):  # all four admitted before the drain starts
+                if live.app[STATE].num_in_flight == 4:
+                    break
+                await asyncio.sleep(0.01)
             drained = await asyncio.wrap_future(
                 asyncio.run_coroutine_threadsafe(drain(live.app, 0.2), live.loop))
             return list(await asyncio.gather(*streams)), await plain, drained
