@@ -4,7 +4,7 @@ One TP=2 engine per architecture (through the offline ``LLM`` API: starting the 
 process costs seconds) is shared by the scenarios of that architecture, each compared token
 for token with a TP=1 engine of the same config: steps mixing prefills and decodes, chunked
 context under a small token budget, forced preemption under a small KV cache, prefix
-caching, seeded sampling, and logprobs, which bound the fp32 difference of the two
+caching, aborts mid-flight, seeded sampling, and logprobs, which bound the fp32 difference of the two
 reduction orders. TP=4 on a model with 2 KV heads checks the replicated-KV-head layout (``INFLIGHT_TP_REPORT=1 pytest -s`` prints the measured worst case).
 Supervision lives in ``test_tensor_parallel_supervision.py``.
 """
@@ -25,7 +25,7 @@ from inflight.runtime.sampling_params import SamplingParams
 from .hf_reference import prompts_of_lengths, run_staggered
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
-SCENARIOS = ["mixed", "chunked", "preemption", "prefix", "seeded", "logprobs"]
+SCENARIOS = ["mixed", "chunked", "preemption", "prefix", "seeded", "logprobs", "abort"]
 LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
 MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 # A cache of 14 blocks x 16 tokens: the staggered prompts do not all fit, so some are preempted.
@@ -99,6 +99,8 @@ def test_tp_matches_tp1(pairs, arch: str, tp: int, scenario: str) -> None:
         one, two = pair.run(prefixed, _greedy(len(prefixed)), per_step=1)
         for engine, b in zip((pair.one, pair.two), before, strict=True):
             assert engine.stats().prefix_cache_hits > b.prefix_cache_hits, "no prefix-cache hit"
+    elif scenario == "abort":
+        one, two = (_run_with_aborts(e, prompts[:8]) for e in (pair.one, pair.two))
     elif scenario == "seeded":
         params = [SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
         one, two = pair.run(prompts[:8], params)
@@ -106,6 +108,24 @@ def test_tp_matches_tp1(pairs, arch: str, tp: int, scenario: str) -> None:
         one, two = _logprobs_within_tolerance(pair, prompts_of_lengths(tok, [7, 33, 64, 90]))
     assert two == one, f"{arch}/{scenario}: TP={tp} tokens differ from TP=1"
     assert sum(len(t) for t in two.values()) > 0
+
+
+def _run_with_aborts(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
+    """Abort every other request after four steps; the rest run to the end; no block leaks."""
+    engine.pool.reset_prefix_cache()
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=20, temperature=0.0))
+    for step in range(200):
+        if step == 4:
+            for i in range(1, len(prompts), 2):
+                assert engine.abort_request(str(i)) is not None
+        for out in engine.step():
+            tokens[out.req_id].extend(out.new_token_ids)
+        if not engine.has_unfinished_requests():
+            break
+    assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
+    return tokens
 
 
 def _logprobs_within_tolerance(pair: Pair, prompts: list[list[int]]) -> tuple[dict, dict]:
