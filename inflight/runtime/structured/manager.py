@@ -83,7 +83,8 @@ class StructuredOutputManager:
         self._eos = list(eos_token_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self._cache_size = cache_size
         self._cache: OrderedDict[StructuredOutputsParams, llguidance.LLMatcher] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache and the executor: held for microseconds
+        self._tok_lock = threading.Lock()  # building the llguidance tokenizer: ~1 s for a real vocabulary
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="inflight-grammar")
@@ -91,7 +92,7 @@ class StructuredOutputManager:
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
-        with self._lock:
+        with self._tok_lock:
             if self._ll_tokenizer is None:
                 if not self._eos:
                     raise ValueError("this model has no EOS token, which structured outputs need to end")
