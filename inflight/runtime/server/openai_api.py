@@ -4,8 +4,8 @@ Owns reading the JSON body (400 malformed in any way: bad JSON, bad encoding, ba
 compression, nesting past ``MAX_JSON_DEPTH``, integers past Python's digit limit, strings
 that are not valid Unicode; 413 too large; 408 too slow), checking the model name, and
 turning prompts or chat messages into token ids (the tokenizer's chat template with the
-generation prompt) on the state's worker pool, so a huge prompt never blocks the event
-loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
+generation prompt). For a body past ``INLINE_BODY_BYTES`` the parsing, tokenizing and planning
+run on the state's worker pool, so a huge prompt never blocks the event loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
 names or the server lifecycle.
 """
 
@@ -38,11 +38,20 @@ from inflight.runtime.server.protocol import (
 from inflight.runtime.server.state import STATE, ServerState
 
 MAX_JSON_DEPTH = 64
+# Bodies up to this size are parsed, tokenized and planned on the event loop (well under a
+# millisecond per KiB); bigger ones go to the worker pool, so they neither block the loop nor
+# make small requests queue behind them.
+INLINE_BODY_BYTES = 16 * 1024
 
 
 async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.0) -> Any:
     """The request body as JSON: 413 past ``max_bytes``, 408 past ``timeout_s``, else 400
     for anything that is not a JSON document of valid Unicode nested at most ``MAX_JSON_DEPTH``."""
+    return (await read_json_sized(request, max_bytes, timeout_s))[0]
+
+
+async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float) -> tuple[Any, int]:
+    """:func:`read_json` plus the body's size in bytes."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise body_too_large(max_bytes)
     try:
@@ -66,7 +75,7 @@ async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise bad_request(f"the request body is not acceptable JSON: {str(exc)[:200]}") from None
     _check_json_value(body)
-    return body
+    return body, len(raw)
 
 
 def _check_json_value(body: Any) -> None:
@@ -99,8 +108,11 @@ def _check_string(value: Any) -> None:
                               "(a lone UTF-16 surrogate escape such as \\ud800)") from None
 
 
-async def _tokenize(state: ServerState, fn: Any) -> Any:
-    """Run a tokenizer call on the worker pool (429 when too many are already waiting)."""
+async def _off_loop(state: ServerState, body_bytes: int, fn: Any) -> Any:
+    """``fn()`` (parsing, tokenizing, planning) inline for a small body, else on the worker
+    pool (429 when too many jobs are already waiting for it)."""
+    if body_bytes <= INLINE_BODY_BYTES:
+        return fn()
     if state.num_tokenizing >= state.settings.max_pending_tokenizations:
         raise queue_full("too many prompts are being tokenized; retry shortly")
     return await state.in_pool(fn)
@@ -108,8 +120,8 @@ async def _tokenize(state: ServerState, fn: Any) -> Any:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    body = await _read_body(request, state)
-    req = await state.in_pool(lambda: parse_completion_request(body))
+    body, size = await _read_body(request, state)
+    req = await _off_loop(state, size, lambda: parse_completion_request(body))
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
 
@@ -117,31 +129,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return [engine.encode_prompt(p) if isinstance(p, str) else list(p) for p in req.prompts]
 
     try:
-        prompt_ids = await _tokenize(state, encode_all)
+        prompt_ids = await _off_loop(state, size, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
     await chat_support.compile_constraint(engine, req)
-    job = await state.in_pool(lambda: generation.plan(state, req, prompt_ids, "cmpl"))
+    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl"))
     job.decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    body = await _read_body(request, state)
-    req = await state.in_pool(lambda: parse_chat_request(body))
+    body, size = await _read_body(request, state)
+    req = await _off_loop(state, size, lambda: parse_chat_request(body))
     check_model(req.model, state.settings.model_name)
-    prompt_ids = [await _tokenize(state, lambda: _apply_chat_template(state, req))]
+    prompt_ids = [await _off_loop(state, size, lambda: _apply_chat_template(state, req))]
     await chat_support.compile_constraint(state.engine.engine, req)
-    job = await state.in_pool(lambda: generation.plan(state, req, prompt_ids, "chatcmpl"))
+    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "chatcmpl"))
     plan = chat_support.output_plan(req, state.engine.engine.tokenizer, prompt_ids[0])
     job.output_plan = None if plan.is_plain else plan
     job.decorate = chat_support.body_decorator(req, state.engine.engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)
 
 
-async def _read_body(request: web.Request, state: ServerState) -> Any:
-    return await read_json(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
+async def _read_body(request: web.Request, state: ServerState) -> tuple[Any, int]:
+    return await read_json_sized(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
 
 
 def _apply_chat_template(state: ServerState, req: GenerationRequest) -> list[int]:
