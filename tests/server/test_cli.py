@@ -52,6 +52,8 @@ def test_server_flag_defaults() -> None:
     ["--scheduler-policy", "lifo"],          # EngineConfig validation
     ["--max-num-sequences", "four"],         # argparse type
     ["--drain-timeout", "-1"],               # ServerSettings validation
+    ["--engine-stall-timeout", "0"],         # ServerSettings validation
+    ["--api-key", "same", "--admin-api-key", "same"],  # the admin key must differ
 ])
 def test_bad_values_are_usage_errors(tmp_path, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -81,3 +83,25 @@ def test_api_key_from_env_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     assert server_settings_from_args(parse("--api-key", "flag")).api_key == "flag"
     assert server_settings_from_args(parse("--served-model-name", "demo")).model_name == "demo"
     assert server_settings_from_args(parse()).model_name == "m"
+
+
+def test_admin_key_and_hardening_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from inflight.runtime.cli import server_settings_from_args
+    from inflight.runtime.server import ServerSettings
+
+    monkeypatch.delenv("INFLIGHT_ADMIN_API_KEY", raising=False)
+    monkeypatch.delenv("INFLIGHT_API_KEY", raising=False)
+    defaults = server_settings_from_args(parse())
+    assert defaults.admin_api_key is None  # /admin off unless configured
+    for f in dataclasses.fields(ServerSettings):  # one copy of each default
+        if f.name not in ("model_name",):
+            assert getattr(defaults, f.name) == f.default, f.name
+    monkeypatch.setenv("INFLIGHT_ADMIN_API_KEY", "admin-from-env")
+    assert server_settings_from_args(parse()).admin_api_key == "admin-from-env"
+    settings = server_settings_from_args(parse(
+        "--admin-api-key", "admin-flag", "--engine-stall-timeout", "12", "--keepalive-timeout", "5",
+        "--request-read-timeout", "7", "--stream-write-timeout", "9"))
+    assert settings.admin_api_key == "admin-flag" and settings.engine_stall_timeout_s == 12
+    assert (settings.keepalive_timeout_s, settings.request_read_timeout_s, settings.stream_write_timeout_s) == (5, 7, 9)
