@@ -7,8 +7,9 @@ Authorization header, CA and client certificate, the latter two written to priva
 files because the client reads them from paths), get/list/create/patch/delete,
 create-or-patch (a 409 on create is not an error: the object is merge-patched), Events, and
 Secrets (read a key; create one only when it is missing, so a generated key is never
-rotated). Typed answers are turned back into plain dicts (camelCase, as the API server
-writes them) at this boundary, so the rest of the operator works on JSON-shaped values.
+rotated). The client's typed methods build every request (paths, query parameters, content
+types, auth); answers are read as JSON dicts (camelCase, as the API server writes them), so the
+rest of the operator works on JSON-shaped values and no field newer than the client is lost.
 
 Patch strategy: JSON merge patch (RFC 7386) everywhere, forced with ``_content_type`` (the
 client would pick strategic merge for dict bodies). Why: custom resources (the
@@ -21,13 +22,16 @@ Knows nothing about what it writes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
+import json
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -123,23 +127,33 @@ class KubeClient:
         return self._apis[kind.api]
 
     async def _call(self, verb: str, kind: Kind, namespace: str, name: str | None = None, **kwargs: Any) -> Any:
-        """One API call; answers as dicts, errors as KubeError."""
+        """One API call built by the client's typed method; the answer as a JSON dict, errors as KubeError.
+
+        Answers are read as JSON, not decoded into the client's models: a model decode drops
+        fields newer than the client and refuses objects missing a field it calls required.
+        """
         api = self._typed(kind)
         kwargs["_request_timeout"] = self._timeout
+        kwargs["_preload_content"] = False
         args: list[Any] = [name] if name is not None else []
+        what = f"{kind.plural}/{namespace}/{name or ''}"
         try:
             if kind.method:
-                result = await getattr(api, f"{verb}_{kind.method}")(*args, namespace, **kwargs)
+                resp = await getattr(api, f"{verb}_{kind.method}")(*args, namespace, **kwargs)
             else:
                 custom = {"read": "get", "patch_status": "patch", "patch_scale": "patch"}.get(verb, verb)
                 suffix = verb[len("patch_"):] if verb.startswith("patch_") else ""
-                result = await getattr(api, f"{custom}_namespaced_custom_object{'_' + suffix if suffix else ''}")(
+                resp = await getattr(api, f"{custom}_namespaced_custom_object{'_' + suffix if suffix else ''}")(
                     kind.group, kind.version, namespace, kind.plural, *args, **kwargs)
-        except ApiException as exc:
-            body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
-            raise KubeError(exc.status or 0, verb, f"{kind.plural}/{namespace}/{name or ''}",
-                            str(body or exc.reason or "")[:500]) from None
-        return result if isinstance(result, dict) else self._api.sanitize_for_serialization(result)
+            async with resp:
+                raw = await resp.read()
+        except ApiException as exc:  # raised before a response exists (e.g. a bad argument)
+            raise KubeError(exc.status or 0, verb, what, str(exc.reason or exc)[:500]) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise KubeError(0, verb, what, f"{type(exc).__name__}: {exc}"[:500]) from exc
+        if resp.status >= 400:
+            raise KubeError(resp.status, verb, what, raw.decode(errors="replace")[:500])
+        return json.loads(raw) if raw else {}
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:

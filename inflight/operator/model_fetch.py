@@ -51,7 +51,10 @@ def fetch(repo_id: str, revision: str, dest: pathlib.Path, allow_patterns: Seque
     cached = _marker_matches(dest, repo_id, revision)
     if cached is not None:
         return FetchResult(dest, cached or None, True, _listing(dest))
-    from huggingface_hub import HfApi, snapshot_download  # the runtime image has it; the operator's does not
+    from huggingface_hub import (  # the runtime image has it; the operator's does not
+        HfApi,
+        snapshot_download,
+    )
 
     dest.mkdir(parents=True, exist_ok=True)
     commit = HfApi().repo_info(repo_id, revision=revision).sha

@@ -18,7 +18,15 @@ from inflight.operator import autoscaler, engine_args, metrics_scrape, render
 from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import (
-    CONFIGMAPS, DEPLOYMENTS, INFERENCE_POOLS, PDBS, PODS, PVCS, SECRETS, SERVICES, Kind,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    INFERENCE_POOLS,
+    PDBS,
+    PODS,
+    PVCS,
+    SECRETS,
+    SERVICES,
+    Kind,
 )
 from inflight.operator.render_pool import picker_name
 from inflight.operator.spec import InferenceSpec

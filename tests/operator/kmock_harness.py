@@ -72,6 +72,9 @@ class ApiServer(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
+        # Object names whose create the "API server" refuses with 422 and this message (as a real
+        # one refuses, say, an invalid volume source the operator passed through).
+        self.reject_creates: dict[str, str] = {}
         for key, (kind, namespaced, subresources) in _RESOURCES.items():
             plural = key.rsplit("/", 1)[1]
             self.resources[key] = kmock.ResourceInfo(
@@ -88,6 +91,9 @@ class ApiServer(kmock.KubernetesEmulator):
             if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
                 self._check_strict(request)
             if request.action == kmock.action.CREATE:
+                name = (request.data.get("metadata") or {}).get("name")
+                if name in self.reject_creates and request.resource.plural == "deployments":
+                    raise kmock.KubernetesError(status=422, reason="Invalid", message=self.reject_creates[name])
                 self._on_create(request.data)
             elif request.action == kmock.action.UPDATE and request.name is not None:
                 self._on_update(request)

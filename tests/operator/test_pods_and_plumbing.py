@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import subprocess
 import sys
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from inflight.operator import metrics_scrape, status
 from inflight.operator.__main__ import build_argv
 from inflight.operator.context import OperatorConfig
-from inflight.operator.kube import CONFIGMAPS, SECRETS, KubeClient, KubeError
+from inflight.operator.kube import CONFIGMAPS, INFERENCE_POOLS, PVCS, SECRETS, KubeClient, KubeError
 from tests.operator.kmock_harness import ApiServer, FakePod, pod_object
 
 METRICS_TEXT = """\
@@ -175,3 +176,53 @@ def test_operator_imports_no_torch() -> None:
     """The operator image is slim: importing the operator must not pull in torch."""
     code = "import sys, inflight.operator, inflight.operator.handlers; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_kube_client_is_the_official_client_with_merge_patches_and_custom_objects() -> None:
+    async def scenario() -> None:
+        async with ApiServer() as api, kmock.Server(api) as server:
+            conn = kopf.ConnectionInfo(server=str(server.url), insecure=True, token="s3cr3t-token")
+            kube = KubeClient(conn)
+            try:
+                secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a", "namespace": "ns"},
+                          "data": {"k": base64.b64encode(b"one").decode()}}
+                assert await kube.create_if_missing(SECRETS, "ns", secret) is True
+                other = {**secret, "data": {"k": base64.b64encode(b"two").decode()}}
+                assert await kube.create_if_missing(SECRETS, "ns", other) is False  # never replaced
+                assert await kube.read_secret("ns", "a", "k") == "one"
+                pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+                        "metadata": {"name": "p", "namespace": "ns"},
+                        "spec": {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 8000}]}}
+                await kube.apply(INFERENCE_POOLS, "ns", pool)
+                await kube.apply(INFERENCE_POOLS, "ns", {**pool, "spec": {**pool["spec"], "targetPorts": [{"number": 9}]}})
+                got = await kube.get(INFERENCE_POOLS, "ns", "p")
+                assert got["spec"]["targetPorts"] == [{"number": 9}]
+                pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns"},
+                       "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+                await kube.create(PVCS, "ns", pvc)
+                typed = await kube.get(PVCS, "ns", "c")  # built by CoreV1Api, read back as JSON
+                assert typed["spec"]["accessModes"] == ["ReadWriteMany"]
+                assert typed["spec"]["resources"]["requests"] == {"storage": "1Gi"}
+            finally:
+                await kube.close()
+            patches = [r for r in list(api) if r.method.value == "PATCH"]
+            assert patches and {r.headers.get("Content-Type") for r in patches} == {"application/merge-patch+json"}
+            ours = [r for r in list(api) if "kmock" not in r.headers.get("User-Agent", "")]
+            assert {r.headers.get("User-Agent") for r in ours} == {"inflight-operator"}
+            assert {r.headers.get("Authorization") for r in ours} == {"Bearer s3cr3t-token"}
+
+    asyncio.run(scenario())
+
+
+def test_kube_configuration_materializes_kubeconfig_data(tmp_path: Any) -> None:
+    from inflight.operator.kube import _configuration
+
+    pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    conn = kopf.ConnectionInfo(server="https://k8s.example:6443/", ca_data=base64.b64encode(pem).decode(),
+                               certificate_data=pem, private_key_data=pem)
+    config = _configuration(conn, str(tmp_path))
+    assert config.host == "https://k8s.example:6443" and config.verify_ssl is True
+    for path in (config.ssl_ca_cert, config.cert_file, config.key_file):
+        assert open(path, "rb").read() == pem
+        assert (os.stat(path).st_mode & 0o777) == 0o600
+    assert _configuration(kopf.ConnectionInfo(server="http://x", insecure=True), str(tmp_path)).verify_ssl is False
