@@ -1,9 +1,9 @@
-"""Tensor-parallel start-up and supervision on the CPU (gloo), offline.
+"""Tensor-parallel start-up, step channel and supervision on the CPU (gloo), offline.
 
 The model must split (else ValueError before any process starts); a worker that fails or
 dies during start-up fails the start at once with its message; a SIGKILLed worker turns
 the next step into ``EngineFatalError`` whether the engine is busy or idle, and closing the
-engine leaves no worker process behind.
+engine leaves no worker process behind. Steps too large for one channel message take two.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime.distributed import launcher
+from inflight.runtime.distributed import comm, launcher
 from inflight.runtime.distributed.layout import shard_layout, valid_tensor_parallel_sizes
 from inflight.runtime.llm import LLM
 from inflight.runtime.model.loader import load_hf_config
@@ -88,3 +88,15 @@ def test_killed_worker_is_a_fatal_engine_error(model_factory, when: str) -> None
                     time.sleep(0.01)
         assert time.monotonic() - t0 < 5
     assert all(p.poll() is not None for p in procs)
+
+
+def test_steps_larger_than_one_message_take_two_broadcasts(model_factory, monkeypatch) -> None:
+    monkeypatch.setattr(comm, "_INLINE_LEN", 16)
+    monkeypatch.setenv("INFLIGHT_TP_INLINE_INTS", "16")  # the worker reads it at import
+    prompts = ["def fib(n):", "import os\nimport sys\n" * 4, "x"]
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    with LLM(model_factory("mistral"), num_kv_blocks=32) as one:
+        want = [o.token_ids for o in one.generate(prompts, params)]
+    with LLM(model_factory("mistral"), num_kv_blocks=32, tensor_parallel_size=2) as two:
+        got = [o.token_ids for o in two.generate(prompts, params)]
+    assert got == want

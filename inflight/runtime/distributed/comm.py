@@ -11,6 +11,7 @@ scheduler, block tables and sampling never leave it. Knows nothing about process
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -18,9 +19,12 @@ import torch.distributed as dist
 
 from inflight.runtime.model.decoder import AttentionMetadata
 
-# header of a step message: command, num_tokens, num_decode_tokens, num_prefills,
-# decode table width, prefill table width, num_sampled
+# A step message is one fixed-size broadcast: a header (command, num_tokens,
+# num_decode_tokens, num_prefills, decode table width, prefill table width, num_sampled)
+# and the payload inline when it fits (a decode step of 64 sequences with 2k-token contexts
+# does); a larger payload follows in a second broadcast.
 _HEADER_LEN = 7
+_INLINE_LEN = int(os.environ.get("INFLIGHT_TP_INLINE_INTS", "8192"))  # int64s: 64 KiB per message
 CMD_STOP, CMD_STEP = 0, 1
 StepTensors = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
 
@@ -61,40 +65,46 @@ class TensorParallel:
     # -- the step channel (rank 0 -> others) ------------------------------------------------
     def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                   sample_indices: torch.Tensor) -> None:
-        """Rank 0: broadcast one step's packed inputs (two gloo broadcasts)."""
+        """Rank 0: broadcast one step's packed inputs (one gloo broadcast, two when large)."""
         parts = [input_ids, positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
                  meta.prefill_block_tables, meta.prefill_query_start_loc, meta.prefill_context_lens,
                  sample_indices]
-        header = torch.tensor(
-            [CMD_STEP, input_ids.numel(), meta.num_decode_tokens, meta.num_prefills,
-             meta.decode_block_tables.shape[1], meta.prefill_block_tables.shape[1], sample_indices.numel()],
-            dtype=torch.int64,
-        )
+        header = [CMD_STEP, input_ids.numel(), meta.num_decode_tokens, meta.num_prefills,
+                  meta.decode_block_tables.shape[1], meta.prefill_block_tables.shape[1], sample_indices.numel()]
         payload = torch.cat([p.reshape(-1).to("cpu", torch.int64) for p in parts])
-        dist.broadcast(header, src=0, group=self.control_group)
-        dist.broadcast(payload, src=0, group=self.control_group)
+        message = torch.zeros(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
+        message[:_HEADER_LEN] = torch.tensor(header, dtype=torch.int64)
+        inline = payload.numel() <= _INLINE_LEN
+        if inline:
+            message[_HEADER_LEN : _HEADER_LEN + payload.numel()] = payload
+        dist.broadcast(message, src=0, group=self.control_group)
+        if not inline:
+            dist.broadcast(payload, src=0, group=self.control_group)
 
     def send_stop(self) -> None:
-        header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
-        header[0] = CMD_STOP
-        dist.broadcast(header, src=0, group=self.control_group)
+        message = torch.zeros(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
+        message[0] = CMD_STOP
+        dist.broadcast(message, src=0, group=self.control_group)
 
     def receive_step(self, device: torch.device) -> StepTensors | None:
         """Ranks 1..N-1: wait for the next step's inputs; None when rank 0 says stop."""
-        header = torch.empty(_HEADER_LEN, dtype=torch.int64)
-        dist.broadcast(header, src=0, group=self.control_group)
-        cmd, n, nd, np_, wd, wp, ns = header.tolist()
+        message = torch.empty(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
+        dist.broadcast(message, src=0, group=self.control_group)
+        cmd, n, nd, np_, wd, wp, ns = message[:_HEADER_LEN].tolist()
         if cmd == CMD_STOP:
             return None
-        ndec = nd  # decodes are one token each
-        sizes = [n, n, n, ndec * wd, ndec, np_ * wp, np_ + 1, np_, ns]
-        payload = torch.empty(sum(sizes), dtype=torch.int64)
-        dist.broadcast(payload, src=0, group=self.control_group)
+        sizes = [n, n, n, nd * wd, nd, np_ * wp, np_ + 1, np_, ns]  # decodes are one token each
+        total = sum(sizes)
+        if total <= _INLINE_LEN:
+            payload = message[_HEADER_LEN : _HEADER_LEN + total]
+        else:
+            payload = torch.empty(total, dtype=torch.int64)
+            dist.broadcast(payload, src=0, group=self.control_group)
         ids, pos, slots, dtab, dctx, ptab, qsl, pctx, sample = payload.to(device).split(sizes)
         meta = AttentionMetadata(
             slot_mapping=slots,
             num_decode_tokens=nd,
-            decode_block_tables=dtab.reshape(ndec, wd).to(torch.int32),
+            decode_block_tables=dtab.reshape(nd, wd).to(torch.int32),
             decode_context_lens=dctx.to(torch.int32),
             prefill_block_tables=ptab.reshape(np_, wp).to(torch.int32),
             prefill_query_start_loc=qsl.to(torch.int32),
