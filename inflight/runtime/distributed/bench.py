@@ -4,8 +4,9 @@
 
 For each batch size it fills one engine with that many decoding sequences (short prompts,
 outputs that never stop early), then times ``--steps`` decode steps and reports the median
-and the interquartile range, for TP=1 and TP=N one after the other in this process (the
-TP=N engine starts its workers, the TP=1 one runs alone). Prints a table and, with
+and the interquartile range, for a TP=1 and a TP=N engine living side by side in this
+process (the TP=N one with its workers), taking turns in rounds so that a change in a shared
+machine's load hits both alike. Prints a table and, with
 ``--json``, writes the figures. A script, not a test: timing depends on the machine (on a
 shared 2-core machine each rank gets one thread).
 """
@@ -33,33 +34,45 @@ def _fill(engine: LLMEngine, batch: int, steps: int) -> None:
         engine.step()
 
 
-def time_decode_steps(engine: LLMEngine, batch: int, steps: int) -> dict[str, float]:
-    """Median and quartiles (ms) of ``steps`` decode steps with ``batch`` sequences running."""
-    _fill(engine, batch, steps)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0)
-    for req_id in [f"bench-{i}" for i in range(batch)]:
-        engine.abort_request(req_id)
+def _summary(times: list[float]) -> dict[str, float]:
     q = statistics.quantiles(times, n=4)
     return {"median_ms": 1e3 * statistics.median(times), "p25_ms": 1e3 * q[0], "p75_ms": 1e3 * q[2]}
 
 
+def time_decode_steps(engines: dict[int, LLMEngine], batch: int, steps: int, rounds: int = 10) -> list[dict[str, Any]]:
+    """Decode-step times with ``batch`` sequences running, the engines taking turns.
+
+    Rounds of ``steps / rounds`` steps alternate between the engines, so a change in the
+    machine's load (a shared machine) hits both alike.
+    """
+    for engine in engines.values():
+        _fill(engine, batch, steps)
+    times: dict[int, list[float]] = {tp: [] for tp in engines}
+    for _ in range(rounds):
+        for tp, engine in engines.items():
+            for _ in range(max(1, steps // rounds)):
+                t0 = time.perf_counter()
+                engine.step()
+                times[tp].append(time.perf_counter() - t0)
+    for engine in engines.values():
+        for i in range(batch):
+            engine.abort_request(f"bench-{i}")
+    return [{"tp": tp, "batch": batch, **_summary(t)} for tp, t in times.items()]
+
+
 def run(model_dir: Path, tp: int, batches: list[int], steps: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for size in (1, tp):
-        config = EngineConfig(tensor_parallel_size=size, max_num_sequences=max(batches), max_model_len=512,
-                              num_kv_blocks=max(batches) * 512 // 16)
-        engine = LLMEngine.from_model_dir(model_dir, config)
-        try:
-            engine.warmup()
-            for batch in batches:
-                rows.append({"tp": size, "batch": batch, **time_decode_steps(engine, batch, steps)})
-        finally:
+    """Both engines live at once (only TP=N uses torch.distributed); see module docstring."""
+    engines: dict[int, LLMEngine] = {}
+    try:
+        for size in (1, tp):
+            config = EngineConfig(tensor_parallel_size=size, max_num_sequences=max(batches), max_model_len=512,
+                                  num_kv_blocks=max(batches) * 512 // 16)
+            engines[size] = LLMEngine.from_model_dir(model_dir, config)
+            engines[size].warmup()
+        return [row for batch in batches for row in time_decode_steps(engines, batch, steps)]
+    finally:
+        for engine in engines.values():
             engine.close()
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
