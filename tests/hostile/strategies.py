@@ -193,6 +193,18 @@ def header_probes(key: str) -> list[Probe]:
                        ("space-before-colon", b"X-Thing : 1\r\n")):
         head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n"
         probes.append(Probe(f"parser {name}", head, BAD_REQUEST))
+    for name, head in (
+        ("long-header-line", b"X-Long: " + b"a" * 20_000 + b"\r\n"),
+        ("too-many-headers", b"".join(b"X-H%d: 1\r\n" % i for i in range(300))),
+        ("cl-and-te", b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"),
+        ("two-content-lengths", b"Content-Length: 5\r\nContent-Length: 6\r\n"),
+        ("bad-transfer-encoding", b"Transfer-Encoding: gzip, identity\r\n"),
+    ):
+        probes.append(Probe(f"parser {name}", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + head + b"\r\nhello",
+                            frozenset({400, 413, 431, 501})))
+    chunked = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               + f"Authorization: Bearer {key}\r\n".encode() + b"\r\nzz\r\n{}\r\n0\r\n\r\n")
+    probes.append(Probe("parser bad-chunk-size", chunked, BAD_REQUEST))
     probes.append(Probe("parser bad-method", b"GARB AGE\r\n\r\n", BAD_REQUEST))
     probes.append(Probe("parser bad-version", b"POST /v1/completions HTTP/9.9\r\nHost: x\r\n\r\n", frozenset({400, 505})))
     probes.append(Probe("admin with inference key", http_request("/admin/config", b'{"max_queue_len": 0}', key=key),
