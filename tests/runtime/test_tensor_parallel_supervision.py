@@ -100,3 +100,11 @@ def test_steps_larger_than_one_message_take_two_broadcasts(model_factory, monkey
     with LLM(model_factory("mistral"), num_kv_blocks=32, tensor_parallel_size=2) as two:
         got = [o.token_ids for o in two.generate(prompts, params)]
     assert got == want
+
+
+def test_overhead_bench_runs(model_factory, capsys) -> None:
+    from inflight.runtime.distributed import bench
+
+    assert bench.main(["--model", str(model_factory("llama")), "--batch", "1", "3", "--steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 1: TP=2 minus TP=1" in out and "batch 3: TP=2 minus TP=1" in out

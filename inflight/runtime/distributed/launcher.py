@@ -56,14 +56,16 @@ def backend_for(device: str) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def init_groups(store: dist.Store, rank: int, world_size: int, backend: str) -> tuple[None, dist.ProcessGroup]:
-    """Join the default (model) group and create the gloo control group; same on every rank."""
+def init_groups(store: dist.Store, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
+    """Join the default group (the model's collectives) and return the gloo control group.
+
+    Every rank makes the same calls in the same order.
+    """
     dist.init_process_group(
         backend, store=dist.PrefixStore("pg/", store), rank=rank, world_size=world_size,
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return None, control
+    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
 
 def describe_exit(rank: int, proc: subprocess.Popen[bytes]) -> str:
@@ -100,7 +102,7 @@ class WorkerGroup:
         group = cls(store, procs, world)
         try:
             group._wait_for_keys("joined")
-            _, control = init_groups(store, 0, world, backend_for(config.device))
+            control = init_groups(store, 0, world, backend_for(config.device))
             group.tp = TensorParallel(0, world, None, control, group._agree_num_blocks)
         except BaseException:
             group.close()

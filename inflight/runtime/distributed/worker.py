@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         from inflight.runtime.model_runner import ModelRunner
 
         keys.set(f"joined/{args.rank}", "1")
-        _, control = init_groups(store, args.rank, args.world_size, backend_for(config.device))
+        control = init_groups(store, args.rank, args.world_size, backend_for(config.device))
 
         def agree_num_blocks(local: int) -> int:
             keys.set(f"blocks/{args.rank}", str(local))
