@@ -231,3 +231,20 @@ async def _stream_body(session: aiohttp.ClientSession, url: str, body: dict) -> 
             if line.startswith("data: {") and '"error"' in line:
                 code = json.loads(line[6:])["error"]["code"]
     return "completed" if code is None else f"error:{code}"
+
+
+def test_a_fatal_error_outside_the_step_also_kills_the_engine(demo_model_dir: Path) -> None:
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME)).start()
+    try:
+        engine = live.app[STATE].engine.engine
+
+        def add_request(*args: object, **kwargs: object) -> None:
+            raise EngineFatalError("a tensor-parallel worker died while adding (injected)")
+
+        engine.add_request = add_request  # type: ignore[method-assign]
+        reply = http("POST", f"{live.url}/v1/completions", LONG)
+        assert reply.status == 503 and reply.json()["error"]["code"] == "engine_dead"
+        assert wait_until(lambda: live.app[STATE].dead.is_set(), 10)
+        assert http("GET", f"{live.url}/health").status == 503
+    finally:
+        live.stop()

@@ -345,6 +345,8 @@ class AsyncEngine:
                     logger.exception("engine command failed")
                 else:
                     future.set_exception(exc)
+                if isinstance(exc, EngineFatalError) or not isinstance(exc, Exception):
+                    raise  # the engine cannot go on: the thread dies and the server with it
             else:
                 if future is not None:
                     future.set_result(result)

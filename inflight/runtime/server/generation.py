@@ -23,7 +23,12 @@ from typing import Any
 
 from aiohttp import web
 
-from inflight.runtime.outputs import RequestOutput, RequestRejectedError, RequestTimes
+from inflight.runtime.outputs import (
+    EngineFatalError,
+    RequestOutput,
+    RequestRejectedError,
+    RequestTimes,
+)
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import responses, streaming
 from inflight.runtime.server.async_engine import (
@@ -140,7 +145,7 @@ async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamR
     except RequestRejectedError as exc:
         job.outcome = "rejected"
         raise from_rejection(exc, "messages" if job.req.is_chat else "prompt") from None
-    except (EngineStepError, EngineDeadError, RequestsCutError, BacklogError) as exc:
+    except (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError) as exc:
         job.outcome = "error"
         raise engine_failure(exc) from None
     except BaseException:
@@ -155,7 +160,7 @@ async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamR
 def engine_failure(exc: BaseException) -> APIError:
     """The HTTP error for a request the engine did not finish: 503 if the server is going
     away (retry elsewhere), 500 if the engine failed on it."""
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, (EngineDeadError, EngineFatalError)):
         return unavailable(f"the engine has stopped ({exc}); the server is exiting, retry on another replica",
                            "engine_dead")
     if isinstance(exc, RequestsCutError):
@@ -196,7 +201,7 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
     except (OSError, asyncio.TimeoutError):  # the client left or stopped reading: abort the rest
         job.outcome = "aborted"
     except Exception as exc:  # the status line is sent: report in the stream, never a traceback
-        if not isinstance(exc, (EngineStepError, EngineDeadError, RequestsCutError, BacklogError)):
+        if not isinstance(exc, (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError)):
             logger.exception("error while streaming %s", job.request_id)
         job.outcome = "error"
         await _send_error(response, engine_failure(exc), state.settings.stream_write_timeout_s)
