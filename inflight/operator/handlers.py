@@ -10,7 +10,7 @@ Deletion runs behind the finalizer ``inflight.dev/finalizer`` so the children ar
 explicitly (their owner references would let the garbage collector do it too); if the
 operator is uninstalled before its resources, remove that finalizer by hand.
 
-An invalid spec (or one whose objects the API server refuses with 400/422) sets
+An invalid spec (or one whose objects the API server refuses, ``reconcile.SpecRejected``) sets
 ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
 the spec changes again. ``register()`` takes the registry instead of using kopf's global
 one so tests can run isolated operators; ``inflight.operator`` registers onto the default
@@ -28,7 +28,7 @@ import kopf
 from inflight.operator import reconcile, render, render_model, status
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
-from inflight.operator.kube import DEPLOYMENTS, KubeError
+from inflight.operator.kube import DEPLOYMENTS
 from inflight.operator.reconcile import ResourceState
 from inflight.operator.spec import InferenceSpec, parse_spec
 
@@ -105,13 +105,9 @@ async def on_reconcile(
     meta = body["metadata"]
     try:
         await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
-    except KubeError as exc:
-        if exc.status not in (400, 422):
-            raise  # a transient API error: kopf retries
-        # The API server refused what the spec rendered (e.g. a bad volume or env source).
-        message = f"the API server rejected an object: {exc}"
-        patch.status.update(status.invalid_spec_status(message, _conditions(body), meta.get("generation"), now))
-        raise kopf.PermanentError(message) from exc
+    except reconcile.SpecRejected as exc:  # e.g. a bad volume source; other API errors: kopf retries
+        patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
+        raise kopf.PermanentError(str(exc)) from exc
     pods = await reconcile.list_pods(ctx, spec)
     errors = await reconcile.sync_live_config(ctx, spec, _state(memo), pods)
     for error in errors:

@@ -27,6 +27,7 @@ from inflight.operator.kube import (
     SECRETS,
     SERVICES,
     Kind,
+    KubeError,
 )
 from inflight.operator.render_pool import picker_name
 from inflight.operator.spec import InferenceSpec
@@ -44,9 +45,26 @@ class ResourceState:
     live_pushed: dict[str, str] = field(default_factory=dict)  # pod name -> live-config key
 
 
+class SpecRejected(Exception):
+    """The API server refused what the spec rendered: retrying the same spec cannot help."""
+
+
 async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
     """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
-    admin Secret and the model-cache PVC only when missing (never rotated, never resized)."""
+    admin Secret and the model-cache PVC only when missing (never rotated, never resized).
+
+    Raises ``SpecRejected`` when the API server refuses an object as invalid (400/422) or does
+    not know the InferencePool kind; other API errors propagate (kopf retries them).
+    """
+    try:
+        await _apply_children(ctx, spec, owner)
+    except KubeError as exc:
+        if exc.status in (400, 422):
+            raise SpecRejected(f"the API server rejected an object: {exc}") from exc
+        raise
+
+
+async def _apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
     kube, ns = ctx.kube, spec.namespace
     admin = render.render_admin_secret(spec, owner, secrets.token_urlsafe(32))
     if await kube.create_if_missing(SECRETS, ns, admin):
@@ -61,7 +79,16 @@ async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: rende
     pool_objects = render.render_pool_objects(spec, owner)
     kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
     for obj in pool_objects:
-        await kube.apply(kinds[obj["kind"]], ns, obj)
+        try:
+            await kube.apply(kinds[obj["kind"]], ns, obj)
+        except KubeError as exc:
+            if exc.status == 404 and obj["kind"] == "InferencePool":
+                raise SpecRejected(
+                    "spec.inferencePool is enabled but the API server has no InferencePool kind "
+                    "(inference.networking.k8s.io/v1): install the Gateway API Inference Extension CRDs "
+                    "or set inferencePool.enabled: false"
+                ) from exc
+            raise
     applied = {(o["kind"], o["metadata"]["name"]) for o in pool_objects}
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
         if (kind.kind, obj_name) not in applied and await kube.get(kind, ns, obj_name) is not None:

@@ -91,6 +91,9 @@ class ApiServer(kmock.KubernetesEmulator):
             if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
                 self._check_strict(request)
             if request.action == kmock.action.CREATE:
+                res = request.resource
+                if not any(known == res for known in self.resources):  # kmock would store it anyway
+                    raise kmock.KubernetesResourceNotFoundError()
                 name = (request.data.get("metadata") or {}).get("name")
                 if name in self.reject_creates and request.resource.plural == "deployments":
                     raise kmock.KubernetesError(status=422, reason="Invalid", message=self.reject_creates[name])

@@ -109,3 +109,38 @@ async def _observed(cluster: Cluster, name: str, gen: int) -> bool:
 
 async def _gone(cluster: Cluster, name: str) -> bool:
     return await cluster.cr(name) is None
+
+
+def test_inference_pool_on_off_and_missing_crd() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            doc = load_example(next(p for p in EXAMPLES if p.stem == "inference-pool"))
+            name = doc["metadata"]["name"]
+            pools = "/apis/inference.networking.k8s.io/v1/namespaces/default/inferencepools"
+            await cluster.create_cr(doc)
+            await wait_for(lambda: cluster.child("services", f"{name}-epp"), what="picker Service (applied last)")
+            pool = await cluster.get(f"{pools}/{name}")
+            assert pool["spec"]["endpointPickerRef"]["name"] == f"{name}-epp"
+            assert await cluster.child("deployments", f"{name}-epp") is not None
+            await cluster.patch_cr(name, {"spec": {"inferencePool": {"enabled": False}}})
+
+            async def removed() -> bool:
+                return (await cluster.get(f"{pools}/{name}") is None
+                        and await cluster.child("deployments", f"{name}-epp") is None)
+
+            await wait_for(removed, what="pool and picker removed when turned off")
+            assert await cluster.child("deployments", name) is not None  # the runtime stays
+
+            del cluster.api.resources["inference.networking.k8s.io/v1/inferencepools"]  # CRDs not installed
+            doc["metadata"]["name"] = "no-crd"
+            await cluster.create_cr(doc)
+
+            async def degraded() -> dict[str, Any] | None:
+                cr = await cluster.cr("no-crd")
+                conds = ((cr or {}).get("status") or {}).get("conditions") or []
+                return next((c for c in conds if c["type"] == "Degraded" and c["status"] == "True"), None)
+
+            cond = await wait_for(degraded, what="Degraded without the InferencePool CRD")
+            assert "install the Gateway API Inference Extension CRDs" in cond["message"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
