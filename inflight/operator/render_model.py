@@ -83,6 +83,7 @@ def init_containers(model: ModelSource, runtime_image: str) -> list[dict[str, An
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "HF_HUB_OFFLINE", "value": "0"},  # the runtime image sets 1 (its server never downloads)
     ]
     if model.hf.endpoint is not None:
         env.append({"name": "HF_ENDPOINT", "value": model.hf.endpoint})

@@ -51,7 +51,8 @@ def _init_container(spec: Any) -> dict[str, Any]:
 
 async def _run_fetch(container: dict[str, Any], root: pathlib.Path, hub: FakeHub, token: str) -> tuple[int, str]:
     """The init container's command and env, as the kubelet would run it, with /models -> ``root``."""
-    env = {**os.environ, "HF_ENDPOINT": hub.url}
+    # The runtime image sets HF_HUB_OFFLINE=1 (docker/runtime.Dockerfile); the rendered env must undo it.
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "1"}
     for var in container["env"]:
         if "value" in var:
             env[var["name"]] = _rooted(var["value"], root) if var["name"] != "HF_HOME" else str(root / ".hf-home")
