@@ -3,7 +3,8 @@
 The model must split (else ValueError before any process starts); a worker that fails or
 dies during start-up fails the start at once with its message; a SIGKILLed worker turns
 the next step into ``EngineFatalError`` whether the engine is busy or idle, and closing the
-engine leaves no worker process behind. Steps too large for one channel message take two.
+engine leaves no worker process behind; a step that fails (or is interrupted) half-way is
+fatal for good, since the ranks are then out of step. Steps too large for one channel message take two.
 """
 
 from __future__ import annotations
@@ -108,3 +109,26 @@ def test_overhead_bench_runs(model_factory, capsys) -> None:
     assert bench.main(["--model", str(model_factory("llama")), "--batch", "1", "3", "--steps", "4"]) == 0
     out = capsys.readouterr().out
     assert "batch 1: TP=2 minus TP=1" in out and "batch 3: TP=2 minus TP=1" in out
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_failure_inside_a_step_is_fatal_for_good(model_factory, error: BaseException) -> None:
+    """Once rank 0 leaves a step half-way the ranks are out of step: never step again."""
+    with LLM(model_factory("llama"), tensor_parallel_size=2, num_kv_blocks=32) as llm:
+        engine = llm.engine
+        procs = list(engine.runner.workers._procs.values())
+        engine.add_request("a", [1, 5, 7, 9], SamplingParams(max_tokens=50, temperature=0.0))
+        engine.step()
+        forward = engine.runner._forward
+
+        def failing(*args):
+            engine.runner._forward = forward
+            raise error
+
+        engine.runner._forward = failing
+        with pytest.raises(EngineFatalError if isinstance(error, Exception) else KeyboardInterrupt):
+            engine.step()
+        with pytest.raises(EngineFatalError, match="step failed: boom|step was interrupted"):
+            engine.step()
+        assert engine.has_unfinished_requests()
+    assert all(p.poll() is not None for p in procs)

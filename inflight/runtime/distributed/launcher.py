@@ -177,6 +177,9 @@ class WorkerGroup:
             dead = [describe_exit(r, p) for r, p in self._procs.items() if p.poll() is not None]
             self._fail("; ".join(dead) if dead else f"tensor-parallel step failed: {exc}")
             raise EngineFatalError(self._failure or str(exc)) from exc
+        except BaseException as exc:  # KeyboardInterrupt mid-step: the ranks are out of step
+            self._fail(f"a tensor-parallel step was interrupted ({type(exc).__name__})")
+            raise
 
     # -- stop ---------------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:
