@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import openai
 import pytest
 from conftest import MODEL_NAME, client_for
 

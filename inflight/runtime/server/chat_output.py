@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.runtime.server.reasoning import ReasoningStream, split_reasoning
-from inflight.runtime.server.tool_calls import MARKERS, ToolCall, parse_tool_calls, partial_marker_len
+from inflight.runtime.server.tool_calls import (
+    MARKERS,
+    ToolCall,
+    parse_tool_calls,
+    partial_marker_len,
+)
 
 
 @dataclass(frozen=True, slots=True)
