@@ -88,7 +88,8 @@ def test_logit_bias_steers_and_bans(llama_server) -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({"echo": True, "stream": True}, "echo"),
-    ({"best_of": 3}, "best_of"),
+    ({"best_of": 3, "stream": True}, "best_of"),
+    ({"best_of": 1, "n": 2}, "best_of"),
     ({"prompt_logprobs": 50}, "prompt_logprobs"),
     ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"suffix": "x"}, "suffix"),
@@ -101,6 +102,24 @@ def test_completion_fields_refused_by_name(llama_server, body: dict, param: str)
 def test_best_of_equal_to_n_is_accepted(llama_server) -> None:
     out = client_for(llama_server).completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, n=2, best_of=2)
     assert len(out.choices) == 2
+
+
+def test_best_of_returns_the_most_likely_candidates(llama_server) -> None:
+    """best_of=6, n=2 on two prompts: each prompt's two kept choices are the two candidates
+    (out of the same six seeded draws, seen with n=6) with the highest total logprob."""
+    client = client_for(llama_server)
+    prompts = ["def f(x):", "import re"]
+    common = dict(model=MODEL_NAME, prompt=prompts, max_tokens=6, temperature=1.0, seed=5)
+    every = client.completions.create(n=6, logprobs=0, **common)
+    best = client.completions.create(n=2, best_of=6, **common)
+    assert [c.index for c in best.choices] == [0, 1, 2, 3]
+    assert all(c.logprobs is None for c in best.choices)
+    for p in range(2):
+        candidates = sorted(every.choices[p * 6:(p + 1) * 6], key=lambda c: -sum(c.logprobs.token_logprobs))
+        assert [c.text for c in best.choices[p * 2:(p + 1) * 2]] == [c.text for c in candidates[:2]]
+    assert best.usage.completion_tokens == every.usage.completion_tokens
+    with_lp = client.completions.create(n=1, best_of=3, logprobs=1, **common).choices[0]
+    assert with_lp.logprobs is not None and len(with_lp.logprobs.tokens) == 6
 
 
 def test_tokenize_and_detokenize(qwen3_server) -> None:

@@ -7,6 +7,7 @@ Knows the engine only through ``engine.structured`` (the grammar compiler) and i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,7 +64,8 @@ def body_decorator(
 ) -> Callable[[dict[str, Any], list[Any]], None] | None:
     """What to add to the finished body: echo and/or prompt logprobs (None: nothing)."""
     features = req.features
-    if not features.echo and features.prompt_logprobs is None:
+    best_of = features.best_of if features.best_of is not None and features.best_of > features_n(req) else None
+    if not features.echo and features.prompt_logprobs is None and best_of is None:
         return None
     cache: dict[int, str] = {}
 
@@ -75,5 +77,30 @@ def body_decorator(
     if req.is_chat:
         return lambda body, choices: echo.decorate_chat(body, choices, token_text)
     texts = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in req.prompts]
-    return lambda body, choices: echo.decorate_completion(
-        body, choices, prompt_ids, texts, features.echo, features.prompt_logprobs is not None, token_text)
+
+    def decorate(body: dict[str, Any], choices: list[Any]) -> None:
+        index = [c.index // req.n for c in choices]
+        if best_of is not None:
+            choices, index = echo.select_best(body, choices, features_n(req), best_of, features.wants_logprobs)
+        echo.decorate_completion(body, choices, index, prompt_ids, texts, features.echo,
+                                 features.prompt_logprobs is not None, token_text)
+
+    return decorate
+
+
+def features_n(req: GenerationRequest) -> int:
+    """The ``n`` the client asked for (``req.n`` is ``best_of`` once expanded)."""
+    return req.features.client_n or req.n
+
+
+def expand_best_of(req: GenerationRequest) -> GenerationRequest:
+    """``best_of > n``: run ``best_of`` candidates per prompt, with logprobs to rank them by."""
+    features = req.features
+    if features.best_of is None or features.best_of <= req.n:
+        return req
+    logprobs = req.num_logprobs if req.num_logprobs is not None else 0
+    return dataclasses.replace(
+        req, n=features.best_of, num_logprobs=logprobs,
+        params=dataclasses.replace(req.params, logprobs=logprobs),
+        features=dataclasses.replace(features, client_n=req.n, wants_logprobs=req.num_logprobs is not None),
+    )

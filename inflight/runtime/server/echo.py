@@ -60,14 +60,35 @@ def _echo_logprobs(
     }
 
 
+def select_best(
+    body: dict[str, Any], choices: Sequence[ChoiceState], n: int, best_of: int, keep_logprobs: bool
+) -> tuple[list[ChoiceState], list[int]]:
+    """``best_of``: keep the ``n`` candidates of each prompt with the highest total logprob
+    (vLLM's rule), renumbered; drop logprobs the client did not ask for. Returns the kept
+    choices and the prompt index of each (usage still counts every candidate, as OpenAI bills)."""
+    kept_states, kept_bodies, prompt_index = [], [], []
+    for p in range(len(choices) // best_of):
+        group = list(zip(choices[p * best_of:(p + 1) * best_of], body["choices"][p * best_of:(p + 1) * best_of],
+                         strict=True))
+        group.sort(key=lambda sc: -sum(e.logprob for e in sc[0].logprobs))
+        for rank, (state, choice) in enumerate(group[:n]):
+            choice["index"] = p * n + rank
+            if not keep_logprobs:
+                choice["logprobs"] = None
+            kept_states.append(state)
+            kept_bodies.append(choice)
+            prompt_index.append(p)
+    body["choices"] = kept_bodies
+    return kept_states, prompt_index
+
+
 def decorate_completion(
-    body: dict[str, Any], choices: Sequence[ChoiceState], prompt_ids: Sequence[Sequence[int]],
-    prompt_texts: Sequence[str], echo: bool, want_prompt_logprobs: bool, token_text: TokenText,
+    body: dict[str, Any], choices: Sequence[ChoiceState], prompt_index: Sequence[int],
+    prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str], echo: bool, want_prompt_logprobs: bool,
+    token_text: TokenText,
 ) -> None:
-    """Add echo and prompt logprobs to a /v1/completions body (choices in index order)."""
-    per_prompt = max(1, len(choices) // max(1, len(prompt_ids)))
-    for state, choice in zip(choices, body["choices"], strict=True):
-        p = state.index // per_prompt
+    """Add echo and prompt logprobs to a /v1/completions body; ``prompt_index``: each choice's prompt."""
+    for state, choice, p in zip(choices, body["choices"], prompt_index, strict=True):
         if echo:
             choice["text"] = prompt_texts[p] + choice["text"]
             if choice.get("logprobs") is not None:

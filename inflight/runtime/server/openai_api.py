@@ -133,6 +133,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
     await chat_support.compile_constraint(engine, req)
+    req = chat_support.expand_best_of(req)
     job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl"))
     job.decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await generation.run(request, state, job)

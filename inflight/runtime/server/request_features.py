@@ -62,6 +62,8 @@ class RequestFeatures:
     echo: bool = False
     best_of: int | None = None
     prompt_logprobs: int | None = None
+    client_n: int | None = None  # set when best_of > n expands the request to best_of candidates
+    wants_logprobs: bool = False  # ... and whether the client itself asked for logprobs
 
 
 def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeatures:
@@ -127,9 +129,8 @@ def _parse_best_of(obj: dict[str, Any], is_chat: bool, n: int) -> int | None:
         raise bad_request("'best_of' is only supported on /v1/completions", "best_of")
     if best_of < n:
         raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({n})", "best_of")
-    if best_of > n:
-        raise bad_request(f"'best_of' larger than 'n' is not supported; set best_of to n ({n}) or leave it out",
-                          "best_of")
+    if best_of > n and obj.get("stream"):
+        raise bad_request("'best_of' larger than 'n' cannot be streamed", "best_of")
     return best_of
 
 
