@@ -101,7 +101,7 @@ def _configuration(conn: kopf.ConnectionInfo, tmpdir: str) -> client.Configurati
     config.cert_file = materialize(conn.certificate_data, conn.certificate_path, "cert.pem")
     config.key_file = materialize(conn.private_key_data, conn.private_key_path, "key.pem")
     config.proxy = conn.proxy_url
-    config.client_side_validation = False  # the API server validates; partial objects read fine
+    config.client_side_validation = False  # the API server validates what we send
     return config
 
 

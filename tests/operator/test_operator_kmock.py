@@ -232,9 +232,14 @@ def test_autoscaling_with_fake_pods_scales_up_and_down_and_posts_events() -> Non
                 for pod in pods:
                     pod.kv_cache_usage, pod.num_waiting = 0.0, 0.0
                 await wait_for(lambda: _deploy_replicas(cluster, name, 1), what="scale down to min 1")
-                events = (await cluster.get("/api/v1/namespaces/default/events"))["items"]
-                reasons = [e["reason"] for e in events if e["source"]["component"] == "inflight-operator"]
-                assert reasons[0] == "ScaleUpQueue" and reasons[-1] == "ScaleDown", reasons
+                async def scaled_down_event() -> list[str] | None:  # posted right after the Deployment patch
+                    events = (await cluster.get("/api/v1/namespaces/default/events"))["items"]
+                    reasons = [e["reason"] for e in events if e["source"]["component"] == "inflight-operator"]
+                    return reasons if reasons and reasons[-1] == "ScaleDown" else None
+
+                reasons = await wait_for(scaled_down_event, what="the ScaleDown event")
+                assert reasons[0] == "ScaleUpQueue", reasons
+
                 async def settled() -> dict[str, Any] | None:  # the tick that scaled patches status last
                     cr = await cluster.cr(name)
                     reason = cr["status"].get("lastDecisionReason")
