@@ -142,6 +142,8 @@ def test_cache_dir_and_clear_refusals(demo_unscaled_rope: Path, tmp_path: Path, 
     write_gguf(demo_unscaled_rope, path, gguf.GGMLQuantizationType.F32)
     first = resolve_model_dir(path)
     assert first.parent == tmp_path / "cache" / "gguf" and resolve_model_dir(path) == first
+    llm = LLM(str(path), num_kv_blocks=16, max_model_len=128)  # the offline API takes the file too
+    assert llm.engine.runner.model_dir == first and llm.generate("def", SamplingParams(max_tokens=2))[0].token_ids
     bad = tmp_path / "bad.gguf"
     write_gguf(demo_unscaled_rope, bad, gguf.GGMLQuantizationType.F32, arch="gpt2")
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'gpt2'.*llama"):
