@@ -116,3 +116,21 @@ def test_chat_stream_reassembles_to_the_whole_message(plan: ChatOutputPlan, text
         assert (reasoning or None) == whole.get("reasoning_content")
         assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
             (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole.get("tool_calls", [])]
+
+
+def test_auto_tools_need_a_template_that_renders_them() -> None:
+    from types import SimpleNamespace
+
+    from inflight.runtime.demo_model import CHAT_TEMPLATE
+    from inflight.runtime.server.chat_support import output_plan
+    from inflight.runtime.server.errors import APIError
+    from inflight.runtime.server.protocol import parse_chat_request
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    plain = SimpleNamespace(chat_template=CHAT_TEMPLATE, decode=lambda ids, **kw: "")
+    with pytest.raises(APIError) as info:
+        output_plan(parse_chat_request(body), plain, [1, 2])
+    assert info.value.param == "tools"
+    forced = parse_chat_request({**body, "tool_choice": "required"})
+    assert output_plan(forced, plain, [1, 2]).tool_mode == "required"

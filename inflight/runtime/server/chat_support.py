@@ -46,6 +46,10 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -
     features = req.features
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else ""
+    if features.tools and features.tool_choice == "auto" and "tools" not in template:
+        raise bad_request("this model's chat template does not render tools, so the model would never see "
+                          "them; use tool_choice 'required' or a named function (enforced by a grammar), "
+                          "or leave 'tools' out", "tools")
     reasoning = THINK_START in template and features.chat_template_kwargs.get("enable_thinking", True) is not False
     starts_in = False
     if reasoning:
