@@ -87,6 +87,10 @@ def test_tp_matches_tp1(pairs, arch: str, tp: int, scenario: str) -> None:
     before = [e.stats() for e in (pair.one, pair.two)]
     if scenario == "mixed":
         one, two = pair.run(prompts, _greedy(len(prompts)))
+        sizes = [sum(p.numel() for p in e.runner.model.parameters()) for e in (pair.one, pair.two)]
+        assert sizes[1] < 1.1 * sizes[0] / tp, f"rank 0 holds {sizes[1]} of {sizes[0]} parameters"
+        kv_heads = pair.two.runner.spec.num_kv_heads
+        assert pair.two.runner.kv_caches[0][0].shape[2] == max(1, kv_heads // tp), "KV cache not sharded by head"
     elif scenario == "chunked":
         one, two = pair.run(prompts, _greedy(len(prompts)), max_num_tokens=24)
     elif scenario == "preemption":
