@@ -194,3 +194,20 @@ def test_cache_status_only_for_hf_and_names_emptydir() -> None:
     assert render_model.cache_status("demo", make_spec({}).model, []) is None
     spec = make_spec({"model": {"hf": {"repoId": "a/b"}}})
     assert render_model.cache_status("demo", spec.model, [])["volume"].startswith("emptyDir")
+
+
+def test_fetch_refuses_a_repo_without_a_model_config(demo_repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """allowPatterns that leave out config.json (or a repo that is not a model): exit 1, no marker."""
+    spec = make_spec({"model": {"hf": {"repoId": "org/tiny-llama", "allowPatterns": ["*.safetensors"]}}}, name="tiny")
+
+    async def run() -> tuple[int, str]:
+        hub = await FakeHub("org/tiny-llama", demo_repo).start()
+        try:
+            return await _run_fetch(_init_container(spec), tmp_path, hub, "")
+        finally:
+            await hub.stop()
+
+    rc, out = asyncio.run(run())
+    assert rc == 1 and "has no config.json" in out, out
+    dest = pathlib.Path(_rooted(render_model.model_path(spec.model), tmp_path))
+    assert not (dest / ".inflight-fetch.json").exists()  # the next pod start tries again
