@@ -167,3 +167,7 @@ def test_unsupported_tensor_type_is_named() -> None:
     )
     with pytest.raises(ValueError, match=r"unsupported GGUF tensor type\(s\) Q8_K; supported: .*Q4_1"):
         check_supported(reader)
+    reader.tensors = [SimpleNamespace(name="token_embd.weight", shape=[4, 8], tensor_type=gguf.GGMLQuantizationType.F32),
+                      SimpleNamespace(name="rope_freqs.weight", shape=[2], tensor_type=gguf.GGMLQuantizationType.F32)]
+    with pytest.raises(ValueError, match="rope_freqs"):  # Llama 3.1 scaling: refused, never ignored
+        check_supported(reader)

@@ -50,7 +50,7 @@ _GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_IGNORED_TENSORS = ("rope_freqs.weight",)
+_IGNORED_TENSORS: tuple[str, ...] = ()
 
 
 def supported_quantization_types() -> tuple[str, ...]:
@@ -130,6 +130,11 @@ def check_supported(reader: Any) -> GGUFModelInfo:
     scaling = field_value(reader, f"{info.architecture}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; only unscaled rope converts.")
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(
+            "unsupported GGUF rope scaling: the file carries Llama 3.1-style rope frequency factors "
+            "(rope_freqs.weight); only unscaled rope converts. Use the model's Hugging Face directory."
+        )
     supported = set(supported_quantization_types())
     bad = sorted({t.tensor_type.name for t in reader.tensors} - supported)
     if bad:
