@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
+import logging
 from typing import Any
 
 import pytest
@@ -62,7 +64,10 @@ def _tuned_doc() -> dict[str, Any]:
     return doc
 
 
-def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls() -> None:
+def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    seen: dict[str, Any] = {}
+
     async def scenario() -> None:
         pods = [await FakePod().start() for _ in range(2)]
         try:
@@ -79,6 +84,7 @@ def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls() -> None:
                 before = await cluster.child("deployments", "qwen-tuned")
 
                 admin = await _admin_key(cluster, "qwen-tuned")
+                seen["admin"] = admin
                 assert admin and admin != "s3cret" and len(admin) >= 32
 
                 await cluster.patch_cr("qwen-tuned", {"spec": {"engine": {"maxNumSequences": 99}}})
@@ -99,11 +105,16 @@ def test_live_knob_edit_reaches_pods_without_rollout_and_dtype_rolls() -> None:
                 rolled = await wait_for(lambda: _dtype_in_template(cluster, "float16"), what="dtype rollout")
                 assert rolled["spec"]["template"] != before["spec"]["template"]
                 await wait_for(lambda: _generation_observed(cluster, "qwen-tuned", 3), what="gen 3")
+                seen["status"] = json.dumps((await cluster.cr("qwen-tuned"))["status"])
         finally:
             for pod in pods:
                 await pod.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+    # Neither key reaches the operator's logs (kopf's and ours, DEBUG included) or the status.
+    for secret in (seen["admin"], "s3cret"):
+        assert secret not in caplog.text and secret not in seen["status"]
+    assert "pushed to pod" in caplog.text  # the logs were captured
 
 
 async def _admin_key(cluster: Any, name: str) -> str | None:
