@@ -24,6 +24,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from inflight import __version__
@@ -170,9 +171,11 @@ def kv_cache_problem(engine: Any) -> str | None:
             "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
 
 
-def _prepare_model(model: str, progress: Callable[[str], None]) -> Path:
-    """The model directory (a GGUF file converted once), its tokenizer checked before weights load."""
+def _prepare_model(model: str, config: EngineConfig, progress: Callable[[str], None]) -> Path:
+    """The model directory (a GGUF file converted once), with its tokenizer and, when the block
+    count is explicit, the KV cache size checked before any weight loads."""
     from inflight.runtime.model.gguf_source import resolve_model_dir
+    from inflight.runtime.model.loader import load_hf_config
     from inflight.runtime.tokenizer import load_tokenizer
 
     model_dir = resolve_model_dir(model, progress)
@@ -180,6 +183,12 @@ def _prepare_model(model: str, progress: Callable[[str], None]) -> Path:
         load_tokenizer(model_dir)
     except Exception as exc:  # transformers raises many kinds; all mean the same to the user
         raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
+    if config.num_kv_blocks is not None:
+        max_len = config.max_model_len or load_hf_config(model_dir).max_position_embeddings
+        known = SimpleNamespace(config=config, max_model_len=max_len)
+        refusal = kv_cache_problem(known)
+        if refusal:
+            raise ValueError(refusal)
     return model_dir
 
 
@@ -204,7 +213,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     configure_logging(args.log_level, args.log_format)
     progress = logging.getLogger("inflight.loading")
     try:
-        model_dir = _prepare_model(args.model, progress.info)
+        model_dir = _prepare_model(args.model, config, progress.info)
     except ValueError as exc:
         print(f"inflight serve: error: {exc}", file=sys.stderr)
         return 1

@@ -122,3 +122,17 @@ def test_broken_tokenizer_is_reported_before_weights_load(
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
     assert f"the tokenizer in {broken} does not load" in capsys.readouterr().err
+
+
+def test_too_small_kv_cache_is_refused_before_weights_load(
+    llama_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        assert main(["serve", str(llama_dir), "--port", "0", "--num-kv-blocks", "2"]) == 1
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+    err = capsys.readouterr().err
+    assert "the KV cache holds 32 tokens, fewer than one full-length sequence (max_model_len 1024)" in err
+    assert "loading weights" not in err
