@@ -4,7 +4,7 @@ One TP=2 engine per architecture (through the offline ``LLM`` API: starting the 
 process costs seconds) is shared by the scenarios of that architecture, each compared token
 for token with a TP=1 engine of the same config: steps mixing prefills and decodes, chunked
 context under a small token budget, forced preemption under a small KV cache, prefix
-caching, aborts mid-flight, seeded sampling, and logprobs, which bound the fp32 difference of the two
+caching, aborts mid-flight, seeded sampling, and logprobs (sampled and prompt), which bound the fp32 difference of the two
 reduction orders. TP=4 on a model with 2 KV heads checks the replicated-KV-head layout (``INFLIGHT_TP_REPORT=1 pytest -s`` prints the measured worst case).
 Supervision lives in ``test_tensor_parallel_supervision.py``.
 """
@@ -132,6 +132,20 @@ def _run_with_aborts(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, l
     return tokens
 
 
+def _prompt_logprobs(engine: LLMEngine, prompts: list[list[int]]) -> list[list]:
+    """Prompt logprobs (prompts chunked by an 8-token budget) of each prompt, in order."""
+    engine.update_config(max_num_tokens=8)
+    got: dict[str, list] = {f"p{i}": [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"p{i}", prompt, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.req_id].extend(out.prompt_logprobs or ())
+    engine.update_config(max_num_tokens=CONFIG["max_num_tokens"])
+    assert all(len(got[f"p{i}"]) == len(p) - 1 for i, p in enumerate(prompts))
+    return list(got.values())
+
+
 def _logprobs_within_tolerance(pair: Pair, prompts: list[list[int]]) -> tuple[dict, dict]:
     """The one place TP=2 may differ: fp32 sums in another order. Measured well below 1e-4."""
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5)
@@ -144,6 +158,9 @@ def _logprobs_within_tolerance(pair: Pair, prompts: list[list[int]]) -> tuple[di
         for g, w in zip(g_out.logprobs or [], w_out.logprobs or [], strict=True):
             assert [t for t, _ in g.top] == [t for t, _ in w.top], "top-5 alternatives differ"
             worst = max(worst, abs(g.logprob - w.logprob), *(abs(a - b) for (_, a), (_, b) in zip(g.top, w.top, strict=True)))
+    for prompt_one, prompt_two in zip(*(_prompt_logprobs(e, prompts) for e in (pair.one, pair.two)), strict=True):
+        assert [t.token_id for t in prompt_one] == [t.token_id for t in prompt_two]
+        worst = max(worst, *(abs(a.logprob - b.logprob) for a, b in zip(prompt_one, prompt_two, strict=True)))
     assert worst < LOGPROB_TOLERANCE, f"logprobs differ by {worst:.2e}"
     if os.environ.get("INFLIGHT_TP_REPORT"):
         print(f"\n{pair.model_dir.name}: worst logprob difference TP=2 vs TP=1: {worst:.3e}")
