@@ -83,6 +83,11 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     yield from _serve(tmp_path_factory, "qwen3")
 
 
+@pytest.fixture(scope="session")
+def mistral_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from _serve(tmp_path_factory, "mistral")
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen3"])
 def any_server(request: pytest.FixtureRequest) -> LiveServer:
     return request.getfixturevalue(f"{request.param}_server")

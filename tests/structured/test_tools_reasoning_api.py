@@ -132,6 +132,21 @@ def test_auto_tool_call_parsed_llama3(llama_server) -> None:
     assert json.loads(whole.message.tool_calls[0].function.arguments) == {"city": "Oslo", "days": 2}
 
 
+def test_auto_tool_calls_parsed_mistral(mistral_server) -> None:
+    client = client_for(mistral_server)
+    reply = ('Sure [TOOL_CALLS][{"name": "get_time", "arguments": {"tz": "cet"}}, '
+             '{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}]')
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, max_tokens=120,
+                  extra_body={"guided_regex": _escape(reply)})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Sure "
+    want = [("get_time", {"tz": "cet"}), ("get_weather", {"city": "Rome", "days": 3})]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == want
+    calls, content, _, finish = _reassemble(client.chat.completions.create(stream=True, **kwargs))
+    assert finish == "tool_calls" and content == "Sure "
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == want
+
+
 def test_reasoning_split_from_content(qwen3_server) -> None:
     client = client_for(qwen3_server)
     kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=80, seed=4,
@@ -157,7 +172,9 @@ def test_enable_thinking_false_reaches_the_template(qwen3_server) -> None:
     assert off.endswith("<think>\n\n</think>\n\n")
 
 
-def test_tool_history_is_rendered(any_server) -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_tool_history_is_rendered(request: pytest.FixtureRequest, arch: str) -> None:
+    any_server = request.getfixturevalue(f"{arch}_server")
     history = [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [
