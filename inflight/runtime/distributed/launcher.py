@@ -214,10 +214,17 @@ class WorkerGroup:
             self._monitor.join(timeout=1.0)
 
 
+def _log_format() -> str:
+    """``json`` when this process logs JSON lines (``inflight serve --log-format json``), else ``text``."""
+    root = logging.getLogger()
+    return "json" if any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers) else "text"
+
+
 def _spawn(rank: int, world: int, port: int, model_dir: str | Path, config: EngineConfig) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "inflight.runtime.distributed.worker",
         "--rank", str(rank), "--world-size", str(world), "--port", str(port),
         "--model-dir", str(model_dir), "--config", json.dumps(config.to_dict()),
+        "--log-format", _log_format(), "--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel()),
     ]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)

@@ -32,7 +32,6 @@ from inflight.runtime.distributed.launcher import (
     init_groups,
 )
 
-logger = logging.getLogger("inflight.tp-worker")
 PARENT_POLL_S = 0.5
 
 
@@ -51,12 +50,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="as the engine process logs")
+    parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
+
+
+def _configure_logging(rank: int, fmt: str, level: str) -> logging.Logger:
+    """Log like the engine process: JSON lines (the logger name carries the rank) or text."""
+    level = level if level in logging.getLevelNamesMapping() else "INFO"
+    if fmt == "json":
+        from inflight.runtime.server.logs import configure_logging
+
+        configure_logging(level, "json")
+    else:
+        logging.basicConfig(level=level, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    return logging.getLogger(f"inflight.tp-worker.rank{rank}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{args.rank} %(levelname)s %(message)s")
+    logger = _configure_logging(args.rank, args.log_format, args.log_level)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
