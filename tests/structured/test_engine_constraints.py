@@ -92,7 +92,7 @@ def test_stop_strings_and_logprobs_with_a_grammar(model_dir: Path) -> None:
 def test_grammar_compiled_once(model_dir: Path) -> None:
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(max_num_sequences=4, num_kv_blocks=128, max_model_len=512))
     a = StructuredOutputsParams.json_schema({"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}})
-    b = StructuredOutputsParams.json_schema({"properties": {"b": {}, "a": {"type": "integer"}}, "type": "object"})
+    b = StructuredOutputsParams.json_schema('{"type": "object",\n "properties": {"a": {"type": "integer"}, "b": {}}}')
     assert a == b
     engine.structured.submit(a).result(30)
     engine.structured.new_matcher(b)

@@ -37,6 +37,7 @@ def test_parse_with_pydantic(any_server) -> None:
         model=MODEL_NAME, messages=MESSAGES, max_tokens=60, response_format=Answer, seed=1)
     parsed = completion.choices[0].message.parsed
     assert isinstance(parsed, Answer) and 1 <= parsed.grade <= 5
+    assert list(json.loads(completion.choices[0].message.content)) == ["verdict", "grade", "label"]  # declared order
 
 
 def _assert_calls_validate(message, finish: str, names: set[str]) -> None:

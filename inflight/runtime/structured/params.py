@@ -1,8 +1,8 @@
 """StructuredOutputsParams: one request's output constraint as a canonical, hashable value.
 
 The value crosses from the server into ``SamplingParams`` and the engine, and is the key of
-the compiled-grammar cache, so equal constraints written differently (key order of a JSON
-schema) compile once. Imports neither torch nor llguidance; validation of the grammar itself
+the compiled-grammar cache, so equal constraints written differently (whitespace of a JSON
+schema sent as text) compile once. Key order is significant (fields are generated in it). Imports neither torch nor llguidance; validation of the grammar itself
 happens when it is compiled (``manager``).
 """
 
@@ -43,7 +43,8 @@ class StructuredOutputsParams:
                 raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("a JSON schema must be an object")
-        return cls("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        # Key order is kept: it is the order the fields are generated in (as OpenAI does).
+        return cls("json", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
     @classmethod
     def json_object(cls) -> StructuredOutputsParams:
