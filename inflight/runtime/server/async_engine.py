@@ -380,23 +380,3 @@ def _add_all(engine: LLMEngine, requests: Sequence[EngineRequest]) -> None:
             engine.abort_request(req_id)
         raise
 
-
-def _add_all(engine: LLMEngine, requests: Sequence[EngineRequest]) -> None:
-    """Add every request or none: on a rejection, abort the ones already added and re-raise.
-
-    The whole group counts against ``max_queue_len``: it is refused (429) unless all of it fits.
-    """
-    if engine.scheduler.num_waiting + len(requests) > engine.config.max_queue_len:
-        raise QueueFullError(engine.config.max_queue_len)
-    added: list[str] = []
-    try:
-        for r in requests:
-            engine.add_request(
-                r.req_id, r.prompt_token_ids, r.params, priority=r.priority, arrival_time=r.arrival_time
-            )
-            added.append(r.req_id)
-    except BaseException:
-        for req_id in added:
-            engine.abort_request(req_id)
-        raise
-
