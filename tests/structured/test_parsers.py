@@ -94,7 +94,16 @@ STREAM_CASES = [
     (ChatOutputPlan(tool_mode="mistral"), 'x[TOOL_CALLS][{"name": "get_time", "arguments": {"tz": "utc"}}]'),
     (ChatOutputPlan(tool_mode="required"), '[{"name":"get_time","parameters":{"tz":"utc"}}]'),
     (ChatOutputPlan(tool_mode="named", tool_name="get_time"), '{"tz":"utc"}'),
+    (ChatOutputPlan(tool_mode="hermes", single_call=True),
+     '<tool_call>{"name": "get_time", "arguments": {"tz": "utc"}}</tool_call>'
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'),
 ]
+
+
+def test_single_call_keeps_the_first() -> None:
+    text = STREAM_CASES[-1][1]
+    message, _ = build_message(STREAM_CASES[-1][0], text, "stop")
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
 
 
 @pytest.mark.parametrize("plan, text", STREAM_CASES)

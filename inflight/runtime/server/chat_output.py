@@ -30,6 +30,7 @@ class ChatOutputPlan:
     starts_in_reasoning: bool = False  # the prompt already opened <think>
     tool_mode: str | None = None  # None, a family (hermes/llama3/mistral), "required" or "named"
     tool_name: str | None = None  # the forced function for "named"
+    single_call: bool = False  # parallel_tool_calls false: only the first call is returned
 
     @property
     def is_plain(self) -> bool:
@@ -53,8 +54,9 @@ def build_message(plan: ChatOutputPlan, text: str, finish_reason: str | None) ->
     if plan.tool_mode is not None:
         parsed = parse_tool_calls(plan.tool_mode, content, plan.tool_name)
         message["content"] = parsed.content
-        if parsed.tool_calls:
-            message["tool_calls"] = [_call_json(c, new_call_id()) for c in parsed.tool_calls]
+        calls = parsed.tool_calls[:1] if plan.single_call else parsed.tool_calls
+        if calls:
+            message["tool_calls"] = [_call_json(c, new_call_id()) for c in calls]
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
     return message, finish_reason
@@ -131,6 +133,8 @@ class ChatStream:
         content, calls, args = self.tools.feed(content, finished)
         if content:
             delta["content"] = content
+        if self.plan.single_call:
+            calls = calls[: max(0, 1 - self.num_calls)]
         items = [self._call_delta(c) for c in calls]
         if self.plan.tool_mode == "named" and (args or self.named_id is None):
             items.append(self._named_delta(args))

@@ -60,7 +60,7 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -
         mode = detect_family(template)
     elif features.tool_choice in ("required", "named"):
         mode = features.tool_choice
-    return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name)
+    return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name, not features.parallel_tool_calls)
 
 
 def body_decorator(
