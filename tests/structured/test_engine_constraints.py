@@ -109,3 +109,35 @@ def test_bitmask_disallows_padding_columns() -> None:
     allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
     assert allowed == [0, 2, *range(32, 64)]
     assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
+
+
+def test_padded_vocabulary_never_samples_padding(tmp_path: Path, model_dir: Path) -> None:
+    """Real checkpoints pad the embedding past the tokenizer (Qwen: 151936 rows, 151665
+    tokens). The grammar's mask covers the logits' width, so padding ids are never chosen."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    model.resize_token_embeddings(len(tokenizer) + 61)
+    with torch.no_grad():  # make the padding rows the most likely tokens everywhere
+        model.get_output_embeddings().weight[len(tokenizer):] = 5.0 * model.get_output_embeddings().weight[:61]
+        model.get_output_embeddings().bias = None
+    padded = tmp_path / "padded"
+    model.save_pretrained(str(padded))
+    tokenizer.save_pretrained(str(padded))
+    engine = LLMEngine.from_model_dir(padded, EngineConfig(max_num_sequences=4, num_kv_blocks=128, max_model_len=512))
+    assert engine.runner.spec.vocab_size == len(tokenizer) + 61
+    params = SamplingParams(max_tokens=120, temperature=1.0, seed=3, structured=StructuredOutputsParams.json_schema(SCHEMAS[9]))
+    engine.add_request("p", engine.encode_prompt("x"), params)
+    ids, text = [], ""
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            ids.extend(out.new_token_ids)
+            text += out.new_text
+    assert max(ids) < len(tokenizer)
+    jsonschema.validate(json.loads(text), SCHEMAS[9])
+    engine.add_request("free", engine.encode_prompt("x"), SamplingParams(max_tokens=20, temperature=0.0))
+    free_ids = []
+    while engine.has_unfinished_requests():
+        free_ids.extend(i for out in engine.step() for i in out.new_token_ids)
+    assert max(free_ids) >= len(tokenizer), "the padding rows should win without a grammar (test premise)"
