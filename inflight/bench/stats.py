@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from inflight.bench.client import RunResult
 
 METRICS = ("output_tok_s", "total_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-           "e2e_p50_s", "e2e_p99_s", "gap_p99_s", "errors")
+           "e2e_p50_s", "e2e_p99_s", "gap_p99_s", "errors", "cores_used")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,7 @@ class RunSummary:
     errors: int
     num_requests: int
     wall_s: float
+    cores_used: float = float("nan")  # server CPU seconds / wall seconds (NaN: not measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,8 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarize(run: RunResult) -> RunSummary:
+def summarize(run: RunResult, cpu_s: float | None = None) -> RunSummary:
+    """Latency percentiles and rates of one run; ``cpu_s``: the server's CPU seconds during it."""
     ok = [r for r in run.results if r.error is None]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [t for r in ok if (t := r.tpot_s) is not None]
@@ -68,6 +70,7 @@ def summarize(run: RunResult) -> RunSummary:
         tpot_p50_s=percentile(tpot, 50), tpot_p99_s=percentile(tpot, 99),
         e2e_p50_s=percentile(e2e, 50), e2e_p99_s=percentile(e2e, 99), gap_p99_s=percentile(gaps, 99),
         errors=len(run.results) - len(ok), num_requests=len(run.results), wall_s=run.wall_s,
+        cores_used=float("nan") if cpu_s is None else cpu_s / wall,
     )
 
 

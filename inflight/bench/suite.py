@@ -19,7 +19,7 @@ from inflight.bench.systems import SystemSpec
 
 logger = logging.getLogger("inflight.bench")
 PEER = "transformers serve --continuous-batching"
-SECTIONS = ("machine", "serving", "roofline", "overhead", "sweep")
+SECTIONS = ("machine", "serving", "peers", "roofline", "overhead", "sweep")
 
 
 @dataclass(frozen=True, slots=True)

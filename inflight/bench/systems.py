@@ -1,8 +1,9 @@
 """The systems under test: how to start each server on 127.0.0.1, wait until it is ready, stop it.
 
 A :class:`SystemSpec` is a name plus either a server command (``inflight serve`` with some
-engine flags, or ``transformers serve --continuous-batching``) or ``in_process`` for the
-plain ``transformers`` ``generate`` baseline (see :mod:`inflight.bench.hf_static`).
+engine flags, ``transformers serve --continuous-batching``, vLLM's CPU build or llama.cpp's
+``llama-server``, the last two installed by :mod:`inflight.bench.peers`) or ``in_process`` for
+the plain ``transformers`` ``generate`` baseline (see :mod:`inflight.bench.hf_static`).
 :class:`RunningServer` owns one subprocess: free port, bounded readiness wait (plus one
 warm-up request, so no system pays its start-up cost inside a measurement), and a stop that
 escalates from SIGTERM to SIGKILL. Knows nothing about workloads or reports.
@@ -30,13 +31,16 @@ STOP_TIMEOUT_S = 20.0
 
 @dataclass(frozen=True, slots=True)
 class SystemSpec:
-    """One system: ``kind`` is ``inflight``, ``transformers-serve`` or ``hf-generate``."""
+    """One system: ``kind`` is ``inflight``, ``transformers-serve``, ``vllm``, ``llama-server`` or
+    ``hf-generate``."""
 
     name: str
     kind: str
     flags: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     batch_size: int = 0  # hf-generate only: requests per padded batch
+    exe: str = ""  # vllm: its environment's python; llama-server: the binary
+    model_file: str = ""  # llama-server: the GGUF file converted from the model directory
 
     @property
     def in_process(self) -> bool:
@@ -71,6 +75,13 @@ class RunningServer:
             exe = str(Path(sys.executable).with_name("transformers"))
             return [exe, "serve", str(self.model_dir), "--continuous-batching", "--device", "cpu",
                     "--dtype", "float32", "--host", HOST, "--port", str(self.port), *self.spec.flags]
+        if self.spec.kind == "vllm":
+            # Its `vllm` command looks for a distribution named `vllm`; the module works.
+            return [self.spec.exe, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                    "--dtype", "float32", "--host", HOST, "--port", str(self.port), *self.spec.flags]
+        if self.spec.kind == "llama-server":
+            return [self.spec.exe, "-m", self.spec.model_file, "--host", HOST, "--port", str(self.port),
+                    *self.spec.flags]
         raise ValueError(f"{self.spec.name} is not a server (kind {self.spec.kind!r})")
 
     def __enter__(self) -> RunningServer:
@@ -103,6 +114,26 @@ class RunningServer:
         warm = run_workload(self.url, self.model_name, [RequestSpec("warm up the server", 4)], 120.0)
         if warm.results[0].error:
             raise RuntimeError(f"{self.spec.name} warm-up failed: {warm.results[0].error}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the server and every process it started, so far."""
+        import psutil
+
+        if self.proc is None:
+            return 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        return total
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -138,11 +138,15 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, offsets of each sequence's queries
     context_lens: torch.Tensor,  # [num_seqs] int32, cached tokens incl. this chunk
     scale: float,
+    key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own K
+    value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own V
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk.
 
     The ``q_len`` queries of sequence ``s`` sit at positions ``context_len - q_len ..
     context_len - 1``; each attends to every cached key at or before its own position.
+    With ``key``/``value`` (the chunk's own K/V, packed like ``query``), a whole prompt (no
+    cached prefix) attends to them directly instead of gathering them back from the cache.
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -155,8 +159,11 @@ def paged_prefill_attention(
         q_len = q_end - q_begin
         if q_len == 0:
             continue
-        keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
-        values = _gather_context(v_cache, block_tables[s], ctx).float()
+        if key is not None and value is not None and ctx == q_len:
+            keys, values = key[q_begin:q_end].float(), value[q_begin:q_end].float()  # [ctx, H_kv, D]
+        else:
+            keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
+            values = _gather_context(v_cache, block_tables[s], ctx).float()
         q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
         visible = None  # a whole prompt (no cached prefix): plain causal, no mask tensor
         if ctx != q_len:

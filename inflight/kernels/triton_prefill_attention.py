@@ -150,6 +150,8 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, offsets of each sequence's queries
     context_lens: torch.Tensor,  # [num_seqs] int32, cached tokens incl. this chunk
     scale: float,
+    key: torch.Tensor | None = None,  # accepted for the reference signature; the kernel reads the cache
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk."""
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")

@@ -89,7 +89,7 @@ class Attention(nn.Module):
         elif nd == 0:
             out = ops.paged_prefill_attention(
                 q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale,
+                meta.prefill_context_lens, self.scale, key=k, value=v,
             )
         else:
             out = torch.empty_like(q)
@@ -98,7 +98,7 @@ class Attention(nn.Module):
             )
             out[nd:] = ops.paged_prefill_attention(
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale,
+                meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:],
             )
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return out if self.tp is None else self.tp.all_reduce(out)

