@@ -228,3 +228,46 @@ def _escape(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+OPEN_WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 8},
+    "where": {"type": "object", "properties": {"lat": {"type": "integer"}}, "required": ["lat"]},
+}, "required": ["city", "where"]}
+
+
+def test_forced_call_on_an_open_schema_adds_no_undeclared_keys(any_server) -> None:
+    """Tool parameter schemas without ``additionalProperties`` are closed for forced calls
+    (OpenAI strict function calling, vLLM's xgrammar default): random weights then emit only
+    the declared keys, at every nesting level."""
+    client = client_for(any_server)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": OPEN_WEATHER}}]
+    closed = {**OPEN_WEATHER, "additionalProperties": False, "properties": {
+        **OPEN_WEATHER["properties"], "where": {**OPEN_WEATHER["properties"]["where"], "additionalProperties": False}}}
+    for seed in range(3):
+        choice = client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, tools=tools, max_tokens=300, seed=seed, temperature=1.0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), closed)
+
+
+@pytest.mark.parametrize(("schema", "closed"), [
+    ({"type": "object", "properties": {"a": {"type": "string"}}},
+     {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+     {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True}),
+    ({"type": "array", "items": {"properties": {"b": {}}}},
+     {"type": "array", "items": {"properties": {"b": {}}, "additionalProperties": False}}),
+    ({"anyOf": [{"properties": {"c": {}}}, {"type": "null"}], "$defs": {"d": {"properties": {"e": {}}}}},
+     {"anyOf": [{"properties": {"c": {}}, "additionalProperties": False}, {"type": "null"}],
+      "$defs": {"d": {"properties": {"e": {}}, "additionalProperties": False}}}),
+    ({"allOf": [{"properties": {"f": {}}}, {"properties": {"g": {}}}]},
+     {"allOf": [{"properties": {"f": {}}}, {"properties": {"g": {}}}]}),
+    ({"type": "object", "properties": {"properties": {"type": "object"}}},
+     {"type": "object", "properties": {"properties": {"type": "object"}}, "additionalProperties": False}),
+])
+def test_tool_parameter_schemas_are_closed_by_table(schema, closed) -> None:
+    from inflight.runtime.server.request_features import _closed
+
+    assert _closed(schema) == closed

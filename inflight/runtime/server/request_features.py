@@ -261,7 +261,38 @@ def _parse_tool_choice(value: object, names: list[str]) -> tuple[str, str | None
 
 
 def _params_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+    """A forced call's arguments schema, closed: an object that lists its ``properties`` and says
+    nothing of ``additionalProperties`` gets ``false``, as OpenAI's strict function calling and
+    vLLM's default (xgrammar) grammar engine treat it. Left open, a weak model keeps inventing
+    keys (SmolLM2 was seen adding ``unit_map``, ``unit_map_type``, ... until ``max_tokens``)."""
+    return _closed(tool["function"].get("parameters") or {"type": "object", "properties": {}})
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "additionalProperties", "contains",
+               "anyOf", "oneOf", "not", "if", "then", "else", "propertyNames")
+
+
+def _closed(schema: Any) -> Any:
+    """A copy of ``schema`` with undeclared object properties refused (see ``_params_schema``).
+
+    ``allOf`` branches are left as written: closing each branch would refuse the properties
+    the other branches declare."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = _closed(out[key])
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    return out
 
 
 def _forced_tool_schema(
