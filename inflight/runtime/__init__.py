@@ -4,8 +4,19 @@
 the server drives is :class:`inflight.runtime.engine.LLMEngine`.
 """
 
-from inflight.runtime.config import EngineConfig
-from inflight.runtime.sampling_params import SamplingParams
+import os as _os
+import sys as _sys
+
+# The engine's OpenMP threads share the cores with the server's event loop: they must wait
+# passively (sleep, not spin) or every op stalls on a descheduled thread. libgomp reads this
+# once, when torch loads it, so it is set here, before anything of ours imports torch; a
+# process that imported torch first keeps its policy (and the engine then keeps one core
+# free: see inflight.runtime.model_runner.cpu_thread_counts).
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from inflight.runtime.config import EngineConfig  # noqa: E402
+from inflight.runtime.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
 
