@@ -167,6 +167,17 @@ async def _scale_events(cluster: Cluster) -> list[tuple[str, str]]:
             if e.get("source", {}).get("component") == "inflight-operator"]
 
 
+async def _events_ending_in_scale_down(cluster: Cluster) -> list[tuple[str, str]] | None:
+    events = await _scale_events(cluster)
+    return events if events and events[-1][0] == "ScaleDown" else None
+
+
+async def _cr_settled_at(cluster: Cluster, replicas: int) -> dict[str, Any] | None:
+    cr = await cluster.cr(NAME)
+    status = (cr or {}).get("status") or {}
+    return cr if status.get("lastScaleTime") and status.get("desiredReplicas") == replicas else None
+
+
 def test_operator_scales_up_under_load_and_down_after_the_window(servers: list[int]) -> None:
     async def scenario() -> None:
         seen: dict[str, Any] = {"replicas": [], "reasons": []}
@@ -190,11 +201,14 @@ def test_operator_scales_up_under_load_and_down_after_the_window(servers: list[i
                                what="scale-down to 1 after the window")
                 # Never before the window (StabilizingDown below shows the window holding it back).
                 assert time.monotonic() - load_started >= DOWN_WINDOW_S
+                # The event and the status patch follow the Deployment patch polled above.
+                events = await wait_for(lambda: _events_ending_in_scale_down(cluster), timeout=15,
+                                        what="the ScaleDown event")
+                cr = await wait_for(lambda: _cr_settled_at(cluster, 1), timeout=15,
+                                    what="status.desiredReplicas 1")
             finally:
                 stop.set()
                 await kubelet
-            events = await _scale_events(cluster)
-            cr = await cluster.cr(NAME)
 
         reasons = [r for r, _ in events]
         assert reasons[0] in ("ScaleUpQueue", "ScaleUpKvCache"), events

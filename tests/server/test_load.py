@@ -50,11 +50,15 @@ async def _drop_after_first_chunk(session: aiohttp.ClientSession, url: str, i: i
 
 
 async def _drop_before_answer(url: str, i: int) -> None:
-    timeout = aiohttp.ClientTimeout(total=0.3)
+    # Two choices of 480 tokens each: about 1000 decode rows, which the tiny model needs well
+    # over 0.1 s for even alone (a single 400-token choice once finished inside 0.3 s).
+    timeout = aiohttp.ClientTimeout(total=0.1)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            async with session.post(f"{url}/v1/completions", json=body(400, False, f"# wait {i}\n")):
-                pytest.fail("a 400-token request should outlast a 0.3 s client timeout")
+            request = {**body(480, False, f"# wait {i}\n"), "n": 2}
+            async with session.post(f"{url}/v1/completions", json=request) as resp:
+                pytest.fail(f"a 2 x 480-token request should outlast a 0.1 s client timeout; got {resp.status} "
+                            f"{(await resp.read())[:300]!r}")
         except asyncio.TimeoutError:
             pass
 
@@ -77,7 +81,7 @@ def test_dropped_clients_are_aborted_and_free_their_blocks(
     outcomes = [json.loads(r.getMessage())["outcome"] for r in caplog.records
                 if r.name == "inflight.server.requests"]
     assert outcomes.count("aborted") == 25, outcomes
-    # 25 requests of 400 tokens would generate 10000 tokens if nobody aborted them.
+    # 25 requests of 400-960 tokens would generate 12800 tokens if nobody aborted them.
     assert metrics(server.url)[GENERATED] - generated_before < 2500
     ok = http("POST", f"{server.url}/v1/completions", body(8, False))
     assert ok.status == 200 and ok.json()["usage"]["completion_tokens"] == 8
