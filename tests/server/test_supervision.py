@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, wait_unti
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineFatalError
 from inflight.runtime.server import ServerSettings
+from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError
 from inflight.runtime.server.faults import FAULT_ENV
 from inflight.runtime.server.state import STATE
 
@@ -25,12 +27,12 @@ LONG = {"model": MODEL_NAME, "prompt": "# long\n", "max_tokens": 400, "ignore_eo
 CONFIG = EngineConfig(max_num_sequences=2, num_kv_blocks=64, max_model_len=512)
 
 
-async def _stream(url: str, started: asyncio.Event) -> str:
+async def _stream(url: str, started: asyncio.Event, body: dict | None = None) -> str:
     """How a stream ended: "completed", "error:<code>" or "silent-cut"."""
     code = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         try:
-            async with session.post(f"{url}/v1/completions", json={**LONG, "stream": True}) as resp:
+            async with session.post(f"{url}/v1/completions", json={**(body or LONG), "stream": True}) as resp:
                 if resp.status != 200:
                     return f"status:{resp.status}"
                 async for raw in resp.content:
@@ -145,11 +147,13 @@ def test_a_second_sigterm_exits_at_once(demo_model_dir: Path) -> None:
 
         async def scenario() -> int:
             started = asyncio.Event()
-            stream = asyncio.create_task(_stream(server.url, started))
+            # Two 480-token choices: a few hundred ms of work even for the tiny model.
+            stream = asyncio.create_task(_stream(server.url, started, {**LONG, "max_tokens": 480, "n": 2}))
             await asyncio.wait_for(started.wait(), 30)
             server.terminate()
-            await asyncio.sleep(0.5)
-            assert server.proc.poll() is None  # draining: the stream is still running
+            while "draining" not in server.log():
+                await asyncio.sleep(0.01)
+            assert server.proc.poll() is None, server.log()  # draining: the stream is still running
             signalled = time.monotonic()
             server.terminate()
             code = await asyncio.to_thread(server.proc.wait, 10)
@@ -248,3 +252,39 @@ def test_a_fatal_error_outside_the_step_also_kills_the_engine(demo_model_dir: Pa
         assert http("GET", f"{live.url}/health").status == 503
     finally:
         live.stop()
+
+
+class _Boom(BaseException):
+    """Not an Exception: the engine thread dies of it."""
+
+
+def test_a_command_queued_while_the_dead_thread_is_being_reported_is_answered() -> None:
+    """The thread dies and schedules declare_dead on the loop; a request the loop was already
+    about to add (queued after the thread drained its commands) still gets engine_dead, not
+    silence. Deterministic: the loop is blocked until the thread is gone."""
+    die = threading.Event()
+
+    class DyingEngine:
+        def warmup(self) -> None: ...
+
+        def has_unfinished_requests(self) -> bool:
+            return die.is_set()
+
+        def step(self) -> list:
+            raise _Boom("injected")
+
+    async def scenario() -> list[str]:
+        deaths: list[str] = []
+        engine = AsyncEngine(DyingEngine, on_death=deaths.append)  # type: ignore[arg-type]
+        engine.start()
+        await engine.wait_ready()
+        added = asyncio.create_task(engine.call(lambda e: "added"))  # runs after the join below
+        die.set()
+        engine._thread.join(10)  # blocks the loop: declare_dead is queued behind `added`
+        assert not engine._thread.is_alive()
+        with pytest.raises(EngineDeadError, match="injected"):
+            await asyncio.wait_for(added, 10)
+        return deaths
+
+    deaths = asyncio.run(scenario())
+    assert len(deaths) == 1 and "_Boom" in deaths[0]

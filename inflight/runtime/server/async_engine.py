@@ -242,6 +242,9 @@ class AsyncEngine:
         self.dead_reason = reason
         logger.critical("engine dead: %s", reason)
         self.fail_all(EngineDeadError(reason))
+        # Commands queued after the thread drained its queue on the way out (or while it is
+        # stalled) would never run: answer them here, or their callers wait forever.
+        self._fail_commands(EngineDeadError(reason))
         self._stopping.set()
         self._wakeup.set()
         if not self._ready.done():
@@ -291,11 +294,13 @@ class AsyncEngine:
             self._loop_steps(engine)
         except BaseException as exc:  # noqa: BLE001 - any death of this thread is reported
             logger.critical("the engine thread died", exc_info=True)
-            with contextlib.suppress(RuntimeError):  # the event loop may be closed already
-                self._loop.call_soon_threadsafe(self.declare_dead, f"the engine thread died: {exc!r}")
-        finally:
             self.step_started_at = None
-            self._fail_commands()
+            with contextlib.suppress(RuntimeError):  # the event loop may be closed already
+                # declare_dead answers the queued commands too (503 engine_dead).
+                self._loop.call_soon_threadsafe(self.declare_dead, f"the engine thread died: {exc!r}")
+            return
+        self.step_started_at = None
+        self._fail_commands(RuntimeError("the engine has stopped"))
 
     def _loop_steps(self, engine: LLMEngine) -> None:
         while not self._stopping.is_set():
@@ -351,14 +356,15 @@ class AsyncEngine:
                 if future is not None:
                     future.set_result(result)
 
-    def _fail_commands(self) -> None:
+    def _fail_commands(self, error: BaseException) -> None:
+        """Answer every queued command with ``error`` (thread-safe: the queue hands each out once)."""
         while True:
             try:
                 _, future = self._commands.get_nowait()
             except queue.Empty:
                 return
             if future is not None and future.set_running_or_notify_cancel():
-                future.set_exception(RuntimeError("the engine has stopped"))
+                future.set_exception(error)
 
 
 def _add_all(engine: LLMEngine, requests: Sequence[EngineRequest]) -> None:
