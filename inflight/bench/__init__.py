@@ -8,4 +8,11 @@ on 127.0.0.1), ``hf_static`` (plain ``generate`` with static batches), ``serving
 (markdown, PNG, JSON), ``overhead`` (time outside the forward per step), ``sweep`` (block
 size x max_num_tokens), ``roofline`` (matmul rate, parameters, machine facts), ``suite`` and
 ``compare`` (the sections of a run), ``cli``. Results go to ``bench/results/``.
+
+The GPU kernel benchmark lives here too, apart from the kernels it measures:
+``gpu_kernels`` (``python -m inflight.bench.gpu_kernels``: checks, copy bandwidth, decode
+attention bandwidth, engine step vs roofline), ``gpu_checks`` (each Triton kernel against its
+reference on fresh inputs), ``gpu_engine`` (decode-step roofline arithmetic and timing) and
+``compile_check`` (``python -m inflight.bench.compile_check``: Triton's ahead-of-time
+compile of every kernel for a GPU target, without a GPU).
 """

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.kernels import bench, bench_engine
+from inflight.bench import gpu_engine as bench_engine
+from inflight.bench import gpu_kernels as bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

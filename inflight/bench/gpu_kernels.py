@@ -1,11 +1,11 @@
-"""``python -m inflight.kernels.bench``: the kernels' GPU benchmark.
+"""``python -m inflight.bench.gpu_kernels``: the kernels' GPU benchmark.
 
 On CUDA it (1) checks every Triton kernel against its torch reference on fresh random
 inputs, (2) measures the device's copy bandwidth (a large device-to-device copy, read +
 write bytes), (3) prints decode-attention achieved bandwidth (K/V bytes read / median time,
 ``triton.testing.do_bench``) against it for batch 1..256 x context 128..32k, and (4) the
 engine's decode-step time against its roofline for a generated ~0.5B Llama model
-(:mod:`inflight.kernels.bench_engine`). Without CUDA it says so and exits 2. Owns only the
+(:mod:`inflight.bench.gpu_engine`). Without CUDA it says so and exits 2. Owns only the
 measurement and the printing; the kernels are imported, never re-implemented.
 """
 
@@ -134,7 +134,7 @@ def print_targets(decode_rows: list[dict[str, float]], engine_rows: list[dict[st
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m inflight.kernels.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m inflight.bench.gpu_kernels", description=__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="a 3x3 decode table, batch 1 and 64 engine"
     )
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if not torch.cuda.is_available():
         print(
-            "inflight.kernels.bench needs a CUDA GPU and none is visible; nothing measured. "
+            "inflight.bench.gpu_kernels needs a CUDA GPU and none is visible; nothing measured. "
             "On the CPU the kernels are checked in Triton's interpreter: pytest tests/kernels",
             file=sys.stderr,
         )
@@ -160,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         import triton
     except ImportError:
         print(
-            "inflight.kernels.bench needs the triton package (pip install triton).", file=sys.stderr
+            "inflight.bench.gpu_kernels needs the triton package (pip install triton).", file=sys.stderr
         )
         return 2
-    from inflight.kernels.bench_checks import run_checks
+    from inflight.bench.gpu_checks import run_checks
     from inflight.kernels.triton_ops import TRITON_OPS
 
     props = torch.cuda.get_device_properties(0)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_rows = decode_table(copy_bw, batches, contexts, max_kv)
     engine_rows: list[dict[str, float]] = []
     if not args.skip_engine:
-        from inflight.kernels.bench_engine import engine_table
+        from inflight.bench.gpu_engine import engine_table
 
         engine_rows = engine_table(copy_bw, (1, 64) if args.quick else (1, 16, 64, 256))
     print_targets(decode_rows, engine_rows)
