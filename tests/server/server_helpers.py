@@ -268,3 +268,13 @@ def post_bytes(path: str, body: bytes, extra_headers: bytes = b"") -> bytes:
     """A raw POST request with ``body`` and a correct Content-Length."""
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + extra_headers + b"\r\n" + body
+
+
+def stream_error_code(raw: bytes) -> str | None:
+    """The error code of an SSE line that is an error event, else None (a chunk whose generated
+    text happens to read "error" is not one)."""
+    line = raw.decode().strip()
+    if not line.startswith("data: {"):
+        return None
+    error = json.loads(line[6:]).get("error")
+    return error["code"] if isinstance(error, dict) else None

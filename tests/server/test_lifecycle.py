@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from server_helpers import MODEL_NAME, LiveServer, is_idle, wait_until
+from server_helpers import LiveServer, MODEL_NAME, is_idle, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings, create_app, drain, serve
@@ -74,9 +74,7 @@ async def _stream_until_cut(url: str, started: asyncio.Event) -> str:
             async with session.post(f"{url}/v1/completions", json=body) as resp:
                 async for raw in resp.content:
                     started.set()
-                    line = raw.decode().strip()
-                    if line.startswith("data: {") and '"error"' in line:
-                        error_code = json.loads(line[6:])["error"]["code"]
+                    error_code = stream_error_code(raw) or error_code
         except aiohttp.ClientError:
             return "silent-cut"
     return "completed" if error_code is None else f"error:{error_code}"

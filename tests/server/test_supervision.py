@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, wait_until
+from server_helpers import LiveServer, MODEL_NAME, ServeProcess, http, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineFatalError
@@ -33,13 +33,11 @@ async def _stream(url: str, started: asyncio.Event, body: dict | None = None) ->
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         try:
             async with session.post(f"{url}/v1/completions", json={**(body or LONG), "stream": True}) as resp:
-                if resp.status != 200:
-                    return f"status:{resp.status}"
+                if resp.status != 200:  # refused at the door (e.g. the engine died before it was added)
+                    return f"status:{resp.status}:{(await resp.json()).get('error', {}).get('code')}"
                 async for raw in resp.content:
                     started.set()
-                    line = raw.decode().strip()
-                    if line.startswith("data: {") and '"error"' in line:
-                        code = json.loads(line[6:])["error"]["code"]
+                    code = stream_error_code(raw) or code
         except aiohttp.ClientError:
             return "silent-cut"
     return "completed" if code is None else f"error:{code}"
@@ -60,7 +58,8 @@ async def _clients(url: str, num_streams: int = 2, num_plain: int = 2) -> tuple[
 
 def _assert_dead(url: str, outcomes: tuple[list[str], list[tuple[int, str | None]]]) -> None:
     streams, plain = outcomes
-    assert streams and all(s == "error:engine_dead" for s in streams), streams
+    # A stream in flight gets an error event; one that arrives after the death a plain 503.
+    assert streams and all(s in ("error:engine_dead", "status:503:engine_dead") for s in streams), streams
     assert plain and all(p == (503, "engine_dead") for p in plain), plain
     for probe in ("/health", "/ready"):
         reply = http("GET", url + probe)
@@ -131,7 +130,7 @@ def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path) -> None
         exited_after = time.monotonic() - answered
     finally:
         server.stop()
-    assert all(s == "error:engine_dead" for s in streams), (streams, server.log())
+    assert all(s in ("error:engine_dead", "status:503:engine_dead") for s in streams), (streams, server.log())
     assert all(p == (503, "engine_dead") for p in plain), plain
     assert code == 1, server.log()
     print(f"process exited with code {code} {exited_after:.2f} s after every client was answered")
@@ -231,9 +230,7 @@ async def _stream_body(session: aiohttp.ClientSession, url: str, body: dict) -> 
     code = None
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         async for raw in resp.content:
-            line = raw.decode().strip()
-            if line.startswith("data: {") and '"error"' in line:
-                code = json.loads(line[6:])["error"]["code"]
+            code = stream_error_code(raw) or code
     return "completed" if code is None else f"error:{code}"
 
 
