@@ -1,14 +1,17 @@
-"""Choosing a kernel implementation: Triton on CUDA, the torch reference elsewhere.
+"""Choosing a kernel implementation: Triton on CUDA, native C kernels on the CPU.
 
 ``get_kernel_ops(backend, device)`` returns a frozen bundle of callables with the signatures
 of :mod:`inflight.kernels.reference`. ``backend`` is ``"auto"`` (Triton when the device is
-CUDA and Triton imports, else torch), ``"torch"`` (force the reference) or ``"triton"``
-(force Triton; a clear error if it cannot run here). The setting comes from
-``EngineConfig.kernel_backend``; ``INFLIGHT_KERNEL_BACKEND`` overrides it for experiments.
+CUDA and Triton imports; on the CPU the native kernels of :mod:`inflight.kernels.cpu_native`
+when they build, else the torch reference with a warning saying why), ``"torch"`` (force the
+reference), ``"triton"`` or ``"cpu"`` (force one; a clear error if it cannot run here). The
+setting comes from ``EngineConfig.kernel_backend``; ``INFLIGHT_KERNEL_BACKEND`` overrides it
+for experiments.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels import reference
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,9 @@ TORCH_OPS = KernelOps(
 )
 
 
+KERNEL_BACKENDS = ("auto", "torch", "triton", "cpu")
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -51,8 +59,10 @@ def triton_available() -> bool:
 def get_kernel_ops(backend: str, device: torch.device) -> KernelOps:
     """The kernel bundle for ``backend`` on ``device`` (see module docstring)."""
     backend = os.environ.get("INFLIGHT_KERNEL_BACKEND", backend)
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"kernel backend must be auto, torch or triton (got {backend!r}).")
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"kernel backend must be one of {', '.join(KERNEL_BACKENDS)} (got {backend!r}).")
+    if backend == "cpu" or (backend == "auto" and device.type == "cpu"):
+        return _cpu_ops(device, forced=backend == "cpu")
     if backend == "torch" or (backend == "auto" and (device.type != "cuda" or not triton_available())):
         return TORCH_OPS
     if not triton_available():
@@ -66,3 +76,17 @@ def get_kernel_ops(backend: str, device: torch.device) -> KernelOps:
     from inflight.kernels.triton_ops import TRITON_OPS
 
     return TRITON_OPS
+
+
+def _cpu_ops(device: torch.device, forced: bool) -> KernelOps:
+    from inflight.kernels import cpu_native
+
+    if device.type != "cpu":
+        raise ValueError(f"kernel_backend=cpu runs on the CPU only (device is {device.type}).")
+    lib, where = cpu_native.load_library()
+    if lib is not None:
+        return cpu_native.cpu_ops()
+    if forced:
+        raise ValueError(f"kernel_backend=cpu: the native CPU kernels cannot be built: {where}.")
+    logger.warning("native CPU kernels unavailable (%s); using the slower torch reference kernels", where)
+    return TORCH_OPS

@@ -14,7 +14,7 @@ from typing import Any
 SCHEDULER_POLICIES = ("fcfs", "priority", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-KERNEL_BACKENDS = ("auto", "triton", "torch")
+KERNEL_BACKENDS = ("auto", "triton", "torch", "cpu")  # as inflight.kernels.dispatch accepts
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
 LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
@@ -77,7 +77,10 @@ class EngineConfig:
     )
     kernel_backend: str = field(
         default="auto",
-        metadata=_help("auto | triton | torch: which attention/KV kernels run (auto: Triton on CUDA)."),
+        metadata=_help(
+            "auto | triton | torch | cpu: which attention/KV kernels run (auto: Triton on CUDA, "
+            "the native C kernels on the CPU when a C compiler can build them, else torch)."
+        ),
     )
 
     def __post_init__(self) -> None:

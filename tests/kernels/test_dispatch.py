@@ -24,8 +24,8 @@ def _no_backend_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("INFLIGHT_KERNEL_BACKEND", raising=False)
 
 
-def test_auto_picks_torch_on_cpu() -> None:
-    assert get_kernel_ops("auto", torch.device("cpu")) is TORCH_OPS
+def test_auto_picks_the_native_kernels_on_cpu() -> None:  # more in test_cpu_native.py
+    assert get_kernel_ops("auto", torch.device("cpu")).name == "cpu-native"
 
 
 def test_torch_forced_everywhere() -> None:
@@ -38,7 +38,7 @@ def test_env_overrides_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="auto, torch or triton"):
+    with pytest.raises(ValueError, match="one of auto, torch, triton, cpu"):
         get_kernel_ops("cuda", torch.device("cpu"))
 
 

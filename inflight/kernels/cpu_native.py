@@ -1,0 +1,225 @@
+"""Native CPU kernels: builds ``cpu_kernels.c`` once per machine and binds it with ctypes.
+
+``CPU_OPS`` has the reference signatures. Each wrapper runs the C kernel for float32
+tensors in the layouts the decoder produces (rows of heads contiguous, any token stride) and
+calls the torch reference for anything else (other dtypes, odd layouts, head counts past the
+kernel's limits), so results never depend on which one ran beyond float rounding.
+
+The library is compiled with the system C compiler (``$CC``, else ``cc``) into the cache
+(``INFLIGHT_CACHE_DIR``, else ``$XDG_CACHE_HOME/inflight``, else ``~/.cache/inflight``),
+keyed by the source, the flags and the CPU model, and written atomically so concurrent
+processes (tensor-parallel ranks, test workers) share one build. :func:`load_library`
+returns the reason instead of raising when no compiler is usable; the dispatcher decides
+what to do with it. Knows nothing about the model or the engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from inflight.kernels import reference
+from inflight.kernels.dispatch import KernelOps
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+MAX_GROUP, MAX_HEAD_DIM, MAX_BLOCK_SIZE = 16, 256, 128  # as #defined in cpu_kernels.c
+_LOCK = threading.Lock()
+
+_i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+_SIGNATURES = {
+    "inflight_paged_decode_attention_f32": (
+        ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int]),
+    "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
+    "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
+    "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
+}
+
+
+def cache_dir() -> Path:
+    if os.environ.get("INFLIGHT_CACHE_DIR"):
+        return Path(os.environ["INFLIGHT_CACHE_DIR"]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inflight" / "kernels"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str, target: Path) -> str | None:
+    """Compile into ``target`` atomically; the compiler's complaint on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return f"{compiler} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
+        os.replace(tmp, target)
+        return None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@lru_cache(maxsize=1)
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """The loaded kernels and where they came from, or ``(None, why not)``."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None, "no C compiler found (install gcc, or set CC)"
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
+    ).hexdigest()[:16]
+    target = cache_dir() / f"cpu_kernels-{platform.machine()}-{key}.so"
+    with _LOCK:
+        if not target.exists():
+            try:
+                error = _build(compiler, target)
+            except (OSError, subprocess.SubprocessError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                return None, error
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        return None, f"cannot load {target}: {exc}"
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib, str(target)
+
+
+def _lib() -> ctypes.CDLL:
+    lib, why = load_library()
+    if lib is None:
+        raise RuntimeError(f"the native CPU kernels are not available: {why}")
+    return lib
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    """float32 on the CPU, ``[num_tokens, heads, head_dim]`` with heads and features packed."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 3
+            and x.stride(2) == 1 and x.stride(1) == x.shape[2])
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if not (query.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+            and query.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and num_heads // num_kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM
+            and block_size <= MAX_BLOCK_SIZE and query.device.type == "cpu"):
+        return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    _lib().inflight_paged_decode_attention_f32(
+        query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1],
+        scale, torch.get_num_threads(),
+    )
+    return out
+
+
+def store_kv_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    if not (_rows_ok(key) and _rows_ok(value) and k_cache.dtype == v_cache.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        reference.store_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        return
+    slots = slot_mapping.to(torch.int64).contiguous()
+    _lib().inflight_store_kv_cache_f32(
+        key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(),
+        v_cache.data_ptr(), slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2],
+    )
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    two_d = (x.dim() == 2 and x.dtype == weight.dtype == torch.float32 and x.stride(1) == 1
+             and weight.is_contiguous() and x.device.type == "cpu")
+    if not two_d or (residual is not None and (residual.dtype != torch.float32 or residual.stride(-1) != 1
+                                                or residual.shape != x.shape)):
+        return reference.rms_norm(x, weight, eps, residual)
+    num_tokens, hidden = x.shape
+    out = torch.empty((num_tokens, hidden), dtype=x.dtype)
+    new_residual = x if residual is None else torch.empty((num_tokens, hidden), dtype=x.dtype)
+    _lib().inflight_rms_norm_f32(
+        x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0), weight.data_ptr(), out.data_ptr(),
+        None if residual is None else new_residual.data_ptr(), num_tokens, hidden, eps,
+        torch.get_num_threads(),
+    )
+    return out, new_residual
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [num_tokens] int64
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim], fp32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (_rows_ok(query) and _rows_ok(key) and cos_sin_cache.dtype == torch.float32
+            and cos_sin_cache.is_contiguous()):
+        return reference.rotary_embedding(positions, query, key, cos_sin_cache)
+    pos = positions.to(torch.int64).contiguous()
+    lib = _lib()
+    rot_dim = cos_sin_cache.shape[1]
+    outs = []
+    for x in (query, key):
+        out = torch.empty(x.shape, dtype=x.dtype)
+        lib.inflight_rotary_embedding_f32(
+            pos.data_ptr(), x.data_ptr(), x.stride(0), x.shape[1], x.shape[2],
+            cos_sin_cache.data_ptr(), rot_dim, out.data_ptr(), x.shape[0],
+        )
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+def cpu_ops() -> KernelOps:
+    """The native bundle (prefill attention stays the reference: SDPA is matmul-bound there)."""
+    return KernelOps(
+        name="cpu-native",
+        store_kv_cache=store_kv_cache,
+        paged_decode_attention=paged_decode_attention,
+        paged_prefill_attention=reference.paged_prefill_attention,
+        rms_norm=rms_norm,
+        rotary_embedding=rotary_embedding,
+    )

@@ -1,0 +1,159 @@
+"""The native CPU kernels (inflight/kernels/cpu_kernels.c) against their torch references,
+and the dispatcher's choice between them.
+
+Every machine that runs this suite has a C compiler (the CI image does), so a failed build
+fails here instead of quietly leaving the CPU on the slower reference path.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from inflight.kernels import cpu_native, reference
+from inflight.kernels.dispatch import KERNEL_BACKENDS, TORCH_OPS, get_kernel_ops
+from inflight.runtime.config import KERNEL_BACKENDS as CONFIG_KERNEL_BACKENDS
+
+F32 = torch.float32
+CPU = torch.device("cpu")
+
+# (block_size, head_dim, num_heads, num_kv_heads, context_lens)
+DECODE_CASES = [
+    (16, 32, 8, 4, [1, 16, 33, 7]),
+    (16, 64, 4, 4, [17, 48, 5]),
+    (32, 128, 8, 1, [1, 96, 64, 33]),
+    (16, 80, 14, 2, [5, 33, 250]),  # head_dim not a power of two, group of 7 (Qwen2.5-0.5B-like)
+    (8, 64, 32, 8, [300]),
+]
+
+
+@pytest.fixture(autouse=True)
+def native_built() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    lib, where = cpu_native.load_library()
+    assert lib is not None, where
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"bs{c[0]}-d{c[1]}-h{c[2]}-kv{c[3]}")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_matches_reference(case, threads, make_paged_cache, poison_allocations) -> None:
+    block_size, head_dim, num_heads, num_kv_heads, lens = case
+    paged = make_paged_cache(lens, block_size, num_kv_heads, head_dim, F32, CPU)
+    query = torch.randn(len(lens), num_heads, head_dim, generator=torch.Generator().manual_seed(head_dim))
+    args = (query, paged.k_cache, paged.v_cache, paged.block_tables, paged.context_lens, head_dim**-0.5)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_native.paged_decode_attention(*args)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(got, reference.paged_decode_attention(*args), atol=2e-6, rtol=2e-5)
+
+
+def test_decode_attention_other_dtypes_and_empty_batch_use_the_reference(make_paged_cache) -> None:
+    paged = make_paged_cache([20, 3], 16, 2, 64, torch.bfloat16, CPU)
+    query = torch.randn(2, 4, 64).to(torch.bfloat16)
+    args = (query, paged.k_cache, paged.v_cache, paged.block_tables, paged.context_lens, 0.125)
+    assert torch.equal(cpu_native.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+    empty = cpu_native.paged_decode_attention(
+        torch.empty(0, 4, 64), paged.k_cache.float(), paged.v_cache.float(),
+        torch.empty(0, 2, dtype=torch.int32), torch.empty(0, dtype=torch.int32), 0.125)
+    assert empty.shape == (0, 4, 64)
+
+
+def _qkv(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    """Strided q/k/v views of one fused projection output, as the decoder makes them."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=torch.Generator().manual_seed(num_tokens))
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return (q.reshape(num_tokens, num_heads, head_dim), k.reshape(num_tokens, num_kv_heads, head_dim),
+            v.reshape(num_tokens, num_kv_heads, head_dim))
+
+
+def test_store_kv_cache_is_exact_and_skips_negative_slots() -> None:
+    _, k, v = _qkv(7, 4, 2, 32)
+    slots = torch.tensor([3, -1, 17, 0, 40, -1, 5])
+    caches = [torch.zeros(4, 16, 2, 32) for _ in range(4)]
+    cpu_native.store_kv_cache(k, v, caches[0], caches[1], slots)
+    reference.store_kv_cache(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 5, 70])  # 70 crosses the kernel's threading threshold
+def test_rms_norm_matches_reference(with_residual: bool, num_tokens: int, poison_allocations) -> None:
+    gen = torch.Generator().manual_seed(num_tokens)
+    wide = torch.randn(num_tokens, 3 * 96, generator=gen)
+    x = wide[:, 96:192]  # a strided view, as a split of a fused output is
+    weight = torch.randn(96, generator=gen)
+    residual = torch.randn(num_tokens, 96, generator=gen) if with_residual else None
+    got, got_res = cpu_native.rms_norm(x, weight, 1e-6, residual)
+    want, want_res = reference.rms_norm(x, weight, 1e-6, residual)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert torch.equal(got_res, want_res)
+
+
+def test_rms_norm_per_head_and_other_dtypes_use_the_reference() -> None:
+    q, _, _ = _qkv(3, 4, 2, 32)
+    weight = torch.randn(32)
+    assert torch.equal(cpu_native.rms_norm(q, weight, 1e-6)[0], reference.rms_norm(q, weight, 1e-6)[0])
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    assert torch.equal(cpu_native.rms_norm(x, weight.bfloat16(), 1e-6)[0],
+                       reference.rms_norm(x, weight.bfloat16(), 1e-6)[0])
+
+
+@pytest.mark.parametrize("rotary_dim", [32, 16])  # full, and partial rotary (features past it copied)
+def test_rotary_embedding_is_exact(rotary_dim: int, poison_allocations) -> None:
+    q, k, _ = _qkv(6, 4, 2, 32)
+    cos_sin = torch.randn(64, rotary_dim)
+    positions = torch.tensor([0, 5, 63, 2, 2, 40])
+    got_q, got_k = cpu_native.rotary_embedding(positions, q, k, cos_sin)
+    want_q, want_k = reference.rotary_embedding(positions, q, k, cos_sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+def test_dispatch_picks_native_on_the_cpu_and_refuses_it_elsewhere() -> None:
+    assert set(KERNEL_BACKENDS) == set(CONFIG_KERNEL_BACKENDS)  # the config accepts what dispatch does
+    assert get_kernel_ops("auto", CPU).name == "cpu-native"
+    assert get_kernel_ops("cpu", CPU).name == "cpu-native"
+    assert get_kernel_ops("torch", CPU) is TORCH_OPS
+    with pytest.raises(ValueError, match="CPU only"):
+        get_kernel_ops("cpu", torch.device("cuda"))
+    with pytest.raises(ValueError, match="one of auto, torch, triton, cpu"):
+        get_kernel_ops("native", CPU)
+
+
+def test_without_a_compiler_auto_warns_and_uses_torch_and_cpu_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    cpu_native.load_library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="inflight.kernels.dispatch"):
+            assert get_kernel_ops("auto", CPU) is TORCH_OPS
+        assert "no C compiler found" in caplog.text
+        with pytest.raises(ValueError, match="cannot be built: no C compiler"):
+            get_kernel_ops("cpu", CPU)
+    finally:
+        cpu_native.load_library.cache_clear()
+
+
+def test_a_failing_compiler_is_reported_and_leaves_no_library(monkeypatch, tmp_path) -> None:
+    bad = tmp_path / "bad-cc"
+    bad.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(bad))
+    cpu_native.load_library.cache_clear()
+    try:
+        lib, why = cpu_native.load_library()
+        assert lib is None and "internal error" in why
+        assert not list((tmp_path / "cache").rglob("*.so"))
+    finally:
+        cpu_native.load_library.cache_clear()
