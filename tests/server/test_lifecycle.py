@@ -5,7 +5,6 @@ event, a 503) and frees every KV block."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from server_helpers import LiveServer, MODEL_NAME, is_idle, stream_error_code, wait_until
+from server_helpers import MODEL_NAME, LiveServer, is_idle, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings, create_app, drain, serve

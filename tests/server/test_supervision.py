@@ -6,7 +6,6 @@ exits at once. Faults are injected with ``INFLIGHT_TEST_ENGINE_FAULT`` (tests on
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from server_helpers import LiveServer, MODEL_NAME, ServeProcess, http, stream_error_code, wait_until
+from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineFatalError
