@@ -141,3 +141,37 @@ def test_padded_vocabulary_never_samples_padding(tmp_path: Path, model_dir: Path
     while engine.has_unfinished_requests():
         free_ids.extend(i for out in engine.step() for i in out.new_token_ids)
     assert max(free_ids) >= len(tokenizer), "the padding rows should win without a grammar (test premise)"
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 1.0, "top_k": 5},
+    {"temperature": 1.5, "top_p": 0.9},
+    {"temperature": 1.0, "min_p": 0.05},
+    {"temperature": 0.7, "top_k": 50, "top_p": 0.8, "min_p": 0.01, "repetition_penalty": 1.2},
+], ids=["top_k", "top_p", "min_p", "combined"])
+def test_grammar_with_truncated_sampling_on_prefix_cache_hits(model_dir: Path, sampling: dict) -> None:
+    """Top-k/top-p/min-p truncate after the grammar's mask (a truncation can never bring back a
+    masked token), and requests whose prompt is served from the prefix cache start their
+    matcher from the prompt's end like any other: every output parses and validates."""
+    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(max_num_sequences=8, num_kv_blocks=256,
+                                                              max_model_len=512))
+    prompt = engine.encode_prompt("a shared system prompt, long enough to fill whole KV blocks " * 3)
+    first = {"warm": _schema_params(0, seed=1, **sampling)}
+    later = {f"r{i}": _schema_params(i, seed=10 + i, **sampling) for i in range(1, 7)}
+    results: dict[str, tuple[str, str]] = {}
+    for batch in (first, later):  # the first fills the cache; the rest hit it
+        for req_id, params in batch.items():
+            engine.add_request(req_id, prompt, params)
+        texts = {r: "" for r in batch}
+        for _ in range(2000):
+            if not engine.has_unfinished_requests():
+                break
+            for out in engine.step():
+                texts[out.req_id] += out.new_text
+                if out.finished:
+                    results[out.req_id] = (texts[out.req_id], out.finish_reason or "")
+    assert engine.stats().prefix_cache_hits >= 6 * 16  # each later request found at least a block
+    for req_id, index in [("warm", 0)] + [(f"r{i}", i) for i in range(1, 7)]:
+        text, reason = results[req_id]
+        assert reason == "stop", (req_id, text)
+        jsonschema.validate(json.loads(text), SCHEMAS[index])
