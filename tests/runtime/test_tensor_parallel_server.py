@@ -3,7 +3,7 @@
 Concurrent greedy completions (chunked context under a small token budget, a KV cache small
 enough to preempt, prompts sharing a prefix) return what the offline TP=1 engine returns;
 SIGTERM drains and leaves no worker behind; a SIGKILLed worker while clients wait makes
-``/health`` say 503 and the server exit non-zero within 10 s with every client answered (an
+``/health`` and ``/ready`` say 503 and the server exit non-zero within 10 s with every client answered (an
 idle server exits too); and a worker whose engine process is SIGKILLed exits by itself.
 """
 
@@ -19,11 +19,12 @@ import openai
 
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
-from tests.server.server_helpers import ServeProcess, http, metrics, wait_until
+from tests.server.server_helpers import ServeProcess, http, is_idle, metrics, wait_until
 
 from .hf_reference import CORPUS
 
 MODEL = "demo"
+ADMIN_KEY = "tp-admin-key"
 ENGINE_ARGS = ["--num-kv-blocks", "14", "--max-num-tokens", "32", "--max-num-sequences", "8", "--max-model-len", "224"]
 PROMPTS = [CORPUS[: 40 + 23 * i] for i in range(8)] + [CORPUS[:120] + tail for tail in ("x = 1", "def f():")]
 
@@ -92,6 +93,38 @@ def test_served_tp2_matches_offline_tp1_and_sigterm_leaves_no_worker(model_facto
         server.stop()
 
 
+def test_tp2_live_retune_and_one_kv_usage_for_the_engine(model_factory) -> None:
+    """Under TP=2 the admin retune reaches the one scheduler (running never exceeds the new
+    max_num_sequences) and /metrics reports one KV usage for the whole model, back to 0 after."""
+    server = _serve(model_factory("llama"), "--num-kv-blocks", "64", "--admin-api-key", ADMIN_KEY)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        reply = http("POST", f"{server.url}/admin/config", {"max_num_sequences": 2}, headers=admin)
+        assert reply.status == 200, reply.text
+        assert http("GET", f"{server.url}/admin/config", headers=admin).json()["max_num_sequences"] == 2
+        client = _client(server)
+        samples: list[dict[str, float]] = []
+
+        def complete(i: int) -> int:
+            out = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=60, temperature=0.0,
+                                            extra_body={"ignore_eos": True})
+            return out.usage.completion_tokens
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(complete, i) for i in range(6)]
+            while not all(f.done() for f in futures):
+                samples.append(metrics(server.url))
+            assert [f.result() for f in futures] == [60] * 6
+        kv_series = [k for k in samples[0] if k.startswith("inflight:kv_cache_usage_perc{")]
+        assert len(kv_series) == 1, kv_series  # one engine, one value (not one per rank)
+        assert max(m["inflight:num_requests_running"] for m in samples) <= 2
+        assert max(m["inflight:num_requests_waiting"] for m in samples) > 0
+        assert max(m["inflight:kv_cache_usage_perc"] for m in samples) > 0
+        assert wait_until(lambda: is_idle(server.url), 10)
+    finally:
+        server.stop()
+
+
 def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_factory) -> None:
     server = _serve(model_factory("llama"), "--num-kv-blocks", "64")
     try:
@@ -107,27 +140,28 @@ def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_fac
                 for _ in chunks:
                     pass
                 return "finished"
-            except openai.APIStatusError as exc:
-                return f"status {exc.status_code}"
-            except openai.APIError as exc:  # an error event inside the stream, or the connection cut
-                return f"error {type(exc).__name__}"
+            except openai.APIStatusError as exc:  # refused at the door
+                return f"status {exc.status_code} {(exc.body or {}).get('code')}"
+            except openai.APIError as exc:  # an error event inside the stream (a cut connection has no body)
+                return f"error {exc.body.get('code') if isinstance(exc.body, dict) else type(exc).__name__}"
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(stream, i) for i in range(8)]
             assert wait_until(lambda: _in_flight(server) == 8, 30), "the 8 streams never reached the engine"
             os.kill(worker, signal.SIGKILL)
             killed = time.monotonic()
-            assert wait_until(lambda: _health(server) != 200, 10), "/health still 200 after the worker died"
+            assert wait_until(lambda: _health(server) != 200 and _health(server, "/ready") != 200, 10), \
+                "/health or /ready still 200 after the worker died"
             code = server.proc.wait(15)
             elapsed = time.monotonic() - killed
             answers = [f.result(timeout=15) for f in futures]
     finally:
         server.stop()
-    if os.environ.get("INFLIGHT_TP_REPORT"):
-        print(f"\nworker SIGKILL -> server exit code {code} after {elapsed:.2f} s; clients: {answers}")
+    print(f"\nworker SIGKILL -> server exit code {code} after {elapsed:.2f} s; clients: {answers}")
     assert code != 0
     assert elapsed < 10, f"the server took {elapsed:.1f} s to exit"
-    assert "finished" not in answers and len(answers) == 8, answers
+    # Every stream was in flight: each gets the engine_dead error event, never a silent cut.
+    assert answers == ["error engine_dead"] * 8, answers
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
@@ -161,9 +195,9 @@ def _in_flight(server: ServeProcess) -> float:
     return m["inflight:num_requests_running"] + m["inflight:num_requests_waiting"]
 
 
-def _health(server: ServeProcess) -> int:
+def _health(server: ServeProcess, probe: str = "/health") -> int:
     try:
-        return http("GET", f"{server.url}/health", timeout=2).status
+        return http("GET", f"{server.url}{probe}", timeout=2).status
     except OSError:
         return 0  # the process is gone: not healthy either
 
