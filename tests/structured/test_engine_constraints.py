@@ -26,11 +26,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_demo_model(tmp_path_factory.mktemp("engine-structured") / "qwen3", arch="qwen3", size="tiny")
 
 
-def _run(engine: LLMEngine, requests: dict[str, SamplingParams]) -> dict[str, tuple[str, str]]:
+def _run(engine: LLMEngine, requests: dict[str, SamplingParams],
+         prompt_ids: list[int] | None = None) -> dict[str, tuple[str, str]]:
+    """Run ``requests`` to the end (each on its own prompt unless ``prompt_ids`` is shared)."""
     texts = {r: "" for r in requests}
     reasons: dict[str, str] = {}
     for req_id, params in requests.items():
-        engine.add_request(req_id, engine.encode_prompt(f"prompt {req_id}"), params)
+        engine.add_request(req_id, prompt_ids or engine.encode_prompt(f"prompt {req_id}"), params)
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
@@ -158,18 +160,8 @@ def test_grammar_with_truncated_sampling_on_prefix_cache_hits(model_dir: Path, s
     prompt = engine.encode_prompt("a shared system prompt, long enough to fill whole KV blocks " * 3)
     first = {"warm": _schema_params(0, seed=1, **sampling)}
     later = {f"r{i}": _schema_params(i, seed=10 + i, **sampling) for i in range(1, 7)}
-    results: dict[str, tuple[str, str]] = {}
-    for batch in (first, later):  # the first fills the cache; the rest hit it
-        for req_id, params in batch.items():
-            engine.add_request(req_id, prompt, params)
-        texts = {r: "" for r in batch}
-        for _ in range(2000):
-            if not engine.has_unfinished_requests():
-                break
-            for out in engine.step():
-                texts[out.req_id] += out.new_text
-                if out.finished:
-                    results[out.req_id] = (texts[out.req_id], out.finish_reason or "")
+    results = _run(engine, first, prompt)  # fills the prefix cache
+    results.update(_run(engine, later, prompt))  # hit it
     assert engine.stats().prefix_cache_hits >= 6 * 16  # each later request found at least a block
     for req_id, index in [("warm", 0)] + [(f"r{i}", i) for i in range(1, 7)]:
         text, reason = results[req_id]
