@@ -57,10 +57,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_probe_and_cores_against_a_real_server(tiny_model: Path, tmp_path: Path) -> None:
     from inflight.runtime.tokenizer import load_tokenizer
 
-    shape = workloads.WorkloadShape(4, 12, 6, max_prompt=24, max_output=10)
+    # Enough work (16 x ~80 tokens) that the server's CPU time clears the clock-tick resolution
+    # of /proc CPU accounting (10 ms): a few tiny requests once finished in less.
+    shape = workloads.WorkloadShape(16, 12, 80, max_prompt=24, max_output=100)
     point = serving.LoadPoint("burst", tuple(workloads.burst(load_tokenizer(tiny_model), shape, seed=1)), True)
-    spec = SystemSpec(peer_section.OURS, "inflight", ("--max-num-sequences", "4", "--num-kv-blocks", "64",
-                                                       "--max-model-len", "128"))
+    spec = SystemSpec(peer_section.OURS, "inflight", ("--max-num-sequences", "4", "--num-kv-blocks", "128",
+                                                       "--max-model-len", "256"))
     plan = serving.ServingPlan(tiny_model, (spec,), (point,), 1, tmp_path, probe=RequestSpec("hello there", 5))
     probes: dict[str, str] = {}
     combined = serving.combine_raw(serving.run_serving(plan, probes=probes))
