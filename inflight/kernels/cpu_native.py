@@ -42,7 +42,12 @@ _SIGNATURES = {
     "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
+    "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
 }
+# Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
+# 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
+SMALL_M_ROWS = {1: 4}
+SMALL_M_ROWS_MANY_THREADS = 8
 
 
 def cache_dir() -> Path:
@@ -213,6 +218,26 @@ def rotary_embedding(
     return outs[0], outs[1]
 
 
+def linear(
+    x: torch.Tensor,  # [num_rows, in_features]
+    weight: torch.Tensor,  # [out_features, in_features]
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [num_rows, out_features]
+    threads = torch.get_num_threads()
+    limit = SMALL_M_ROWS.get(threads, SMALL_M_ROWS_MANY_THREADS)
+    if not (x.dim() == 2 and x.shape[0] <= limit and x.dtype == weight.dtype == torch.float32
+            and x.is_contiguous() and weight.is_contiguous() and x.device.type == "cpu"
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
+        return reference.linear(x, weight, bias)
+    num_rows, in_features = x.shape
+    out = torch.empty((num_rows, weight.shape[0]), dtype=torch.float32)
+    _lib().inflight_small_m_linear_f32(
+        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        num_rows, weight.shape[0], in_features, threads,
+    )
+    return out
+
+
 def cpu_ops() -> KernelOps:
     """The native bundle (prefill attention stays the reference: SDPA is matmul-bound there)."""
     return KernelOps(
@@ -222,4 +247,5 @@ def cpu_ops() -> KernelOps:
         paged_prefill_attention=reference.paged_prefill_attention,
         rms_norm=rms_norm,
         rotary_embedding=rotary_embedding,
+        linear=linear,
     )

@@ -33,6 +33,7 @@ class KernelOps:
     paged_prefill_attention: Callable[..., torch.Tensor]
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    linear: Callable[..., torch.Tensor]
 
 
 TORCH_OPS = KernelOps(
@@ -42,6 +43,7 @@ TORCH_OPS = KernelOps(
     paged_prefill_attention=reference.paged_prefill_attention,
     rms_norm=reference.rms_norm,
     rotary_embedding=reference.rotary_embedding,
+    linear=reference.linear,
 )
 
 

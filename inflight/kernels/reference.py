@@ -220,3 +220,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     if rot == x.shape[-1]:
         return rotated
     return torch.cat((rotated, x[..., rot:]), dim=-1)
+
+
+def linear(
+    x: torch.Tensor,  # [num_rows, in_features]
+    weight: torch.Tensor,  # [out_features, in_features]
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [num_rows, out_features]
+    """``x @ weight.T + bias``: every weight matmul of the model goes through here."""
+    return F.linear(x, weight, bias)

@@ -7,6 +7,7 @@ Owns nothing but the assembly; :mod:`inflight.kernels.dispatch` decides when it 
 
 from __future__ import annotations
 
+from inflight.kernels import reference
 from inflight.kernels.dispatch import KernelOps
 from inflight.kernels.triton_decode_attention import paged_decode_attention
 from inflight.kernels.triton_kv_store import store_kv_cache
@@ -20,4 +21,5 @@ TRITON_OPS = KernelOps(
     paged_prefill_attention=paged_prefill_attention,
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
+    linear=reference.linear,  # cuBLAS through torch
 )

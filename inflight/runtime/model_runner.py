@@ -293,7 +293,7 @@ class ModelRunner:
         if self._cpu_threads is not None:
             self._set_cpu_threads(input_ids.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
-        return self.model.compute_logits(hidden[sample_indices])
+        return self.model.compute_logits(hidden[sample_indices], self.ops)
 
 
 def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:

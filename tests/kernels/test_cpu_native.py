@@ -157,3 +157,28 @@ def test_a_failing_compiler_is_reported_and_leaves_no_library(monkeypatch, tmp_p
         assert not list((tmp_path / "cache").rglob("*.so"))
     finally:
         cpu_native.load_library.cache_clear()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 8, 9])  # 4-row blocks, remainders, past the limit
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_small_m_linear_matches_reference(threads: int, num_rows: int, with_bias: bool, poison_allocations) -> None:
+    gen = torch.Generator().manual_seed(num_rows)
+    x = torch.randn(num_rows, 200, generator=gen)  # in_features not a multiple of the vector width
+    weight = torch.randn(1000, 200, generator=gen)  # enough work to use the threads
+    bias = torch.randn(1000, generator=gen) if with_bias else None
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_native.linear(x, weight, bias)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+
+
+def test_small_m_linear_other_layouts_use_the_reference() -> None:
+    x = torch.randn(6, 64)[:, :32]  # not contiguous
+    weight = torch.randn(16, 32)
+    assert torch.equal(cpu_native.linear(x, weight), reference.linear(x, weight))
+    xb, wb = torch.randn(2, 32).bfloat16(), weight.bfloat16()
+    assert torch.equal(cpu_native.linear(xb, wb), reference.linear(xb, wb))

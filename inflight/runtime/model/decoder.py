@@ -70,7 +70,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, spec.head_dim)
@@ -100,7 +100,7 @@ class Attention(nn.Module):
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
                 meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:],
             )
-        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = ops.linear(out.reshape(num_tokens, self.q_size), self.o_proj.weight, self.o_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
@@ -112,9 +112,10 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(self.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        out = self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        out = ops.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
@@ -160,7 +161,7 @@ class CausalLM(nn.Module):
             x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops)
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
-            hidden = layer.mlp(x)
+            hidden = layer.mlp(x, ops)
         return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
@@ -172,9 +173,9 @@ class CausalLM(nn.Module):
         hidden.mul_(mine.unsqueeze(-1).to(hidden.dtype))
         return self.tp.all_reduce(hidden)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(self, hidden: torch.Tensor, ops: KernelOps) -> torch.Tensor | None:
         """``[n, vocab]`` float32 logits; None on tensor-parallel ranks other than 0."""
-        logits = self.lm_head(hidden).float()
+        logits = ops.linear(hidden, self.lm_head.weight).float()
         if self.tp is None:
             return logits
         gathered = self.tp.gather_vocab(logits)
