@@ -9,13 +9,13 @@
  * Why: the reference's decode attention gathers every sequence's K/V blocks into a padded
  * copy and then runs SDPA over it (three passes over the context); this one reads each
  * cached row once, in place, with an online softmax. The norm, rotary and KV-store kernels
- * replace 5-10 small torch ops each with one call.
+ * replace 5-10 small torch ops each with one call; the few-row linear streams weights that
+ * library GEMMs read slowly when only a few rows multiply them.
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
-
 #include <stdlib.h>
+#include <string.h>
 
 /* exp(x) for x <= 0 (scores minus their running max), within ~2 ulp of expf; written so the
  * compiler vectorizes it (libm's expf is a scalar call: it was most of a decode step). */

@@ -1,13 +1,12 @@
 """Native CPU kernels: builds ``cpu_kernels.c`` once per machine and binds it with ctypes.
 
 ``CPU_OPS`` has the reference signatures. Each wrapper runs the C kernel for float32
-tensors in the layouts the decoder produces (rows of heads contiguous, any token stride) and
-calls the torch reference for anything else (other dtypes, odd layouts, head counts past the
-kernel's limits), so results never depend on which one ran beyond float rounding.
+tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
+few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
+bigger matmuls), so results never depend on which one ran beyond float rounding.
 
-The library is compiled with the system C compiler (``$CC``, else ``cc``) into the cache
-(``INFLIGHT_CACHE_DIR``, else ``$XDG_CACHE_HOME/inflight``, else ``~/.cache/inflight``),
-keyed by the source, the flags and the CPU model, and written atomically so concurrent
+The library is compiled with the system C compiler (``$CC``, else ``cc``) into
+``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source, the flags and the CPU model, and written atomically so concurrent
 processes (tensor-parallel ranks, test workers) share one build. :func:`load_library`
 returns the reason instead of raising when no compiler is usable; the dispatcher decides
 what to do with it. Knows nothing about the model or the engine.
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from inflight.cache import cache_root
 from inflight.kernels import reference
 from inflight.kernels.dispatch import KernelOps
 
@@ -46,15 +46,8 @@ _SIGNATURES = {
 }
 # Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
 # 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
-SMALL_M_ROWS = {1: 4}
+SMALL_M_ROWS_ONE_THREAD = 4
 SMALL_M_ROWS_MANY_THREADS = 8
-
-
-def cache_dir() -> Path:
-    if os.environ.get("INFLIGHT_CACHE_DIR"):
-        return Path(os.environ["INFLIGHT_CACHE_DIR"]) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inflight" / "kernels"
 
 
 def _cpu_model() -> str:
@@ -93,7 +86,7 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     key = hashlib.sha256(
         SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
     ).hexdigest()[:16]
-    target = cache_dir() / f"cpu_kernels-{platform.machine()}-{key}.so"
+    target = cache_root() / "kernels" / f"cpu_kernels-{platform.machine()}-{key}.so"
     with _LOCK:
         if not target.exists():
             try:
@@ -224,7 +217,7 @@ def linear(
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
     threads = torch.get_num_threads()
-    limit = SMALL_M_ROWS.get(threads, SMALL_M_ROWS_MANY_THREADS)
+    limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
     if not (x.dim() == 2 and x.shape[0] <= limit and x.dtype == weight.dtype == torch.float32
             and x.is_contiguous() and weight.is_contiguous() and x.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
@@ -238,14 +231,14 @@ def linear(
     return out
 
 
-def cpu_ops() -> KernelOps:
-    """The native bundle (prefill attention stays the reference: SDPA is matmul-bound there)."""
-    return KernelOps(
-        name="cpu-native",
-        store_kv_cache=store_kv_cache,
-        paged_decode_attention=paged_decode_attention,
-        paged_prefill_attention=reference.paged_prefill_attention,
-        rms_norm=rms_norm,
-        rotary_embedding=rotary_embedding,
-        linear=linear,
-    )
+# The native bundle; prefill attention stays the reference (SDPA is matmul-bound there). The
+# dispatcher hands it out only after load_library() succeeded.
+CPU_OPS = KernelOps(
+    name="cpu-native",
+    store_kv_cache=store_kv_cache,
+    paged_decode_attention=paged_decode_attention,
+    paged_prefill_attention=reference.paged_prefill_attention,
+    rms_norm=rms_norm,
+    rotary_embedding=rotary_embedding,
+    linear=linear,
+)

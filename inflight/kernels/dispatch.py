@@ -87,7 +87,7 @@ def _cpu_ops(device: torch.device, forced: bool) -> KernelOps:
         raise ValueError(f"kernel_backend=cpu runs on the CPU only (device is {device.type}).")
     lib, where = cpu_native.load_library()
     if lib is not None:
-        return cpu_native.cpu_ops()
+        return cpu_native.CPU_OPS
     if forced:
         raise ValueError(f"kernel_backend=cpu: the native CPU kernels cannot be built: {where}.")
     logger.warning("native CPU kernels unavailable (%s); using the slower torch reference kernels", where)

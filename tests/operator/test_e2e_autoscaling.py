@@ -3,7 +3,8 @@
 kmock is the API server, our kopf operator runs against it, and a small "kubelet" loop in the
 test keeps Pod objects (pointing at 127.0.0.1:PORT) in line with the Deployment's replicas. A
 bounded stream of requests, kept in flight until the scale-up, drives the first server's queue
-up; the operator scales 1 -> 2 on queue depth, then, after the load ends and the (short) scale-down window passes, back to 1.
+up; the operator scales 1 -> 2 on queue depth, then, after the load ends and the (short)
+scale-down window passes, back to 1.
 The servers get their admin key the way a pod does (env ``INFLIGHT_ADMIN_API_KEY`` from the
 ``<name>-admin`` Secret, created here beforehand so the key is known; the operator keeps an
 existing Secret), and the operator's live-config push reaches them with it.

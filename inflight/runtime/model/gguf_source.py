@@ -2,29 +2,20 @@
 
 :func:`resolve_model_dir` is called before the loader: a directory passes through; a ``.gguf``
 file is converted (first time only) into a directory keyed by the file's name, size and
-modification time under the cache root (``INFLIGHT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/inflight``, else ``~/.cache/inflight``); anything else gets a message that
-says what to do, since nothing is ever downloaded from a model hub. Knows nothing about
-weights or tokenizers beyond asking :mod:`gguf_convert` to convert.
+modification time under the cache root (:func:`inflight.cache.cache_root`); anything else
+gets a message that says what to do, since nothing is ever downloaded from a model hub.
+Knows nothing about weights or tokenizers beyond asking :mod:`gguf_convert` to convert.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from inflight.cache import cache_root
+
 Progress = Callable[[str], None]
-CACHE_ENV = "INFLIGHT_CACHE_DIR"
 _GGUF_MAGIC = b"GGUF"
-
-
-def cache_root() -> Path:
-    """Where converted GGUF models are kept."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inflight"
 
 
 def is_gguf_file(path: Path) -> bool:

@@ -294,13 +294,13 @@ class AsyncEngine:
             self._loop_steps(engine)
         except BaseException as exc:  # noqa: BLE001 - any death of this thread is reported
             logger.critical("the engine thread died", exc_info=True)
-            self.step_started_at = None
             with contextlib.suppress(RuntimeError):  # the event loop may be closed already
                 # declare_dead answers the queued commands too (503 engine_dead).
                 self._loop.call_soon_threadsafe(self.declare_dead, f"the engine thread died: {exc!r}")
-            return
-        self.step_started_at = None
-        self._fail_commands(RuntimeError("the engine has stopped"))
+        else:
+            self._fail_commands(RuntimeError("the engine has stopped"))
+        finally:
+            self.step_started_at = None
 
     def _loop_steps(self, engine: LLMEngine) -> None:
         while not self._stopping.is_set():
