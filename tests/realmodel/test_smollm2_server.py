@@ -9,6 +9,7 @@ it into the cache once and answers the same.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,6 +32,10 @@ def test_factual_questions_are_answered_correctly(smollm2_server: ServerProcess)
         answers = list(pool.map(lambda fact: _ask(smollm2_server.url, fact[0]), FACTS))
     wrong = [(q, a) for (q, word), a in zip(FACTS, answers, strict=True) if word.lower() not in a.lower()]
     assert not wrong, wrong
+    # The stats line for this work comes at the next 1 s tick, which may follow the answers.
+    deadline = time.monotonic() + 5
+    while "inflight.stats" not in smollm2_server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "inflight.stats" in smollm2_server.log() and "generation" in smollm2_server.log()
 
 
