@@ -39,6 +39,7 @@ ELEM_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[KernelSpec]:
     """Launches as the wrappers would make them for a Llama-like layer (GQA 4, 8 KV heads)."""
+    from inflight.kernels import triton_activation as act
     from inflight.kernels import triton_kv_store as kv
     from inflight.kernels import triton_norm_rope as nr
 
@@ -57,6 +58,8 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
                    {"positions_ptr": "*i64", "q_ptr": p, "k_ptr": p, "cos_sin_ptr": "*fp32",
                     "q_out_ptr": p, "k_out_ptr": p},
                    {"HALF": head_dim // 2, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": head_dim}),
+        KernelSpec("silu_and_mul", act._silu_and_mul_kernel, {"x_ptr": p, "out_ptr": p},
+                   {"BLOCK": act.BLOCK}),
     ]  # fmt: skip
 
 

@@ -241,4 +241,6 @@ CPU_OPS = KernelOps(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     linear=linear,
+    silu_and_mul=reference.silu_and_mul,
+    graph_safe=True,
 )

@@ -34,6 +34,11 @@ class KernelOps:
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     linear: Callable[..., torch.Tensor]
+    silu_and_mul: Callable[..., torch.Tensor]
+    # The decode path never reads a tensor's value on the host (split plans come from
+    # shapes), so a decode step can be captured in a graph. The torch reference reads
+    # context lengths with .tolist() and is not.
+    graph_safe: bool = False
 
 
 TORCH_OPS = KernelOps(
@@ -44,6 +49,7 @@ TORCH_OPS = KernelOps(
     rms_norm=reference.rms_norm,
     rotary_embedding=reference.rotary_embedding,
     linear=reference.linear,
+    silu_and_mul=reference.silu_and_mul,
 )
 
 

@@ -222,6 +222,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((rotated, x[..., rot:]), dim=-1)
 
 
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
+    """SwiGLU: ``silu(gate) * up`` where ``gate_up`` is [num_tokens, 2 * d] (gate, then up)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def linear(
     x: torch.Tensor,  # [num_rows, in_features]
     weight: torch.Tensor,  # [out_features, in_features]

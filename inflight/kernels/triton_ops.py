@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from inflight.kernels import reference
 from inflight.kernels.dispatch import KernelOps
+from inflight.kernels.triton_activation import silu_and_mul
 from inflight.kernels.triton_decode_attention import paged_decode_attention
 from inflight.kernels.triton_kv_store import store_kv_cache
 from inflight.kernels.triton_norm_rope import rms_norm, rotary_embedding
@@ -22,4 +23,6 @@ TRITON_OPS = KernelOps(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     linear=reference.linear,  # cuBLAS through torch
+    silu_and_mul=silu_and_mul,
+    graph_safe=True,
 )

@@ -30,6 +30,7 @@ def test_wrappers_do_not_sync(make_paged_cache) -> None:
         ops.paged_prefill_attention(q, *args, starts, paged.context_lens, 0.125)
         ops.rms_norm(x, w, 1e-6, x)
         ops.rotary_embedding(positions, q, q[:, :2], cos_sin)
+        ops.silu_and_mul(x)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -106,3 +106,23 @@ def test_rotary_rejects_odd_rotary_dim(device) -> None:
         rotary_embedding(
             torch.zeros(2, dtype=torch.int64, device=device), q, q, torch.randn(4, 3, device=device)
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 1000), (33, 4480)])
+def test_silu_and_mul_matches_reference(device, assert_close, poison_allocations, dtype, shape) -> None:
+    from inflight.kernels import reference
+    from inflight.kernels.triton_activation import silu_and_mul
+
+    num_tokens, d = shape
+    gate_up = (3 * torch.randn(num_tokens, 2 * d)).to(dtype).to(device)
+    assert_close(silu_and_mul(gate_up), reference.silu_and_mul(gate_up))
+    strided = torch.randn(num_tokens, 2 * d + 8).to(dtype).to(device)[:, : 2 * d]  # a row stride != 2d
+    assert_close(silu_and_mul(strided), reference.silu_and_mul(strided))
+
+
+def test_silu_and_mul_rejects_odd_widths(device) -> None:
+    from inflight.kernels.triton_activation import silu_and_mul
+
+    with pytest.raises(ValueError, match="even"):
+        silu_and_mul(torch.zeros(2, 5, device=device))

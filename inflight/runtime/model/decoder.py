@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.dispatch import KernelOps
@@ -114,8 +113,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        out = ops.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
+        out = ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
