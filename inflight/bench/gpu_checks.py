@@ -15,8 +15,6 @@ import torch
 from inflight.kernels import reference
 from inflight.kernels.dispatch import KernelOps
 
-# The checks run on CUDA; a CPU smoke run (interpreter) may swap this for "cpu".
-DEVICE = "cuda"
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
@@ -29,9 +27,10 @@ class CheckResult:
 
 
 def _paged(
-    lens: list[int], block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    lens: list[int], block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+    device: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(k_cache, v_cache, block_tables, context_lens) with shuffled blocks on CUDA."""
+    """(k_cache, v_cache, block_tables, context_lens) with shuffled blocks on ``device``."""
     needed = [-(-n // block_size) for n in lens]
     num_blocks = sum(needed) + 8
     order = torch.randperm(num_blocks)
@@ -41,10 +40,10 @@ def _paged(
         table[s, :n] = order[used : used + n]
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k = torch.randn(shape, device=DEVICE, dtype=dtype)
-    v = torch.randn(shape, device=DEVICE, dtype=dtype)
-    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    return k, v, table.int().to(DEVICE), lens_t
+    k = torch.randn(shape, device=device, dtype=dtype)
+    v = torch.randn(shape, device=device, dtype=dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    return k, v, table.int().to(device), lens_t
 
 
 def _compare(
@@ -56,10 +55,10 @@ def _compare(
     return CheckResult(name, dtype, float(err.max()) if err.numel() else 0.0, ok)
 
 
-def _check_store(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    cache = torch.full((64, 16, 8, 128), float("nan"), device=DEVICE, dtype=dtype)
-    key, value = (torch.randn(300, 8, 128, device=DEVICE, dtype=dtype) for _ in range(2))
-    slots = torch.randperm(64 * 16, device=DEVICE)[:300]
+def _check_store(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    cache = torch.full((64, 16, 8, 128), float("nan"), device=device, dtype=dtype)
+    key, value = (torch.randn(300, 8, 128, device=device, dtype=dtype) for _ in range(2))
+    slots = torch.randperm(64 * 16, device=device)[:300]
     slots[7] = -1
     ref_k, ref_v, k, v = (cache.clone() for _ in range(4))
     reference.store_kv_cache(key, value, ref_k, ref_v, slots)
@@ -72,30 +71,30 @@ def _check_store(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
     )
 
 
-def _check_decode(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
+def _check_decode(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
     lens = [1, 16, 17, 255, 256, 1000, 4096, 3] + torch.randint(1, 3000, (24,)).tolist()
-    k, v, table, lens_t = _paged(lens, 16, 8, 128, dtype)
-    query = torch.randn(len(lens), 32, 128, device=DEVICE, dtype=dtype)
+    k, v, table, lens_t = _paged(lens, 16, 8, 128, dtype, device)
+    query = torch.randn(len(lens), 32, 128, device=device, dtype=dtype)
     args = (query, k, v, table, lens_t, 128**-0.5)
     got = ops.paged_decode_attention(*args)
     return _compare("paged_decode_attention", got, reference.paged_decode_attention(*args), dtype)
 
 
-def _check_prefill(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
+def _check_prefill(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
     # (q_len, context_len): full prompts, later chunks / prefix hits, decodes riding along.
     chunks = [(512, 512), (100, 612), (1, 700), (257, 257), (64, 2112), (0, 40), (33, 33)]
-    k, v, table, lens_t = _paged([c for _, c in chunks], 32, 4, 128, dtype)
+    k, v, table, lens_t = _paged([c for _, c in chunks], 32, 4, 128, dtype, device)
     q_lens = torch.tensor([q for q, _ in chunks])
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).int().to(DEVICE)
-    query = torch.randn(int(q_lens.sum()), 28, 128, device=DEVICE, dtype=dtype)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).int().to(device)
+    query = torch.randn(int(q_lens.sum()), 28, 128, device=device, dtype=dtype)
     args = (query, k, v, table, starts, lens_t, 128**-0.5)
     got = ops.paged_prefill_attention(*args)
     return _compare("paged_prefill_attention", got, reference.paged_prefill_attention(*args), dtype)
 
 
-def _check_rms_norm(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    x, residual = (torch.randn(77, 4096, device=DEVICE, dtype=dtype) for _ in range(2))
-    weight = 1 + 0.1 * torch.randn(4096, device=DEVICE, dtype=dtype)
+def _check_rms_norm(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    x, residual = (torch.randn(77, 4096, device=device, dtype=dtype) for _ in range(2))
+    weight = 1 + 0.1 * torch.randn(4096, device=device, dtype=dtype)
     got, got_res = ops.rms_norm(x, weight, 1e-6, residual)
     exp, exp_res = reference.rms_norm(x, weight, 1e-6, residual)
     return _compare(
@@ -103,34 +102,43 @@ def _check_rms_norm(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
     )
 
 
-def _check_rotary(ops: KernelOps, dtype: torch.dtype) -> CheckResult:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
-    angles = torch.arange(4096, device=DEVICE).float()[:, None] * inv_freq[None, :]
+def _check_rotary(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2, device=device).float() / 128))
+    angles = torch.arange(4096, device=device).float()[:, None] * inv_freq[None, :]
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [4096, 128]
-    positions = torch.randint(0, 4096, (333,), device=DEVICE)
-    query = torch.randn(333, 32, 128, device=DEVICE, dtype=dtype)
-    key = torch.randn(333, 8, 128, device=DEVICE, dtype=dtype)
+    positions = torch.randint(0, 4096, (333,), device=device)
+    query = torch.randn(333, 32, 128, device=device, dtype=dtype)
+    key = torch.randn(333, 8, 128, device=device, dtype=dtype)
     got = torch.cat([t.flatten(1) for t in ops.rotary_embedding(positions, query, key, cos_sin)], 1)
     exp = reference.rotary_embedding(positions, query, key, cos_sin)
     return _compare("rotary_embedding", got, torch.cat([t.flatten(1) for t in exp], 1), dtype)
 
 
-CHECKS: tuple[Callable[[KernelOps, torch.dtype], CheckResult], ...] = (
+def _check_silu_and_mul(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    gate_up = 3 * torch.randn(300, 2 * 8960, device=device, dtype=dtype)
+    return _compare("silu_and_mul", ops.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), dtype)
+
+
+CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_store,
     _check_decode,
     _check_prefill,
     _check_rms_norm,
     _check_rotary,
+    _check_silu_and_mul,
 )
 
 
-def run_checks(ops: KernelOps, dtypes: tuple[torch.dtype, ...]) -> list[CheckResult]:
-    """Every kernel in every dtype on fresh random inputs; prints one line each."""
+def run_checks(
+    ops: KernelOps, dtypes: tuple[torch.dtype, ...], device: str = "cuda"
+) -> list[CheckResult]:
+    """Every kernel in every dtype on fresh random inputs on ``device`` (CUDA; the CPU only
+    in the dry run of ``make gpu-check``); prints one line each."""
     results = []
     print(f"{'kernel':<26} {'dtype':<9} {'max |err|':>10}  result")
     for dtype in dtypes:
         for check in CHECKS:
-            r = check(ops, dtype)
+            r = check(ops, dtype, device)
             results.append(r)
             print(
                 f"{r.name:<26} {str(r.dtype)[6:]:<9} {r.max_abs_err:>10.2e}  {'ok' if r.ok else 'FAIL'}"

@@ -28,6 +28,7 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "scheduler_policy",
     "max_queue_len",
     "tensor_parallel_size",
+    "enforce_eager",
 )
 # Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {

@@ -82,6 +82,13 @@ class EngineConfig:
             "the native C kernels on the CPU when a C compiler can build them, else torch)."
         ),
     )
+    enforce_eager: bool = field(
+        default=False,
+        metadata=_help(
+            "Run every step eagerly: no CUDA graphs for pure-decode steps (CUDA only; the CPU "
+            "is always eager)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_int(self, "max_num_sequences", 1)
@@ -107,7 +114,7 @@ class EngineConfig:
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "device", DEVICES)
         _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
-        for name in ("enable_chunked_context", "enable_prefix_caching"):
+        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
 

@@ -48,7 +48,9 @@ SIZES = {
     "small": SizePreset(256, 688, 8, 8, 4, 4096, 2048, 0.08),  # ~7M parameters
     "medium": SizePreset(512, 1536, 18, 8, 4, 8192, 2048, 0.05),  # ~60M parameters
     "0.5b": SizePreset(1024, 4096, 28, 16, 8, 16384, 32768, 0.03),  # ~0.47B parameters
+    "1.5b": SizePreset(1536, 8960, 28, 12, 2, 32768, 32768, 0.02),  # Qwen2-1.5B's shape, ~1.4B
 }
+LARGE_SIZES = ("0.5b", "1.5b")  # saved in bfloat16, as real checkpoints of that size are
 
 
 def _corpus_files(max_bytes: int = 3_000_000) -> list[str]:
@@ -137,7 +139,7 @@ def make_demo_model(
            "eos_token_id": tokenizer.eos_token_id if eos else None}
     config = _hf_config(arch, preset, len(tokenizer), ids)
     torch.manual_seed(seed)
-    dtype = torch.bfloat16 if size == "0.5b" else torch.float32
+    dtype = torch.bfloat16 if size in LARGE_SIZES else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = ids["eos_token_id"]
     model.to(dtype).save_pretrained(str(out), safe_serialization=True)

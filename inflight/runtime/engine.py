@@ -26,6 +26,7 @@ import torch
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.detokenizer import IncrementalDetokenizer
+from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_request, check_token_budget
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.model_runner import ModelRunner
@@ -92,8 +93,11 @@ class LLMEngine:
 
     @classmethod
     def from_model_dir(
-        cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None
+        cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> LLMEngine:
+        """``graph_backend``: capture decode graphs with it (tests use the CPU stand-in); by
+        default CUDA graphs on CUDA unless ``config.enforce_eager``."""
         config = config or EngineConfig()
         torch.manual_seed(config.seed)
         if progress:
@@ -106,7 +110,8 @@ class LLMEngine:
                 progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
             workers = WorkerGroup.start(model_dir, config)
         try:
-            runner = ModelRunner(model_dir, config, progress, tp=workers.tp if workers else None, workers=workers)
+            runner = ModelRunner(model_dir, config, progress, tp=workers.tp if workers else None, workers=workers,
+                                 graph_backend=graph_backend)
             tokenizer = load_tokenizer(model_dir)
             engine = cls(runner, tokenizer, config)
         except BaseException:

@@ -25,6 +25,8 @@ import torch
 
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
+from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.model.decoder import AttentionMetadata
 from inflight.runtime.model.loader import Progress, load_hf_config, load_model
 from inflight.runtime.model.rope import build_cos_sin_cache
@@ -116,6 +118,7 @@ class ModelRunner:
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None,
         tp: TensorParallel | None = None, workers: WorkerGroup | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.tp = tp
@@ -154,6 +157,44 @@ class ModelRunner:
         if progress:
             progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
                      f"({self.kv_cache_bytes / 2**20:.0f} MiB), kernels: {self.ops.name}")
+        self.graphs = self._capture_graphs(config, graph_backend, progress)
+
+    def _capture_graphs(
+        self, config: EngineConfig, backend: GraphBackend | None, progress: Progress | None
+    ) -> DecodeGraphs | None:
+        """Decode graphs: on CUDA unless ``enforce_eager``, a tensor-parallel group or kernels
+        that read tensors on the host; anywhere when a backend is given (the CPU tests)."""
+        if backend is None:
+            why_not = ("enforce_eager" if config.enforce_eager else "not CUDA" if self.device.type != "cuda"
+                       else "tensor parallel" if self.tp is not None
+                       else f"the {self.ops.name} kernels read tensors on the host" if not self.ops.graph_safe
+                       else None)  # fmt: skip
+            if why_not is not None:
+                if self.device.type == "cuda":
+                    logger.info("decode steps run eagerly (%s)", why_not)
+                return None
+            backend = CudaGraphBackend(self.device)
+        elif not self.ops.graph_safe:
+            raise ValueError(f"decode graphs need graph-safe kernels; the {self.ops.name} kernels read "
+                             "tensors on the host (use the triton or cpu kernel backend)")
+        graphs = DecodeGraphs(
+            self._logits, backend, capture_sizes(config.max_num_sequences),
+            -(-self.max_model_len // self.block_size), self.device,
+        )  # fmt: skip
+        with torch.inference_mode():
+            stats = graphs.capture()
+        if progress:
+            progress(f"decode graphs ({backend.name}) for batch sizes up to {graphs.max_size}: "
+                     f"{len(stats.sizes)} captured in {stats.capture_seconds:.1f} s, "
+                     f"{stats.memory_bytes / 2**20:.0f} MiB")  # fmt: skip
+        return graphs
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Float32 logits of every row (what a captured decode graph computes)."""
+        hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
+        logits = self.model.compute_logits(hidden, self.ops)
+        assert logits is not None  # graphs run without tensor parallelism
+        return logits
 
     # -- sizing ------------------------------------------------------------------------
     def _resolve_max_model_len(self, config: EngineConfig) -> int:
@@ -227,26 +268,40 @@ class ModelRunner:
                 spans.append((chunk, start, count))
                 prompt_rows.extend(range(len(ids) - n, len(ids) - n + count))
         nd = len(decodes)
-        dev = self.device
+        up = self._upload
         tables = [c.request.block_ids for c in decodes + prefills]
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            slot_mapping=up(slots, torch.int64),
             num_decode_tokens=nd,
-            decode_block_tables=_pad_tables(tables[:nd], dev),
-            decode_context_lens=torch.tensor(ctx_lens[:nd], dtype=torch.int32, device=dev),
-            prefill_block_tables=_pad_tables(tables[nd:], dev),
-            prefill_query_start_loc=torch.tensor(q_starts, dtype=torch.int32, device=dev),
-            prefill_context_lens=torch.tensor(ctx_lens[nd:], dtype=torch.int32, device=dev),
+            decode_block_tables=self._upload_tables(tables[:nd]),
+            decode_context_lens=up(ctx_lens[:nd], torch.int32),
+            prefill_block_tables=self._upload_tables(tables[nd:]),
+            prefill_query_start_loc=up(q_starts, torch.int32),
+            prefill_context_lens=up(ctx_lens[nd:], torch.int32),
             num_prefills=len(prefills),
         )
         return BatchInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            input_ids=up(ids, torch.int64),
+            positions=up(pos, torch.int64),
             meta=meta,
-            sample_indices=torch.tensor(sample_rows + prompt_rows, dtype=torch.int64, device=dev),
+            sample_indices=up(sample_rows + prompt_rows, torch.int64),
             sampled_chunks=tuple(sampled),
             prompt_logprob_spans=tuple(spans),
         )
+
+    def _upload(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a tensor on the device: on CUDA through pinned memory with a
+        non-blocking copy, so preparing a step never waits for the GPU to drain."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def _upload_tables(self, tables: list[list[int]]) -> torch.Tensor:  # [num_seqs, width] int32
+        """Block tables padded with block 0 to the longest (a valid id, never read past a context)."""
+        width = max((len(t) for t in tables), default=1)
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return self._upload(rows, torch.int32).reshape(len(tables), width)
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
@@ -255,6 +310,8 @@ class ModelRunner:
         Rank 0 of a tensor-parallel group first broadcasts the batch; any failure from then
         on leaves the ranks out of step, so it raises ``EngineFatalError``.
         """
+        if self.graphs is not None and self.workers is None and self._graphable(batch):
+            return self.graphs.run(batch.input_ids, batch.positions, batch.meta)[batch.sample_indices]
         if self.workers is None:
             logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices)
         else:
@@ -264,6 +321,12 @@ class ModelRunner:
             )
         assert logits is not None  # rank 0 always gets the gathered logits
         return logits
+
+    def _graphable(self, batch: BatchInputs) -> bool:
+        """A pure-decode step no larger than the largest captured size."""
+        graphs, meta = self.graphs, batch.meta
+        return (graphs is not None and meta.num_prefills == 0 and not batch.prompt_logprob_spans
+                and graphs.padded_size(meta.num_decode_tokens) is not None)
 
     @torch.inference_mode()
     def execute_received(self, step: StepTensors) -> None:
@@ -295,8 +358,3 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
         return self.model.compute_logits(hidden[sample_indices], self.ops)
 
-
-def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max((len(t) for t in tables), default=1)
-    rows = [t + [0] * (width - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(tables), width)

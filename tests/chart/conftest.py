@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import helm_python as helm
 import pytest
 from chart_support import CHART_DIR, RELEASE, RELEASE_NAMESPACE, load_values, parse_manifests
+
+helm = pytest.importorskip("helm_python")  # absent on a bare GPU machine (docs/gpu.md)
 
 
 @pytest.fixture(scope="session")

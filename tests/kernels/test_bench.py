@@ -59,13 +59,15 @@ def test_time_decode_steps_on_cpu_engine(
 def test_print_targets_reads_the_issue_thresholds(capsys: pytest.CaptureFixture[str]) -> None:
     decode = [
         {"batch": 1, "context": 32768, "fraction_of_copy": 0.2},  # outside the target range
-        {"batch": 32, "context": 2048, "fraction_of_copy": 0.75},
-        {"batch": 256, "context": 8192, "fraction_of_copy": 0.9},
+        {"batch": 64, "context": 2048, "fraction_of_copy": 0.75},
+        {"batch": 64, "context": 8192, "fraction_of_copy": 0.9},
+        {"batch": 64, "context": 32768, "fraction_of_copy": 0.5},  # outside too
     ]
-    bench.print_targets(decode, [{"batch": 64, "x_roofline": 2.5}])
+    bench.print_targets(decode, [{"batch": 64, "x_roofline": 2.5}, {"batch": 1, "x_roofline": 1.9}])
     out = capsys.readouterr().out
     assert "worst 75% -> met" in out
-    assert "2.50x -> NOT met" in out
+    assert "<= 1.5x roofline at batch 64: 2.50x -> NOT met" in out
+    assert "<= 2.0x roofline at batch 1: 1.90x -> met" in out
 
 
 def test_decode_table_on_the_interpreter(device: torch.device, capsys) -> None:

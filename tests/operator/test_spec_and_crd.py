@@ -37,7 +37,8 @@ def test_crd_engine_properties_are_exactly_the_engine_knobs() -> None:
     assert engine_props == expected
     issue_list = {"maxNumSequences", "maxNumTokens", "kvCacheFreeGpuMemFraction", "blockSize",
                   "enableChunkedContext", "enablePrefixCaching", "maxModelLen", "dtype",
-                  "schedulerPolicy", "maxQueueLen", "tensorParallelSize"}
+                  "schedulerPolicy", "maxQueueLen", "tensorParallelSize",
+                  "enforceEager"}  # the GPU issue's switch for CUDA graphs
     assert engine_props - {"extraArgs"} == issue_list
 
 

@@ -1,4 +1,7 @@
-"""Greedy outputs token-identical to transformers ``generate`` on the same weights (float32, CPU).
+"""Greedy outputs token-identical to transformers ``generate`` on the same weights (float32).
+
+The engine runs on the CPU and, on a GPU machine (``-m gpu``), on CUDA with the Triton
+kernels and IEEE float32 matmuls; the reference is always transformers on the CPU.
 
 Sixteen prompts of different lengths are added a few per step, so steps mix prefills and
 decodes; then again with chunked context and a small token budget, with a KV cache small
@@ -12,10 +15,12 @@ import pytest
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
+from tests.devices import on_devices
 
 from .hf_reference import hf_greedy, prompts_of_lengths, run_staggered
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+DEVICES = on_devices("cpu", "cuda")
 LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
 MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 
@@ -33,37 +38,46 @@ def _check(model_dir, config: EngineConfig, prompts, max_tokens) -> LLMEngine:
     return engine
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_mixed_prefill_and_decode_steps(model_factory, arch):
-    model_dir = model_factory(arch)
-    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(num_kv_blocks=256, max_num_tokens=512))
-    prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
-    _check(model_dir, EngineConfig(num_kv_blocks=256, max_num_tokens=512), prompts, MAX_TOKENS)
+def _config(device: str, **knobs) -> EngineConfig:
+    return EngineConfig(device=device, dtype="float32", **knobs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_chunked_context_small_budget(model_factory, arch):
+def test_mixed_prefill_and_decode_steps(model_factory, arch, device):
     model_dir = model_factory(arch)
-    config = EngineConfig(num_kv_blocks=256, max_num_tokens=24, enable_chunked_context=True)
+    config = _config(device, num_kv_blocks=256, max_num_tokens=512)
     engine = LLMEngine.from_model_dir(model_dir, config)
     prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
     _check(model_dir, config, prompts, MAX_TOKENS)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_preemption_under_a_small_cache(model_factory, arch):
+def test_chunked_context_small_budget(model_factory, arch, device):
     model_dir = model_factory(arch)
-    config = EngineConfig(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
+    config = _config(device, num_kv_blocks=256, max_num_tokens=24, enable_chunked_context=True)
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
+    _check(model_dir, config, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_preemption_under_a_small_cache(model_factory, arch, device):
+    model_dir = model_factory(arch)
+    config = _config(device, num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
     engine = LLMEngine.from_model_dir(model_dir, config)
     prompts = prompts_of_lengths(engine.tokenizer, LENGTHS)
     engine = _check(model_dir, config, prompts, MAX_TOKENS)
     assert engine.stats().num_preemptions > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_prefix_caching_shared_prefix(model_factory, arch):
+def test_prefix_caching_shared_prefix(model_factory, arch, device):
     model_dir = model_factory(arch)
-    config = EngineConfig(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
+    config = _config(device, num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
     engine = LLMEngine.from_model_dir(model_dir, config)
     base = prompts_of_lengths(engine.tokenizer, [50])[0]
     tails = prompts_of_lengths(engine.tokenizer, [3, 9, 20, 1, 14, 30, 6, 11])

@@ -15,7 +15,7 @@ from .hf_reference import _hf_model, hf_greedy
 
 @pytest.fixture(scope="module")
 def llm(llama_dir) -> LLM:
-    return LLM(llama_dir, num_kv_blocks=128, max_num_sequences=8)
+    return LLM(llama_dir, num_kv_blocks=128, max_num_sequences=8, device="cpu")  # vs transformers on the CPU
 
 
 def test_seeded_sampling_is_independent_of_the_batch(llm):

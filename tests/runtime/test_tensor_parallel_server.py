@@ -15,13 +15,15 @@ import signal
 import time
 from pathlib import Path
 
-import openai
+import pytest
 
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from tests.server.server_helpers import ServeProcess, http, is_idle, metrics, wait_until
 
 from .hf_reference import CORPUS
+
+openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 
 MODEL = "demo"
 ADMIN_KEY = "tp-admin-key"

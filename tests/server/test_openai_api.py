@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import logging
 
-import openai
 import pytest
 from conftest import MAIN_CONFIG, MODEL_NAME
 from server_helpers import LiveServer, http, parse_metrics
 
 from inflight.runtime.sampling_params import SamplingParams
+
+openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 
 PROMPTS = ["def fib(n):", "import os\nimport sys\n", "class Queue:"]
 GREEDY = dict(temperature=0.0, max_tokens=24, extra_body={"ignore_eos": True})

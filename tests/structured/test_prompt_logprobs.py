@@ -47,7 +47,7 @@ def _prompt_logprobs(engine: LLMEngine, ids: list[int], req_id: str, k: int = 3)
 @pytest.mark.parametrize("max_num_tokens", [512, 16], ids=["whole", "chunked"])
 def test_prompt_logprobs_match_transformers(model_dir: Path, max_num_tokens: int) -> None:
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(
-        max_num_sequences=4, num_kv_blocks=64, max_model_len=512, max_num_tokens=max_num_tokens, block_size=16))
+        device="cpu", max_num_sequences=4, num_kv_blocks=64, max_model_len=512, max_num_tokens=max_num_tokens, block_size=16))
     ids = engine.encode_prompt(PROMPT)
     want, want_top = _reference(model_dir, ids, 3)
     for attempt in range(2):  # the second run would hit the prefix cache if it were used
@@ -59,7 +59,7 @@ def test_prompt_logprobs_match_transformers(model_dir: Path, max_num_tokens: int
 
 def test_prompt_logprobs_survive_preemption(model_dir: Path) -> None:
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(
-        max_num_sequences=4, num_kv_blocks=12, max_model_len=128, block_size=4, max_num_tokens=8))
+        device="cpu", max_num_sequences=4, num_kv_blocks=12, max_model_len=128, block_size=4, max_num_tokens=8))
     ids = engine.encode_prompt(PROMPT)[:30]
     want, _ = _reference(model_dir, ids, 1)
     for i in range(3):

@@ -1,0 +1,96 @@
+"""The markdown page of a ``make gpu-check`` report, rendered from its JSON payload.
+
+Owns the layout only: the step table first, then each step's tables (kernel checks, decode
+attention bandwidth, engine step vs roofline, the served burst) where the step produced them.
+Knows nothing about how anything was measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _steps(payload: dict[str, Any]) -> list[str]:
+    lines = ["| step | result | seconds | summary |", "|---|---|---:|---|"]
+    for s in payload["steps"]:
+        summary = str(s["summary"]).replace("|", "\\|")
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.0f} | {summary} |")
+    return lines
+
+
+def _checks(data: dict[str, Any]) -> list[str]:
+    lines = ["", "### Kernels against their torch reference (fresh random inputs)", "",
+             "| kernel | dtype | max abs err | result |", "|---|---|---:|---|"]  # fmt: skip
+    for c in data.get("checks", []):
+        lines.append(f"| {c['kernel']} | {c['dtype'][6:]} | {c['max_abs_err']:.2e} | {'ok' if c['ok'] else 'FAIL'} |")
+    return lines
+
+
+def _decode(data: dict[str, Any]) -> list[str]:
+    lines = ["", f"### Paged decode attention vs copy bandwidth ({data['copy_gb_per_s']:.0f} GB/s)", "",
+             "| batch | context | splits | us | GB/s | % of copy |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in data.get("decode", []):
+        lines.append(f"| {r['batch']} | {r['context']} | {r['splits']} | {1e3 * r['ms']:.1f} | "
+                     f"{r['gb_per_s']:.0f} | {100 * r['fraction_of_copy']:.1f}% |")  # fmt: skip
+    return lines
+
+
+def _engine(data: dict[str, Any]) -> list[str]:
+    lines = ["", "### Engine decode step vs its roofline ((weights + K/V) / copy bandwidth)", "",
+             "| batch | mode | step ms | roofline ms | x roofline |", "|---:|---|---:|---:|---:|"]  # fmt: skip
+    for r in data.get("rows", []):
+        mode = "CUDA graphs" if r.get("graphs") else "eager"
+        lines.append(f"| {r['batch']} | {mode} | {r['step_ms']:.2f} | {r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
+    return lines
+
+
+def _breakdown(data: dict[str, Any]) -> list[str]:
+    lines = ["", "### Where a decode step's time goes (a device sync after each stage)", "",
+             "| batch | mode | prepare ms | forward ms | sample ms | step ms |", "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in data.get("breakdown", []):
+        mode = "graphs" if r.get("graphs") else "eager"
+        lines.append(f"| {r['batch']} | {mode} | {r['prepare']:.2f} | {r['forward']:.2f} | {r['sample']:.2f} | {r['step']:.2f} |")
+    for p in data.get("profiles", []):
+        mode = "graphs" if p.get("graphs") else "eager"
+        lines += ["", f"GPU kernels, batch {p['batch']}, {mode} (per step; the batch's prefill is in these totals too):",
+                  "", "| us per step | calls per step | kernel |", "|---:|---:|---|"]  # fmt: skip
+        lines += [f"| {k['us_per_step']:.1f} | {k['calls_per_step']:.1f} | `{k['kernel']}` |" for k in p["kernels"]]
+    return lines
+
+
+def _burst(data: dict[str, Any]) -> list[str]:
+    busy = data.get("gpu_busy_fraction")
+    return ["", "### Served burst", "",
+            f"{data['requests']} streaming requests of {data['max_tokens']} tokens at once on {data['model']}: "
+            f"{data['output_tok_per_s']:.0f} output tok/s, TTFT p50 {_fmt(data.get('ttft_p50_s'), '.3f')} s, "
+            f"TPOT p50 {_fmt(1e3 * data['tpot_p50_s'] if data.get('tpot_p50_s') else None, '.1f')} ms, "
+            f"GPU busy {'n/a' if busy is None else f'{100 * busy:.0f}%'} "
+            f"({data.get('busy_samples', 0)} NVML samples), {data['num_errors']} errors."]  # fmt: skip
+
+
+SECTIONS = {"kernel bench": (_checks, _decode), "engine step": (_engine, _breakdown), "served burst": (_burst,)}
+
+
+def render_markdown(payload: dict[str, Any]) -> str:
+    env = next((s["data"] for s in payload["steps"] if s["name"] == "environment"), {})
+    title = "dry run of the harness on the CPU" if payload["dry_run"] else env.get("device", "GPU")
+    lines = [f"# make gpu-check: {title}", "",
+             f"{payload['date']}; " + ", ".join(f"{k} {env[k]}" for k in ("torch", "triton", "transformers", "cuda")
+                                                if k in env), ""]  # fmt: skip
+    if payload["dry_run"]:
+        lines += ["No GPU: every figure below is a toy measurement on the CPU that proves the harness runs.", ""]
+    lines += _steps(payload)
+    for note in payload.get("notes", []):
+        lines += ["", f"Note: {note}"]
+    for step in payload["steps"]:
+        for section in SECTIONS.get(step["name"], ()):
+            if step["data"]:
+                lines += section(step["data"])
+    for step in payload["steps"]:
+        if step["status"] == "fail" and step["data"].get("failures"):
+            lines += ["", f"### Failures in {step['name']}", "", "```", *step["data"]["failures"], "```"]
+    return "\n".join(lines) + "\n"
