@@ -3,31 +3,40 @@
 A block is free when no request holds it (``ref_cnt == 0``). Free blocks wait in an LRU
 queue; a free block that still holds a full, hashed block of tokens stays findable in the
 prefix cache until it is handed out again (evicted), oldest-freed first. Full blocks are
-keyed by a chained hash (the parent block's hash + this block's token ids), so two requests
-whose prompts share a prefix share those blocks.
+keyed by a chained SHA-256 (the parent block's key + this block's token ids, from a random
+root per pool), so two requests whose prompts share a prefix share those blocks, and nobody
+can compute a block whose key collides with another user's (Python's ``hash`` of a tuple is
+public and cheap to collide: that was cross-user KV poisoning, as in vLLM's
+GHSA-rm76-4mrf-v9r8). A hit is also checked against the block's own token ids, so even a
+collision could never serve one prompt's KV to another.
 
 This module imports no torch and knows nothing about requests or scheduling policy.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-NO_PARENT_HASH = 0
+BlockHash = bytes  # a SHA-256 digest
+NO_PARENT_HASH: BlockHash = bytes(32)  # the root of tests' chains; a pool draws a random one
 
 
-def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
-    """Chained hash of one full block of tokens."""
-    return hash((parent_hash, tuple(token_ids)))
+def hash_block(parent_hash: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    """Chained key of one full block of tokens: SHA-256(parent key, token ids as int64)."""
+    return hashlib.sha256(parent_hash + array("q", token_ids).tobytes()).digest()
 
 
 def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, parent_hashes: Sequence[int] = ()
-) -> list[int]:
-    """Chained hashes of every full block of ``token_ids``, reusing ``parent_hashes``."""
+    token_ids: Sequence[int], block_size: int, parent_hashes: Sequence[BlockHash] = (),
+    root: BlockHash = NO_PARENT_HASH,
+) -> list[BlockHash]:
+    """Chained keys of every full block of ``token_ids`` from ``root``, reusing ``parent_hashes``."""
     hashes = list(parent_hashes)
-    parent = hashes[-1] if hashes else NO_PARENT_HASH
+    parent = hashes[-1] if hashes else root
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
         hashes.append(parent)
@@ -42,11 +51,13 @@ class KVBlockPool:
             raise ValueError(f"num_blocks must be >= 1 (got {num_blocks}).")
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.root_hash: BlockHash = os.urandom(32)  # keys differ between servers and restarts
         self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checked on a hit
         # Free blocks in eviction order: the first key is evicted first.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[BlockHash, int] = {}  # block key -> block id
 
     @property
     def num_free_blocks(self) -> int:
@@ -92,14 +103,19 @@ class KVBlockPool:
             if self.ref_cnt[block_id] == 0:
                 self._free[block_id] = None
 
-    def find_cached(self, block_hashes: Sequence[int]) -> list[int]:
-        """The longest run of leading blocks found in the cache (takes no references)."""
+    def find_cached(
+        self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int], block_size: int
+    ) -> list[int]:
+        """The longest run of leading blocks found in the cache whose tokens are
+        ``token_ids``' own (takes no references)."""
         if not self.enable_prefix_caching:
             return []
         hits = []
-        for h in block_hashes:
+        for i, h in enumerate(block_hashes):
             block_id = self._cached.get(h)
-            if block_id is None:
+            if block_id is None or self.block_tokens[block_id] != tuple(
+                token_ids[i * block_size : (i + 1) * block_size]
+            ):
                 break
             hits.append(block_id)
         return hits
@@ -108,11 +124,12 @@ class KVBlockPool:
         """How many of ``block_ids`` sit in the free queue (sharing them uses up free blocks)."""
         return sum(1 for b in block_ids if self.ref_cnt[b] == 0)
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        """Record that ``block_id`` holds the full block ``block_hash``."""
+    def cache_block(self, block_id: int, block_hash: BlockHash, token_ids: Sequence[int]) -> None:
+        """Record that ``block_id`` holds the full block ``token_ids`` keyed ``block_hash``."""
         if not self.enable_prefix_caching or self.block_hash[block_id] is not None:
             return
         self.block_hash[block_id] = block_hash
+        self.block_tokens[block_id] = tuple(token_ids)
         self._cached.setdefault(block_hash, block_id)
 
     def reset_prefix_cache(self) -> None:
@@ -124,6 +141,7 @@ class KVBlockPool:
         if h is None:
             return
         self.block_hash[block_id] = None
+        self.block_tokens[block_id] = None
         if self._cached.get(h) == block_id:
             del self._cached[h]
 

@@ -30,9 +30,9 @@ class KVCacheManager:
             return []
         if req.params.prompt_logprobs is not None:  # cached tokens would have no logits
             return []
-        req.block_hashes = hash_full_blocks(req.token_ids, self.block_size, req.block_hashes)
+        req.block_hashes = hash_full_blocks(req.token_ids, self.block_size, req.block_hashes, self.pool.root_hash)
         max_blocks = (req.num_tokens - 1) // self.block_size
-        return self.pool.find_cached(req.block_hashes[:max_blocks])
+        return self.pool.find_cached(req.block_hashes[:max_blocks], req.token_ids, self.block_size)
 
     def blocks_needed(self, req: Request, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
         """Fresh blocks ``req`` needs to hold ``num_new_tokens`` more tokens."""
@@ -73,11 +73,12 @@ class KVCacheManager:
         num_full = req.num_computed_tokens // self.block_size
         if num_full <= req.num_cached_blocks:
             return
+        bs = self.block_size
         req.block_hashes = hash_full_blocks(
-            req.token_ids[: num_full * self.block_size], self.block_size, req.block_hashes[:num_full]
+            req.token_ids[: num_full * bs], bs, req.block_hashes[:num_full], self.pool.root_hash
         )
         for i in range(req.num_cached_blocks, num_full):
-            self.pool.cache_block(req.block_ids[i], req.block_hashes[i])
+            self.pool.cache_block(req.block_ids[i], req.block_hashes[i], req.token_ids[i * bs : (i + 1) * bs])
         req.num_cached_blocks = num_full
 
     def free(self, req: Request) -> None:

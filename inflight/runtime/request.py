@@ -43,7 +43,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
+        self.block_hashes: list[bytes] = []  # chained SHA-256 keys of the full blocks of token_ids
         self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
         self.num_preemptions = 0
         self.admitted_seq = -1  # order of the latest admission (for preemption victims)

@@ -57,9 +57,9 @@ class PoolMachine(RuleBasedStateMachine):
         blocks = self.seqs[seq]
         tokens = [seq * 1000 + i for i in range(len(blocks) * 4)]
         hashes = hash_full_blocks(tokens, 4)
-        for b, h in zip(blocks, hashes, strict=True):
-            self.pool.cache_block(b, h)
-        hits = self.pool.find_cached(hashes)
+        for i, (b, h) in enumerate(zip(blocks, hashes, strict=True)):
+            self.pool.cache_block(b, h, tokens[4 * i : 4 * i + 4])
+        hits = self.pool.find_cached(hashes, tokens, 4)
         if hits:
             self.pool.share(hits)
             self.seqs[self.next_id] = list(hits)
@@ -101,15 +101,16 @@ TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, de
 def test_freed_cached_blocks_are_reused_then_evicted_lru():
     pool = KVBlockPool(4)
     a = pool.allocate(2)
-    hashes = hash_full_blocks(list(range(8)), 4)
-    for b, h in zip(a, hashes, strict=True):
-        pool.cache_block(b, h)
+    tokens = list(range(8))
+    hashes = hash_full_blocks(tokens, 4)
+    for i, (b, h) in enumerate(zip(a, hashes, strict=True)):
+        pool.cache_block(b, h, tokens[4 * i : 4 * i + 4])
     pool.free(a)
-    assert pool.find_cached(hashes) == a, "freed full blocks stay findable"
+    assert pool.find_cached(hashes, tokens, 4) == a, "freed full blocks stay findable"
     pool.allocate(2)  # takes the two never-used blocks first
-    assert pool.find_cached(hashes) == a
+    assert pool.find_cached(hashes, tokens, 4) == a
     pool.allocate(1)  # now an LRU eviction: the tail block of `a` was freed first
-    assert pool.find_cached(hashes) == [a[0]]
+    assert pool.find_cached(hashes, tokens, 4) == [a[0]]
 
 
 def test_double_free_is_caught():
