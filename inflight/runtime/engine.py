@@ -297,15 +297,20 @@ class LLMEngine:
         if logprob is not None:
             live.pending_logprobs.append(logprob)
         reason = self._stop_reason(req, token_id, live.detok.append(token_id))
-        if live.matcher is not None and _grammar_finished(req, live.matcher, token_id):
-            reason = "stop"
+        error = None
+        if live.matcher is not None:
+            error = _grammar_error(req, live.matcher, token_id)
+            if error is not None:
+                reason = "error"
+            elif live.matcher.is_finished:
+                reason = "stop"
         new_ids = (token_id,)
         if reason is None:
             return self._delta(req, new_ids, live.detok.take_delta(False), False, None)
         self.scheduler.remove(req)
         req.finish_reason = reason
         live.detok.flush()
-        return self._finish_output(req, new_ids, live.detok.take_delta(True))
+        return self._finish_output(req, new_ids, live.detok.take_delta(True), error)
 
     def _stop_reason(self, req: Request, token_id: int, hit_stop_string: bool) -> str | None:
         p = req.params
@@ -322,7 +327,7 @@ class LLMEngine:
 
     def _delta(
         self, req: Request, new_ids: tuple[int, ...], text: str, finished: bool,
-        reason: str | None, times: RequestTimes | None = None,
+        reason: str | None, times: RequestTimes | None = None, error: str | None = None,
     ) -> RequestOutput:
         live = self._live[req.req_id]
         logprobs = tuple(live.pending_logprobs) if req.params.logprobs is not None else None
@@ -334,12 +339,14 @@ class LLMEngine:
             req_id=req.req_id, new_token_ids=new_ids, new_text=text, finished=finished,
             finish_reason=reason, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
-            new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs,
+            new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs, error=error,
         )
 
-    def _finish_output(self, req: Request, new_ids: tuple[int, ...], text: str) -> RequestOutput:
+    def _finish_output(
+        self, req: Request, new_ids: tuple[int, ...], text: str, error: str | None = None
+    ) -> RequestOutput:
         times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
-        out = self._delta(req, new_ids, text, True, req.finish_reason, times)
+        out = self._delta(req, new_ids, text, True, req.finish_reason, times, error)
         del self._requests[req.req_id]
         del self._live[req.req_id]
         return out
@@ -386,14 +393,17 @@ class LLMEngine:
 
 
 
-def _grammar_finished(req: Request, matcher: RequestMatcher, token_id: int) -> bool:
-    """Advance ``req``'s grammar past ``token_id``; True once the grammar is complete.
+def _grammar_error(req: Request, matcher: RequestMatcher, token_id: int) -> str | None:
+    """Advance ``req``'s grammar past ``token_id``; why the request cannot go on, or None.
 
-    Called once per accepted token, never for tokens recomputed after a preemption. A token the
-    grammar refuses (only possible when every allowed token was masked out, e.g. by
-    ``min_tokens`` banning the EOS a finished grammar needs) ends the request.
+    Called once per accepted token, never for tokens recomputed after a preemption. A token
+    the grammar refuses (the matcher hit an internal limit, e.g. llguidance's row limit on a
+    very large choice list, so no mask constrained the draw) ends the request with an error:
+    output that does not match the constraint must never finish as ``stop``.
     """
-    if not matcher.accept(token_id):
-        logger.warning("request %s: token %d does not match its grammar; stopping", req.req_id, token_id)
-        return True
-    return matcher.is_finished
+    if matcher.accept(token_id):
+        return None
+    message = matcher.error_message()
+    logger.warning("request %s: token %d does not match its grammar (%s); ending it with an error",
+                   req.req_id, token_id, message)
+    return f"the output could not follow its structured-output constraint: {message}"

@@ -67,7 +67,8 @@ class RequestOutput:
 
     ``new_text`` is the detokenized delta; text that might be the start of a stop string is
     held back until it is known not to be. When ``finished`` is true this is the request's
-    last output and ``finish_reason`` is ``"stop"``, ``"length"`` or ``"abort"``.
+    last output and ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``
+    (the engine failed on it, or ``error`` says why the request itself could not go on).
     """
 
     req_id: str
@@ -83,6 +84,9 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: prompt tokens 1.. (token 0 has no context), once,
     # on the request's first output.
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    # With finish_reason "error": the client-facing reason when the request itself was at
+    # fault (e.g. output its grammar could not follow); None for an engine fault.
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

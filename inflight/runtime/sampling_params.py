@@ -19,11 +19,13 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_TOP_K = 2**31 - 1  # larger means "no top-k" anyway; bigger ints overflow int64 tensors
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling and stopping parameters. ``temperature == 0`` means greedy."""
+    """Per-request sampling and stopping parameters. ``temperature`` below
+    ``GREEDY_TEMPERATURE`` (including 0) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -84,6 +86,9 @@ class SamplingParams:
         _check_logit_bias(self)
         if self.structured is not None and not isinstance(self.structured, StructuredOutputsParams):
             raise ValueError("structured must be a StructuredOutputsParams.")
+        if self.structured is not None and self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with a structured-output constraint: the grammar "
+                             "decides where the output ends, and min_tokens would ban the end it needs.")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false (got {brief(self.ignore_eos)}).")
         self._check_stops()
@@ -107,7 +112,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below ``GREEDY_TEMPERATURE`` are greedy (as in vLLM): dividing logits
+        by 1e-300 overflows to inf and NaN in float32."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:

@@ -50,10 +50,14 @@ _huge = st.integers(min_value=2**64, max_value=2**200)
 _floats = st.floats(allow_nan=True, allow_infinity=True)
 
 
+# JSON integers too large for a float (float(10**309) raises OverflowError), either sign.
+_beyond_float = st.integers(min_value=10**309, max_value=10**400).flatmap(lambda n: st.sampled_from([n, -n]))
+
+
 def _outside(low: float, high: float, *, low_ok: bool = True) -> st.SearchStrategy[float]:
     below = st.floats(max_value=low, exclude_max=low_ok, allow_nan=False)
     above = st.floats(min_value=high, exclude_min=True, allow_nan=False)
-    return st.one_of(below, above, st.just(float("nan")), _junk)
+    return st.one_of(below, above, st.just(float("nan")), _junk, _beyond_float)
 
 
 def _not_int(strategy: st.SearchStrategy[int]) -> st.SearchStrategy[Any]:
@@ -88,7 +92,8 @@ BAD_FIELDS: dict[str, st.SearchStrategy[Any]] = {
         st.tuples(st.text(min_size=1, max_size=4), st.integers(0, 10)).map(list),
         st.lists(st.text(min_size=1, max_size=3), min_size=65, max_size=70)),
     "stream": st.one_of(st.integers(), st.text(max_size=3), st.lists(st.booleans(), max_size=2)),
-    "priority": _not_int(st.one_of(st.integers(min_value=2**31), st.integers(max_value=-(2**31) - 1))),
+    # The suite's server schedules fcfs, which ignores priority: any non-zero one is refused.
+    "priority": _not_int(st.one_of(st.integers(min_value=1), st.integers(max_value=-1))),
     "user": st.one_of(st.integers(), st.lists(st.text(max_size=3), min_size=1, max_size=2), st.booleans()),
 }
 BAD_CHAT_MESSAGES = st.one_of(
@@ -130,8 +135,35 @@ def draw(strategy: st.SearchStrategy[Any], max_examples: int) -> list[Any]:
     return out
 
 
+def _deep_json_text() -> st.SearchStrategy[str]:
+    """JSON text nested past the 64-level limit (arrays, objects or both), as a string value."""
+    depth = st.integers(min_value=65, max_value=20_000)
+    arrays = depth.map(lambda d: "[" * d + "]" * d)
+    objects = depth.map(lambda d: '{"a":' * d + "1" + "}" * d)
+    unclosed = depth.map(lambda d: "[" * d)
+    return st.one_of(arrays, objects, unclosed)
+
+
+def nested_string_bodies() -> st.SearchStrategy[tuple[str, str, dict[str, Any]]]:
+    """(path, field, body) with deeply nested JSON inside a string field of an otherwise valid body."""
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def history(args: str) -> list[dict[str, Any]]:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+        return [*msgs, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+    return _deep_json_text().flatmap(lambda text: st.sampled_from([
+        (C, "guided_json", {"model": MODEL, "prompt": "x", "max_tokens": 4, "guided_json": text}),
+        (C, "structured_outputs", {"model": MODEL, "prompt": "x", "max_tokens": 4, "structured_outputs": {"json": text}}),
+        (CHAT, "messages", {"model": MODEL, "messages": history(text), "max_tokens": 4}),
+        ("/tokenize", "messages", {"model": MODEL, "messages": history(text)}),
+    ]))  # fmt: skip
+
+
 def schema_probes(key: str, max_examples: int) -> list[Probe]:
     probes = []
+    for path, field, body in draw(nested_string_bodies(), max(8, max_examples // 4)):
+        probes.append(Probe(f"{path} deep JSON in {field}", http_request(path, _json(body), key=key), BAD_REQUEST))
     for path, strategy in ((C, bad_completion_bodies()), (CHAT, bad_chat_bodies())):
         for field, body in draw(strategy, max_examples):
             probes.append(Probe(f"{path} bad {field}", http_request(path, _json(body), key=key), BAD_REQUEST))
@@ -225,6 +257,8 @@ def poison_probes(key: str) -> list[Probe]:
         {"seed": 2**64, "temperature": 0.7},
         {"prompt": [1, 2, VOCAB + 5]},
         {"prompt": ["a"] * 64, "n": 2},
+        {"prompt": ["a"] * 20, "n": 16},  # more sequences than one request may ask for
+        {"temperature": 10**400},
         {"prompt": "x " * 400, "max_tokens": 4},
         {"max_tokens": 10**6},
     ]

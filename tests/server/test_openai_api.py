@@ -165,9 +165,14 @@ def test_chat_logprobs_and_usage_chunk(client: openai.OpenAI) -> None:
 def test_max_completion_tokens_and_priority_user(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "count"}], max_completion_tokens=3,
-        user="alice", extra_body={"priority": 1, "ignore_eos": True, "min_tokens": 2, "top_k": 5,
+        user="alice", extra_body={"priority": 0, "ignore_eos": True, "min_tokens": 2, "top_k": 5,
                                    "min_p": 0.01}, top_p=0.9, seed=3)
     assert resp.usage.completion_tokens == 3 and resp.choices[0].finish_reason == "length"
+    # This server schedules fcfs: a priority it would ignore is refused, not silently dropped.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                                       max_completion_tokens=2, extra_body={"priority": 1})
+    assert info.value.body["param"] == "priority" and "scheduler-policy priority" in info.value.body["message"]
 
 
 def test_penalties_reach_the_engine(client: openai.OpenAI, demo_model_dir) -> None:

@@ -1,5 +1,5 @@
 """Real ``python -m inflight.runtime serve`` processes: the `make run` command line answers the
-README's curl, and SIGTERM drains (streams in flight complete, new requests get 503, exit 0
+README's curl, and SIGTERM (and SIGHUP) drains (streams in flight complete, new requests get 503, exit 0
 within the drain timeout)."""
 
 from __future__ import annotations
@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from server_helpers import MODEL_NAME, ServeProcess, http, metrics
 
 # Long enough that the streams are still running when SIGTERM lands and the 503 probe is
@@ -68,7 +70,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, i: int, first: async
     return {"text": text, "finish": finish, "usage": usage, "done": done}
 
 
-async def _sigterm_scenario(server: ServeProcess) -> tuple[list[dict[str, Any]], list[Any], float]:
+async def _drain_scenario(server: ServeProcess, sig: signal.Signals) -> tuple[list[dict[str, Any]], list[Any], float]:
     url = server.url
     first = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DRAIN_TIMEOUT_S)) as session:
@@ -80,7 +82,7 @@ async def _sigterm_scenario(server: ServeProcess) -> tuple[list[dict[str, Any]],
                 break
             await asyncio.sleep(0.02)
         signalled = time.monotonic()
-        server.terminate()
+        server.proc.send_signal(sig)
         await asyncio.sleep(0.1)
         refused = []
         for path, body in (("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "max_tokens": 2}),
@@ -92,14 +94,15 @@ async def _sigterm_scenario(server: ServeProcess) -> tuple[list[dict[str, Any]],
     return list(results), refused, signalled
 
 
-def test_sigterm_drains_streams_in_flight(demo_model_dir: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_drains_streams_in_flight(demo_model_dir: Path, sig: signal.Signals) -> None:
     drain_timeout = DRAIN_TIMEOUT_S
     server = ServeProcess(["--model", str(demo_model_dir), "--served-model-name", MODEL_NAME,
                            "--port", "0", "--max-num-sequences", "8", "--num-kv-blocks", "128",
                            "--drain-timeout", str(drain_timeout)])
     try:
         server.wait_ready()
-        results, refused, signalled = asyncio.run(asyncio.wait_for(_sigterm_scenario(server), 2 * DRAIN_TIMEOUT_S))
+        results, refused, signalled = asyncio.run(asyncio.wait_for(_drain_scenario(server, sig), 2 * DRAIN_TIMEOUT_S))
         code = server.proc.wait(drain_timeout + 10)
         elapsed = time.monotonic() - signalled
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+from inflight.runtime.server import auth
 from inflight.runtime.server.errors import bad_request, unavailable
 from inflight.runtime.server.openai_api import read_json
 from inflight.runtime.server.state import STATE
@@ -88,4 +89,4 @@ def _field_in(message: str, changes: dict[str, int]) -> str | None:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/config", get_config)
-    app.router.add_post("/admin/config", post_config)
+    app.router.add_post("/admin/config", post_config, expect_handler=auth.expect_continue)

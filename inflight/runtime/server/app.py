@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,16 +22,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from inflight import __version__
-from inflight.runtime.server import admin, openai_api, tokenize_api
+from inflight.runtime.server import admin, auth, openai_api, tokenize_api
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
 from inflight.runtime.server.errors import (
     APIError,
-    admin_disabled,
-    admin_unauthorized,
     internal_error,
     not_found,
     rejection_reason,
-    unauthorized,
     unavailable,
 )
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -177,25 +173,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    settings = request.app[STATE].settings
-    if request.path.startswith("/admin/"):
-        if settings.admin_api_key is None:
-            raise admin_disabled()
-        if not _bearer_matches(request, settings.admin_api_key):
-            raise admin_unauthorized()
-    elif settings.api_key and request.path.startswith("/v1/") and not _bearer_matches(request, settings.api_key):
-        raise unauthorized()
+    error = auth.refusal(request, request.app[STATE].settings)
+    if error is not None:
+        raise error
     return await handler(request)
-
-
-def _bearer_matches(request: web.Request, key: str) -> bool:
-    """Constant-time check of ``Authorization: Bearer <key>``; any odd header is a mismatch."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    try:
-        sent = token.strip().encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes in the header (surrogate escapes)
-        return False
-    return scheme.lower() == "bearer" and hmac.compare_digest(sent, key.encode("utf-8"))
 
 
 @web.middleware

@@ -65,6 +65,11 @@ class EngineStepError(RuntimeError):
     """The engine failed on these requests (they were aborted); a server-side fault."""
 
 
+class RequestFailedError(RuntimeError):
+    """The request itself could not go on (e.g. output its grammar could not follow); the
+    message is for the client."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread is dead or stalled; the process is about to exit."""
 
@@ -260,7 +265,8 @@ class AsyncEngine:
             if out.finished:
                 del self._groups[out.req_id]
             if out.finish_reason == "error":
-                self._fail_group(group, EngineStepError("the engine failed on this request; see the server log"))
+                self._fail_group(group, RequestFailedError(out.error) if out.error else
+                                 EngineStepError("the engine failed on this request; see the server log"))
                 continue
             group.put(out)
             if group.backlog > self._max_backlog:

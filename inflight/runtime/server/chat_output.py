@@ -10,11 +10,11 @@ arguments as they come). Knows nothing about HTTP or the engine.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from inflight.runtime.json_text import loads_limited
 from inflight.runtime.server.reasoning import ReasoningStream, split_reasoning
 from inflight.runtime.server.tool_calls import (
     MARKERS,
@@ -165,6 +165,6 @@ class ChatStream:
 
 def _is_json_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
+        return isinstance(loads_limited(text), dict)
+    except ValueError:
         return False

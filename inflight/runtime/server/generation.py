@@ -36,6 +36,7 @@ from inflight.runtime.server.async_engine import (
     EngineDeadError,
     EngineRequest,
     EngineStepError,
+    RequestFailedError,
     RequestsCutError,
 )
 from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream
@@ -52,6 +53,8 @@ from inflight.runtime.server.state import ServerState
 
 request_log = logging.getLogger("inflight.server.requests")
 logger = logging.getLogger("inflight.server")
+# Prompts x n of one request: a few-KB body must not fill the whole queue (default 1024).
+MAX_SEQUENCES_PER_REQUEST = 256
 
 
 @dataclass(slots=True)
@@ -78,6 +81,13 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
     engine = state.engine.engine
     request_id = state.new_request_id(prefix)
     param = "messages" if req.is_chat else "prompt"
+    if req.priority and engine.config.scheduler_policy != "priority":
+        raise bad_request(f"'priority' is only honoured with --scheduler-policy priority; this server "
+                          f"schedules {engine.config.scheduler_policy} and would ignore it", "priority")
+    num_sequences = len(prompt_ids) * req.n
+    if num_sequences > MAX_SEQUENCES_PER_REQUEST:
+        raise bad_request(f"{len(prompt_ids)} prompt(s) x n={req.n} is {num_sequences} sequences; one request "
+                          f"may ask for at most {MAX_SEQUENCES_PER_REQUEST}", "n" if req.n > 1 else param)
     arrival = time.monotonic()
     engine_requests, choices = [], {}
     for p_index, ids in enumerate(prompt_ids):
@@ -145,7 +155,8 @@ async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamR
     except RequestRejectedError as exc:
         job.outcome = "rejected"
         raise from_rejection(exc, "messages" if job.req.is_chat else "prompt") from None
-    except (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError) as exc:
+    except (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError,
+            RequestFailedError) as exc:
         job.outcome = "error"
         raise engine_failure(exc) from None
     except BaseException:
@@ -167,6 +178,8 @@ def engine_failure(exc: BaseException) -> APIError:
         return unavailable(f"{exc}; retry on another replica", "drain_timeout")
     if isinstance(exc, BacklogError):
         return unavailable(f"the stream was cut: {exc}", "client_too_slow")
+    if isinstance(exc, RequestFailedError):
+        return bad_request(str(exc), None, code="constraint_failed")
     return internal_error()
 
 
@@ -201,7 +214,8 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
     except (OSError, asyncio.TimeoutError):  # the client left or stopped reading: abort the rest
         job.outcome = "aborted"
     except Exception as exc:  # the status line is sent: report in the stream, never a traceback
-        if not isinstance(exc, (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError)):
+        if not isinstance(exc, (EngineStepError, EngineDeadError, EngineFatalError, RequestsCutError, BacklogError,
+            RequestFailedError)):
             logger.exception("error while streaming %s", job.request_id)
         job.outcome = "error"
         await _send_error(response, engine_failure(exc), state.settings.stream_write_timeout_s)

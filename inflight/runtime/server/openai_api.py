@@ -21,7 +21,7 @@ from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from inflight.runtime.outputs import RequestRejectedError
-from inflight.runtime.server import chat_support, generation
+from inflight.runtime.server import auth, chat_support, generation
 from inflight.runtime.server.errors import (
     bad_request,
     body_too_large,
@@ -196,6 +196,6 @@ async def models(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions, expect_handler=auth.expect_continue)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=auth.expect_continue)
     app.router.add_get("/v1/models", models)

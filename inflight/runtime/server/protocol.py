@@ -103,6 +103,9 @@ def _build(
     features = parse_features(obj, is_chat, n)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
     params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param)
+    if features.structured is not None and params.min_tokens:
+        raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
+                          "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
     params = dataclasses.replace(
         params, structured=features.structured, logit_bias=features.logit_bias,
         prompt_logprobs=engine_prompt_logprobs(features, num_logprobs),
@@ -288,7 +291,10 @@ def _get_number(obj: dict[str, Any], name: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad_request(f"'{name}' must be a number (got {brief(value)})", name)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer literal too large for a float
+        raise bad_request(f"'{name}' is out of range (got {brief(value)})", name) from None
 
 
 def _get_bool(obj: dict[str, Any], name: str, default: bool, param: str | None = None) -> bool:

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.runtime.json_text import loads_limited
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.structured import StructuredOutputsParams
 
@@ -338,9 +339,10 @@ def _history_call(call: object, index: int) -> dict[str, Any]:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object", "messages") from None
+            args = loads_limited(args) if args.strip() else {}
+        except ValueError as exc:
+            raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object ({str(exc)[:120]})",
+                              "messages") from None
     if not isinstance(args, dict):
         raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object", "messages")
     out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}

@@ -1,7 +1,7 @@
 """Run one server process: bind, load the model with progress, serve, drain on SIGTERM, exit.
 
 Owns the process lifecycle: the HTTP port opens first (so /health answers and /ready says
-503 while the model loads), SIGTERM / SIGINT start a drain (new requests 503, requests in
+503 while the model loads), SIGTERM / SIGINT / SIGHUP start a drain (new requests 503, requests in
 flight finish up to the drain timeout), then the runner and the engine thread stop and
 ``serve`` returns the exit code (0 after a drain, 1 when loading failed). A second SIGTERM
 or SIGINT exits at once (``os._exit``, code 128 + signal). When the engine dies or stalls,
@@ -34,6 +34,9 @@ logger = logging.getLogger("inflight.server")
 FLUSH_TIMEOUT_S = 10.0
 DEATH_ANSWER_S = 2.0  # after an engine death: time for the 503s and error events to leave
 EXIT_ENGINE_DEAD = 1
+# Each starts a drain; SIGHUP too (a closed terminal or a supervisor's reload must not kill
+# requests in flight without one).
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve(
@@ -45,7 +48,7 @@ async def serve(
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in DRAIN_SIGNALS:
         loop.add_signal_handler(sig, _on_signal, sig, stop)
     try:
         site = web.TCPSite(runner, host, port)
@@ -61,7 +64,7 @@ async def serve(
             _exit_now(EXIT_ENGINE_DEAD, f"engine dead: {app[STATE].engine.dead_reason}; exiting")
         await _flush_writes(runner, FLUSH_TIMEOUT_S)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in DRAIN_SIGNALS:
             loop.remove_signal_handler(sig)
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)

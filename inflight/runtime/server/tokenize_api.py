@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inflight.runtime.server import chat_support
+from inflight.runtime.server import auth, chat_support
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.protocol import check_model, parse_chat_request
 from inflight.runtime.server.state import STATE
@@ -86,5 +86,5 @@ async def detokenize(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/tokenize", tokenize, expect_handler=auth.expect_continue)
+    app.router.add_post("/detokenize", detokenize, expect_handler=auth.expect_continue)

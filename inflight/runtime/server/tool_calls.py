@@ -12,18 +12,22 @@ Families (what the model writes when it calls a tool):
 Plus two formats of our own for forced calls, whose output the grammar engine constrains:
 ``required`` (a JSON array of ``{"name", "parameters"}``) and ``named`` (the arguments object
 alone). Text that does not parse as a call stays content: nothing the model wrote is dropped
-silently. Knows nothing about HTTP, the engine or tokenizers.
+silently. Every parser runs in time linear in the text (plain string scans, no backtracking
+patterns) and never raises on what a model writes (JSON nested past ``MAX_DEPTH`` is text, not
+a call). Knows nothing about HTTP, the engine or tokenizers.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from inflight.runtime.json_text import MAX_DEPTH, loads_limited, nesting_depth
+
 FAMILIES = ("hermes", "llama3", "mistral")
-_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
 
@@ -62,8 +66,8 @@ def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) ->
             break
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+            args = loads_limited(args)
+        except ValueError:
             return None
     if not isinstance(args, dict):
         return None
@@ -74,16 +78,35 @@ def _content(text: str) -> str | None:
     return text if text.strip() else None
 
 
+def _hermes_blocks(text: str, start: int) -> Iterator[str]:
+    """The stripped body of each ``<tool_call>`` block from ``start`` (the last may be unclosed)."""
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    pos = text.find(open_tag, start)
+    while pos >= 0:
+        body_start = pos + len(open_tag)
+        end = text.find(close_tag, body_start)
+        if end < 0:
+            yield text[body_start:].strip()
+            return
+        yield text[body_start:end].strip()
+        pos = text.find(open_tag, end + len(close_tag))
+
+
+def _loads(text: str) -> Any:
+    """Model output as JSON, or None (malformed, or nested past the limit)."""
+    try:
+        return loads_limited(text)
+    except ValueError:
+        return None
+
+
 def parse_hermes(text: str) -> ParsedOutput:
     start = text.find("<tool_call>")
     if start < 0:
         return ParsedOutput(_content(text), ())
     calls = []
-    for match in _HERMES_BLOCK.finditer(text, start):
-        try:
-            call = _call(json.loads(match.group(1)))
-        except json.JSONDecodeError:
-            call = None
+    for body in _hermes_blocks(text, start):
+        call = _call(_loads(body))
         if call is None:
             return ParsedOutput(_content(text), ())
         calls.append(call)
@@ -94,7 +117,7 @@ def parse_llama3(text: str) -> ParsedOutput:
     body = text.strip()
     if body.startswith("<|python_tag|>"):
         body = body[len("<|python_tag|>"):].lstrip()
-    if not body.startswith("{"):
+    if not body.startswith("{") or nesting_depth(body) > MAX_DEPTH:
         return ParsedOutput(_content(text), ())
     decoder = json.JSONDecoder()
     calls, pos = [], 0
@@ -118,6 +141,8 @@ def parse_mistral(text: str) -> ParsedOutput:
     if start < 0:
         return ParsedOutput(_content(text), ())
     rest = text[start + len("[TOOL_CALLS]"):].strip()
+    if nesting_depth(rest) > MAX_DEPTH:
+        return ParsedOutput(_content(text), ())
     calls: list[ToolCall] = []
     decoder = json.JSONDecoder()
     try:
@@ -143,10 +168,7 @@ def parse_mistral(text: str) -> ParsedOutput:
 
 def parse_required(text: str) -> ParsedOutput:
     """Our forced-call format: ``[{"name": ..., "parameters": {...}}, ...]``."""
-    try:
-        objs = json.loads(text)
-    except json.JSONDecodeError:
-        return ParsedOutput(_content(text), ())
+    objs = _loads(text)
     calls = [_call(o, ("parameters",)) for o in objs] if isinstance(objs, list) else [None]
     if not calls or any(c is None for c in calls):
         return ParsedOutput(_content(text), ())

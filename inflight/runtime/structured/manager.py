@@ -65,6 +65,11 @@ class RequestMatcher:
             self.failed = True
         return not self.failed
 
+    def error_message(self) -> str:
+        """Why the grammar cannot go on (llguidance's words when it has some)."""
+        detail = self.matcher.get_error() if self.matcher.is_error() else ""
+        return _first_line(detail) if detail else "the model produced a token the grammar does not allow"
+
     @property
     def is_finished(self) -> bool:
         """The grammar is complete: nothing but EOS may follow (or the matcher failed)."""

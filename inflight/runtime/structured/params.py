@@ -12,8 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from inflight.runtime.json_text import loads_limited
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_SPEC_CHARS = 256 * 1024
+# llguidance's Earley parser holds at most 2000 items per row, and a choice list puts every
+# choice in one row: past this many, the first token would fail the matcher mid-generation.
+MAX_CHOICES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +43,9 @@ class StructuredOutputsParams:
         """A JSON schema given as a dict/bool or as JSON text."""
         if isinstance(schema, str):
             try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+                schema = loads_limited(schema)
+            except ValueError as exc:
+                raise ValueError(f"the JSON schema is not acceptable JSON: {str(exc)[:200]}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("a JSON schema must be an object")
         # Key order is kept: it is the order the fields are generated in (as OpenAI does).
@@ -60,6 +65,9 @@ class StructuredOutputsParams:
     def choice(cls, choices: Any) -> StructuredOutputsParams:
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
             raise ValueError("a choice constraint must be a non-empty list of non-empty strings")
+        if len(set(choices)) > MAX_CHOICES:
+            raise ValueError(f"a choice constraint may list at most {MAX_CHOICES} distinct choices "
+                             f"(got {len(set(choices))}); a regex alternation holds more")
         return cls("choice", json.dumps(choices))
 
     @classmethod

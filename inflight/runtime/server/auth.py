@@ -1,0 +1,60 @@
+"""Who may call what: the API key on every route that runs the tokenizer, the template or the
+model; the admin key on ``/admin``; and the same check on ``Expect: 100-continue``, so a
+client without the key is refused before it sends its body.
+
+``/health``, ``/ready``, ``/version`` and ``/metrics`` stay open (probes and scrapers carry no
+key). Keys are compared in constant time. Knows nothing about what the routes do.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import HttpVersion11, hdrs, web
+
+from inflight.runtime.server.errors import (
+    APIError,
+    admin_disabled,
+    admin_unauthorized,
+    unauthorized,
+)
+from inflight.runtime.server.state import STATE, ServerSettings
+
+# Paths that need --api-key when one is set.
+KEYED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
+    """The error to answer ``request`` with for a missing or wrong key, or None."""
+    if request.path.startswith("/admin/"):
+        if settings.admin_api_key is None:
+            return admin_disabled()
+        if not bearer_matches(request, settings.admin_api_key):
+            return admin_unauthorized()
+    elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not bearer_matches(request, settings.api_key):
+        return unauthorized()
+    return None
+
+
+def bearer_matches(request: web.Request, key: str) -> bool:
+    """Constant-time check of ``Authorization: Bearer <key>``; any odd header is a mismatch."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    try:
+        sent = token.strip().encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in the header (surrogate escapes)
+        return False
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, key.encode("utf-8"))
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue``: refuse a request without its key before the body is sent;
+    otherwise answer 100 as aiohttp does (417 for any other expectation)."""
+    error = refusal(request, request.app[STATE].settings)
+    if error is not None:
+        return error.to_response()
+    if request.version == HttpVersion11:
+        if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+            return web.Response(status=417, text="only 'Expect: 100-continue' is supported")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+    return None
