@@ -145,9 +145,19 @@ class LLMEngine:
         if req_id in self._requests:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
-        if self.scheduler.num_waiting >= self.config.max_queue_len:
-            raise QueueFullError(self.config.max_queue_len)
+        self.check_admission(1)
         self._add(req_id, prompt_token_ids, params, priority, arrival_time)
+
+    def check_admission(self, num_new: int) -> None:
+        """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
+
+        ``max_queue_len`` bounds the requests that cannot run now: up to ``max_num_sequences``
+        unfinished requests run, and at most ``max_queue_len`` more wait. So a burst of
+        ``max_num_sequences + max_queue_len`` into an idle engine is accepted whole.
+        """
+        unfinished = self.scheduler.num_running + self.scheduler.num_waiting + num_new
+        if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
+            raise QueueFullError(self.config.max_queue_len)
 
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,

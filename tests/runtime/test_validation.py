@@ -59,7 +59,8 @@ def test_sampling_params_errors(kwargs, fragment):
 
 @pytest.fixture(scope="module")
 def engine(llama_dir) -> LLMEngine:
-    return LLMEngine.from_model_dir(llama_dir, EngineConfig(num_kv_blocks=8, max_model_len=256, max_queue_len=2))
+    return LLMEngine.from_model_dir(llama_dir, EngineConfig(num_kv_blocks=8, max_model_len=256, max_queue_len=2,
+                                                            max_num_sequences=1))
 
 
 def test_empty_prompt(engine):
@@ -88,10 +89,10 @@ def test_token_ids_outside_the_vocabulary(engine):
 
 
 def test_queue_full_and_nothing_leaks(engine):
-    engine.add_request("q1", [5, 6], SamplingParams(max_tokens=2))
-    engine.add_request("q2", [5, 7], SamplingParams(max_tokens=2))
+    for i in range(3):  # one runs, two wait
+        engine.add_request(f"q{i + 1}", [5, 6 + i], SamplingParams(max_tokens=2))
     with pytest.raises(QueueFullError) as exc:
-        engine.add_request("q3", [5, 8], SamplingParams(max_tokens=2))
+        engine.add_request("q4", [5, 9], SamplingParams(max_tokens=2))
     assert exc.value.reason == "queue_full"
     assert engine.abort_request("q1").finish_reason == "abort"
     while engine.has_unfinished_requests():

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inflight.runtime.outputs import EngineFatalError, EngineStats, QueueFullError, RequestOutput
+from inflight.runtime.outputs import EngineFatalError, EngineStats, RequestOutput
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server.faults import FAULT_ENV, parse_fault
 
@@ -376,10 +376,9 @@ class AsyncEngine:
 def _add_all(engine: LLMEngine, requests: Sequence[EngineRequest]) -> None:
     """Add every request or none: on a rejection, abort the ones already added and re-raise.
 
-    The whole group counts against ``max_queue_len``: it is refused (429) unless all of it fits.
+    The whole group is admitted or refused (429) together (``LLMEngine.check_admission``).
     """
-    if engine.scheduler.num_waiting + len(requests) > engine.config.max_queue_len:
-        raise QueueFullError(engine.config.max_queue_len)
+    engine.check_admission(len(requests))
     added: list[str] = []
     try:
         for r in requests:

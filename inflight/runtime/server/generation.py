@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import (
     EngineFatalError,
     RequestOutput,
@@ -108,7 +109,7 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival))
             choices[req_id] = ChoiceState(index, req_id)
-    _check_fits_queue(len(engine_requests), engine.config.max_queue_len, "n" if req.n > 1 else param)
+    _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
     token_text = None
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
@@ -117,16 +118,15 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival)
 
 
-def _check_fits_queue(num_requests: int, max_queue_len: int, param: str) -> None:
-    """400 for more engine requests (prompts x n) than the waiting queue can ever hold.
-
-    ``max_queue_len == 0`` means admission is paused (a retry may succeed later): 429 then.
-    """
-    if max_queue_len and num_requests > max_queue_len:
+def _check_fits_queue(num_requests: int, config: EngineConfig, param: str) -> None:
+    """400 for more engine requests (prompts x n) than the engine can ever hold at once
+    (``max_num_sequences`` running + ``max_queue_len`` waiting)."""
+    capacity = config.max_num_sequences + config.max_queue_len
+    if num_requests > capacity:
         raise bad_request(
-            f"this request makes {num_requests} engine requests (prompts x n) but the server's queue "
-            f"holds at most {max_queue_len}; send fewer prompts or a smaller n", param,
-            code="too_many_choices")
+            f"this request makes {num_requests} engine requests (prompts x n) but the server holds at "
+            f"most {capacity} at once ({config.max_num_sequences} running + {config.max_queue_len} waiting); "
+            "send fewer prompts or a smaller n", param, code="too_many_choices")
 
 
 def _fill_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
