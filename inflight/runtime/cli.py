@@ -33,6 +33,7 @@ from inflight.runtime.server.state import ServerSettings
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
+SINGLE_PROCESS_ENV = "INFLIGHT_SINGLE_PROCESS"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 # vLLM's flag names for EngineConfig fields, accepted as aliases (docs/from-vllm.md).
@@ -85,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Log level.")
     server.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                         help="text: one readable line per event; json: one JSON object per line.")
+    server.add_argument("--single-process", action="store_true",
+                        default=os.environ.get(SINGLE_PROCESS_ENV, "") not in ("", "0"),
+                        help="Run the engine in a thread of the server process instead of an engine-core "
+                             f"process of its own (for debugging; env {SINGLE_PROCESS_ENV}=1).")
     add_engine_flags(serve.add_argument_group("engine"))
     return parser
 
@@ -229,7 +234,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         start_stats_log(engine.stats)
         return engine
 
-    return asyncio.run(serve(settings, load, args.host, args.port))
+    source: Any = load
+    if not args.single_process:
+        from inflight.runtime.engine_core.core import CoreLaunch
+
+        source = CoreLaunch(str(model_dir), config, args.log_level, args.log_format)
+    return asyncio.run(serve(settings, source, args.host, args.port))
 
 
 def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.detokenizer import IncrementalDetokenizer
+from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_request, check_token_budget
 from inflight.runtime.kv_manager import KVCacheManager
@@ -147,6 +148,23 @@ class LLMEngine:
         self.validate_request(prompt_token_ids, params)
         self.check_admission(1)
         self._add(req_id, prompt_token_ids, params, priority, arrival_time)
+
+    def add_requests(self, requests: Sequence[EngineRequest]) -> None:
+        """Add every request or none: on a rejection, abort the ones already added and re-raise.
+
+        The whole group is admitted or refused (``QueueFullError``) together.
+        """
+        self.check_admission(len(requests))
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
+                                 arrival_time=r.arrival_time)
+                added.append(r.req_id)
+        except BaseException:
+            for req_id in added:
+                self.abort_request(req_id)
+            raise
 
     def check_admission(self, num_new: int) -> None:
         """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
@@ -360,6 +378,22 @@ class LLMEngine:
         del self._requests[req.req_id]
         del self._live[req.req_id]
         return out
+
+    # -- what the front end may know ----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.spec.vocab_size
+
+    @property
+    def resolved(self) -> dict[str, str]:
+        """What ``auto`` turned into on this machine: device, dtype, kernel backend."""
+        runner = self.runner
+        return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
+                "kernel_backend": runner.ops.name}
+
+    def summary(self) -> EngineSummary:
+        """The frozen view an engine-core process publishes to its front end."""
+        return EngineSummary(self.config, self.vocab_size, tuple(self.eos_token_ids), self.resolved)
 
     # -- stats and live config ----------------------------------------------------------
     def stats(self) -> EngineStats:

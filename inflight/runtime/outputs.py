@@ -22,6 +22,9 @@ class RequestRejectedError(ValueError):
         self.reason = reason
         self.param = param
 
+    def __reduce__(self) -> tuple[object, ...]:  # crosses the engine-core process boundary
+        return (RequestRejectedError, (str(self), self.reason, self.param))
+
 
 class QueueFullError(RequestRejectedError):
     """The waiting queue holds ``max_queue_len`` requests; retry later (HTTP 429)."""
@@ -31,6 +34,10 @@ class QueueFullError(RequestRejectedError):
             f"the server's waiting queue is full ({max_queue_len} requests); retry shortly",
             reason="queue_full",
         )
+        self.max_queue_len = max_queue_len
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (QueueFullError, (self.max_queue_len,))
 
 
 class EngineFatalError(RuntimeError):

@@ -9,9 +9,9 @@ import pytest
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
+from inflight.runtime.engine_core.protocol import EngineRequest
 from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.server.async_engine import EngineRequest, _add_all
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0)
 
@@ -54,7 +54,7 @@ def test_a_group_is_admitted_or_refused_whole(engine: LLMEngine) -> None:
     group = [EngineRequest(f"g{i}", [5, 6], PARAMS) for i in range(5)]
     _add(engine, 3, "r")
     with pytest.raises(QueueFullError):
-        _add_all(engine, group)  # 3 + 5 = 8 > 4 + 3
+        engine.add_requests(group)  # 3 + 5 = 8 > 4 + 3
     assert engine.stats().num_waiting == 3  # none of the group was added
-    _add_all(engine, group[:4])
+    engine.add_requests(group[:4])
     assert engine.stats().num_waiting == 7

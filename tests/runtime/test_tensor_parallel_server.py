@@ -31,20 +31,34 @@ ENGINE_ARGS = ["--num-kv-blocks", "14", "--max-num-tokens", "32", "--max-num-seq
 PROMPTS = [CORPUS[: 40 + 23 * i] for i in range(8)] + [CORPUS[:120] + tail for tail in ("x = 1", "def f():")]
 
 
-def _worker_pids(server_pid: int) -> list[int]:
-    """The tensor-parallel workers started by ``server_pid`` (from /proc)."""
-    pids = []
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every process (from /proc)."""
+    out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
+            out[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes())
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == server_pid and b"inflight.runtime.distributed.worker" in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    procs, found, frontier = _processes(), [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, (ppid, _) in procs.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _worker_pids(server_pid: int) -> list[int]:
+    """The tensor-parallel workers under ``server_pid`` (they hang under its engine core)."""
+    procs = _processes()
+    return [p for p in _descendants(server_pid) if b"inflight.runtime.distributed.worker" in procs.get(p, (0, b""))[1]]
 
 
 def _alive(pid: int) -> bool:

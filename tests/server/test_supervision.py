@@ -119,8 +119,11 @@ def _serve_args(demo_model_dir: Path, *extra: str) -> list[str]:
             "--max-num-sequences", "2", "--num-kv-blocks", "64", "--max-model-len", "512", *extra]
 
 
-def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path) -> None:
-    server = ServeProcess(_serve_args(demo_model_dir), env={FAULT_ENV: "die-after-steps:20"})
+@pytest.mark.parametrize(("mode", "death"), [((), "the engine core died"),
+                                            (("--single-process",), "the engine thread died")],
+                         ids=["engine-core-process", "single-process"])  # fmt: skip
+def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path, mode: tuple[str, ...], death: str) -> None:
+    server = ServeProcess(_serve_args(demo_model_dir, *mode), env={FAULT_ENV: "die-after-steps:20"})
     try:
         server.wait_ready()
         streams, plain = asyncio.run(asyncio.wait_for(_clients(server.url, 3, 3), 60))
@@ -135,7 +138,7 @@ def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path) -> None
     print(f"process exited with code {code} {exited_after:.2f} s after every client was answered")
     assert exited_after < 10, exited_after
     log = server.log()
-    assert "the engine thread died" in log and "engine dead" in log
+    assert death in log and "engine dead" in log
 
 
 def test_a_second_sigterm_exits_at_once(demo_model_dir: Path) -> None:

@@ -39,7 +39,7 @@ async def post_config(request: web.Request) -> web.Response:
     changes = validate_changes(body)
     if changes:
         try:
-            config: EngineConfig = await state.engine.call(lambda e: e.update_config(**changes))
+            config: EngineConfig = await state.engine.update_config(changes)
         except ValueError as exc:
             raise bad_request(str(exc), _field_in(str(exc), changes)) from None
         logger.info("live config changed: %s", changes)
@@ -50,13 +50,8 @@ async def post_config(request: web.Request) -> web.Response:
 
 def config_body(engine: Any, config: EngineConfig) -> dict[str, Any]:
     """The config's fields plus ``resolved``: what ``auto`` turned into on this machine."""
-    runner = engine.runner
     body = config.to_dict()
-    body["resolved"] = {
-        "device": str(runner.device),
-        "dtype": str(runner.dtype).removeprefix("torch."),
-        "kernel_backend": runner.ops.name,
-    }
+    body["resolved"] = dict(engine.resolved)
     return body
 
 

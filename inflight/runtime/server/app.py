@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from inflight import __version__
+from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.server import admin, auth, openai_api, tokenize_api
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
+from inflight.runtime.server.engine_client import EngineClient
+from inflight.runtime.server.engine_process import ProcessEngine
 from inflight.runtime.server.errors import (
     APIError,
     internal_error,
@@ -44,18 +47,21 @@ WATCHDOG = web.AppKey("inflight_watchdog", asyncio.Task)
 CUT_GRACE_S = 5.0  # after a drain timeout: time for cut requests to send their error
 
 
-def create_app(settings: ServerSettings, loader: Callable[[], LLMEngine]) -> web.Application:
-    """A new app whose engine thread runs ``loader()`` then ``warmup()`` at startup.
+def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch) -> web.Application:
+    """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
+    of its own (the default of ``inflight serve``); a loader (``() -> LLMEngine``) runs it in
+    a thread of this process (``--single-process``, and tests that reach into the engine).
 
-    Call inside a running event loop. ``loader`` runs on the engine thread.
+    Call inside a running event loop. The engine loads and warms up at startup.
     """
     metrics = ServerMetrics(settings.model_name, lambda: engine.stats())
-    engine = AsyncEngine(
-        loader,
-        on_step=lambda e: metrics.observe_step(e.stats().num_tokens_last_step),
+    hooks = dict(
+        on_step=lambda stats: metrics.observe_step(stats.num_tokens_last_step),
         on_death=lambda reason: state.dead.set(),
         max_backlog=settings.max_stream_backlog,
     )
+    engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, CoreLaunch)
+                            else AsyncEngine(source, **hooks))  # fmt: skip
     state = ServerState(settings, engine, metrics)
     app = web.Application(
         middlewares=[_errors, _auth, _admission],

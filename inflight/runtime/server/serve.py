@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.server.app import create_app, drain
+from inflight.runtime.server.engine_process import ProcessEngine
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
@@ -40,16 +42,17 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve(
-    settings: ServerSettings, loader: Callable[[], LLMEngine], host: str, port: int
+    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch, host: str, port: int
 ) -> int:
-    """Serve until SIGTERM / SIGINT; return the process exit code."""
-    app = create_app(settings, loader)
+    """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source``: see
+    :func:`~.app.create_app`."""
+    app = create_app(settings, source)
     runner = make_runner(app, settings.keepalive_timeout_s)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in DRAIN_SIGNALS:
-        loop.add_signal_handler(sig, _on_signal, sig, stop)
+        loop.add_signal_handler(sig, _on_signal, sig, stop, app)
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -61,6 +64,7 @@ async def serve(
         if app[STATE].dead.is_set():
             await app[STATE].wait_idle(DEATH_ANSWER_S)
             await _flush_writes(runner, DEATH_ANSWER_S)
+            _kill_engine_process(app)
             _exit_now(EXIT_ENGINE_DEAD, f"engine dead: {app[STATE].engine.dead_reason}; exiting")
         await _flush_writes(runner, FLUSH_TIMEOUT_S)
     finally:
@@ -71,10 +75,18 @@ async def serve(
     return code
 
 
-def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -> None:
     if stop.is_set():
+        _kill_engine_process(app)
         _exit_now(128 + sig, f"second {sig.name}: exiting at once without draining")
     stop.set()
+
+
+def _kill_engine_process(app: web.Application) -> None:
+    """Before ``os._exit``: an engine-core process (stalled, maybe) must not outlive us."""
+    engine = app[STATE].engine
+    if isinstance(engine, ProcessEngine):
+        engine.kill()
 
 
 def _exit_now(code: int, message: str) -> None:

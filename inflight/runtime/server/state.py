@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from inflight.runtime.server.async_engine import AsyncEngine
+from inflight.runtime.server.engine_client import EngineClient
 from inflight.runtime.server.metrics import ServerMetrics
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -74,7 +74,7 @@ class ServerSettings:
 class ServerState:
     """Mutable state of one running app (touched on the event loop only)."""
 
-    def __init__(self, settings: ServerSettings, engine: AsyncEngine, metrics: ServerMetrics) -> None:
+    def __init__(self, settings: ServerSettings, engine: EngineClient, metrics: ServerMetrics) -> None:
         self.settings = settings
         self.engine = engine
         self.metrics = metrics

@@ -77,7 +77,7 @@ async def detokenize(request: web.Request) -> web.Response:
     body = await _body(request)
     engine = request.app[STATE].engine.engine
     tokens = body.get("tokens")
-    vocab = engine.runner.spec.vocab_size
+    vocab = engine.vocab_size
     if (not isinstance(tokens, list) or len(tokens) > MAX_DETOKENIZE_TOKENS
             or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)):
         raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")

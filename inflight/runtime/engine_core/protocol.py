@@ -1,0 +1,132 @@
+"""The messages between the front end and the engine-core process, and the engine summary.
+
+One message per event each way, pickled over a ``multiprocessing`` pipe. The front end sends
+:class:`AddGroup`, :class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers
+with :class:`Ready` (or :class:`LoadFailed`) once, then :class:`Admitted` / :class:`Refused`
+per group, :class:`StepDone` per step that produced outputs (every new token of the step in
+one message, with the step's stats), :class:`Stats` after commands, :class:`RetuneDone`,
+:class:`FailAll` when a step raised and :class:`Dead` before it exits on a fatal error.
+:data:`PROTOCOL_VERSION` is checked in :class:`Ready`: both sides come from one install, so
+a mismatch means a stale process, and the front end refuses to serve with it.
+
+Everything here is a frozen dataclass of plain values, :class:`RequestOutput`,
+:class:`EngineStats`, :class:`EngineConfig` or :class:`SamplingParams`: nothing that needs
+torch. Knows nothing about processes, pipes or HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
+from inflight.runtime.sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSummary:
+    """What the front end may know about the loaded engine (published at start and after
+    each retune): enough to tokenize, validate and answer without reaching into it."""
+
+    config: EngineConfig  # live, with max_model_len and num_kv_blocks resolved
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    resolved: dict[str, str]  # what "auto" became: device, dtype, kernel_backend
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One engine request to add (a client request with ``n`` choices makes ``n``)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    arrival_time: float | None = None  # time.monotonic(); one clock for every process of a host
+
+
+# ---- front end -> core ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AddGroup:
+    """Add every request or none (grammars compile first, off the step loop)."""
+
+    group_id: int
+    requests: tuple[EngineRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    req_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Retune:
+    call_id: int
+    changes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+# ---- core -> front end ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    version: int
+    summary: EngineSummary
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    group_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    group_id: int
+    error: RequestRejectedError
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    outputs: tuple[RequestOutput, ...]
+    stats: EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    stats: EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class RetuneDone:
+    call_id: int
+    summary: EngineSummary | None  # None when refused
+    error: str | None = None  # the ValueError's message when refused
+
+
+@dataclass(frozen=True, slots=True)
+class FailAll:
+    """A step raised: the requests in flight were failed (the core goes on)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """The core cannot go on and exits next."""
+
+    reason: str

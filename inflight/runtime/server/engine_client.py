@@ -1,0 +1,253 @@
+"""The front end's side of the engine, whichever way it runs: request groups, dispatch, death.
+
+:class:`EngineClient` owns what lives on the event loop: one :class:`RequestGroup` (an
+asyncio queue) per client request, the dispatch of each step's outputs to their groups,
+failing groups (a request the engine failed on fails only its own group; a client too slow to
+read its outputs is cut), and the engine's death (every waiting group gets
+:class:`EngineDeadError`, ``on_death(reason)`` tells the server to exit). How requests reach
+the engine and outputs come back is a subclass's job: :class:`~.async_engine.AsyncEngine`
+runs the engine in a thread of this process, :class:`~.engine_process.ProcessEngine` in an
+engine-core process of its own. Knows nothing about HTTP or the OpenAI API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_core.protocol import EngineRequest
+from inflight.runtime.outputs import EngineStats, RequestOutput
+
+logger = logging.getLogger("inflight.server.engine")
+
+DEFAULT_MAX_BACKLOG = 4096
+
+__all__ = ["EngineRequest", "EngineClient", "RequestGroup"]
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed on these requests (they were aborted); a server-side fault."""
+
+
+class RequestFailedError(RuntimeError):
+    """The request itself could not go on (e.g. output its grammar could not follow); the
+    message is for the client."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine is dead or stalled; the process is about to exit."""
+
+
+class RequestsCutError(RuntimeError):
+    """The server stopped waiting for these requests (the drain timeout expired)."""
+
+
+class BacklogError(RuntimeError):
+    """The client did not read its outputs fast enough; its requests were aborted."""
+
+
+class RequestGroup:
+    """The outputs of one client request's engine requests, in one asyncio queue.
+
+    :meth:`fail` makes the consumer raise at its next read, ahead of buffered outputs.
+    """
+
+    def __init__(self, req_ids: Sequence[str]) -> None:
+        self.req_ids = tuple(req_ids)
+        self._unfinished = set(req_ids)
+        self._queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        self._error: BaseException | None = None
+
+    def put(self, item: RequestOutput) -> None:
+        if item.finished:
+            self._unfinished.discard(item.req_id)
+        self._queue.put_nowait(item)
+
+    def fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+            self._queue.put_nowait(None)  # wake a waiting reader
+
+    @property
+    def backlog(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def unfinished(self) -> tuple[str, ...]:
+        return tuple(r for r in self.req_ids if r in self._unfinished)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        """Outputs in arrival order until every request of the group has finished."""
+        pending = len(self.req_ids)
+        while pending:
+            if self._error is not None:
+                raise self._error
+            item = await self._queue.get()
+            if item is None:
+                continue
+            if item.finished:
+                pending -= 1
+            yield item
+
+
+class EngineClient:
+    """Event-loop side of the engine. Create on the event loop; subclasses say how to reach it.
+
+    Subclasses implement :meth:`start`, :meth:`stop`, :meth:`stats`, :attr:`engine` (what the
+    front end may read: tokenizer, config, validation), :attr:`step_started_at`,
+    :meth:`update_config`, :meth:`_add` (all or none, raising the engine's rejection),
+    :meth:`_abort` and :meth:`_after_death`; and call :meth:`_dispatch`, :meth:`_set_ready`,
+    :meth:`fail_all` and :meth:`declare_dead` on the event loop.
+    """
+
+    def __init__(
+        self,
+        on_step: Callable[[EngineStats], None] | None = None,
+        on_death: Callable[[str], None] | None = None,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+    ) -> None:
+        self._on_step = on_step
+        self._on_death = on_death
+        self._max_backlog = max_backlog
+        self._loop = asyncio.get_running_loop()
+        self._groups: dict[str, RequestGroup] = {}  # touched on the event loop only
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self.dead_reason: str | None = None  # set once, on the event loop
+
+    # ---- what a subclass provides ------------------------------------------------------
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> EngineStats | None:
+        raise NotImplementedError
+
+    @property
+    def engine(self) -> Any:
+        """The loaded engine's front-end view (``tokenizer``, ``config``, ``max_model_len``,
+        ``vocab_size``, ``resolved``, ``encode_prompt``, ``validate_request``, ``structured``)."""
+        raise NotImplementedError
+
+    @property
+    def step_started_at(self) -> float | None:
+        """``time.monotonic()`` when the step in progress started; None between steps."""
+        raise NotImplementedError
+
+    async def update_config(self, changes: dict[str, Any]) -> EngineConfig:
+        """Apply live-tunable changes between steps; ``ValueError`` for a refused change."""
+        raise NotImplementedError
+
+    async def _add(self, requests: Sequence[EngineRequest]) -> None:
+        raise NotImplementedError
+
+    def _abort(self, req_ids: tuple[str, ...]) -> None:
+        raise NotImplementedError
+
+    def _after_death(self, reason: str) -> None:
+        """Release what the dead engine holds (answer queued commands, stop a process)."""
+
+    # ---- event-loop side ---------------------------------------------------------------
+
+    async def wait_ready(self) -> None:
+        """Return once the model is loaded and warmed up; raise what loading raised."""
+        await asyncio.shield(self._ready)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.done() and self._ready.exception() is None
+
+    @property
+    def num_active_groups(self) -> int:
+        return len({id(g) for g in self._groups.values()})
+
+    def abort(self, req_ids: Sequence[str]) -> None:
+        """Abort ``req_ids`` at the next step (frees their KV blocks); does not wait."""
+        ids = tuple(req_ids)
+        for req_id in ids:
+            self._groups.pop(req_id, None)
+        if ids and self.dead_reason is None:
+            self._abort(ids)
+
+    @contextlib.asynccontextmanager
+    async def generate(self, requests: Sequence[EngineRequest]) -> AsyncIterator[RequestGroup]:
+        """Add ``requests`` all or none (raises the engine's rejection), yield their outputs.
+
+        Leaving the block early (error, client gone, cancellation) aborts whatever of the
+        group is unfinished.
+        """
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        group = RequestGroup([r.req_id for r in requests])
+        for r in requests:
+            self._groups[r.req_id] = group
+        try:
+            await self._add(requests)
+        except asyncio.CancelledError:
+            self.abort(group.req_ids)
+            raise
+        except BaseException:
+            for r in requests:
+                self._groups.pop(r.req_id, None)
+            raise
+        try:
+            yield group
+        finally:
+            if group.unfinished:
+                self.abort(group.unfinished)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every group in flight with ``error`` and abort their requests."""
+        groups = {id(g): g for g in self._groups.values()}
+        self._groups.clear()
+        for group in groups.values():
+            group.fail(error)
+            if self.dead_reason is None:
+                self.abort(group.unfinished)
+
+    def declare_dead(self, reason: str) -> None:
+        """Mark the engine dead (event loop side): fail everyone, tell the server once."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        logger.critical("engine dead: %s", reason)
+        self.fail_all(EngineDeadError(reason))
+        self._after_death(reason)
+        if not self._ready.done():
+            self._ready.set_exception(EngineDeadError(reason))
+        if self._on_death is not None:
+            self._on_death(reason)
+
+    def _dispatch(self, outputs: Sequence[RequestOutput]) -> None:
+        for out in outputs:
+            group = self._groups.get(out.req_id)
+            if group is None:
+                continue  # aborted by its client; nobody is listening
+            if out.finished:
+                del self._groups[out.req_id]
+            if out.finish_reason == "error":
+                self._fail_group(group, RequestFailedError(out.error) if out.error else
+                                 EngineStepError("the engine failed on this request; see the server log"))
+                continue
+            group.put(out)
+            if group.backlog > self._max_backlog:
+                self._fail_group(group, BacklogError(
+                    f"more than {self._max_backlog} outputs were waiting for the client to read them"))
+
+    def _fail_group(self, group: RequestGroup, error: BaseException) -> None:
+        group.fail(error)
+        self.abort(group.unfinished)
+
+    def _set_ready(self, exc: BaseException | None) -> None:
+        if self._ready.done():  # declared dead first
+            return
+        if exc is None:
+            self._ready.set_result(None)
+        else:
+            self._ready.set_exception(exc)

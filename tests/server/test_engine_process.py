@@ -1,0 +1,129 @@
+"""``inflight serve`` runs the engine in an engine-core process of its own. Supervision across
+the boundary: the core killed while clients wait (every client answered, /health 503, exit 1,
+nothing left behind); the front end killed (the core exits too); a core whose step stalls
+(the watchdog kills it); a core that cannot load. And the split changes no output: greedy text
+equals ``--single-process``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from server_helpers import MODEL_NAME, ServeProcess, http, wait_until
+from test_supervision import _clients
+
+from inflight.runtime.server.faults import FAULT_ENV
+
+BASE = ["--served-model-name", MODEL_NAME, "--port", "0", "--max-num-sequences", "2", "--num-kv-blocks", "64",
+        "--max-model-len", "512"]  # fmt: skip
+
+
+def _serve(demo_model_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServeProcess:
+    return ServeProcess(["--model", str(demo_model_dir), *BASE, *extra], env=env)
+
+
+def _core_pid(server: ServeProcess) -> int:
+    match = re.search(r"engine core \(pid (\d+)\)", server.log())
+    assert match, server.log()
+    return int(match.group(1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; only its exit status is left
+
+
+def _answered_and_exited(server: ServeProcess, kill) -> tuple[list[str], list[tuple[int, str | None]], int, float]:  # noqa: ANN001
+    """Clients in flight on a core stalled by the injected fault, then ``kill()``."""
+    async def scenario() -> tuple[list[str], list[tuple[int, str | None]]]:
+        clients = asyncio.create_task(_clients(server.url, 2, 2))
+        while "stalling the engine thread" not in server.log():  # frozen mid-generation
+            await asyncio.sleep(0.02)
+        kill()
+        return await clients
+
+    streams, plain = asyncio.run(asyncio.wait_for(scenario(), 60))
+    answered = time.monotonic()
+    code = server.proc.wait(15)
+    return streams, plain, code, time.monotonic() - answered
+
+
+def test_a_killed_engine_core_answers_every_client_and_exits_non_zero(demo_model_dir: Path) -> None:
+    server = _serve(demo_model_dir, env={FAULT_ENV: "stall-after-steps:20"})  # the watchdog waits 300 s
+    try:
+        server.wait_ready()
+        core = _core_pid(server)
+        streams, plain, code, exited_after = _answered_and_exited(server, lambda: os.kill(core, signal.SIGKILL))
+    finally:
+        server.stop()
+    assert all(s in ("error:engine_dead", "status:503:engine_dead") for s in streams), streams
+    assert all(p == (503, "engine_dead") for p in plain), plain
+    assert code == 1, server.log()
+    print(f"engine core SIGKILLed: exit code {code}, {exited_after:.2f} s after every client was answered")
+    assert "the engine core process exited" in server.log()
+
+
+def test_a_killed_front_end_takes_the_engine_core_with_it(demo_model_dir: Path) -> None:
+    server = _serve(demo_model_dir)
+    try:
+        server.wait_ready()
+        core = _core_pid(server)
+        assert _alive(core)
+        server.proc.kill()
+        server.proc.wait(10)
+        assert wait_until(lambda: not _alive(core), 10), "the engine core outlived its front end"
+    finally:
+        server.stop()
+
+
+def test_a_stalled_core_is_killed_by_the_watchdog(demo_model_dir: Path) -> None:
+    server = _serve(demo_model_dir, "--engine-stall-timeout", "2", env={FAULT_ENV: "stall-after-steps:20"})
+    try:
+        server.wait_ready()
+        core = _core_pid(server)
+        streams, plain, code, _ = _answered_and_exited(server, lambda: None)
+        assert wait_until(lambda: not _alive(core), 10), "the stalled engine core was left running"
+    finally:
+        server.stop()
+    assert all(s in ("error:engine_dead", "status:503:engine_dead") for s in streams), streams
+    assert all(p == (503, "engine_dead") for p in plain), plain
+    assert code == 1 and "stall timeout" in server.log(), server.log()
+
+
+def test_a_core_that_cannot_load_exits_with_its_reason(demo_model_dir: Path) -> None:
+    server = _serve(demo_model_dir, "--num-kv-blocks", "2")  # 32 tokens < max_model_len 512: refused
+    try:
+        code = server.proc.wait(120)
+    finally:
+        server.stop()
+    assert code == 1 and "KV cache" in server.log(), server.log()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, stream: bool) -> None:
+    body = {"model": MODEL_NAME, "prompt": "def fib(n):", "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "n": 2, "logprobs": 2}  # fmt: skip
+    texts = []
+    for mode in ((), ("--single-process",)):
+        server = _serve(demo_model_dir, *mode)
+        try:
+            server.wait_ready()
+            if stream:
+                reply = http("POST", server.url + "/v1/completions", {**body, "stream": True})
+                texts.append(reply.text.count("data:"))
+            reply = http("POST", server.url + "/v1/completions", body).json()
+            texts.append([(c["text"], c["logprobs"]["tokens"]) for c in reply["choices"]])
+            server.terminate()
+            assert server.proc.wait(30) == 0, server.log()
+        finally:
+            server.stop()
+    half = len(texts) // 2
+    assert texts[:half] == texts[half:]
