@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     poisson_shape = workloads.WorkloadShape(args.poisson_requests, 96, 64, 0.8, max_prompt=384, max_output=256)
     points = (serving.LoadPoint("burst", tuple(workloads.burst(tokenizer, burst_shape)), True),
               serving.LoadPoint("poisson@4.0", tuple(workloads.poisson(tokenizer, poisson_shape, 4.0)), False))  # fmt: skip
-    plan = serving.ServingPlan(model_dir, SYSTEMS, points, args.reps, args.results_dir / "process_split_logs")
+    plan = serving.ServingPlan(model_dir, SYSTEMS, points, args.reps, Path("bench/.work/process_split_logs"))
     combined = serving.combine_raw(serving.run_serving(plan))
     protocol_ms = protocol_ms_per_step()
     step_ms = engine_step_ms(model_dir)

@@ -1,4 +1,5 @@
-"""The hostile suite's server: a tiny demo model served in-process on 127.0.0.1."""
+"""The hostile suite's server: a tiny demo model served on 127.0.0.1 with its engine in an
+engine-core process, as ``inflight serve`` runs it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,6 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
     from inflight.runtime.demo_model import make_demo_model
 
     model_dir = make_demo_model(tmp_path_factory.mktemp("hostile-model") / "demo", size="tiny")
-    live = LiveServer(model_dir, hostile_engine_config(), hostile_settings()).start()
+    live = LiveServer(model_dir, hostile_engine_config(), hostile_settings(), engine_process=True).start()
     yield live
     live.stop()

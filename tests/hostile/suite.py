@@ -262,7 +262,8 @@ async def run(url: str, port: int, key: str, max_examples: int = 150) -> Report:
 
 
 def serve_and_run(max_examples: int = 150) -> Report:
-    """Make a tiny demo model, serve it in-process on 127.0.0.1 and run the suite."""
+    """Make a tiny demo model, serve it on 127.0.0.1 (engine-core process, as in production)
+    and run the suite."""
     import tempfile
     from pathlib import Path
 
@@ -271,7 +272,7 @@ def serve_and_run(max_examples: int = 150) -> Report:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_demo_model(Path(tmp) / "demo", size="tiny")
-        live = LiveServer(model_dir, hostile_engine_config(), hostile_settings()).start()
+        live = LiveServer(model_dir, hostile_engine_config(), hostile_settings(), engine_process=True).start()
         try:
             return asyncio.run(run(live.url, live.port, API_KEY, max_examples))
         finally:

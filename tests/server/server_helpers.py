@@ -32,12 +32,18 @@ START_TIMEOUT_S = 120.0
 
 
 class LiveServer:
-    """``create_app`` served by an AppRunner on an ephemeral port, in a background thread."""
+    """``create_app`` served by an AppRunner on an ephemeral port, in a background thread.
 
-    def __init__(self, model_dir: Path, config: EngineConfig, settings: ServerSettings) -> None:
+    The engine runs in a thread of this process (tests can reach into it through ``app``), or
+    with ``engine_process=True`` in an engine-core process, as ``inflight serve`` runs it.
+    """
+
+    def __init__(self, model_dir: Path, config: EngineConfig, settings: ServerSettings,
+                 engine_process: bool = False) -> None:
         self.model_dir = model_dir
         self.config = config
         self.settings = settings
+        self.engine_process = engine_process
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
         self.runner: web.AppRunner | None = None
@@ -50,8 +56,11 @@ class LiveServer:
 
     async def _start(self) -> None:
         from inflight.runtime.engine import LLMEngine
+        from inflight.runtime.engine_core.core import CoreLaunch
 
-        app = create_app(self.settings, lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
+        source = (CoreLaunch(str(self.model_dir), self.config, "warning", "text", stats_log=False)
+                  if self.engine_process else lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
+        app = create_app(self.settings, source)
         self.runner = make_runner(app, self.settings.keepalive_timeout_s)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

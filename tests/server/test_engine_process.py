@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from server_helpers import MODEL_NAME, ServeProcess, http, wait_until
+from server_helpers import MODEL_NAME, ServeProcess, http, metrics, wait_until
 from test_supervision import _clients
 
 from inflight.runtime.server.faults import FAULT_ENV
@@ -116,6 +116,8 @@ def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, st
         server = _serve(demo_model_dir, *mode)
         try:
             server.wait_ready()
+            gauges = metrics(server.url)  # published by the core before its first request
+            assert gauges["inflight:num_kv_blocks"] == 64 and gauges["inflight:kv_cache_usage_perc"] == 0
             if stream:
                 reply = http("POST", server.url + "/v1/completions", {**body, "stream": True})
                 texts.append(reply.text.count("data:"))

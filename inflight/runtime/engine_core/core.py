@@ -73,7 +73,7 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
         _send_quietly(conn, p.LoadFailed(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         os._exit(EXIT_DEAD)
-    conn.send(p.Ready(p.PROTOCOL_VERSION, engine.summary()))
+    conn.send(p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats()))
     core = EngineCore(engine, conn, step_clock)
     try:
         core.run()

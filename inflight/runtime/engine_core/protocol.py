@@ -82,6 +82,7 @@ class Shutdown:
 class Ready:
     version: int
     summary: EngineSummary
+    stats: EngineStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,8 @@ class ProcessEngine(EngineClient):
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        # PR_SET_PDEATHSIG in the core fires when the *thread* that spawned it ends: spawn
+        # from the thread that runs the event loop for the server's whole life.
         self._process.start()
         self._child_conn.close()  # the child has its own copy; EOF reaches us when it exits
         threading.Thread(target=self._read, name="inflight-core-reader", daemon=True).start()
@@ -238,7 +240,7 @@ class ProcessEngine(EngineClient):
             self.declare_dead(f"the engine core speaks protocol {ready.version}, this front end "
                               f"{p.PROTOCOL_VERSION}: a stale install")  # fmt: skip
             return
-        self._stats = None
+        self._stats = ready.stats
         self._loop.create_task(self._finish_ready(ready.summary))
 
     async def _finish_ready(self, summary: p.EngineSummary) -> None:
