@@ -58,7 +58,7 @@ class _Live:
     __slots__ = ("detok", "generator", "pending_logprobs", "matcher", "prompt_logprobs", "prompt_logprobs_sent")
 
     def __init__(
-        self, detok: IncrementalDetokenizer, generator: torch.Generator | None,
+        self, detok: IncrementalDetokenizer | None, generator: torch.Generator | None,
         matcher: RequestMatcher | None = None,
     ) -> None:
         self.detok = detok
@@ -72,8 +72,11 @@ class _Live:
 class LLMEngine:
     """See module docstring. Build with :meth:`from_model_dir`."""
 
-    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True) -> None:
         self.runner = runner
+        # False in an engine-core process: outputs carry token ids only, and the front end
+        # detokenizes and applies stop strings (inflight.runtime.output_text).
+        self.detokenize = detokenize
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
@@ -95,7 +98,7 @@ class LLMEngine:
     @classmethod
     def from_model_dir(
         cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None,
-        graph_backend: GraphBackend | None = None,
+        graph_backend: GraphBackend | None = None, detokenize: bool = True,
     ) -> LLMEngine:
         """``graph_backend``: capture decode graphs with it (tests use the CPU stand-in); by
         default CUDA graphs on CUDA unless ``config.enforce_eager``."""
@@ -114,7 +117,7 @@ class LLMEngine:
             runner = ModelRunner(model_dir, config, progress, tp=workers.tp if workers else None, workers=workers,
                                  graph_backend=graph_backend)
             tokenizer = load_tokenizer(model_dir)
-            engine = cls(runner, tokenizer, config)
+            engine = cls(runner, tokenizer, config, detokenize)
         except BaseException:
             if workers is not None:
                 workers.close()
@@ -195,7 +198,8 @@ class LLMEngine:
                 matcher = self.structured.new_matcher(params.structured)
             except ValueError as exc:
                 raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
-        self._live[req_id] = _Live(IncrementalDetokenizer(self.tokenizer, params.stop, skip), generator, matcher)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, skip) if self.detokenize else None
+        self._live[req_id] = _Live(detok, generator, matcher)
         self._requests[req_id] = req
         self.scheduler.add(req)
 
@@ -324,7 +328,7 @@ class LLMEngine:
             self._num_prompt_tokens += req.num_prompt_tokens
         if logprob is not None:
             live.pending_logprobs.append(logprob)
-        reason = self._stop_reason(req, token_id, live.detok.append(token_id))
+        reason = self._stop_reason(req, token_id, live.detok is not None and live.detok.append(token_id))
         error = None
         if live.matcher is not None:
             error = _grammar_error(req, live.matcher, token_id)
@@ -334,9 +338,11 @@ class LLMEngine:
                 reason = "stop"
         new_ids = (token_id,)
         if reason is None:
-            return self._delta(req, new_ids, live.detok.take_delta(False), False, None)
+            return self._delta(req, new_ids, live.detok.take_delta(False) if live.detok else "", False, None)
         self.scheduler.remove(req)
         req.finish_reason = reason
+        if live.detok is None:
+            return self._finish_output(req, new_ids, "", error)
         live.detok.flush()
         return self._finish_output(req, new_ids, live.detok.take_delta(True), error)
 

@@ -129,3 +129,26 @@ def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, st
             server.stop()
     half = len(texts) // 2
     assert texts[:half] == texts[half:]
+
+
+def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: Path) -> None:
+    """The engine core sends token ids only; the front end detokenizes and ends a request at its
+    stop string (aborting it in the core). Same text, finish reason and usage as one process."""
+    body = {"model": MODEL_NAME, "prompt": "def fib(n):", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    results = []
+    for mode in ((), ("--single-process",)):
+        server = _serve(demo_model_dir, *mode)
+        try:
+            server.wait_ready()
+            free = http("POST", server.url + "/v1/completions", body).json()["choices"][0]["text"]
+            stop = free[12:15]  # a string the greedy text reaches mid-way
+            assert len(stop) == 3 and free.index(stop) >= 1
+            stopped = http("POST", server.url + "/v1/completions", {**body, "stop": [stop], "n": 2}).json()
+            streamed = http("POST", server.url + "/v1/completions", {**body, "stop": [stop], "stream": True}).text
+            results.append((free, [(c["text"], c["finish_reason"]) for c in stopped["choices"]],
+                            stopped["usage"]["completion_tokens"], streamed.count('"finish_reason": "stop"')))
+            assert all(c["text"] == free[: free.index(stop)] for c in stopped["choices"])
+            assert wait_until(lambda: metrics(server.url)["inflight:kv_cache_usage_perc"] == 0, 10)
+        finally:
+            server.stop()
+    assert results[0] == results[1]

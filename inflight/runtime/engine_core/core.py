@@ -92,7 +92,9 @@ def _load(launch: CoreLaunch) -> Any:
 
     progress = logging.getLogger("inflight.loading")
     progress.info("engine core (pid %d): loading %s with %s", os.getpid(), launch.model_dir, launch.config.to_dict())
-    engine = LLMEngine.from_model_dir(Path(launch.model_dir), launch.config, progress=progress.info)
+    # Token ids only: the front end detokenizes and applies stop strings (output_text.py).
+    engine = LLMEngine.from_model_dir(Path(launch.model_dir), launch.config, progress=progress.info,
+                                      detokenize=False)
     refusal = kv_cache_problem(engine)
     if refusal:
         engine.close()

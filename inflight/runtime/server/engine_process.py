@@ -28,7 +28,8 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import CoreLaunch, run_core
 from inflight.runtime.input_checks import check_request
-from inflight.runtime.outputs import EngineStats
+from inflight.runtime.output_text import OutputText
+from inflight.runtime.outputs import EngineStats, RequestOutput
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
@@ -102,6 +103,7 @@ class ProcessEngine(EngineClient):
         self._child_conn = child_conn
         self._outbox: queue.SimpleQueue[object | None] = queue.SimpleQueue()
         self._view: CoreView | None = None
+        self._text: OutputText | None = None  # made with the view (it needs the tokenizer)
         self._stats: EngineStats | None = None
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future[Any]] = {}  # group / retune id -> its answer
@@ -160,12 +162,44 @@ class ProcessEngine(EngineClient):
         return done.summary.config
 
     async def _add(self, requests: Sequence[p.EngineRequest]) -> None:
-        answer = await self._ask(lambda group_id: p.AddGroup(group_id, tuple(requests)))
+        text = self._output_text()
+        for r in requests:
+            text.add(r.req_id, r.params)
+        try:
+            answer = await self._ask(lambda group_id: p.AddGroup(group_id, tuple(requests)))
+        except BaseException:
+            for r in requests:
+                text.forget(r.req_id)
+            raise
         if isinstance(answer, p.Refused):
+            for r in requests:
+                text.forget(r.req_id)
             raise answer.error
 
     def _abort(self, req_ids: tuple[str, ...]) -> None:
+        if self._text is not None:
+            for req_id in req_ids:
+                self._text.forget(req_id)
         self._outbox.put(p.Abort(req_ids))
+
+    def _output_text(self) -> OutputText:
+        if self._text is None:
+            self._text = OutputText(self.engine.tokenizer, self.engine.summary.eos_token_ids)
+        return self._text
+
+    def _with_text(self, outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
+        """Detokenize the core's token-only outputs; end requests at their stop strings."""
+        text = self._output_text()
+        done, stopped = [], []
+        for out in outputs:
+            processed, stop_here = text.process(out)
+            if processed is not None:
+                done.append(processed)
+            if stop_here:
+                stopped.append(out.req_id)
+        if stopped:  # the core keeps computing them until it reads this
+            self._outbox.put(p.Abort(tuple(stopped)))
+        return done
 
     async def _ask(self, make: Callable[[int], object]) -> Any:
         if self.dead_reason is not None:
@@ -212,7 +246,7 @@ class ProcessEngine(EngineClient):
     def _on_message(self, message: object) -> None:
         if isinstance(message, p.StepDone):
             self._stats = message.stats
-            self._dispatch(message.outputs)
+            self._dispatch(self._with_text(message.outputs))
             if self._on_step is not None:
                 self._on_step(message.stats)
         elif isinstance(message, p.Stats):
