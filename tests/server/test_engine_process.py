@@ -148,7 +148,7 @@ def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: 
             results.append((free, [(c["text"], c["finish_reason"]) for c in stopped["choices"]],
                             stopped["usage"]["completion_tokens"], streamed.count('"finish_reason": "stop"')))
             assert all(c["text"] == free[: free.index(stop)] for c in stopped["choices"])
-            assert wait_until(lambda: metrics(server.url)["inflight:kv_cache_usage_perc"] == 0, 10)
+            assert wait_until(lambda s=server: metrics(s.url)["inflight:kv_cache_usage_perc"] == 0, 10)
         finally:
             server.stop()
     assert results[0] == results[1]

@@ -29,6 +29,7 @@ from inflight.runtime.server.engine_client import EngineClient
 from inflight.runtime.server.engine_process import ProcessEngine
 from inflight.runtime.server.errors import (
     APIError,
+    engine_dead,
     internal_error,
     not_found,
     rejection_reason,
@@ -161,7 +162,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except APIError as exc:
         error = exc
     except EngineDeadError as exc:  # e.g. an admin call after the engine died
-        error = unavailable(f"the engine has stopped ({exc}); the server is exiting", "engine_dead")
+        error = engine_dead(exc)
     except web.HTTPException as exc:
         if exc.status == 404:
             error = not_found(f"no route {request.method} {request.path[:200]}")
@@ -192,8 +193,7 @@ async def _admission(request: web.Request, handler: Handler) -> web.StreamRespon
         return await handler(request)
     state = request.app[STATE]
     if state.engine.dead_reason is not None:
-        raise unavailable("the engine has stopped and the server is exiting; retry on another replica",
-                          "engine_dead")
+        raise engine_dead()
     if state.draining:
         state.metrics.observe_rejected("draining")
         raise unavailable("the server is shutting down; retry on another replica", "draining")

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.protocol import EngineRequest
@@ -27,6 +27,30 @@ logger = logging.getLogger("inflight.server.engine")
 DEFAULT_MAX_BACKLOG = 4096
 
 __all__ = ["EngineRequest", "EngineClient", "RequestGroup"]
+
+
+class EngineView(Protocol):
+    """All the front end may read of the engine: ``LLMEngine`` in a thread, ``CoreView`` of
+    an engine-core process. Nothing else of the engine is reached from the front end."""
+
+    tokenizer: Any
+    structured: Any  # compiles grammars (cached): .submit(StructuredOutputsParams) -> Future
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def resolved(self) -> dict[str, str]: ...
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]: ...
+
+    def validate_request(self, prompt_token_ids: list[int], params: Any) -> None: ...
 
 
 class EngineStepError(RuntimeError):
@@ -130,9 +154,8 @@ class EngineClient:
         raise NotImplementedError
 
     @property
-    def engine(self) -> Any:
-        """The loaded engine's front-end view (``tokenizer``, ``config``, ``max_model_len``,
-        ``vocab_size``, ``resolved``, ``encode_prompt``, ``validate_request``, ``structured``)."""
+    def engine(self) -> EngineView:
+        """The loaded engine, as the front end may see it."""
         raise NotImplementedError
 
     @property

@@ -133,6 +133,13 @@ def queue_full(message: str) -> APIError:
     )
 
 
+def engine_dead(reason: object = None) -> APIError:
+    """503 ``engine_dead``: the one answer once the engine has died (the server is exiting)."""
+    because = f" ({reason})" if reason else ""
+    return unavailable(f"the engine has stopped{because}; the server is exiting, retry on another replica",
+                       "engine_dead")
+
+
 def unavailable(message: str, code: str) -> APIError:
     return APIError(
         503,

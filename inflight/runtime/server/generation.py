@@ -44,6 +44,7 @@ from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream
 from inflight.runtime.server.errors import (
     APIError,
     bad_request,
+    engine_dead,
     from_rejection,
     internal_error,
     unavailable,
@@ -56,6 +57,9 @@ request_log = logging.getLogger("inflight.server.requests")
 logger = logging.getLogger("inflight.server")
 # Prompts x n of one request: a few-KB body must not fill the whole queue (default 1024).
 MAX_SEQUENCES_PER_REQUEST = 256
+
+
+Decorate = Callable[[dict[str, Any], list[ChoiceState]], None]  # echo / prompt logprobs into a body
 
 
 @dataclass(slots=True)
@@ -74,11 +78,17 @@ class Job:
     outcome: str = "ok"
     output_plan: ChatOutputPlan | None = None  # chat: reasoning / tool-call parsing (None: plain text)
     chat_streams: dict[str, ChatStream] = dataclasses.field(default_factory=dict)  # per choice, when streaming
-    decorate: Callable[[dict[str, Any], list[ChoiceState]], None] | None = None  # echo / prompt logprobs
+    decorate: Decorate | None = None
+    # Fixed when plan() returns; the rest changes as outputs arrive.
 
 
-def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]], prefix: str) -> Job:
-    """Engine requests for every (prompt, choice), validated by the engine (400 on refusal)."""
+def plan(
+    state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]], prefix: str,
+    output_plan: ChatOutputPlan | None = None, decorate: Decorate | None = None,
+) -> Job:
+    """The finished job: engine requests for every (prompt, choice), each validated against
+    the engine (400 on refusal), with how its output is read (``output_plan``) and finished
+    (``decorate``: echo, prompt logprobs)."""
     engine = state.engine.engine
     request_id = state.new_request_id(prefix)
     param = "messages" if req.is_chat else "prompt"
@@ -115,7 +125,8 @@ def plan(state: ServerState, req: GenerationRequest, prompt_ids: list[list[int]]
         tokenizer = engine.tokenizer
         token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
     meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
-    return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival)
+    return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival,
+               output_plan=output_plan, decorate=decorate)
 
 
 def _check_fits_queue(num_requests: int, config: EngineConfig, param: str) -> None:
@@ -172,8 +183,7 @@ def engine_failure(exc: BaseException) -> APIError:
     """The HTTP error for a request the engine did not finish: 503 if the server is going
     away (retry elsewhere), 500 if the engine failed on it."""
     if isinstance(exc, (EngineDeadError, EngineFatalError)):
-        return unavailable(f"the engine has stopped ({exc}); the server is exiting, retry on another replica",
-                           "engine_dead")
+        return engine_dead(exc)
     if isinstance(exc, RequestsCutError):
         return unavailable(f"{exc}; retry on another replica", "drain_timeout")
     if isinstance(exc, BacklogError):

@@ -134,8 +134,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise from_rejection(exc, "prompt") from None
     await chat_support.compile_constraint(engine, req)
     req = chat_support.expand_best_of(req)
-    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl"))
-    job.decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
+    decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
+    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
     return await generation.run(request, state, job)
 
 
@@ -145,11 +145,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await _off_loop(state, size, lambda: parse_chat_request(body))
     check_model(req.model, state.settings.model_name)
     prompt_ids = [await _off_loop(state, size, lambda: _apply_chat_template(state, req))]
-    await chat_support.compile_constraint(state.engine.engine, req)
-    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "chatcmpl"))
-    plan = chat_support.output_plan(req, state.engine.engine.tokenizer, prompt_ids[0])
-    job.output_plan = None if plan.is_plain else plan
-    job.decorate = chat_support.body_decorator(req, state.engine.engine.tokenizer, prompt_ids)
+    engine = state.engine.engine
+    await chat_support.compile_constraint(engine, req)
+    output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0])
+    decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
+    job = await _off_loop(state, size, lambda: generation.plan(
+        state, req, prompt_ids, "chatcmpl", None if output.is_plain else output, decorate))
     return await generation.run(request, state, job)
 
 

@@ -102,14 +102,7 @@ def _build(
     n = _get_int(obj, "n", 1, 1, MAX_N)
     features = parse_features(obj, is_chat, n)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
-    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param)
-    if features.structured is not None and params.min_tokens:
-        raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
-                          "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
-    params = dataclasses.replace(
-        params, structured=features.structured, logit_bias=features.logit_bias,
-        prompt_logprobs=engine_prompt_logprobs(features, num_logprobs),
-    )
+    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param, features)
     return GenerationRequest(
         model=model,
         is_chat=is_chat,
@@ -128,8 +121,13 @@ def _build(
 
 
 def _sampling_params(
-    obj: dict[str, Any], max_tokens: int | None, num_logprobs: int | None, max_tokens_param: str
+    obj: dict[str, Any], max_tokens: int | None, num_logprobs: int | None, max_tokens_param: str,
+    features: RequestFeatures,
 ) -> SamplingParams:
+    """The request's one ``SamplingParams``, validated once (400 naming the field)."""
+    if features.structured is not None and obj.get("min_tokens"):
+        raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
+                          "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
     kwargs: dict[str, Any] = {
         "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
         "temperature": _get_number(obj, "temperature", 1.0),
@@ -145,6 +143,9 @@ def _sampling_params(
         "min_tokens": _get_int(obj, "min_tokens", 0, 0, None),
         "ignore_eos": _get_bool(obj, "ignore_eos", False),
         "logprobs": num_logprobs,
+        "structured": features.structured,
+        "logit_bias": features.logit_bias,
+        "prompt_logprobs": engine_prompt_logprobs(features, num_logprobs),
     }
     try:
         return SamplingParams(**kwargs)
