@@ -25,6 +25,7 @@ import torch
 
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.cpu_lanes import DecodeLanes
 from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.model.decoder import AttentionMetadata
@@ -95,6 +96,13 @@ def cpu_thread_counts() -> tuple[int, int]:
     return small, usable if passive else small
 
 
+def cpu_lanes(big_step_threads: int) -> int:
+    """Decode lanes on the CPU (:mod:`inflight.runtime.cpu_lanes`): ``INFLIGHT_CPU_LANES`` if
+    set (0 or 1: off), else one per thread a big step may use."""
+    value = os.environ.get("INFLIGHT_CPU_LANES", "")
+    return int(value) if value.isdigit() else big_step_threads
+
+
 def cpu_threads() -> int:
     """Intra-op threads of a small CPU step (see :func:`cpu_thread_counts`)."""
     return cpu_thread_counts()[0]
@@ -128,8 +136,11 @@ class ModelRunner:
         small, big = cpu_thread_counts()
         self._cpu_threads = (max(1, small // world), max(1, big // world)) if self.device.type == "cpu" else None
         self._threads_now = 0
+        self._lanes: DecodeLanes | None = None
         if self._cpu_threads is not None:
             torch.set_num_threads(self._cpu_threads[0])
+            num_lanes = cpu_lanes(self._cpu_threads[1]) if world == 1 else 0
+            self._lanes = DecodeLanes(num_lanes) if num_lanes >= 2 else None
         elif world > 1:
             torch.cuda.set_device(self.device)
         hf_config = load_hf_config(model_dir)
@@ -339,9 +350,11 @@ class ModelRunner:
             self.workers.check()
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent)."""
+        """Stop the tensor-parallel workers and the decode lanes, if any (idempotent)."""
         if self.workers is not None:
             self.workers.close()
+        if self._lanes is not None:
+            self._lanes.close()
 
     def _set_cpu_threads(self, num_tokens: int) -> None:
         """Every core for a big step, one kept for the event loop otherwise (see cpu_thread_counts)."""
@@ -354,6 +367,9 @@ class ModelRunner:
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  sample_indices: torch.Tensor) -> torch.Tensor | None:
         if self._cpu_threads is not None:
+            if self._lanes is not None and self._lanes.takes(meta, self._num_params):
+                self._threads_now = 0  # the lanes set their own threads' counts
+                return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
             self._set_cpu_threads(input_ids.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
         return self.model.compute_logits(hidden[sample_indices], self.ops)
