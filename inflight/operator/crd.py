@@ -31,6 +31,8 @@ def _engine_property(name: str) -> dict[str, Any]:
     prop: dict[str, Any] = {"description": field.metadata.get("help", "")}
     if name in LIVE_TUNABLE_FIELDS:
         prop["description"] += " Live-tunable: changing it does not restart pods."
+    if name == "speculative_config":
+        return _speculative_property()
     if type_name == "bool":
         prop["type"] = "boolean"
     elif type_name == "int":
@@ -40,6 +42,27 @@ def _engine_property(name: str) -> dict[str, Any]:
     else:
         prop.update(type="string", enum=list(_CHOICES[name]))
     return prop
+
+
+def _speculative_property() -> dict[str, Any]:
+    """An object with vLLM's ``--speculative-config`` keys (rendered as that flag's JSON)."""
+    from inflight.runtime.speculative import METHODS
+
+    def count(doc: str, maximum: int | None = None) -> dict[str, Any]:
+        return {"type": "integer", "minimum": 1, "description": doc, **({"maximum": maximum} if maximum else {})}
+
+    return {
+        "type": "object",
+        "description": "Speculative decoding, with vLLM's --speculative-config keys (rendered as that "
+                       "flag's JSON). Off when unset.",
+        "properties": {
+            "method": {"type": "string", "enum": list(METHODS), "description": "ngram: prompt lookup."},
+            "num_speculative_tokens": count("Draft tokens proposed per step.", 16),
+            "prompt_lookup_max": count("Longest n-gram looked up."),
+            "prompt_lookup_min": count("Shortest n-gram looked up."),
+            "disable_by_batch_size": count("No speculation while this many sequences or more run."),
+        },
+    }
 
 
 def _engine_schema() -> dict[str, Any]:

@@ -9,6 +9,7 @@ name or a default. Knows nothing about Kubernetes objects or HTTP.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
 
@@ -29,6 +30,8 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "max_queue_len",
     "tensor_parallel_size",
     "enforce_eager",
+    "speculative_config",  # an object in the CR (vLLM's keys), JSON text on the command line
+    "max_tokens_in_paged_kv_cache",
 )
 # Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
@@ -83,6 +86,8 @@ def parse_engine(raw: dict[str, Any]) -> dict[str, Any]:
             f"known: {', '.join(sorted(known))} (put other runtime flags in extraArgs)."
         )
     values = {known[k]: v for k, v in raw.items() if v is not None}
+    if isinstance(values.get("speculative_config"), dict):
+        values["speculative_config"] = json.dumps(values["speculative_config"], sort_keys=True)
     try:
         EngineConfig(**values)
     except (TypeError, ValueError) as exc:

@@ -107,8 +107,8 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
         flags = ("--" + f.name.replace("_", "-"), *VLLM_ALIASES.get(f.name, ()))
         default = f.default if f.default is not dataclasses.MISSING else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
-        if optional and kind is not int:
-            raise TypeError(f"EngineConfig.{f.name}: only Optional[int] fields have a flag form")
+        if optional and kind not in (int, str):
+            raise TypeError(f"EngineConfig.{f.name}: only Optional[int] and Optional[str] fields have a flag form")
         if kind is bool:
             group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=help_text)

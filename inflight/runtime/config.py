@@ -48,6 +48,13 @@ class EngineConfig:
             "sequences, capped at 4 GiB."
         ),
     )
+    max_tokens_in_paged_kv_cache: int | None = field(
+        default=None,
+        metadata=_help(
+            "TensorRT-LLM's cap on the KV cache, in tokens: the cache gets the smaller of this and "
+            "what kv_cache_free_gpu_mem_fraction (or num_kv_blocks) gives."
+        ),
+    )
     enable_chunked_context: bool = field(
         default=True, metadata=_help("Split long prompts across steps so decodes keep flowing.")
     )
@@ -82,6 +89,14 @@ class EngineConfig:
             "the native C kernels on the CPU when a C compiler can build them, else torch)."
         ),
     )
+    speculative_config: str | None = field(
+        default=None,
+        metadata=_help(
+            'Speculative decoding as vLLM configures it, a JSON object: {"method": "ngram", '
+            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
+            '"disable_by_batch_size": 8}. Off when unset.'
+        ),
+    )
     enforce_eager: bool = field(
         default=False,
         metadata=_help(
@@ -107,6 +122,8 @@ class EngineConfig:
             _check_int(self, "num_kv_blocks", 1)
         if self.max_model_len is not None:
             _check_int(self, "max_model_len", 1)
+        if self.max_tokens_in_paged_kv_cache is not None:
+            _check_int(self, "max_tokens_in_paged_kv_cache", self.block_size)
         _check_int(self, "max_queue_len", 0)
         _check_int(self, "tensor_parallel_size", 1)
         _check_int(self, "seed", 0)
@@ -114,6 +131,12 @@ class EngineConfig:
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "device", DEVICES)
         _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
+        if self.speculative_config is not None:
+            if not isinstance(self.speculative_config, str):
+                raise ValueError("speculative_config must be a JSON object given as text.")
+            from inflight.runtime.speculative import parse_speculative_config
+
+            parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
         for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")

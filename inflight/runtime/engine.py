@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,19 @@ from inflight.runtime.outputs import (
     TokenLogprob,
 )
 from inflight.runtime.prompt_logprobs import span_logprobs
-from inflight.runtime.request import Request
+from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.sampler import Sampler, SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.scheduler import ScheduledChunk, Scheduler
+from inflight.runtime.spec_verify import verify_greedy, verify_sampled
+from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("inflight.engine")
-_Sampled = tuple[ScheduledChunk, int, "TokenLogprob | None"]  # (chunk, token id, its logprob)
+# (chunk, the tokens it emits, their logprobs): one token, or a speculating chunk's accepted
+# drafts plus one.
+_Sampled = tuple[ScheduledChunk, tuple[int, ...], tuple["TokenLogprob | None", ...]]
 
 
 class _Live:
@@ -94,6 +99,7 @@ class LLMEngine:
         self._num_generation_tokens = 0
         self._num_tokens_last_step = 0
         self._num_steps = 0
+        self._spec = SpecStats()
 
     @classmethod
     def from_model_dir(
@@ -231,12 +237,17 @@ class LLMEngine:
                 req.first_scheduled_time = now
         chunks, failed, sampled = self._forward_and_sample(sched.chunks)
         for chunk in chunks:
-            self._advance(chunk)
+            if not chunk.draft_token_ids:  # a speculating chunk advances once its tokens are in
+                self._advance(chunk, chunk.num_tokens)
         outputs = [self._fail(req) for req in failed]
         now = time.monotonic()
-        for chunk, token_id, logprob in sampled:
+        for chunk, token_ids, logprobs in sampled:
             try:
-                out = self._append_token(chunk.request, token_id, logprob, now)
+                out = self._append_tokens(chunk.request, token_ids, logprobs, now)
+                if chunk.draft_token_ids and chunk.request.status is RequestStatus.RUNNING:
+                    # It computed its last token and the drafts it kept: one position per
+                    # token it emitted (the new one is computed next step).
+                    self._advance(chunk, len(token_ids))
             except EngineFatalError:
                 raise
             except Exception:
@@ -277,19 +288,42 @@ class LLMEngine:
         only a failed step can change what a seeded request in it generates."""
         batch = self.runner.prepare(chunks)
         rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
-        masks = self.sampler.prepare_masks(rows, self.runner.spec.vocab_size)  # filled during the forward
+        plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
+        plain_rows = [rows[i] for i in plain]
+        masks = self.sampler.prepare_masks(plain_rows, self.runner.spec.vocab_size)  # filled during the forward
         logits = self.runner.execute(batch)
         if batch.prompt_logprob_spans:
             logits = self._collect_prompt_logprobs(batch, logits)
-        sampled = self.sampler.sample(logits, rows, masks)
-        return list(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs, strict=True))
+        if len(plain) == len(rows):  # no speculation this step: one row per chunk
+            sampled = self.sampler.sample(logits, rows, masks)
+            return [(c, (t,), (lp,)) for c, t, lp in zip(batch.sampled_chunks, sampled.token_ids,
+                                                           sampled.logprobs, strict=True)]  # fmt: skip
+        starts = [0]
+        for count in batch.sample_counts:
+            starts.append(starts[-1] + count)
+        index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
+        sampled = self.sampler.sample(logits[index], plain_rows, masks)
+        out: list[_Sampled] = []
+        plain_out = iter(zip(sampled.token_ids, sampled.logprobs, strict=True))
+        for i, chunk in enumerate(batch.sampled_chunks):
+            if not chunk.draft_token_ids:
+                token_id, logprob = next(plain_out)
+                out.append((chunk, (token_id,), (logprob,)))
+                continue
+            block = logits[starts[i] : starts[i + 1]]
+            verify = verify_greedy if rows[i].params.greedy else partial(verify_sampled, row=rows[i])
+            tokens = tuple(verify(block, chunk.draft_token_ids))
+            self._spec.record(len(chunk.draft_token_ids), len(tokens) - 1)
+            out.append((chunk, tokens, (None,) * len(tokens)))
+        return out
 
     def _collect_prompt_logprobs(self, batch: Any, logits: torch.Tensor) -> torch.Tensor:
         """Record the prompt logprobs of ``batch``'s prompt rows; return the sampling rows.
 
         Only positions not collected yet are kept, so a recompute (or a retried step) adds
         nothing twice."""
-        row = len(batch.sampled_chunks)
+        row = sum(batch.sample_counts)
+        sampled_rows = row
         for chunk, first, count in batch.prompt_logprob_spans:
             req = chunk.request
             collected = self._live[req.req_id].prompt_logprobs
@@ -298,7 +332,7 @@ class LLMEngine:
                                         req.params.prompt_logprobs or 0)
                 collected.extend(entries[len(collected) - first:])
             row += count
-        return logits[: len(batch.sampled_chunks)]
+        return logits[:sampled_rows]
 
     def _fail(self, req: Request) -> RequestOutput:
         """Finish ``req`` with ``finish_reason == "error"`` and free its blocks."""
@@ -312,31 +346,42 @@ class LLMEngine:
             self._live[req.req_id].generator, self.eos_token_ids, self._live[req.req_id].matcher,
         )
 
-    def _advance(self, chunk: ScheduledChunk) -> None:
+    def _advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
         req = chunk.request
-        req.num_computed_tokens += chunk.num_tokens
+        req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
 
-    def _append_token(
-        self, req: Request, token_id: int, logprob: TokenLogprob | None, now: float
+    def _append_tokens(
+        self, req: Request, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob | None, ...], now: float
     ) -> RequestOutput | None:
+        """Append the step's tokens (one, or a speculating request's accepted drafts plus one)
+        until one of them finishes the request; one output for all of them."""
         live = self._live[req.req_id]
-        req.append_token(token_id)
-        self._num_generation_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = now
             self._num_prompt_tokens += req.num_prompt_tokens
-        if logprob is not None:
-            live.pending_logprobs.append(logprob)
-        reason = self._stop_reason(req, token_id, live.detok is not None and live.detok.append(token_id))
-        error = None
-        if live.matcher is not None:
-            error = _grammar_error(req, live.matcher, token_id)
-            if error is not None:
-                reason = "error"
-            elif live.matcher.is_finished:
-                reason = "stop"
-        new_ids = (token_id,)
+        reason = error = None
+        new_ids: list[int] = []
+        for token_id, logprob in zip(token_ids, logprobs, strict=True):
+            req.append_token(token_id)
+            new_ids.append(token_id)
+            self._num_generation_tokens += 1
+            if logprob is not None:
+                live.pending_logprobs.append(logprob)
+            reason = self._stop_reason(req, token_id, live.detok is not None and live.detok.append(token_id))
+            if live.matcher is not None:
+                error = _grammar_error(req, live.matcher, token_id)
+                if error is not None:
+                    reason = "error"
+                elif live.matcher.is_finished:
+                    reason = "stop"
+            if reason is not None:
+                break
+        return self._output_after(req, live, tuple(new_ids), reason, error)
+
+    def _output_after(
+        self, req: Request, live: _Live, new_ids: tuple[int, ...], reason: str | None, error: str | None
+    ) -> RequestOutput:
         if reason is None:
             return self._delta(req, new_ids, live.detok.take_delta(False) if live.detok else "", False, None)
         self.scheduler.remove(req)
@@ -416,6 +461,10 @@ class LLMEngine:
             num_tokens_last_step=self._num_tokens_last_step,
             num_steps=self._num_steps,
             max_num_sequences=self.config.max_num_sequences,
+            spec_num_drafts=self._spec.num_drafts,
+            spec_num_draft_tokens=self._spec.num_draft_tokens,
+            spec_num_accepted_tokens=self._spec.num_accepted_tokens,
+            spec_accepted_per_position=tuple(self._spec.accepted_per_position),
         )
 
     def update_config(self, **changes: Any) -> EngineConfig:

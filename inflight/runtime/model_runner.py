@@ -115,6 +115,9 @@ class BatchInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor  # [num_sampled] rows of the packed batch to compute logits for
     sampled_chunks: tuple[ScheduledChunk, ...]  # in the order of sample_indices
+    # Rows of sample_indices per sampled chunk: 1, or 1 + drafts for a speculating chunk
+    # (its last known token and every draft position, for the verification).
+    sample_counts: tuple[int, ...] = ()
     # Prompt logprobs: (chunk, first position, count) whose rows follow the sampled rows in
     # sample_indices; the row at position p predicts prompt token p + 1.
     prompt_logprob_spans: tuple[tuple[ScheduledChunk, int, int], ...] = ()
@@ -232,6 +235,12 @@ class ModelRunner:
         return self.num_kv_blocks * self.bytes_per_block
 
     def _resolve_num_blocks(self, config: EngineConfig) -> int:
+        num = self._num_blocks_before_cap(config)
+        if config.max_tokens_in_paged_kv_cache is not None:
+            num = min(num, config.max_tokens_in_paged_kv_cache // self.block_size)
+        return num
+
+    def _num_blocks_before_cap(self, config: EngineConfig) -> int:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
         if self.device.type == "cuda":
@@ -248,9 +257,14 @@ class ModelRunner:
 
     # -- one step ----------------------------------------------------------------------
     def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
-        """Pack the scheduled chunks: one-token chunks first (decode path), then the rest."""
-        decodes = [c for c in chunks if c.num_tokens == 1]
-        prefills = [c for c in chunks if c.num_tokens > 1]
+        """Pack the scheduled chunks: one-token rows first (decode path), then prompt chunks.
+
+        A speculating chunk (its last token plus drafts) becomes one decode row per token, each
+        attending to the context up to and including itself: the KV of the whole chunk is
+        stored before attention runs, so the rows are causal without a prefill kernel.
+        """
+        decodes = [c for c in chunks if c.num_tokens == 1 or c.draft_token_ids]
+        prefills = [c for c in chunks if c.num_tokens > 1 and not c.draft_token_ids]
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -259,36 +273,46 @@ class ModelRunner:
         sampled: list[ScheduledChunk] = []
         spans: list[tuple[ScheduledChunk, int, int]] = []
         prompt_rows: list[int] = []
-        ctx_lens: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefill_lens: list[int] = []
         q_starts: list[int] = [0]
+        counts: list[int] = []
         for chunk in decodes + prefills:
             req, start, n = chunk.request, chunk.request.num_computed_tokens, chunk.num_tokens
-            ids.extend(req.token_ids[start : start + n])
+            if chunk.draft_token_ids:
+                ids.append(req.token_ids[start])
+                ids.extend(chunk.draft_token_ids)
+            else:
+                ids.extend(req.token_ids[start : start + n])
             positions = range(start, start + n)
             pos.extend(positions)
             table = req.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in positions)
-            ctx_lens.append(start + n)
-            if chunk.num_tokens > 1:
+            if chunk.num_tokens == 1 or chunk.draft_token_ids:
+                decode_tables.extend([table] * n)
+                decode_lens.extend(range(start + 1, start + n + 1))
+            else:
+                prefill_lens.append(start + n)
                 q_starts.append(q_starts[-1] + n)
             if chunk.sample:
-                sample_rows.append(len(ids) - 1)
+                rows = n if chunk.draft_token_ids else 1
+                sample_rows.extend(range(len(ids) - rows, len(ids)))
                 sampled.append(chunk)
+                counts.append(rows)
             if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
                 count = min(start + n, req.num_prompt_tokens - 1) - start
                 spans.append((chunk, start, count))
                 prompt_rows.extend(range(len(ids) - n, len(ids) - n + count))
-        nd = len(decodes)
         up = self._upload
-        tables = [c.request.block_ids for c in decodes + prefills]
         meta = AttentionMetadata(
             slot_mapping=up(slots, torch.int64),
-            num_decode_tokens=nd,
-            decode_block_tables=self._upload_tables(tables[:nd]),
-            decode_context_lens=up(ctx_lens[:nd], torch.int32),
-            prefill_block_tables=self._upload_tables(tables[nd:]),
+            num_decode_tokens=len(decode_lens),
+            decode_block_tables=self._upload_tables(decode_tables),
+            decode_context_lens=up(decode_lens, torch.int32),
+            prefill_block_tables=self._upload_tables([c.request.block_ids for c in prefills]),
             prefill_query_start_loc=up(q_starts, torch.int32),
-            prefill_context_lens=up(ctx_lens[nd:], torch.int32),
+            prefill_context_lens=up(prefill_lens, torch.int32),
             num_prefills=len(prefills),
         )
         return BatchInputs(
@@ -297,6 +321,7 @@ class ModelRunner:
             meta=meta,
             sample_indices=up(sample_rows + prompt_rows, torch.int64),
             sampled_chunks=tuple(sampled),
+            sample_counts=tuple(counts),
             prompt_logprob_spans=tuple(spans),
         )
 
@@ -324,7 +349,9 @@ class ModelRunner:
         if self.graphs is not None and self.workers is None and self._graphable(batch):
             return self.graphs.run(batch.input_ids, batch.positions, batch.meta)[batch.sample_indices]
         if self.workers is None:
-            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices)
+            # Rows of one speculating sequence read each other's KV: lanes may not split them.
+            lanes_ok = all(count == 1 for count in batch.sample_counts)
+            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices, lanes_ok)
         else:
             logits = self.workers.run_step(
                 lambda: self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
@@ -365,9 +392,9 @@ class ModelRunner:
             self._threads_now = want
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                 sample_indices: torch.Tensor) -> torch.Tensor | None:
+                 sample_indices: torch.Tensor, lanes_ok: bool = True) -> torch.Tensor | None:
         if self._cpu_threads is not None:
-            if self._lanes is not None and self._lanes.takes(meta, self._num_params):
+            if lanes_ok and self._lanes is not None and self._lanes.takes(meta, self._num_params):
                 self._threads_now = 0  # the lanes set their own threads' counts
                 return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
             self._set_cpu_threads(input_ids.shape[0])

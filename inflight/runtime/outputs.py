@@ -126,6 +126,12 @@ class EngineStats:
     num_steps: int
     max_num_sequences: int
     extra: dict[str, float] = field(default_factory=dict)
+    # Speculative decoding (cumulative): sequences that speculated in a step, the draft tokens
+    # they proposed, those the model kept, and how many were kept at each draft position.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

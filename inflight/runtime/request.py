@@ -12,6 +12,7 @@ import enum
 import time
 
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.speculative import NgramIndex
 
 
 class RequestStatus(enum.Enum):
@@ -50,6 +51,7 @@ class Request:
         self.finish_reason: str | None = None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        self.ngram: NgramIndex | None = None  # speculative decoding: this sequence's n-gram index
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -113,7 +113,7 @@ class Sampler:
         dev = logits.device
         temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=dev)
         logits = logits / temps[:, None]
-        logits = _filter(logits, rows)
+        logits = filter_logits(logits, rows)
         probs = torch.softmax(logits, dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, row by row,
         # each row from its own generator.
@@ -158,7 +158,7 @@ def _apply_penalties(row_logits: torch.Tensor, row: SamplingRow) -> None:
         row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
 
 
-def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Mask tokens outside top_k / top_p / min_p (per-row parameters)."""
     dev = logits.device
     vocab = logits.shape[-1]

@@ -7,6 +7,11 @@ out, running requests are preempted by recompute: the most recently admitted fir
 ``priority`` the lowest priority (highest ``priority`` value) first. ``static`` is the naive
 baseline: it admits a batch only when nothing is running.
 
+With speculative decoding on, a decoding request whose parameters allow it (and while fewer
+than ``disable_by_batch_size`` requests run) gets n-gram proposals: its chunk is its last
+token plus up to ``num_speculative_tokens`` draft tokens, each costing one token of the
+budget and a KV slot; the engine keeps what the model agrees with.
+
 Imports no torch; knows nothing about the model or sampling.
 """
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.request import Request, RequestStatus
+from inflight.runtime.speculative import NgramIndex, parse_speculative_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +32,7 @@ class ScheduledChunk:
     request: Request
     num_tokens: int
     sample: bool  # this chunk completes the known tokens, so a new token is sampled
+    draft_token_ids: tuple[int, ...] = ()  # proposals after the last known token (num_tokens = 1 + len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order
         self.num_preemptions = 0
         self._admissions = 0
+        self.spec = parse_speculative_config(config.speculative_config)
 
     # -- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -103,6 +111,7 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
+        speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -110,6 +119,13 @@ class Scheduler:
             if num_new == 0:
                 i += 1
                 continue
+            if speculate and num_new == 1:
+                drafts = self._propose(req, budget - 1)
+                if drafts and self.kv.allocate_slots(req, 1 + len(drafts)):
+                    chunks.append(ScheduledChunk(req, 1 + len(drafts), True, tuple(drafts)))
+                    budget -= 1 + len(drafts)
+                    i += 1
+                    continue
             while not self.kv.allocate_slots(req, num_new):
                 victim = self._pick_victim(i)
                 self._preempt(victim)
@@ -122,6 +138,23 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _propose(self, req: Request, room: int) -> list[int]:
+        """N-gram drafts for a decoding request, never more than could be emitted (each step
+        emits the accepted drafts plus one token) or fit its context."""
+        spec = self.spec
+        assert spec is not None
+        p = req.params
+        if not p.speculable or req.num_output_tokens < p.min_tokens:
+            return []
+        max_len = self.config.max_model_len or 0
+        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1,
+                max_len - req.num_tokens)  # fmt: skip
+        if k <= 0:
+            return []
+        if req.ngram is None:
+            req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return req.ngram.propose(req.token_ids, k)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """A request not yet scheduled this step: the newest, or the lowest priority."""

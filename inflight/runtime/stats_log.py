@@ -36,9 +36,14 @@ def interval_from_env() -> float:
 def stats_line(stats: EngineStats, prompt_tps: float, generation_tps: float) -> str:
     """The one line logged per interval."""
     hit = stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0
-    return (f"engine: running {stats.num_running} reqs, waiting {stats.num_waiting} reqs, "
+    line = (f"engine: running {stats.num_running} reqs, waiting {stats.num_waiting} reqs, "
             f"KV cache usage {100 * stats.kv_cache_usage:.1f}%, prefix cache hit rate {100 * hit:.1f}%, "
             f"prompt {prompt_tps:.1f} tok/s, generation {generation_tps:.1f} tok/s")
+    if stats.spec_num_draft_tokens:  # cumulative, as vLLM's spec-decode line
+        accepted = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+        mean_len = 1 + stats.spec_num_accepted_tokens / max(stats.spec_num_drafts, 1)
+        line += f", draft acceptance {100 * accepted:.1f}%, mean accepted length {mean_len:.2f}"
+    return line
 
 
 def _log_loop(snapshot: Callable[[], EngineStats], interval_s: float, stop: threading.Event) -> None:

@@ -46,6 +46,12 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.prefix_cache_queries),
     ("inflight:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
      lambda s: s.prefix_cache_hits),
+    ("inflight:spec_decode_num_drafts_total", "Speculative decoding: sequence-steps that proposed drafts.",
+     lambda s: s.spec_num_drafts),
+    ("inflight:spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens proposed.",
+     lambda s: s.spec_num_draft_tokens),
+    ("inflight:spec_decode_num_accepted_tokens_total", "Speculative decoding: draft tokens the model kept.",
+     lambda s: s.spec_num_accepted_tokens),
 )
 
 
@@ -68,6 +74,13 @@ class _EngineStatsCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self._model_name], float(value(stats)))
             yield counter
+        per_position = CounterMetricFamily(
+            "inflight:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative decoding: draft tokens kept at each draft position (0 = first).",
+            labels=["model_name", "position"])  # fmt: skip
+        for position, count in enumerate(stats.spec_accepted_per_position):
+            per_position.add_metric([self._model_name, str(position)], float(count))
+        yield per_position
 
 
 class ServerMetrics:
