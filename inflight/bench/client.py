@@ -25,6 +25,7 @@ class RequestSpec:
     prompt: str
     max_tokens: int
     arrival_s: float = 0.0
+    user: str | None = None  # OpenAI's end-user id (the fair scheduler's tenant)
 
 
 @dataclass(slots=True)
@@ -54,10 +55,13 @@ class RunResult:
 
 def completion_body(model: str, spec: RequestSpec) -> dict[str, object]:
     """The request body: only standard OpenAI fields (peers reject unknown ones)."""
-    return {
+    body: dict[str, object] = {
         "model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0,
         "stream": True, "stream_options": {"include_usage": True},
     }
+    if spec.user is not None:
+        body["user"] = spec.user
+    return body
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, sent: float, result: RequestResult) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULER_POLICIES = ("fcfs", "priority", "static")
+SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "triton", "torch", "cpu")  # as inflight.kernels.dispatch accepts
@@ -67,7 +67,10 @@ class EngineConfig:
     )
     scheduler_policy: str = field(
         default="fcfs",
-        metadata=_help("fcfs | priority | static (naive baseline: admit a batch, wait for all of it)."),
+        metadata=_help(
+            "fcfs | priority | fair (tenants, by the request's user field, share slots and queue "
+            "by tokens served) | static (naive baseline: admit a batch, wait for all of it)."
+        ),
     )
     max_queue_len: int = field(
         default=1024, metadata=_help("Most requests waiting for admission; more are rejected (HTTP 429).")

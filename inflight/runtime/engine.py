@@ -150,47 +150,55 @@ class LLMEngine:
 
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-        priority: int = 0, arrival_time: float | None = None,
+        priority: int = 0, arrival_time: float | None = None, tenant: str = "",
     ) -> None:
         if req_id in self._requests:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
-        self.check_admission(1)
-        self._add(req_id, prompt_token_ids, params, priority, arrival_time)
+        self.check_admission(1, tenant)
+        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant)
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
         """Add every request or none: on a rejection, abort the ones already added and re-raise.
 
         The whole group is admitted or refused (``QueueFullError``) together.
         """
-        self.check_admission(len(requests))
+        self.check_admission(len(requests), requests[0].tenant if requests else "")
         added: list[str] = []
         try:
             for r in requests:
                 self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
-                                 arrival_time=r.arrival_time)
+                                 arrival_time=r.arrival_time, tenant=r.tenant)
                 added.append(r.req_id)
         except BaseException:
             for req_id in added:
                 self.abort_request(req_id)
             raise
 
-    def check_admission(self, num_new: int) -> None:
+    def check_admission(self, num_new: int, tenant: str = "") -> None:
         """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
 
         ``max_queue_len`` bounds the requests that cannot run now: up to ``max_num_sequences``
         unfinished requests run, and at most ``max_queue_len`` more wait. So a burst of
-        ``max_num_sequences + max_queue_len`` into an idle engine is accepted whole.
+        ``max_num_sequences + max_queue_len`` into an idle engine is accepted whole. Under the
+        fair policy the waiting queue is shared instead: a tenant may hold its share of it
+        (``max_queue_len`` / tenants waiting), so a flood from one tenant is refused, not others.
         """
+        if self.scheduler.fair is not None:
+            free_slots = max(0, self.config.max_num_sequences - self.scheduler.num_running)
+            mine, share = self.scheduler.fair.queue_share(tenant, self.scheduler.waiting, self.config.max_queue_len)
+            if mine + num_new - free_slots > share:
+                raise QueueFullError(share)
+            return
         unfinished = self.scheduler.num_running + self.scheduler.num_waiting + num_new
         if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
             raise QueueFullError(self.config.max_queue_len)
 
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-        priority: int, arrival_time: float | None,
+        priority: int, arrival_time: float | None, tenant: str = "",
     ) -> None:
-        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals)
+        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant)
         self._arrivals += 1
         generator = None
         if not params.greedy:

@@ -32,6 +32,7 @@ class Request:
         priority: int = 0,
         arrival_time: float | None = None,
         arrival_seq: int = 0,
+        tenant: str = "",
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -39,6 +40,7 @@ class Request:
         self.priority = priority
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = arrival_seq  # tie-breaker: order of add_request calls
+        self.tenant = tenant  # the scheduler's fair policy shares slots between tenants
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0

@@ -4,8 +4,9 @@ Every step gets a token budget (``max_num_tokens``). Running requests go first (
 costs one token, an unfinished prompt its next chunk), then waiting requests in policy
 order while the budget, ``max_num_sequences`` and free KV blocks allow. When blocks run
 out, running requests are preempted by recompute: the most recently admitted first, or under
-``priority`` the lowest priority (highest ``priority`` value) first. ``static`` is the naive
-baseline: it admits a batch only when nothing is running.
+``priority`` the lowest priority (highest ``priority`` value) first. ``fair`` shares slots
+and admissions between tenants by tokens served (:mod:`inflight.runtime.fairness`).
+``static`` is the naive baseline: it admits a batch only when nothing is running.
 
 With speculative decoding on, a decoding request whose parameters allow it (and while fewer
 than ``disable_by_batch_size`` requests run) gets n-gram proposals: its chunk is its last
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.fairness import FairShare
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.speculative import NgramIndex, parse_speculative_config
@@ -58,9 +60,12 @@ class Scheduler:
         self.num_preemptions = 0
         self._admissions = 0
         self.spec = parse_speculative_config(config.speculative_config)
+        self.fair = FairShare() if config.scheduler_policy == "fair" else None
 
     # -- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
+        if self.fair is not None:
+            self.fair.add(req.tenant)
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
@@ -70,6 +75,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
+        if self.fair is not None and req.status is not RequestStatus.FINISHED:
+            self.fair.remove(req.tenant)
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
 
@@ -85,6 +92,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _policy_key(self, req: Request) -> tuple[int, ...]:
+        if self.fair is not None:
+            return self.fair.order_key(req)
         if self.config.scheduler_policy == "priority":
             return (req.priority, req.arrival_seq)
         return (req.arrival_seq,)
@@ -94,12 +103,33 @@ class Scheduler:
         budget = self.config.max_num_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
+        yielded = self._rebalance_slots() if self.fair is not None else []
         budget = self._schedule_running(budget, chunks, preempted)
         admitted: list[Request] = []
         if not preempted and self._may_admit():
             budget = self._schedule_waiting(budget, chunks, admitted)
+        if self.fair is not None:  # admissions were charged as they boarded
+            boarded = {id(r) for r in admitted}
+            for chunk in chunks:
+                if id(chunk.request) not in boarded:
+                    self.fair.charge(chunk.request.tenant, chunk.num_tokens)
         num_batched = self.config.max_num_tokens - budget
-        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(preempted), num_batched)
+        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched)
+
+    def _rebalance_slots(self) -> list[Request]:
+        """Fair policy, every slot taken: a waiting tenant below its share of slots takes one
+        from the tenant furthest above its share (before anything is scheduled this step)."""
+        yielded: list[Request] = []
+        fair = self.fair
+        assert fair is not None
+        while self.waiting and len(self.running) >= self.config.max_num_sequences:
+            candidate = min(self.waiting, key=fair.order_key)
+            victim = fair.slot_victim(candidate, self.running, self.config.max_num_sequences, self.waiting)
+            if victim is None:
+                break
+            self._preempt(victim)
+            yielded.append(victim)
+        return yielded
 
     def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
         """Tokens of ``req`` to run now: all ``remaining``, or a chunk when chunking applies; 0 = wait."""
@@ -112,12 +142,14 @@ class Scheduler:
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
         speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        yield_below = self._fair_yield_threshold()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
-            if num_new == 0:
-                i += 1
+            if num_new == 0 or (num_new > 1 and yield_below is not None
+                                and self.fair.served.get(req.tenant, 0) > yield_below):  # type: ignore[union-attr]
+                i += 1  # fair: this prompt chunk waits while a less-served tenant boards
                 continue
             if speculate and num_new == 1:
                 drafts = self._propose(req, budget - 1)
@@ -138,6 +170,14 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _fair_yield_threshold(self) -> int | None:
+        """Fair policy: the service of the least-served waiting tenant when it can board this
+        step (a slot is free); running prompt chunks of more-served tenants then leave it the
+        step's budget. None when nothing should yield."""
+        if self.fair is None or not self.waiting or len(self.running) >= self.config.max_num_sequences:
+            return None
+        return min(self.fair.served.get(r.tenant, 0) for r in self.waiting)
 
     def _propose(self, req: Request, room: int) -> list[int]:
         """N-gram drafts for a decoding request, never more than could be emitted (each step
@@ -183,6 +223,10 @@ class Scheduler:
         static = self.config.scheduler_policy == "static"
         self.waiting.sort(key=self._policy_key)
         while self.waiting and len(self.running) < self.config.max_num_sequences:
+            if self.fair is not None:  # service changes as requests board: pick again each time
+                head = min(self.waiting, key=self._policy_key)
+                self.waiting.remove(head)
+                self.waiting.insert(0, head)
             if budget == 0 and not static:
                 break
             req = self.waiting[0]
@@ -208,6 +252,8 @@ class Scheduler:
             if num_new > 0:
                 chunks.append(self._chunk(req, num_new))
                 budget -= num_new
+                if self.fair is not None:
+                    self.fair.charge(req.tenant, num_new)
         return budget
 
     @staticmethod

@@ -19,7 +19,7 @@ from inflight.runtime.sampling_params import SamplingParams
     (dict(block_size=12), "block_size must be a power of two"),
     (dict(kv_cache_free_gpu_mem_fraction=0.0), "kv_cache_free_gpu_mem_fraction must be in (0, 1]"),
     (dict(kv_cache_free_gpu_mem_fraction=1.5), "kv_cache_free_gpu_mem_fraction must be in (0, 1]"),
-    (dict(scheduler_policy="lifo"), "scheduler_policy must be one of fcfs, priority, static"),
+    (dict(scheduler_policy="lifo"), "scheduler_policy must be one of fcfs, priority, fair, static"),
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(device="tpu"), "device must be one of"),
     (dict(num_kv_blocks=0), "num_kv_blocks must be an integer >= 1"),

@@ -46,6 +46,7 @@ class EngineRequest:
     params: SamplingParams
     priority: int = 0
     arrival_time: float | None = None  # time.monotonic(); one clock for every process of a host
+    tenant: str = ""  # the request's user field: the fair scheduler's unit of sharing
 
 
 # ---- front end -> core ------------------------------------------------------------------

@@ -92,9 +92,10 @@ def plan(
     engine = state.engine.engine
     request_id = state.new_request_id(prefix)
     param = "messages" if req.is_chat else "prompt"
-    if req.priority and engine.config.scheduler_policy != "priority":
-        raise bad_request(f"'priority' is only honoured with --scheduler-policy priority; this server "
-                          f"schedules {engine.config.scheduler_policy} and would ignore it", "priority")
+    if req.priority and engine.config.scheduler_policy not in ("priority", "fair"):
+        raise bad_request(f"'priority' is only honoured with --scheduler-policy priority (or fair, within a "
+                          f"tenant); this server schedules {engine.config.scheduler_policy} and would ignore it",
+                          "priority")
     num_sequences = len(prompt_ids) * req.n
     if num_sequences > MAX_SEQUENCES_PER_REQUEST:
         raise bad_request(f"{len(prompt_ids)} prompt(s) x n={req.n} is {num_sequences} sequences; one request "
@@ -117,7 +118,7 @@ def plan(
                     error.param = "messages"
                 raise error from None
             req_id = f"{request_id}-{index}"
-            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival))
+            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival, req.user or ""))
             choices[req_id] = ChoiceState(index, req_id)
     _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
     token_text = None
