@@ -10,12 +10,11 @@ a table; knows the pool only through its public functions.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from inflight.bench.gpu_kernels import wall_median_ms
 from inflight.runtime import block_pool
 
 NUM_SEQS = 64
@@ -25,15 +24,6 @@ BLOCK = 16
 
 def _old_hash(parent: object, token_ids: Sequence[int]) -> int:
     return hash((parent, tuple(token_ids)))
-
-
-def _median_ms(fn: Callable[[], object], reps: int = 15) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _admit(hash_fn: Callable, prompts: list[list[int]]) -> None:
@@ -77,8 +67,8 @@ def main() -> int:
     print(f"{'work':<44} {'tuple hash ms':>14} {'SHA-256 ms':>11}")
     for name, work in ((f"admit {NUM_SEQS} prompts of {PROMPT_LEN} tokens", _admit),
                        (f"one decode step of {NUM_SEQS} sequences", _decode_step)):  # fmt: skip
-        old = _median_ms(lambda w=work: w(_old_hash, prompts))
-        new = _median_ms(lambda w=work: w(block_pool.hash_block, prompts))
+        old = wall_median_ms(lambda w=work: w(_old_hash, prompts), reps=15)
+        new = wall_median_ms(lambda w=work: w(block_pool.hash_block, prompts), reps=15)
         print(f"{name:<44} {old:>14.3f} {new:>11.3f}")
         if work is _decode_step:
             print(f"  -> {100 * new / step_ms:.2f}% of the decode step")

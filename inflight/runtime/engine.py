@@ -49,7 +49,7 @@ from inflight.runtime.scheduler import ScheduledChunk, Scheduler
 from inflight.runtime.spec_verify import verify_greedy, verify_sampled
 from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
-from inflight.runtime.tokenizer import eos_token_ids, load_tokenizer
+from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("inflight.engine")
 # (chunk, the tokens it emits, their logprobs): one token, or a speculating chunk's accepted
@@ -138,11 +138,7 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        return list(prompt)
+        return encode_prompt(self.tokenizer, prompt)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise :class:`RequestRejectedError` for a request that can never run (no state change)."""

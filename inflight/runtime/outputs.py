@@ -40,6 +40,26 @@ class QueueFullError(RequestRejectedError):
         return (QueueFullError, (self.max_queue_len,))
 
 
+class FailedSteps:
+    """Counts engine steps that raised a plain ``Exception`` in a row: such a step fails the
+    requests in flight and the engine goes on, but ``limit`` in a row make it fatal."""
+
+    def __init__(self, limit: int = 3) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+
+    def failed(self, exc: Exception) -> str:
+        """Record a failed step; the reason to give its requests. Raises ``EngineFatalError``
+        (from ``exc``) at the limit."""
+        self.in_a_row += 1
+        if self.in_a_row >= self.limit:
+            raise EngineFatalError(f"{self.in_a_row} engine steps in a row failed") from exc
+        return f"engine step failed: {exc!r}"
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+
 class EngineFatalError(RuntimeError):
     """The engine cannot go on (a tensor-parallel worker died, the device is gone, ...).
 

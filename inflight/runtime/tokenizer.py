@@ -26,6 +26,18 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def encode_prompt(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+    """A prompt as token ids: text tokenized with the special tokens (BOS) as transformers
+    does; ids passed through. An empty text is refused (``RequestRejectedError``)."""
+    from inflight.runtime.outputs import RequestRejectedError
+
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
+        return list(tokenizer.encode(prompt, add_special_tokens=True))
+    return list(prompt)
+
+
 def eos_token_ids(hf_config: Any, tokenizer: Any, model_dir: Path) -> tuple[int, ...]:
     gen_path = model_dir / "generation_config.json"
     if gen_path.is_file():

@@ -32,7 +32,7 @@ from typing import Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
-from inflight.runtime.outputs import EngineFatalError, RequestRejectedError
+from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
 
 logger = logging.getLogger("inflight.engine_core")
 
@@ -116,7 +116,7 @@ class EngineCore:
         self.step_clock = step_clock
         self._fault = parse_fault(os.environ.get(FAULT_ENV, ""))
         self._pending: list[_PendingGroup] = []
-        self._failed_steps_in_a_row = 0
+        self._failures = FailedSteps(MAX_FAILED_STEPS_IN_A_ROW)
 
     def run(self) -> None:
         """Until :class:`Shutdown` or the front end's end of the pipe closes."""
@@ -209,16 +209,14 @@ class EngineCore:
         except EngineFatalError:
             raise
         except Exception as exc:
-            self._failed_steps_in_a_row += 1
-            if self._failed_steps_in_a_row >= MAX_FAILED_STEPS_IN_A_ROW:
-                raise EngineFatalError(f"{self._failed_steps_in_a_row} engine steps in a row failed") from exc
+            reason = self._failures.failed(exc)
             logger.exception("engine step failed; failing the requests in flight")
-            self.conn.send(p.FailAll(f"engine step failed: {exc!r}"))
+            self.conn.send(p.FailAll(reason))
             time.sleep(FAILED_STEP_BACKOFF_S)
             return
         finally:
             self.step_clock.value = 0.0
-        self._failed_steps_in_a_row = 0
+        self._failures.succeeded()
         self.conn.send(p.StepDone(tuple(outputs), self.engine.stats()))
 
 

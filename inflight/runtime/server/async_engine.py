@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.protocol import EngineRequest
-from inflight.runtime.outputs import EngineFatalError, EngineStats
+from inflight.runtime.outputs import EngineFatalError, EngineStats, FailedSteps
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
     BacklogError,
@@ -83,7 +83,7 @@ class AsyncEngine(EngineClient):
         self._engine: LLMEngine | None = None
         self._thread = threading.Thread(target=self._run, name="inflight-engine", daemon=True)
         self._step_started_at: float | None = None
-        self._failed_steps_in_a_row = 0
+        self._failures = FailedSteps(MAX_FAILED_STEPS_IN_A_ROW)
 
     # ---- event-loop side -------------------------------------------------------------
 
@@ -179,16 +179,14 @@ class AsyncEngine(EngineClient):
         except EngineFatalError:
             raise
         except Exception as exc:
-            self._failed_steps_in_a_row += 1
-            if self._failed_steps_in_a_row >= MAX_FAILED_STEPS_IN_A_ROW:
-                raise EngineFatalError(f"{self._failed_steps_in_a_row} engine steps in a row failed") from exc
+            reason = self._failures.failed(exc)
             logger.exception("engine step failed; failing the requests in flight")
-            self._loop.call_soon_threadsafe(self.fail_all, EngineStepError(f"engine step failed: {exc!r}"))
+            self._loop.call_soon_threadsafe(self.fail_all, EngineStepError(reason))
             self._stopping.wait(FAILED_STEP_BACKOFF_S)
             return
         finally:
             self._step_started_at = None
-        self._failed_steps_in_a_row = 0
+        self._failures.succeeded()
         if outputs:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
         if self._on_step is not None:

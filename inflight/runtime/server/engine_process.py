@@ -71,13 +71,9 @@ class CoreView:
         return self.summary.resolved
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        from inflight.runtime.outputs import RequestRejectedError
+        from inflight.runtime.tokenizer import encode_prompt
 
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        return list(prompt)
+        return encode_prompt(self.tokenizer, prompt)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         check_request(prompt_token_ids, params, self.summary.config, self.summary.vocab_size)
