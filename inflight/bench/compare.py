@@ -125,13 +125,6 @@ def serving_markdown(options: SuiteOptions, combined: Combined, poisson: list[st
     return md
 
 
-def combined_from_json(record: dict[str, Any]) -> Combined:
-    """Rebuild the combined results from a written ``serving.json`` (to re-render the report)."""
-    return {system: {point: {m: Spread(v["median"], v["min"], v["max"]) for m, v in metrics.items()}
-                     for point, metrics in by_point.items()}
-            for system, by_point in record["results"].items()}
-
-
 def run_roofline_section(options: SuiteOptions, engine_threads: int) -> dict[str, Any]:
     model = bench_model(options, "medium")
     num_params = roofline.num_parameters(model)

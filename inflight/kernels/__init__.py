@@ -1,5 +1,6 @@
-"""Attention, KV-cache and normalization kernels: Triton on CUDA, torch references elsewhere.
+"""The model's kernels: Triton on CUDA, native C (OpenMP) on the CPU, each beside its torch reference.
 
-The engine calls only the dispatching functions exported here; which implementation runs is
-decided by :mod:`inflight.kernels.dispatch`.
+``reference.py`` is the specification and the fallback; ``triton_*.py`` and ``cpu_native.py``
+implement the same signatures; :mod:`inflight.kernels.dispatch` decides which bundle
+(``KernelOps``) the engine gets. Each kernel has a test comparing it with its reference.
 """

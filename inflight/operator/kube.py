@@ -56,7 +56,6 @@ class Kind:
         return self.api_version.rpartition("/")[2]
 
 
-INFERENCE_DEPLOYMENTS = Kind("inflight.dev/v1alpha1", "inferencedeployments", "InferenceDeployment")
 INFERENCE_POOLS = Kind("inference.networking.k8s.io/v1", "inferencepools", "InferencePool")
 DEPLOYMENTS = Kind("apps/v1", "deployments", "Deployment", "AppsV1Api", "namespaced_deployment")
 SERVICES = Kind("v1", "services", "Service", "CoreV1Api", "namespaced_service")

@@ -67,10 +67,6 @@ class KVBlockPool:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
     def allocate(self, num_blocks: int) -> list[int] | None:
         """``num_blocks`` fresh blocks (ref 1), evicting cached ones LRU; None if too few."""
         if num_blocks > len(self._free):

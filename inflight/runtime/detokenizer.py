@@ -70,14 +70,11 @@ class IncrementalDetokenizer:
         self.emitted = end
         return delta
 
-    def _decode(self, token_ids: list[int]) -> str:
-        return self._decode_ids(token_ids)
-
     def _decode_window(self) -> tuple[str, str]:
         """Text of the tokens already read, and of those plus the new ones, since prefix_offset."""
         return (
-            self._decode(self.token_ids[self.prefix_offset : self.read_offset]),
-            self._decode(self.token_ids[self.prefix_offset :]),
+            self._decode_ids(self.token_ids[self.prefix_offset : self.read_offset]),
+            self._decode_ids(self.token_ids[self.prefix_offset :]),
         )
 
     def _decode_slow(self, token_ids: list[int]) -> str:

@@ -6,7 +6,7 @@ dataclasses. Knows nothing about torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class RequestRejectedError(ValueError):
@@ -145,7 +145,6 @@ class EngineStats:
     num_tokens_last_step: int
     num_steps: int
     max_num_sequences: int
-    extra: dict[str, float] = field(default_factory=dict)
     # Speculative decoding (cumulative): sequences that speculated in a step, the draft tokens
     # they proposed, those the model kept, and how many were kept at each draft position.
     spec_num_drafts: int = 0

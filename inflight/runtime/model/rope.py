@@ -11,8 +11,18 @@ from typing import Any
 import torch
 
 
+def rope_parameters(config: Any) -> dict[str, Any]:
+    """The config's rotary parameters, the one place they are read. transformers 5 (our floor:
+    4.x kept them in ``rope_scaling`` and the scaled variants would silently go unscaled)
+    normalizes every checkpoint's keys into ``rope_parameters``."""
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        raise ValueError("this model config has no rope_parameters: transformers >= 5 is required")
+    return dict(params)
+
+
 def _inv_freq(config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
-    params = getattr(config, "rope_parameters", None) or {}
+    params = rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))

@@ -38,14 +38,6 @@ class ModelSpec:
     sliding_window: int | None
     hidden_act: str
 
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
 
 def spec_from_hf_config(config: Any) -> ModelSpec:
     """Read a transformers ``PretrainedConfig`` into a :class:`ModelSpec`."""
@@ -93,9 +85,6 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:
-    params = getattr(config, "rope_parameters", None)
-    if params is None:  # transformers < 5
-        params = dict(getattr(config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-        params.setdefault("rope_type", params.pop("type", "default"))
-    return dict(params)
+    from inflight.runtime.model.rope import rope_parameters
+
+    return rope_parameters(config)

@@ -3,9 +3,16 @@
 One line per module:
 
 * ``app``          routes, middlewares (errors, auth, admission), /health /ready /metrics, watchdog, drain
-* ``serve``        the process lifecycle: bind, load with progress, SIGTERM drain, exit code
-* ``async_engine`` the engine step loop in its own thread; command queue; death and failure handling
+* ``serve``        the process lifecycle: bind, load with progress, SIGTERM/SIGHUP drain, exit code
+* ``auth``         the API key and admin key on every route, Expect: 100-continue checked first
+* ``engine_client`` the front end's side of the engine: request groups, dispatch, death
+* ``engine_process`` the engine-core process: spawn, pipe, the front end's view of the engine
+* ``async_engine`` the engine step loop in a thread of this process (--single-process, tests)
 * ``openai_api``   /v1/completions, /v1/chat/completions, /v1/models: bodies, prompts, chat template
+* ``tokenize_api`` /tokenize and /detokenize
+* ``request_features`` the output-shaping fields: structured outputs, tools, echo, logprobs
+* ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``reasoning``  reading a chat reply
+* ``echo``         echo and prompt logprobs in completion bodies
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
 * ``responses``    OpenAI response bodies, stream chunks, usage and logprobs layouts

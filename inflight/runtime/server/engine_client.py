@@ -186,10 +186,6 @@ class EngineClient:
     def is_ready(self) -> bool:
         return self._ready.done() and self._ready.exception() is None
 
-    @property
-    def num_active_groups(self) -> int:
-        return len({id(g) for g in self._groups.values()})
-
     def abort(self, req_ids: Sequence[str]) -> None:
         """Abort ``req_ids`` at the next step (frees their KV blocks); does not wait."""
         ids = tuple(req_ids)

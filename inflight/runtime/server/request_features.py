@@ -40,9 +40,9 @@ UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
     "documents": (None, []),
     "chat_template": (None,),
 }
-# Accepted and harmless: they do not change what the model writes.
-HARMLESS_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-                   "guided_decoding_backend", "request_id")
+# Accepted as harmless (they do not change what the model writes): user (the fair scheduler's
+# tenant), metadata, store, service_tier, prompt_cache_key, safety_identifier,
+# guided_decoding_backend, request_id.
 
 # apply_chat_template's own arguments: a client must not set them through chat_template_kwargs.
 _TEMPLATE_RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",

@@ -27,7 +27,6 @@ from typing import Any
 
 from inflight.runtime.json_text import MAX_DEPTH, loads_limited, nesting_depth
 
-FAMILIES = ("hermes", "llama3", "mistral")
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
 
