@@ -233,6 +233,13 @@ def _status_schema() -> dict[str, Any]:
             "kvCacheUsage": num("Mean KV-cache usage over ready pods at the last scrape."),
             "queueDepth": num("Mean waiting requests per ready pod at the last scrape."),
             "lastScaleTime": {"type": "string", "format": "date-time"},
+            "recommendations": {
+                "type": "array",
+                "description": "The autoscaler's recommendations inside its stabilization windows, kept here so "
+                               "an operator restart does not forget a scale-down window.",
+                "items": {"type": "object", "properties": {
+                    "time": {"type": "string", "format": "date-time"}, "replicas": {"type": "integer"}}},
+            },
             "lastDecisionReason": {"type": "string"},
             "lastDecisionMessage": {"type": "string"},
             "observedGeneration": {"type": "integer"},

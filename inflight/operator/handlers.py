@@ -131,11 +131,22 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
         spec = parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
     except ValueError:
         return  # Degraded was set by the reconcile handler; wait for a spec change
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: the delete handler owns the children now
     ctx: OperatorContext = memo.ctx
     state = _state(memo)
+    reconcile.seed_from_status(state, body.get("status"))
+    owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
+    drifted = await reconcile.drifted_children(ctx, spec, owner)
+    if drifted:  # level-triggered: a deleted or hand-edited child is put back
+        logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
+        try:
+            await reconcile.apply_children(ctx, spec, owner)
+        except reconcile.SpecRejected as exc:
+            logger.warning("could not repair the children: %s", exc)
     deployment = await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)
     if deployment is None:
-        return  # not created yet (or being deleted): the reconcile handler owns creation
+        return
     pods = await reconcile.list_pods(ctx, spec)
     for error in await reconcile.sync_live_config(ctx, spec, state, pods):
         logger.warning("live config not pushed yet: %s", error)
@@ -148,6 +159,8 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
     new_status = status.observed_status(deployment, decision, _conditions(body), meta.get("generation"), now)
     if state.last_scale_time is not None:
         new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
+    if spec.autoscaling.enabled:
+        new_status["recommendations"] = status.recommendations_status(state.history)
     if (cache := render_model.cache_status(spec.name, spec.model, pods)) is not None:
         new_status["modelCache"] = cache
     patch.status.update(new_status)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import datetime
 import json
 import os
@@ -35,6 +36,8 @@ import aiohttp
 import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from inflight.operator import applied
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -195,14 +198,19 @@ class KubeClient:
     async def apply(
         self, kind: Kind, namespace: str, body: dict[str, Any], patch_body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Create, or merge-patch what exists with ``patch_body`` (default: ``body``)."""
+        """Create, or merge-patch what exists with ``patch_body`` (default: ``body``) plus the
+        deletion of every key the last apply set and this one does not (``applied``)."""
+        patch = patch_body if patch_body is not None else body
+        created = copy.deepcopy(body)
+        created["metadata"].setdefault("annotations", {})[applied.ANNOTATION] = applied.record(patch)
         try:
-            return await self.create(kind, namespace, body)
+            return await self.create(kind, namespace, created)
         except KubeError as exc:
             if exc.status != 409:
                 raise
         name = body["metadata"]["name"]
-        return await self.patch(kind, namespace, name, patch_body if patch_body is not None else body)
+        existing = await self.get(kind, namespace, name)
+        return await self.patch(kind, namespace, name, applied.with_deletions(patch, applied.last_applied(existing)))
 
     async def create_if_missing(self, kind: Kind, namespace: str, body: dict[str, Any]) -> bool:
         """Create ``body`` unless an object of that name exists (never changes it); True if created."""

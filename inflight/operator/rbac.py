@@ -24,11 +24,12 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     # the operator patches status (the status subresource).
     Permission("inflight.dev", "inferencedeployments", ("get", "list", "watch", "patch")),
     Permission("inflight.dev", "inferencedeployments/status", ("get", "patch")),
-    # Children, owned by the custom resource (create; patch on 409; get; delete on delete).
+    # Children, owned by the custom resource (create; get and patch on 409 and to repair
+    # drift each tick; delete on delete).
     Permission("apps", "deployments", ("get", "create", "patch", "delete")),
     Permission("", "services", ("get", "create", "patch", "delete")),
-    Permission("policy", "poddisruptionbudgets", ("create", "patch", "delete")),
-    Permission("", "configmaps", ("create", "patch", "delete")),
+    Permission("policy", "poddisruptionbudgets", ("get", "create", "patch", "delete")),
+    Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # Pods are listed to scrape /metrics, push live config and read the model download's state.
     Permission("", "pods", ("list",)),
     # The admin Secret (<name>-admin) is created once, read for live pushes, deleted with its owner.

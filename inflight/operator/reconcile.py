@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import autoscaler, engine_args, metrics_scrape, render
+from inflight.operator import applied, autoscaler, engine_args, metrics_scrape, render, status
 from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import (
@@ -42,6 +42,7 @@ class ResourceState:
     history: tuple[Recommendation, ...] = ()
     last_decision_at: float | None = None
     last_scale_time: float | None = None
+    seeded: bool = False  # history and last scale time read back from the status once
     live_pushed: dict[str, str] = field(default_factory=dict)  # pod name -> live-config key
 
 
@@ -71,28 +72,61 @@ async def _apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: rend
         logger.info("created admin Secret %s/%s", ns, admin["metadata"]["name"])
     if (pvc := render.render_cache_pvc(spec, owner)) is not None:
         await kube.create_if_missing(PVCS, ns, pvc)
-    await kube.apply(CONFIGMAPS, ns, render.render_configmap(spec, owner))
-    deployment = render.render_deployment(spec, owner, render.initial_replicas(spec))
-    await kube.apply(DEPLOYMENTS, ns, deployment, render.deployment_patch(deployment, spec.autoscaling.enabled))
-    await kube.apply(SERVICES, ns, render.render_service(spec, owner))
-    await kube.apply(PDBS, ns, render.render_pdb(spec, owner))
-    pool_objects = render.render_pool_objects(spec, owner)
-    kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
-    for obj in pool_objects:
+    children = rendered_children(spec, owner)
+    for kind, body, patch in children:
         try:
-            await kube.apply(kinds[obj["kind"]], ns, obj)
+            await kube.apply(kind, ns, body, patch)
         except KubeError as exc:
-            if exc.status == 404 and obj["kind"] == "InferencePool":
+            if exc.status == 404 and body["kind"] == "InferencePool":
                 raise SpecRejected(
                     "spec.inferencePool is enabled but the API server has no InferencePool kind "
                     "(inference.networking.k8s.io/v1): install the Gateway API Inference Extension CRDs "
                     "or set inferencePool.enabled: false"
                 ) from exc
             raise
-    applied = {(o["kind"], o["metadata"]["name"]) for o in pool_objects}
+    wanted = {(body["kind"], body["metadata"]["name"]) for _, body, _ in children}
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
-        if (kind.kind, obj_name) not in applied and await kube.get(kind, ns, obj_name) is not None:
+        if (kind.kind, obj_name) not in wanted and await kube.get(kind, ns, obj_name) is not None:
             await kube.delete(kind, ns, obj_name)
+
+
+def rendered_children(spec: InferenceSpec, owner: render.Owner) -> list[tuple[Kind, dict[str, Any], dict[str, Any]]]:
+    """(kind, object to create, merge patch to apply) for every child the spec describes
+    (the admin Secret and cache PVC aside: they are created once, never re-applied)."""
+    deployment = render.render_deployment(spec, owner, render.initial_replicas(spec))
+    out: list[tuple[Kind, dict[str, Any], dict[str, Any]]] = [
+        (CONFIGMAPS, cm := render.render_configmap(spec, owner), cm),
+        (DEPLOYMENTS, deployment, render.deployment_patch(deployment, spec.autoscaling.enabled)),
+        (SERVICES, svc := render.render_service(spec, owner), svc),
+        (PDBS, pdb := render.render_pdb(spec, owner), pdb),
+    ]
+    kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
+    out += [(kinds[obj["kind"]], obj, obj) for obj in render.render_pool_objects(spec, owner)]
+    return out
+
+
+def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> None:
+    """After an operator (re)start: the autoscaler history and last scale time the previous
+    operator wrote into the status, so a scale-down window survives the restart."""
+    if state.seeded:
+        return
+    state.seeded = True
+    if not state.history:
+        state.history = status.recommendations_from_status(cr_status)
+    if state.last_scale_time is None:
+        state.last_scale_time = status.parse_rfc3339((cr_status or {}).get("lastScaleTime"))
+
+
+async def drifted_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> list[str]:
+    """The children that are gone or no longer hold what the spec sets (a hand edit, a
+    deletion): "Kind/name" of each. One read per child."""
+    out = []
+    for kind, body, patch in rendered_children(spec, owner):
+        name = body["metadata"]["name"]
+        live = await ctx.kube.get(kind, spec.namespace, name)
+        if applied.drifted(live, applied.without_nulls(patch)):
+            out.append(f"{body['kind']}/{name}")
+    return out
 
 
 def pool_children(name: str) -> list[tuple[Kind, str]]:

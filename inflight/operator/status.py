@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.operator import render
-from inflight.operator.autoscaler import Decision
+from inflight.operator.autoscaler import Decision, Recommendation
 from inflight.operator.spec import InferenceSpec
 
 
@@ -27,6 +27,41 @@ class Condition:
 
 def rfc3339(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: object) -> float | None:
+    """Seconds since the epoch of a UTC RFC 3339 time ("...Z", with or without fractional
+    seconds, as this module writes them); None if not one."""
+    if not isinstance(text, str):
+        return None
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
+        try:
+            return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.timezone.utc).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def recommendations_status(history: tuple[Recommendation, ...]) -> list[dict[str, Any]]:
+    """The autoscaler's recent recommendations for the status (millisecond times), so that a
+    restarted operator keeps honouring the stabilization windows."""
+    return [{"time": _rfc3339_ms(r.time), "replicas": r.replicas} for r in history]
+
+
+def _rfc3339_ms(ts: float) -> str:
+    when = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def recommendations_from_status(cr_status: dict[str, Any] | None) -> tuple[Recommendation, ...]:
+    """The autoscaler history a previous operator left in the status (bad entries skipped)."""
+    out = []
+    for entry in (cr_status or {}).get("recommendations") or []:
+        when = parse_rfc3339((entry or {}).get("time"))
+        replicas = (entry or {}).get("replicas")
+        if when is not None and isinstance(replicas, int) and not isinstance(replicas, bool):
+            out.append(Recommendation(time=when, replicas=replicas))
+    return tuple(out)
 
 
 def merge_conditions(

@@ -76,10 +76,10 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # Runtime pods are listed to scrape /metrics, push live config and read the model download state.
 - apiGroups: [""]
   resources: ["pods"]

@@ -1,0 +1,139 @@
+"""Day two against kmock: drift is repaired by the timer, removed map keys leave the children,
+and the autoscaler's stabilization window survives an operator restart (via the status)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+from inflight.operator import applied, autoscaler, reconcile, render, status
+from inflight.operator.autoscaler import Observations, PodMetrics, Policy, Recommendation
+from tests.operator.helpers import EXAMPLES, load_example
+from tests.operator.kmock_harness import Cluster, running_operator, wait_for
+
+DEPLOY_PATH = "/apis/apps/v1/namespaces/default/deployments"
+NAME = "llama-minimal"
+
+
+def _minimal() -> dict[str, Any]:
+    return copy.deepcopy(load_example(next(p for p in EXAMPLES if p.stem == "minimal")))
+
+
+async def _deployment_where(cluster: Cluster, check: Any) -> dict[str, Any] | None:
+    deploy = await cluster.child("deployments", NAME)
+    return deploy if deploy and check(deploy) else None
+
+
+def _container(deploy: dict[str, Any]) -> dict[str, Any]:
+    return deploy["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_deleted_children_come_back_without_a_spec_change() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            cr = await cluster.create_cr(_minimal())
+            await wait_for(lambda: cluster.child("poddisruptionbudgets", NAME), what="children")
+            await cluster.request("DELETE", f"{DEPLOY_PATH}/{NAME}")
+            await cluster.request("DELETE", f"/api/v1/namespaces/default/configmaps/{render.configmap_name(NAME)}")
+            assert await cluster.child("deployments", NAME) is None
+            deploy = await wait_for(lambda: cluster.child("deployments", NAME), timeout=5, what="repaired")
+            assert deploy["metadata"]["ownerReferences"][0]["uid"] == cr["metadata"]["uid"]
+            await wait_for(lambda: cluster.child("configmaps", render.configmap_name(NAME)), timeout=5,
+                           what="configmap repaired")
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_hand_edit_is_reverted_and_fields_others_own_are_left() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            await cluster.create_cr(_minimal())
+            deploy = await wait_for(lambda: cluster.child("deployments", NAME), what="deployment")
+            image = _container(deploy)["image"]
+            edit = {"metadata": {"labels": {"team": "sre"}},  # someone else's label: kept
+                    "spec": {"template": {"spec": {"containers": [{**_container(deploy), "image": "evil:latest"}]}}}}
+            await cluster.request("PATCH", f"{DEPLOY_PATH}/{NAME}", edit, merge=True)
+            repaired = await wait_for(
+                lambda: _deployment_where(cluster, lambda d: _container(d)["image"] == image),
+                timeout=5, what="image put back")
+            assert repaired["metadata"]["labels"]["team"] == "sre"
+            patches = cluster.requests_to("PATCH", f"{DEPLOY_PATH}/{NAME}")
+            await asyncio.sleep(1.0)  # five ticks with nothing drifted: no more patches
+            assert cluster.requests_to("PATCH", f"{DEPLOY_PATH}/{NAME}") == patches
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_changed_node_selector_and_a_removed_annotation_leave_no_stale_keys() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            doc = _minimal()
+            doc["spec"]["nodeSelector"] = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+            doc["spec"]["podAnnotations"] = {"team": "ml", "cost-center": "42"}
+            await cluster.create_cr(doc)
+            await wait_for(lambda: _deployment_where(
+                cluster, lambda d: d["spec"]["template"]["spec"].get("nodeSelector")), what="deployment")
+            await cluster.patch_cr(NAME, {"spec": {
+                "nodeSelector": {"cloud.google.com/gke-accelerator": None, "cloud.google.com/gke-nodepool": "h100"},
+                "podAnnotations": {"cost-center": None}}})
+
+            def updated(deploy: dict[str, Any]) -> bool:
+                return "cloud.google.com/gke-nodepool" in deploy["spec"]["template"]["spec"]["nodeSelector"]
+
+            deploy = await wait_for(lambda: _deployment_where(cluster, updated), what="new nodeSelector")
+            template = deploy["spec"]["template"]
+            assert template["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "h100"}
+            assert template["metadata"]["annotations"]["team"] == "ml"
+            assert "cost-center" not in template["metadata"]["annotations"]
+            assert applied.last_applied(deploy) is not None
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_scale_down_window_survives_a_restart_through_the_status() -> None:
+    policy = Policy(min_replicas=1, max_replicas=4, target_kv_cache_usage=0.7, target_queue_depth=4.0,
+                    scale_up_window_s=0.0, scale_down_window_s=30.0)
+    now = time.time()
+    before = reconcile.ResourceState(history=(Recommendation(time=now - 10, replicas=3),),
+                                     last_scale_time=now - 10)
+    written = {"recommendations": status.recommendations_status(before.history),
+               "lastScaleTime": status.rfc3339(now - 10)}
+    idle = Observations(current_replicas=3, ready=tuple(
+        PodMetrics(name=f"p{i}", kv_cache_usage=0.0, num_waiting=0.0) for i in range(3)))
+
+    restarted = reconcile.ResourceState()
+    reconcile.seed_from_status(restarted, written)
+    assert [r.replicas for r in restarted.history] == [3]
+    assert abs(restarted.history[0].time - (now - 10)) < 0.01
+    assert autoscaler.decide(idle, policy, restarted.history, now).desired == 3  # window holds
+    assert autoscaler.decide(idle, policy, restarted.history, now + 25).desired == 1  # window over
+
+    forgetful = reconcile.ResourceState()  # what a restart did before: scale-down at once
+    assert autoscaler.decide(idle, policy, forgetful.history, now).desired == 1
+
+    reconcile.seed_from_status(restarted, {"recommendations": []})  # seeded once, never again
+    assert len(restarted.history) == 1
+
+
+def test_garbage_in_the_status_history_is_skipped() -> None:
+    junk = {"recommendations": [{"time": "yesterday", "replicas": 2}, {"time": "2026-11-24T10:00:00Z"},
+                                {"time": "2026-11-24T10:00:00.250Z", "replicas": True}, None,
+                                {"time": "2026-11-24T10:00:00.250Z", "replicas": 2}]}
+    history = status.recommendations_from_status(junk)
+    assert [(r.replicas, r.time % 1) for r in history] == [(2, 0.25)]
+
+
+def test_applied_records_deletions_and_drift() -> None:
+    old = {"spec": {"nodeSelector": {"a": "1", "b": "2"}, "replicas": 2, "args": ["x"]}}
+    new = {"spec": {"nodeSelector": {"b": "3"}, "args": ["y"]}}
+    assert applied.deletions(old, new) == {"spec": {"nodeSelector": {"a": None}, "replicas": None}}
+    patch = applied.with_deletions(new, old)
+    assert patch["spec"]["nodeSelector"] == {"b": "3", "a": None}
+    assert applied.last_applied(patch) == new
+    live = {"metadata": {"uid": "u"}, "spec": {"nodeSelector": {"b": "3", "z": "9"}, "args": ["y"]}}
+    assert not applied.drifted(live, new)  # extra keys others set do not count
+    assert applied.drifted({"spec": {"nodeSelector": {"b": "4"}, "args": ["y"]}}, new)
+    assert applied.drifted({"spec": {"nodeSelector": {"b": "3"}, "args": ["y", "z"]}}, new)
+    assert applied.drifted(None, new)
