@@ -197,6 +197,10 @@ def _spec_schema() -> dict[str, Any]:
                 "properties": {
                     "type": _str("Service type.", default="ClusterIP", enum=list(SERVICE_TYPES)),
                     "port": _int("Service port.", 1, 8000, maximum=65535),
+                    "annotations": {"type": "object", "additionalProperties": {"type": "string"},
+                                    "description": "Service annotations, e.g. an internal load balancer "
+                                                   "(networking.gke.io/load-balancer-type: Internal, "
+                                                   "service.beta.kubernetes.io/aws-load-balancer-scheme)."},
                 },
             },
             "apiKeySecretRef": {
@@ -239,6 +243,11 @@ def _status_schema() -> dict[str, Any]:
                                "an operator restart does not forget a scale-down window.",
                 "items": {"type": "object", "properties": {
                     "time": {"type": "string", "format": "date-time"}, "replicas": {"type": "integer"}}},
+            },
+            "autoscalingBaseReplicas": {
+                "type": "integer",
+                "description": "spec.replicas when autoscaling was turned on; a later change of spec.replicas "
+                               "(kubectl scale, an HPA, KEDA) is ignored and sets AutoscalingConflict.",
             },
             "lastDecisionReason": {"type": "string"},
             "lastDecisionMessage": {"type": "string"},

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS
+from inflight.operator.pod_runtime import PROBE_KEYS
 from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES
 from inflight.operator.spec import EPP_IMAGE, FAILURE_MODES
 
@@ -62,8 +63,11 @@ def cache_schema() -> dict[str, Any]:
         "properties": {
             "claimName": _str("An existing PVC shared by the replicas (ReadWriteMany, or per node)."),
             "size": {**INT_OR_STRING, "description": "Create <name>-model-cache of this size, e.g. 100Gi."},
-            "storageClassName": _str("StorageClass of the created PVC."),
-            "accessMode": _str("Access mode of the created PVC.", default="ReadWriteMany", enum=list(ACCESS_MODES)),
+            "storageClassName": _str("StorageClass of the created PVC (one that offers ReadWriteMany to share "
+                                     "the cache across nodes: Filestore, EFS, Azure Files, CephFS, NFS)."),
+            "accessMode": _str("Access mode of the created PVC: ReadWriteMany with a storageClassName, else "
+                               "ReadWriteOnce (default classes offer no RWX; pods on one node share it).",
+                               enum=list(ACCESS_MODES)),
         },
         "x-kubernetes-validations": [
             {"rule": "!(has(self.claimName) && has(self.size))", "message": "set claimName or size, not both"}
@@ -85,6 +89,18 @@ def pod_properties() -> dict[str, Any]:
         "volumeMounts": _objects("Mounts of spec.volumes into the runtime container (not under /models or "
                                  "/dev/shm).", ["name", "mountPath"]),
         "runtimeClassName": _str("RuntimeClass of the pods (e.g. nvidia)."),
+        "serviceAccountName": _str("ServiceAccount of the runtime pods (Workload Identity, IRSA)."),
+        "topologySpreadConstraints": _objects("Pod topology spread constraints (core/v1).", ["maxSkew", "topologyKey"]),
+        "podSecurityContext": {**PRESERVE, "description": "Replaces the pods' security context (default: UID/GID "
+                               "1000, fsGroupChangePolicy OnRootMismatch, RuntimeDefault seccomp). On OpenShift "
+                               "set {runAsNonRoot: true} so the SCC assigns the UID."},
+        "probes": probes_schema(),
+        "kernelCache": {
+            "type": "object",
+            "description": "A PVC for Triton's and torch inductor's compiled kernels, so restarts skip the JIT.",
+            "required": ["claimName"],
+            "properties": {"claimName": _str("An existing PVC (ReadWriteMany, or per node).")},
+        },
         "podAnnotations": {**string_map, "description": "Extra pod annotations."},
         "podLabels": {**string_map, "description": "Extra pod labels (not the app.kubernetes.io selector keys)."},
         "rollout": rollout_schema(),
@@ -92,8 +108,27 @@ def pod_properties() -> dict[str, Any]:
     }
 
 
+def probes_schema() -> dict[str, Any]:
+    def probe(desc: str) -> dict[str, Any]:
+        ints = {k: {"type": "integer", "minimum": 0 if k == "initialDelaySeconds" else 1} for k in PROBE_KEYS}
+        return {"type": "object", "description": desc, "properties": ints}
+
+    return {
+        "type": "object",
+        "description": "Probe overrides. The startup budget (periodSeconds x failureThreshold, default 10 x 60 "
+                       "= 10 min) must cover loading the model, the kernel JIT and NCCL init.",
+        "properties": {
+            "startup": probe("GET /ready until the model is loaded; liveness starts after it."),
+            "liveness": probe("GET /health (default every 10 s, 3 failures restart the container)."),
+            "readiness": probe("GET /ready (default every 5 s, 2 failures take the pod out of the Service)."),
+        },
+    }
+
+
 def resources_extra() -> dict[str, Any]:
     return {
+        "ephemeralStorage": {**INT_OR_STRING, "description": "ephemeral-storage request and limit, and the "
+                             "sizeLimit of a per-pod model emptyDir (set it above the model's size)."},
         "shmSize": {**INT_OR_STRING, "description": "Size limit of the memory-backed /dev/shm (default: none)."},
         "gpuResourceName": _str("Extended resource the GPUs are requested as (MIG profiles, AMD: amd.com/gpu).",
                                 default=DEFAULT_GPU_RESOURCE),

@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from inflight.operator import reconcile, render, render_model, status
+from inflight.operator import pod_health, reconcile, render, render_model, status
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
 from inflight.operator.kube import DEPLOYMENTS
@@ -103,16 +103,28 @@ async def on_reconcile(
     spec = _parse_or_degrade(body, patch, now)
     ctx: OperatorContext = memo.ctx
     meta = body["metadata"]
+    state = _state(memo)
     try:
         await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
     except reconcile.SpecRejected as exc:  # e.g. a bad volume source; other API errors: kopf retries
         patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
         raise kopf.PermanentError(str(exc)) from exc
+    state.good_spec, state.good_generation = spec, meta.get("generation")
     pods = await reconcile.list_pods(ctx, spec)
-    errors = await reconcile.sync_live_config(ctx, spec, _state(memo), pods)
+    errors = await reconcile.sync_live_config(ctx, spec, state, pods)
     for error in errors:
         logger.warning("live config not pushed yet (the timer retries): %s", error)
-    patch.status.update(status.reconciled_status(spec, _conditions(body), meta.get("generation"), now))
+    base, conflict = status.autoscaling_conflict(spec, body.get("status"))
+    new_status = status.reconciled_status(spec, _conditions(body), meta.get("generation"), now, [conflict])
+    new_status["autoscalingBaseReplicas"] = base
+    if conflict.status and not _has_condition(body, "AutoscalingConflict", True):
+        await ctx.kube.post_event(_cr_ref(body), "Warning", "AutoscalingConflict", conflict.message)
+    patch.status.update(new_status)
+
+
+def _has_condition(body: Any, ctype: str, value: bool) -> bool:
+    want = "True" if value else "False"
+    return any(c.get("type") == ctype and c.get("status") == want for c in _conditions(body))
 
 
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
@@ -127,14 +139,14 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
     meta = body["metadata"]
     if (body.get("status") or {}).get("observedGeneration") != meta.get("generation"):
         return  # the reconcile handler has not handled this generation yet; it owns status then
-    try:
-        spec = parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
-    except ValueError:
-        return  # Degraded was set by the reconcile handler; wait for a spec change
     if meta.get("deletionTimestamp"):
         return  # being deleted: the delete handler owns the children now
     ctx: OperatorContext = memo.ctx
     state = _state(memo)
+    spec = state.good_spec  # a bad edit (Degraded) leaves the last spec that applied in charge
+    if spec is None:
+        return  # nothing applied by this operator yet: the reconcile handler owns creation
+    current = state.good_generation == meta.get("generation")
     reconcile.seed_from_status(state, body.get("status"))
     owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
     drifted = await reconcile.drifted_children(ctx, spec, owner)
@@ -156,7 +168,11 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
     if spec.autoscaling.enabled and due:
         decision = await reconcile.autoscale(ctx, spec, _cr_ref(body), deployment, pods, state, now)
         deployment.setdefault("spec", {})["replicas"] = decision.desired
-    new_status = status.observed_status(deployment, decision, _conditions(body), meta.get("generation"), now)
+    extra = [reconcile.metrics_condition(state)] if spec.autoscaling.enabled else []
+    if current:  # while a bad edit is pending, Degraded carries the spec error instead
+        extra.append(status.degraded_condition(pod_health.failure(deployment, pods)))
+    new_status = status.observed_status(
+        deployment, decision, _conditions(body), meta.get("generation"), now, extra)
     if state.last_scale_time is not None:
         new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
     if spec.autoscaling.enabled:

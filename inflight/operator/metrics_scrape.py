@@ -1,8 +1,8 @@
 """Talking to runtime pods over HTTP: scrape /metrics, push live config to /admin/config.
 
-Owns: which pods count as ready, the URL of a pod (``status.podIP`` and the
-``prometheus.io/port`` annotation, falling back to the container port, so tests can point
-a pod object at 127.0.0.1:PORT), parsing the Prometheus text with prometheus-client's
+Owns: which pods count as ready, the URL of a pod (``status.podIP`` and the runtime
+container's port named ``http``; never the ``prometheus.io/port`` annotation, which a service
+mesh rewrites, Istio's metrics merging to 15020), parsing the Prometheus text with prometheus-client's
 parser, and the admin call. Knows nothing about the Kubernetes API or the decision.
 """
 
@@ -43,10 +43,21 @@ def pod_target(pod: dict[str, Any]) -> PodTarget | None:
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
-    annotations = pod.get("metadata", {}).get("annotations") or {}
-    port = annotations.get("prometheus.io/port") or CONTAINER_PORT
+    port = http_port(pod)
     host = f"[{ip}]" if ":" in ip else ip
     return PodTarget(name=pod["metadata"]["name"], base_url=f"http://{host}:{port}")
+
+
+def http_port(pod: dict[str, Any]) -> int:
+    """The runtime container's port named ``http`` (the operator renders it; a sidecar a mesh
+    injects has other names), else the port the operator renders by default."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    ordered = sorted(containers, key=lambda c: c.get("name") != "runtime")  # the runtime's first
+    for container in ordered:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http" and isinstance(port.get("containerPort"), int):
+                return port["containerPort"]
+    return CONTAINER_PORT
 
 
 def parse_metrics(text: str) -> tuple[float | None, float | None]:
@@ -64,23 +75,33 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
     return kv, waiting
 
 
-async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_s: float) -> PodMetrics:
-    """One pod's metrics; any failure gives a PodMetrics with ``None`` values."""
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    metrics: PodMetrics
+    error: str | None = None  # "pod at URL: what went wrong"; None when both metrics were read
+
+
+async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_s: float) -> Scrape:
+    """One pod's metrics; any failure gives ``None`` values and the error."""
+    url = f"{target.base_url}/metrics"
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(f"{target.base_url}/metrics", timeout=timeout) as resp:
+        async with session.get(url, timeout=timeout) as resp:
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}")
             kv, waiting = parse_metrics(await resp.text())
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         logger.warning("scraping %s at %s failed: %s", target.name, target.base_url, exc)
-        return PodMetrics(name=target.name, kv_cache_usage=None, num_waiting=None)
-    return PodMetrics(name=target.name, kv_cache_usage=kv, num_waiting=waiting)
+        return Scrape(PodMetrics(name=target.name, kv_cache_usage=None, num_waiting=None),
+                      f"{target.name} at {url}: {exc!r}"[:200])
+    missing = [m for m, v in ((KV_METRIC, kv), (WAITING_METRIC, waiting)) if v is None]
+    error = f"{target.name} at {url}: no {', '.join(missing)}" if missing else None
+    return Scrape(PodMetrics(name=target.name, kv_cache_usage=kv, num_waiting=waiting), error)
 
 
 async def scrape_pods(
     session: aiohttp.ClientSession, targets: list[PodTarget], timeout_s: float
-) -> tuple[PodMetrics, ...]:
+) -> tuple[Scrape, ...]:
     return tuple(await asyncio.gather(*(scrape_pod(session, t, timeout_s) for t in targets)))
 
 

@@ -45,7 +45,7 @@ class ModelCache:
     claim_name: str | None = None  # an existing PVC (the operator never deletes it)
     size: str | None = None  # or: the operator creates ``<name>-model-cache`` of this size
     storage_class_name: str | None = None
-    access_mode: str = "ReadWriteMany"
+    access_mode: str = "ReadWriteOnce"
 
     @property
     def shared(self) -> bool:
@@ -133,10 +133,18 @@ def _parse_cache(raw: dict) -> ModelCache:
     size = fields.quantity(raw, "size", p)
     if claim is not None and size is not None:
         raise ValueError(f"{p}: set claimName (an existing PVC) or size (the operator creates one), not both.")
-    mode = fields.string(raw, "accessMode", "ReadWriteMany", p)
+    storage_class = fields.optional_string(raw, "storageClassName", p)
+    # Stock default classes (GKE standard-rwo, EKS gp2/gp3, AKS managed-csi) offer no RWX: a
+    # shared cache needs a class that does (Filestore, EFS, Azure Files, CephFS, NFS).
+    mode = fields.string(raw, "accessMode", "ReadWriteMany" if storage_class else "ReadWriteOnce", p)
     if mode not in ACCESS_MODES:
         raise ValueError(f"{p}.accessMode must be one of {', '.join(ACCESS_MODES)} (got {mode!r}).")
-    storage_class = fields.optional_string(raw, "storageClassName", p)
+    if mode == "ReadWriteMany" and size is not None and storage_class is None:
+        raise ValueError(
+            f"{p}.accessMode ReadWriteMany needs {p}.storageClassName naming a class that offers it "
+            "(e.g. Filestore on GKE, EFS on EKS, Azure Files): the default classes of GKE, EKS and AKS "
+            "are ReadWriteOnce and the PVC would stay Pending. Without a class the cache is ReadWriteOnce "
+            "(pods on one node share it).")
     if claim is not None and (storage_class is not None or "accessMode" in raw):
         raise ValueError(f"{p}.storageClassName and accessMode apply only to a cache the operator creates (size).")
     return ModelCache(claim_name=claim, size=size, storage_class_name=storage_class, access_mode=mode)

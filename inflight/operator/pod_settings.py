@@ -18,8 +18,8 @@ from typing import Any
 
 from inflight.operator import fields
 
-RESERVED_VOLUMES = ("model", "dshm", "hf-home")
-RESERVED_MOUNTS = ("/models", "/dev/shm")
+RESERVED_VOLUMES = ("model", "dshm", "hf-home", "kernel-cache")
+RESERVED_MOUNTS = ("/models", "/dev/shm", "/var/cache/inflight")
 RESERVED_ENV = ("INFLIGHT_API_KEY", "INFLIGHT_ADMIN_API_KEY", "HF_TOKEN")
 RESERVED_ENV_PREFIX = "INFLIGHT_LIVE_"
 RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")

@@ -44,6 +44,12 @@ class ResourceState:
     last_scale_time: float | None = None
     seeded: bool = False  # history and last scale time read back from the status once
     live_pushed: dict[str, str] = field(default_factory=dict)  # pod name -> live-config key
+    # The last spec whose children applied, and its generation: the timer works from it, so a
+    # bad edit does not freeze autoscaling or drift repair of a running service.
+    good_spec: InferenceSpec | None = None
+    good_generation: int | None = None
+    metrics_failed_rounds: int = 0  # consecutive autoscaling rounds with a pod not scraped
+    metrics_error: str = ""
 
 
 class SpecRejected(Exception):
@@ -216,9 +222,11 @@ async def autoscale(
     """Scrape ready pods, decide, and apply the decision to the Deployment's replicas."""
     ready = [p for p in pods if metrics_scrape.pod_is_ready(p)]
     targets = [t for p in ready for t in [metrics_scrape.pod_target(p)] if t is not None]
-    metrics = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds)
+    scrapes = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds)
     no_ip = len(ready) - len(targets)
+    metrics = tuple(s.metrics for s in scrapes)
     metrics += tuple(autoscaler.PodMetrics(f"no-ip-{i}", None, None) for i in range(no_ip))
+    await _track_metrics(ctx, cr, state, [s.error for s in scrapes if s.error])
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
     obs = Observations(current_replicas=current, ready=metrics, num_pending=max(0, current - len(ready)))
     policy = policy_of(spec)
@@ -237,3 +245,29 @@ async def autoscale(
             f"scaled {current} -> {decision.desired}: {decision.message}",
         )
     return decision
+
+
+METRICS_FAILURE_ROUNDS = 3  # rounds in a row with an unscraped pod before MetricsUnavailable
+
+
+async def _track_metrics(ctx: OperatorContext, cr: dict[str, Any], state: ResourceState, errors: list[str]) -> None:
+    """Count rounds in a row where a ready pod gave no metrics; post a Warning Event when the
+    count reaches METRICS_FAILURE_ROUNDS (the MetricsUnavailable condition follows it)."""
+    if not errors:
+        state.metrics_failed_rounds, state.metrics_error = 0, ""
+        return
+    state.metrics_failed_rounds += 1
+    state.metrics_error = f"{len(errors)} pod(s) not scraped, e.g. {errors[0]}"
+    if state.metrics_failed_rounds == METRICS_FAILURE_ROUNDS:
+        await ctx.kube.post_event(
+            cr, "Warning", "MetricsUnavailable",
+            f"{state.metrics_error}; the autoscaler holds or counts them conservatively. The operator "
+            "scrapes the runtime container's port named http: check NetworkPolicies and mesh mTLS.",
+        )
+
+
+def metrics_condition(state: ResourceState) -> status.Condition:
+    if state.metrics_failed_rounds >= METRICS_FAILURE_ROUNDS:
+        return status.Condition("MetricsUnavailable", True, "ScrapeFailed",
+                                f"{state.metrics_failed_rounds} rounds in a row: {state.metrics_error}")
+    return status.Condition("MetricsUnavailable", False, "Scraped", "every ready pod returned metrics")

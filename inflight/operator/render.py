@@ -25,7 +25,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.operator import engine_args, render_model, render_pool
+from inflight.operator import engine_args, pod_runtime, render_model, render_pool
 from inflight.operator.spec import InferenceSpec
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS
 
@@ -37,9 +37,6 @@ MODEL_MOUNT = render_model.MODEL_MOUNT
 ADMIN_KEY = "admin-api-key"
 PRESTOP_SLEEP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 10
-STARTUP_PERIOD_SECONDS = 10
-STARTUP_FAILURE_THRESHOLD = 60  # 10 minutes to load a model before liveness applies
-RUN_AS_USER = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +135,7 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
         "name": "INFLIGHT_ADMIN_API_KEY",
         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(spec.name), "key": ADMIN_KEY}},
     })
-    return env + [copy.deepcopy(e) for e in spec.pod.env]
+    return env + pod_runtime.kernel_cache_env(spec.runtime) + [copy.deepcopy(e) for e in spec.pod.env]
 
 
 def _resources(spec: InferenceSpec) -> dict[str, Any]:
@@ -151,16 +148,9 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
     if spec.resources.gpus:
         gpu = spec.pod.gpu_resource_name
         requests[gpu] = limits[gpu] = spec.resources.gpus
+    if spec.runtime.ephemeral_storage is not None:  # the model emptyDir and the container's own writes
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = spec.runtime.ephemeral_storage
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
-
-
-def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period,
-        "failureThreshold": failures,
-        "timeoutSeconds": 5,
-    }
 
 
 def _container(spec: InferenceSpec) -> dict[str, Any]:
@@ -172,13 +162,14 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
-        "startupProbe": _probe("/ready", STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
-        "livenessProbe": _probe("/health", 10, 3),
-        "readinessProbe": _probe("/ready", 5, 2),
+        "startupProbe": spec.runtime.probes["startup"].render(),
+        "livenessProbe": spec.runtime.probes["liveness"].render(),
+        "readinessProbe": spec.runtime.probes["readiness"].render(),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": [
             render_model.runtime_mount(spec.model),
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *pod_runtime.kernel_cache_mount(spec.runtime),
             *(copy.deepcopy(m) for m in spec.pod.volume_mounts),
         ],
         "securityContext": {
@@ -196,20 +187,15 @@ def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec)],
         "volumes": [
-            render_model.model_volume(spec.name, spec.model),
+            render_model.model_volume(spec.name, spec.model, spec.runtime.ephemeral_storage),
             _shm_volume(spec),
             *render_model.extra_volumes(spec.model),
+            *pod_runtime.kernel_cache_volume(spec.runtime),
             *(copy.deepcopy(v) for v in spec.pod.volumes),
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
     }
+    pod_runtime.apply_to_pod_spec(spec.runtime, pod_spec)
     if init := render_model.init_containers(spec.model, spec.image):
         pod_spec["initContainers"] = init
     if spec.pod.image_pull_secrets:
@@ -305,10 +291,13 @@ def render_pool_objects(spec: InferenceSpec, owner: Owner) -> list[dict[str, Any
 
 
 def render_service(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
+    meta = _metadata(spec, owner)
+    if spec.service.annotations:  # e.g. networking.gke.io/load-balancer-type: Internal
+        meta["annotations"] = dict(spec.service.annotations)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, owner),
+        "metadata": meta,
         "spec": {
             "type": spec.service.type,
             "selector": selector_labels(spec.name),
@@ -328,7 +317,7 @@ def render_pdb(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
 
 _OPTIONAL_POD_KEYS = (
     "initContainers", "nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets",
-    "runtimeClassName",
+    "runtimeClassName", "serviceAccountName", "topologySpreadConstraints",
 )
 
 

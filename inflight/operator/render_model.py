@@ -36,14 +36,16 @@ def model_path(model: ModelSource) -> str:
     return f"{MODEL_MOUNT}/{model.path.strip('/')}"
 
 
-def model_volume(name: str, model: ModelSource) -> dict[str, Any]:
+def model_volume(name: str, model: ModelSource, size_limit: str | None = None) -> dict[str, Any]:
+    """The ``model`` volume; a per-pod emptyDir is capped at ``size_limit``
+    (``spec.resources.ephemeralStorage``) when one is given."""
     if model.pvc_claim_name:
         return {"name": "model", "persistentVolumeClaim": {"claimName": model.pvc_claim_name, "readOnly": True}}
     if model.host_path:
         return {"name": "model", "hostPath": {"path": model.host_path, "type": "Directory"}}
     if (claim := cache_claim_name(name, model)) is not None:
         return {"name": "model", "persistentVolumeClaim": {"claimName": claim}}
-    return {"name": "model", "emptyDir": {}}
+    return {"name": "model", "emptyDir": {"sizeLimit": size_limit} if size_limit else {}}
 
 
 def extra_volumes(model: ModelSource) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from inflight.operator import engine_args, fields
 from inflight.operator.model_source import ModelSource, parse_model
+from inflight.operator.pod_runtime import KERNEL_CACHE_ENV, PodRuntime, parse_pod_runtime
 from inflight.operator.pod_settings import PodSettings, Rollout, parse_pod_settings, parse_rollout
 
 RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
@@ -45,6 +46,7 @@ class Autoscaling:
 class ServiceSpec:
     type: str = "ClusterIP"
     port: int = 8000
+    annotations: dict[str, str] = field(default_factory=dict)  # e.g. an internal load balancer
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class InferenceSpec:
     api_key_secret_ref: SecretRef | None = None
     drain_timeout_seconds: int = 30
     pod: PodSettings = PodSettings()
+    runtime: PodRuntime = PodRuntime()
     rollout: Rollout = Rollout()
     inference_pool: InferencePoolSpec = InferencePoolSpec()
 
@@ -102,6 +105,12 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
     replicas = _int(spec, "replicas", 1, minimum=0)
     resources_raw = _obj(spec, "resources")
     resources = _parse_resources(resources_raw)
+    pod = parse_pod_settings(spec, resources_raw)
+    runtime = parse_pod_runtime(spec, resources_raw)
+    if runtime.kernel_cache_claim is not None and (taken := sorted(
+            {e.get("name") for e in pod.env} & set(KERNEL_CACHE_ENV))):
+        raise ValueError(f"spec.env sets {', '.join(taken)}, which spec.kernelCache points at its volume; "
+                         "drop one of them.")
     return InferenceSpec(
         name=name,
         namespace=namespace,
@@ -119,7 +128,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         service=_parse_service(_obj(spec, "service")),
         api_key_secret_ref=_parse_secret_ref(spec.get("apiKeySecretRef")),
         drain_timeout_seconds=_int(spec, "drainTimeoutSeconds", 30, minimum=0),
-        pod=parse_pod_settings(spec, resources_raw),
+        pod=pod,
+        runtime=runtime,
         rollout=parse_rollout(_obj(spec, "rollout")),
         inference_pool=_parse_inference_pool(_obj(spec, "inferencePool")),
     )
@@ -216,7 +226,7 @@ def _parse_service(raw: dict[str, Any]) -> ServiceSpec:
     port = _int(raw, "port", 8000, minimum=1, prefix="spec.service")
     if port > 65535:
         raise ValueError(f"spec.service.port must be <= 65535 (got {port}).")
-    return ServiceSpec(type=svc_type, port=port)
+    return ServiceSpec(type=svc_type, port=port, annotations=fields.string_map(raw, "annotations", "spec.service"))
 
 
 def _parse_secret_ref(raw: Any) -> SecretRef | None:

@@ -1,6 +1,8 @@
 """Pure builders of the InferenceDeployment ``status``: conditions and the status patches.
 
-Owns the status vocabulary: conditions Ready, Progressing, Degraded (each with reason,
+Owns the status vocabulary: conditions Ready (all replicas), Available (at least one),
+Progressing, Degraded (a spec error, or the pods' own failure: Unschedulable, ImagePullBackOff,
+CrashLoopBackOff, FailedCreate), MetricsUnavailable, AutoscalingConflict (each with reason,
 message, lastTransitionTime, observedGeneration; a condition's transition time changes
 only when its status does), replica counts, observed KV usage and queue depth, the last
 scaling decision. The clock is a parameter. Knows nothing about I/O.
@@ -12,14 +14,14 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.operator import render
+from inflight.operator import pod_health, render
 from inflight.operator.autoscaler import Decision, Recommendation
 from inflight.operator.spec import InferenceSpec
 
 
 @dataclass(frozen=True, slots=True)
 class Condition:
-    type: str  # Ready | Progressing | Degraded
+    type: str  # Ready | Available | Progressing | Degraded | MetricsUnavailable | AutoscalingConflict
     status: bool
     reason: str
     message: str
@@ -83,8 +85,15 @@ def merge_conditions(
         if generation is not None:
             entry["observedGeneration"] = generation
         by_type[cond.type] = entry
-    order = {"Ready": 0, "Progressing": 1, "Degraded": 2}
+    order = {"Ready": 0, "Available": 1, "Progressing": 2, "Degraded": 3}
     return sorted(by_type.values(), key=lambda c: (order.get(c["type"], 9), c["type"]))
+
+
+def degraded_condition(found: pod_health.Failure | None) -> Condition:
+    """``Degraded`` for a spec that applied: the pods' or the Deployment's failure, if any."""
+    if found is None:
+        return Condition("Degraded", False, "Reconciled", "all objects applied; no pod is failing")
+    return Condition("Degraded", True, found.reason, found.message)
 
 
 def invalid_spec_status(
@@ -92,7 +101,8 @@ def invalid_spec_status(
 ) -> dict[str, Any]:
     conditions = [
         Condition("Degraded", True, "InvalidSpec", message),
-        Condition("Progressing", False, "InvalidSpec", "fix the spec; nothing was applied"),
+        Condition("Progressing", False, "InvalidSpec", "fix the spec; nothing was applied (running pods keep the "
+                  "last spec that applied, and autoscaling continues with it)"),
     ]
     return {
         "observedGeneration": generation,
@@ -100,12 +110,37 @@ def invalid_spec_status(
     }
 
 
+def autoscaling_conflict(spec: InferenceSpec, cr_status: dict[str, Any] | None) -> tuple[int | None, Condition]:
+    """(``status.autoscalingBaseReplicas`` to write, the AutoscalingConflict condition).
+
+    The base is ``spec.replicas`` when autoscaling was turned on; while autoscaling stays on,
+    ``spec.replicas`` moving away from it means someone scaled the resource (``kubectl scale``,
+    an HPA, KEDA on the scale subresource) and the operator ignores it: say so.
+    """
+    if not spec.autoscaling.enabled:
+        return None, Condition("AutoscalingConflict", False, "AutoscalingOff", "spec.replicas sets the replicas")
+    base = (cr_status or {}).get("autoscalingBaseReplicas")
+    if not isinstance(base, int) or isinstance(base, bool):
+        base = spec.replicas
+    if spec.replicas == base:
+        return base, Condition("AutoscalingConflict", False, "NoConflict", "the operator's autoscaler sets the replicas")
+    return base, Condition(
+        "AutoscalingConflict", True, "ReplicasIgnored",
+        f"spec.replicas was changed to {spec.replicas} (kubectl scale, an HPA or KEDA?) while "
+        f"spec.autoscaling.enabled is true: it is ignored, the autoscaler keeps replicas between "
+        f"{spec.autoscaling.min_replicas} and {spec.autoscaling.max_replicas}. Change minReplicas/maxReplicas, "
+        f"set spec.replicas back to {base}, or turn autoscaling off to scale by hand.",
+    )
+
+
 def reconciled_status(
-    spec: InferenceSpec, existing: list[dict[str, Any]] | None, generation: int | None, now: float
+    spec: InferenceSpec, existing: list[dict[str, Any]] | None, generation: int | None, now: float,
+    extra: list[Condition] | None = None,
 ) -> dict[str, Any]:
     conditions = [
         Condition("Degraded", False, "Reconciled", "all objects applied"),
         Condition("Progressing", True, "Reconciled", "Deployment, Service, PDB and live config applied"),
+        *(extra or []),
     ]
     return {
         "observedGeneration": generation,
@@ -122,20 +157,23 @@ def observed_status(
     existing: list[dict[str, Any]] | None,
     generation: int | None,
     now: float,
+    extra: list[Condition] | None = None,
 ) -> dict[str, Any]:
-    """Replica counts from the Deployment, the decision (if one was made), the Ready condition."""
+    """Replica counts from the Deployment, the decision (if one was made), the Ready (all
+    replicas ready), Available (at least one) and Progressing conditions, plus ``extra``."""
+    extra = extra or []
     desired = int((deployment.get("spec") or {}).get("replicas") or 0)
     dstatus = deployment.get("status") or {}
     ready = int(dstatus.get("readyReplicas") or 0)
     updated = int(dstatus.get("updatedReplicas") or 0)
+    counts = f"{ready}/{desired} replicas ready"
     if desired == 0:
         cond = Condition("Ready", False, "ScaledToZero", "replicas is 0")
     elif ready >= desired:
-        cond = Condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
-    elif ready > 0:
-        cond = Condition("Ready", True, "PartiallyReady", f"{ready}/{desired} replicas ready")
+        cond = Condition("Ready", True, "AllReplicasReady", counts)
     else:
-        cond = Condition("Ready", False, "NoReplicasReady", f"0/{desired} replicas ready")
+        cond = Condition("Ready", False, "PartiallyReady" if ready else "NoReplicasReady", counts)
+    available = Condition("Available", ready > 0, "MinimumReplicasAvailable" if ready else "NoReplicasReady", counts)
     progressing = Condition(
         "Progressing", updated < desired or ready < desired, "RollingOut" if updated < desired else "Stable",
         f"{updated}/{desired} replicas up to date",
@@ -144,7 +182,7 @@ def observed_status(
         "replicas": int(dstatus.get("replicas") or 0),
         "readyReplicas": ready,
         "desiredReplicas": desired,
-        "conditions": merge_conditions(existing, [cond, progressing], now, generation),
+        "conditions": merge_conditions(existing, [cond, available, progressing, *extra], now, generation),
     }
     if decision is not None:
         status["lastDecisionReason"] = decision.reason

@@ -49,9 +49,9 @@ def test_runtime_image() -> None:
     uid, _ = _user(stage)
     assert uid != 0
     try:
-        from inflight.operator.render import RUN_AS_USER
+        from inflight.operator.pod_runtime import RUN_AS_USER
     except ImportError as err:
-        pytest.fail(f"inflight.operator.render.RUN_AS_USER is missing ({err})")
+        pytest.fail(f"inflight.operator.pod_runtime.RUN_AS_USER is missing ({err})")
     assert uid == RUN_AS_USER, "the runtime image's user must be the uid the operator's pods run as"
 
 

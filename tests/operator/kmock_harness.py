@@ -233,15 +233,18 @@ class FakePod:
 
 
 def pod_object(name: str, instance: str, port: int, ns: str = "default", ready: bool = True) -> dict[str, Any]:
-    """A Pod as the API server would show it, pointing at 127.0.0.1:port."""
+    """A Pod as the API server would show it, pointing at 127.0.0.1:port (its container port
+    named ``http``, as the operator renders it). The ``prometheus.io/port`` annotation is what
+    a mesh (Istio's metrics merging) leaves there: the operator must not follow it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name, "namespace": ns, "labels": render.common_labels(instance),
-            "annotations": {"prometheus.io/port": str(port)},
+            "annotations": {"prometheus.io/port": "15020"},
         },
-        "spec": {"containers": [{"name": "runtime", "image": "x"}]},
+        "spec": {"containers": [{"name": "runtime", "image": "x",
+                                 "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]},
         "status": {
             "phase": "Running", "podIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],

@@ -8,10 +8,10 @@ import copy
 import time
 from typing import Any
 
-from inflight.operator import applied, autoscaler, reconcile, render, status
+from inflight.operator import applied, autoscaler, pod_health, reconcile, render, status
 from inflight.operator.autoscaler import Observations, PodMetrics, Policy, Recommendation
 from tests.operator.helpers import EXAMPLES, load_example
-from tests.operator.kmock_harness import Cluster, running_operator, wait_for
+from tests.operator.kmock_harness import Cluster, FakePod, pod_object, running_operator, wait_for
 
 DEPLOY_PATH = "/apis/apps/v1/namespaces/default/deployments"
 NAME = "llama-minimal"
@@ -137,3 +137,150 @@ def test_applied_records_deletions_and_drift() -> None:
     assert applied.drifted({"spec": {"nodeSelector": {"b": "4"}, "args": ["y"]}}, new)
     assert applied.drifted({"spec": {"nodeSelector": {"b": "3"}, "args": ["y", "z"]}}, new)
     assert applied.drifted(None, new)
+
+
+PODS_PATH = "/api/v1/namespaces/default/pods"
+
+
+def _cond(cr: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
+    return next((c for c in ((cr or {}).get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
+
+
+UNSCHEDULABLE = {"phase": "Pending", "conditions": [{
+    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+PULL_ERROR = {"phase": "Pending", "containerStatuses": [{
+    "name": "runtime", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
+    "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ghcr.io/x:typo"'}}}]}
+CRASH_LOOP = {"phase": "Running", "containerStatuses": [{
+    "name": "runtime", "ready": False, "restartCount": 4, "image": "x", "imageID": "",
+    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
+
+
+def test_pod_failures_surface_as_degraded_with_kubernetes_reason() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            await cluster.create_cr(_minimal())
+            await wait_for(lambda: cluster.child("deployments", NAME), what="deployment")
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"{NAME}-0", "namespace": "default",
+                                "labels": render.common_labels(NAME)},
+                   "spec": {"containers": [{"name": "runtime", "image": "x"}]}}
+            await cluster.create(PODS_PATH, {**pod, "status": UNSCHEDULABLE})
+            for pod_status, reason, words in [
+                (UNSCHEDULABLE, "Unschedulable", "Insufficient nvidia.com/gpu"),
+                (PULL_ERROR, "ImagePullBackOff", "ghcr.io/x:typo"),
+                (CRASH_LOOP, "CrashLoopBackOff", "OOMKilled (code 137)"),
+            ]:
+                replaced = {"conditions": [], "containerStatuses": [], **pod_status}  # lists replace whole
+                await cluster.request("PATCH", f"{PODS_PATH}/{NAME}-0", {"status": replaced}, merge=True)
+
+                async def degraded(reason: str = reason) -> dict[str, Any] | None:
+                    cond = _cond(await cluster.cr(NAME), "Degraded")
+                    return cond if cond and cond["status"] == "True" and cond["reason"] == reason else None
+
+                cond = await wait_for(degraded, what=f"Degraded {reason}")
+                assert words in cond["message"] and f"{NAME}-0" in cond["message"]
+            cr = await cluster.cr(NAME)
+            assert _cond(cr, "Ready")["status"] == "False" and _cond(cr, "Available")["status"] == "False"
+            await cluster.request("DELETE", f"{PODS_PATH}/{NAME}-0")
+
+            async def recovered() -> bool:
+                cond = _cond(await cluster.cr(NAME), "Degraded")
+                return bool(cond and cond["status"] == "False")
+
+            await wait_for(recovered, what="Degraded back to False")
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_unscrapable_pods_set_metrics_unavailable_and_an_event() -> None:
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            doc = load_example(next(p for p in EXAMPLES if p.stem == "autoscaled"))
+            doc["spec"]["autoscaling"].update(intervalSeconds=0.2)
+            await cluster.create_cr(doc)
+            name = doc["metadata"]["name"]
+            await wait_for(lambda: cluster.child("deployments", name), what="deployment")
+            await cluster.create(PODS_PATH, pod_object(f"{name}-0", name, 1))  # nothing listens on :1
+
+            async def unavailable() -> dict[str, Any] | None:
+                cond = _cond(await cluster.cr(name), "MetricsUnavailable")
+                return cond if cond and cond["status"] == "True" else None
+
+            cond = await wait_for(unavailable, what="MetricsUnavailable")
+            assert "127.0.0.1:1/metrics" in cond["message"]
+            events = (await cluster.get("/api/v1/namespaces/default/events"))["items"]
+            assert [e["type"] for e in events if e["reason"] == "MetricsUnavailable"] == ["Warning"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_bad_edit_keeps_autoscaling_on_the_last_good_spec_and_scaling_the_cr_is_a_conflict() -> None:
+    async def scenario() -> None:
+        pods = [await FakePod(kv_cache_usage=0.95, num_waiting=12).start() for _ in range(3)]
+        try:
+            async with running_operator() as cluster:
+                doc = load_example(next(p for p in EXAMPLES if p.stem == "autoscaled"))
+                doc["spec"]["autoscaling"].update(maxReplicas=3, intervalSeconds=0.2, scaleDownStabilizationSeconds=0)
+                await cluster.create_cr(doc)
+                name = doc["metadata"]["name"]
+                await wait_for(lambda: cluster.child("deployments", name), what="deployment")
+                await cluster.patch_cr(name, {"spec": {"engine": {"maxNumTokens": -5}}})  # refused by the parser
+
+                async def invalid() -> bool:
+                    cond = _cond(await cluster.cr(name), "Degraded")
+                    return bool(cond and cond["reason"] == "InvalidSpec")
+
+                await wait_for(invalid, what="Degraded InvalidSpec")
+                for i, pod in enumerate(pods):
+                    await cluster.create(PODS_PATH, pod_object(f"{name}-{i}", name, pod.port))
+                await wait_for(lambda: _replicas(cluster, name, 3), what="scaled up despite the bad edit")
+                assert _cond(await cluster.cr(name), "Degraded")["reason"] == "InvalidSpec"  # not overwritten
+
+                base = (await cluster.cr(name))["status"]["autoscalingBaseReplicas"]
+                assert base != 2
+                await cluster.patch_cr(name, {"spec": {"engine": {"maxNumTokens": None}, "replicas": 2}})
+
+                async def conflict() -> dict[str, Any] | None:
+                    cond = _cond(await cluster.cr(name), "AutoscalingConflict")
+                    return cond if cond and cond["status"] == "True" else None
+
+                cond = await wait_for(conflict, what="AutoscalingConflict")
+                assert "spec.replicas was changed to 2" in cond["message"]
+                await asyncio.sleep(0.6)  # the autoscaler keeps its 3
+                assert await _replicas(cluster, name, 3)
+                await cluster.patch_cr(name, {"spec": {"replicas": base}})
+
+                async def cleared() -> bool:
+                    cond = _cond(await cluster.cr(name), "AutoscalingConflict")
+                    return bool(cond and cond["status"] == "False")
+
+                await wait_for(cleared, what="conflict cleared")
+        finally:
+            for pod in pods:
+                await pod.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def _replicas(cluster: Cluster, name: str, value: int) -> bool:
+    deploy = await cluster.child("deployments", name)
+    return bool(deploy and deploy["spec"].get("replicas") == value)
+
+
+def test_deployment_failures_come_before_pod_failures_and_messages_are_bounded() -> None:
+    quota = {"status": {"conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                                        "message": 'pods "x" is forbidden: exceeded quota: gpu-quota'}]}}
+    stalled = {"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                          "reason": "ProgressDeadlineExceeded", "message": "timed out"}]}}
+    crash = {"metadata": {"name": "p"}, "status": CRASH_LOOP}
+    assert pod_health.failure(quota, [crash]).reason == "FailedCreate"
+    assert pod_health.failure(stalled, []).reason == "ProgressDeadlineExceeded"
+    both = pod_health.failure({}, [crash, {"metadata": {"name": "q"}, "status": PULL_ERROR}])
+    assert both.reason == "CrashLoopBackOff" and both.message.endswith("(and 1 more pod(s) failing)")
+    assert pod_health.failure({}, [{"metadata": {"name": "ok"}, "status": {"phase": "Running"}}]) is None
+    long = {"metadata": {"name": "p"}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "n" * 5000}]}}
+    assert len(pod_health.pod_failure(long).message) == pod_health.MESSAGE_LIMIT

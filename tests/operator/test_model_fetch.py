@@ -84,7 +84,7 @@ def test_rendered_fetch_container_and_volumes() -> None:
     assert {"name": "model", "mountPath": "/models"} in init["volumeMounts"]
     pvc = render.render_cache_pvc(spec, Owner("demo", "u1"))
     assert pvc["metadata"]["name"] == "demo-model-cache"
-    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}}
+    assert pvc["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}
 
 
 @pytest.mark.slow

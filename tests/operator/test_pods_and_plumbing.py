@@ -67,11 +67,17 @@ def test_pod_is_ready(pod: dict[str, Any], ready: bool) -> None:
     assert metrics_scrape.pod_is_ready(pod) is ready
 
 
-def test_pod_target_uses_the_port_annotation_then_the_container_port() -> None:
-    assert metrics_scrape.pod_target(_pod()).base_url == "http://127.0.0.1:9000"
+def test_pod_target_uses_the_port_named_http_never_the_annotation() -> None:
     pod = _pod()
-    del pod["metadata"]["annotations"]
-    assert metrics_scrape.pod_target(pod).base_url == "http://127.0.0.1:8000"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "15020"  # a mesh rewrote it
+    assert metrics_scrape.pod_target(pod).base_url == "http://127.0.0.1:9000"
+    sidecar = {"name": "istio-proxy", "ports": [{"name": "http", "containerPort": 15090}]}
+    pod["spec"]["containers"].insert(0, sidecar)  # injected first: the runtime's port still wins
+    assert metrics_scrape.pod_target(pod).base_url == "http://127.0.0.1:9000"
+    del pod["spec"]["containers"][1]["ports"]
+    pod["spec"]["containers"][0]["name"] = "runtime-sidecar"
+    pod["spec"]["containers"][0]["ports"][0]["name"] = "metrics"
+    assert metrics_scrape.pod_target(pod).base_url == "http://127.0.0.1:8000"  # the rendered default
     assert metrics_scrape.pod_target(_pod(podIP=None)) is None
     assert metrics_scrape.pod_target(_pod(podIP="fd00::1")).base_url == "http://[fd00::1]:9000"
 
@@ -88,7 +94,8 @@ def test_scrape_and_push_against_a_fake_pod() -> None:
                 dead_error = await metrics_scrape.push_live_config(session, dead, {}, None, 2.0)
         finally:
             await pod.stop()
-        assert [(m.kv_cache_usage, m.num_waiting) for m in got] == [(0.5, 3.0), (None, None)]
+        assert [(g.metrics.kv_cache_usage, g.metrics.num_waiting) for g in got] == [(0.5, 3.0), (None, None)]
+        assert got[0].error is None and got[1].error.startswith("dead at http://127.0.0.1:1/metrics:")
         assert error is None and pod.admin_posts == [({"max_queue_len": 3}, "Bearer k")]
         assert dead_error is not None and dead_error.startswith("dead:")
 
@@ -105,19 +112,22 @@ def test_condition_transition_time_changes_only_with_status() -> None:
 
 
 @pytest.mark.parametrize(
-    ("deploy_status", "replicas", "ready_cond"),
+    ("deploy_status", "replicas", "ready_cond", "available"),
     [
-        ({"readyReplicas": 2, "updatedReplicas": 2, "replicas": 2}, 2, ("True", "AllReplicasReady")),
-        ({"readyReplicas": 1, "updatedReplicas": 2, "replicas": 2}, 2, ("True", "PartiallyReady")),
-        ({}, 2, ("False", "NoReplicasReady")),
-        ({}, 0, ("False", "ScaledToZero")),
+        ({"readyReplicas": 2, "updatedReplicas": 2, "replicas": 2}, 2, ("True", "AllReplicasReady"), "True"),
+        ({"readyReplicas": 1, "updatedReplicas": 2, "replicas": 2}, 2, ("False", "PartiallyReady"), "True"),
+        ({}, 2, ("False", "NoReplicasReady"), "False"),
+        ({}, 0, ("False", "ScaledToZero"), "False"),
     ],
 )
-def test_observed_status(deploy_status: dict[str, Any], replicas: int, ready_cond: tuple[str, str]) -> None:
+def test_observed_status(
+    deploy_status: dict[str, Any], replicas: int, ready_cond: tuple[str, str], available: str
+) -> None:
     deploy = {"spec": {"replicas": replicas}, "status": deploy_status}
     out = status.observed_status(deploy, None, [], 3, 0.0)
     ready = next(c for c in out["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ready_cond
+    assert next(c for c in out["conditions"] if c["type"] == "Available")["status"] == available
     assert out["desiredReplicas"] == replicas
 
 
