@@ -25,10 +25,11 @@ from typing import Any
 
 import kopf
 
-from inflight.operator import pod_health, reconcile, render, render_model, status
+from inflight.operator import operator_metrics, pod_health, reconcile, render, render_model, status
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
 from inflight.operator.kube import DEPLOYMENTS
+from inflight.operator.operator_metrics import DRIFT_REPAIRS, MANAGED, RECONCILES, TICK_ERRORS
 from inflight.operator.reconcile import ResourceState
 from inflight.operator.spec import InferenceSpec, parse_spec
 
@@ -68,6 +69,8 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     settings.background.instant_exit_timeout = memo.ctx.config.pod_timeout_seconds + 2.0
     if memo.ctx.login is None:
         memo.ctx.login = default_login(settings)
+    if not getattr(memo, "metrics_started", False):
+        memo.metrics_started = operator_metrics.start_from_env() is not None
 
 
 async def on_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
@@ -91,6 +94,7 @@ def _parse_or_degrade(body: Any, patch: kopf.Patch, now: float) -> InferenceSpec
     try:
         return parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
     except ValueError as exc:
+        RECONCILES.labels(result="invalid_spec").inc()
         patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
 
@@ -107,8 +111,12 @@ async def on_reconcile(
     try:
         await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
     except reconcile.SpecRejected as exc:  # e.g. a bad volume source; other API errors: kopf retries
+        RECONCILES.labels(result="rejected").inc()
         patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
         raise kopf.PermanentError(str(exc)) from exc
+    RECONCILES.labels(result="applied").inc()
+    if state.good_spec is None:
+        MANAGED.inc()
     state.good_spec, state.good_generation = spec, meta.get("generation")
     pods = await reconcile.list_pods(ctx, spec)
     errors = await reconcile.sync_live_config(ctx, spec, state, pods)
@@ -130,12 +138,22 @@ def _has_condition(body: Any, ctype: str, value: bool) -> bool:
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     deleted = await reconcile.delete_children(memo.ctx, meta["name"], meta["namespace"], meta.get("uid", ""))
+    if getattr(memo, "state", None) is not None and memo.state.good_spec is not None:
+        MANAGED.dec()
     memo.state = None
     logger.info("deleted %s", ", ".join(deleted) or "nothing (already gone)")
 
 
 async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
-    """Status from the Deployment, live-config drift, and an autoscaling round when due."""
+    """Status from the Deployment, drift repair, live config, and an autoscaling round when due."""
+    try:
+        await _tick(body, memo, patch, logger)
+    except Exception:
+        TICK_ERRORS.inc()
+        raise
+
+
+async def _tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger) -> None:
     meta = body["metadata"]
     if (body.get("status") or {}).get("observedGeneration") != meta.get("generation"):
         return  # the reconcile handler has not handled this generation yet; it owns status then
@@ -152,6 +170,8 @@ async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: k
     drifted = await reconcile.drifted_children(ctx, spec, owner)
     if drifted:  # level-triggered: a deleted or hand-edited child is put back
         logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
+        for child in drifted:
+            DRIFT_REPAIRS.labels(kind=child.partition("/")[0]).inc()
         try:
             await reconcile.apply_children(ctx, spec, owner)
         except reconcile.SpecRejected as exc:

@@ -24,6 +24,9 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     # the operator patches status (the status subresource).
     Permission("inflight.dev", "inferencedeployments", ("get", "list", "watch", "patch")),
     Permission("inflight.dev", "inferencedeployments/status", ("get", "patch")),
+    # Children carry blockOwnerDeletion owner references: with OwnerReferencesPermissionEnforcement
+    # (OpenShift, hardened clusters) creating them needs update on the owner's finalizers.
+    Permission("inflight.dev", "inferencedeployments/finalizers", ("update",)),
     # Children, owned by the custom resource (create; get and patch on 409 and to repair
     # drift each tick; delete on delete).
     Permission("apps", "deployments", ("get", "create", "patch", "delete")),

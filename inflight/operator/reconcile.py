@@ -14,7 +14,15 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import applied, autoscaler, engine_args, metrics_scrape, render, status
+from inflight.operator import (
+    applied,
+    autoscaler,
+    engine_args,
+    metrics_scrape,
+    operator_metrics,
+    render,
+    status,
+)
 from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import (
@@ -231,6 +239,7 @@ async def autoscale(
     obs = Observations(current_replicas=current, ready=metrics, num_pending=max(0, current - len(ready)))
     policy = policy_of(spec)
     decision = autoscaler.decide(obs, policy, state.history, now)
+    operator_metrics.DECISIONS.labels(reason=decision.reason).inc()
     state.history = autoscaler.prune(state.history + (decision.recommendation,), policy, now)
     state.last_decision_at = now
     logger.info(
@@ -256,6 +265,7 @@ async def _track_metrics(ctx: OperatorContext, cr: dict[str, Any], state: Resour
     if not errors:
         state.metrics_failed_rounds, state.metrics_error = 0, ""
         return
+    operator_metrics.SCRAPE_FAILURES.inc(len(errors))
     state.metrics_failed_rounds += 1
     state.metrics_error = f"{len(errors)} pod(s) not scraped, e.g. {errors[0]}"
     if state.metrics_failed_rounds == METRICS_FAILURE_ROUNDS:

@@ -117,7 +117,9 @@ def test_every_object_validates(objects, case: str, kube_version: str) -> None:
 
 def test_defaults_render_only_the_operator(objects) -> None:
     kinds = sorted(o["kind"] for o in objects("defaults"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    (service,) = by_kind(objects("defaults"), "Service")  # the operator's own metrics
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
 
 
 def test_all_on_renders_every_option(objects) -> None:
@@ -202,7 +204,7 @@ def test_all_on_passes_options_through(objects) -> None:
     [("all-on", {"any": True}), ("all-on-namespaced", {"matchNames": [WATCH_NAMESPACE]})],
 )
 def test_service_monitor_selects_runtime_pods(objects, case: str, namespace_selector) -> None:
-    monitor = one(objects(case), "ServiceMonitor")
+    monitor = _runtime_monitor(objects(case))
     assert monitor["metadata"]["namespace"] == "monitoring"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["selector"] == {
@@ -252,8 +254,39 @@ def test_service_monitor_matches_what_the_operator_renders(objects) -> None:
         pytest.fail(f"the operator's render/spec modules are missing ({err})")
     spec = parse_spec("llama", WATCH_NAMESPACE, {"model": {"pvc": {"claimName": "models"}}})
     service = render_service(spec, Owner(name="llama", uid="uid-1"))
-    monitor = one(objects("all-on"), "ServiceMonitor")["spec"]
+    monitor = _runtime_monitor(objects("all-on"))["spec"]
     selector = monitor["selector"]["matchLabels"]
     labels = service["metadata"]["labels"]
     assert {k: labels.get(k) for k in selector} == selector
     assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def _runtime_monitor(objs: list[dict]) -> dict:
+    (monitor,) = [m for m in by_kind(objs, "ServiceMonitor") if m["metadata"]["name"].endswith("-runtime")]
+    return monitor
+
+
+def test_operator_metrics_are_served_and_monitored(objects) -> None:
+    objs = objects("all-on")
+    container = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "INFLIGHT_OPERATOR_METRICS_PORT", "value": "9091"} in container["env"]
+    assert {"name": "metrics", "containerPort": 9091, "protocol": "TCP"} in container["ports"]
+    (service,) = by_kind(objs, "Service")
+    (monitor,) = [m for m in by_kind(objs, "ServiceMonitor") if m["metadata"]["name"].endswith("-operator")]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert {k: service["metadata"]["labels"].get(k) for k in selector} == selector
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert {k: pod_labels.get(k) for k in service["spec"]["selector"]} == service["spec"]["selector"]
+
+
+def test_network_policies_let_the_operator_reach_runtime_pods(objects) -> None:
+    policies = by_kind(objects("all-on"), "NetworkPolicy")
+    assert [p["metadata"]["namespace"] for p in policies] == ["llm-a", "llm-b"]
+    rule = policies[0]["spec"]["ingress"][0]
+    pod_labels = one(objects("all-on"), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    peer = rule["from"][0]["podSelector"]["matchLabels"]
+    assert {k: pod_labels.get(k) for k in peer} == peer
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert policies[0]["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "inflight-runtime"
+    assert by_kind(objects("defaults"), "NetworkPolicy") == []

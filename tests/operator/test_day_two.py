@@ -8,6 +8,8 @@ import copy
 import time
 from typing import Any
 
+import pytest
+
 from inflight.operator import applied, autoscaler, pod_health, reconcile, render, status
 from inflight.operator.autoscaler import Observations, PodMetrics, Policy, Recommendation
 from tests.operator.helpers import EXAMPLES, load_example
@@ -284,3 +286,37 @@ def test_deployment_failures_come_before_pod_failures_and_messages_are_bounded()
     long = {"metadata": {"name": "p"}, "status": {"conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "n" * 5000}]}}
     assert len(pod_health.pod_failure(long).message) == pod_health.MESSAGE_LIMIT
+
+
+def test_operator_metrics_count_what_happened_and_serve_on_the_configured_port() -> None:
+    import socket
+    import urllib.request
+
+    from inflight.operator import operator_metrics
+
+    def value(name: str, **labels: str) -> float:
+        return operator_metrics.REGISTRY.get_sample_value(name, labels or None) or 0.0
+
+    before = value("inflight_operator_drift_repairs_total", kind="Deployment")
+    applied_before = value("inflight_operator_reconciles_total", result="applied")
+
+    async def scenario() -> None:
+        async with running_operator() as cluster:
+            await cluster.create_cr(_minimal())
+            await wait_for(lambda: cluster.child("poddisruptionbudgets", NAME), what="children")
+            await cluster.request("DELETE", f"{DEPLOY_PATH}/{NAME}")
+            await wait_for(lambda: cluster.child("deployments", NAME), timeout=5, what="repaired")
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert value("inflight_operator_drift_repairs_total", kind="Deployment") == before + 1
+    assert value("inflight_operator_reconciles_total", result="applied") == applied_before + 1
+
+    assert operator_metrics.start_from_env({}) is None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert operator_metrics.start_from_env({operator_metrics.PORT_ENV: str(port)}, addr="127.0.0.1") == port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert "inflight_operator_drift_repairs_total" in resp.read().decode()
+    with pytest.raises(ValueError, match="must be a port number"):
+        operator_metrics.start_from_env({operator_metrics.PORT_ENV: "metrics"})

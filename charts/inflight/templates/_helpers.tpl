@@ -67,6 +67,10 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: ["inflight.dev"]
   resources: ["inferencedeployments/status"]
   verbs: ["get", "patch"]
+# Children have blockOwnerDeletion owner references (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["inflight.dev"]
+  resources: ["inferencedeployments/finalizers"]
+  verbs: ["update"]
 # The objects rendered for each InferenceDeployment (owned by it).
 - apiGroups: ["apps"]
   resources: ["deployments"]
