@@ -76,6 +76,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+    rank: int | None = None  # 1-based rank in the vocabulary (prompt logprobs); None: not computed
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,7 @@
-"""Glue between a parsed request's features and the handlers: template arguments, grammar
-compilation off the event loop, and the per-request output plan (reasoning / tool calls).
+"""Glue between a parsed request's features and the handlers: rendering the chat template
+(vLLM's ``add_generation_prompt`` / ``continue_final_message`` / ``add_special_tokens``), grammar
+compilation off the event loop, the per-request output plan (reasoning / tool calls) and what
+is added to a finished body (echo, prompt logprobs).
 
 Knows the engine only through ``engine.structured`` (the grammar compiler) and its tokenizer.
 """
@@ -27,6 +29,24 @@ def template_kwargs(req: GenerationRequest) -> dict[str, Any]:
     if features.tools and features.tool_choice != "none":
         kwargs["tools"] = [dict(t) for t in features.tools]
     return kwargs
+
+
+def render_chat(tokenizer: Any, req: GenerationRequest) -> list[int]:
+    """The chat's prompt token ids, rendered as vLLM does: the template's text (the generation
+    prompt, or the final message left open to be continued), then tokenized with
+    ``add_special_tokens`` (default false: the template writes its own BOS). 400 naming
+    ``messages`` when the model has no template or the template refuses the messages."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise bad_request("this model's tokenizer has no chat template; use /v1/completions", "messages")
+    features = req.features
+    try:
+        text = tokenizer.apply_chat_template(
+            list(req.messages or ()), add_generation_prompt=features.add_generation_prompt,
+            continue_final_message=features.continue_final_message, tokenize=False, **template_kwargs(req),
+        )
+    except Exception as exc:  # the template's own checks (e.g. role order) raise
+        raise bad_request(f"the chat template refused these messages: {str(exc)[:300]}", "messages") from None
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=bool(features.add_special_tokens))]
 
 
 async def compile_constraint(engine: Any, req: GenerationRequest) -> None:
@@ -69,7 +89,8 @@ def body_decorator(
     """What to add to the finished body: echo and/or prompt logprobs (None: nothing)."""
     features = req.features
     best_of = features.best_of if features.best_of is not None and features.best_of > features_n(req) else None
-    if not features.echo and features.prompt_logprobs is None and best_of is None:
+    echoed = req.echo_text if req.is_chat else features.echo
+    if not echoed and features.prompt_logprobs is None and best_of is None:
         return None
     cache: dict[int, str] = {}
 
@@ -79,7 +100,7 @@ def body_decorator(
         return cache[token_id]
 
     if req.is_chat:
-        return lambda body, choices: echo.decorate_chat(body, choices, token_text)
+        return lambda body, choices: _decorate_chat(body, choices, req, token_text)
     texts = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in req.prompts]
 
     def decorate(body: dict[str, Any], choices: list[Any]) -> None:
@@ -90,6 +111,18 @@ def body_decorator(
                                  features.prompt_logprobs is not None, token_text)
 
     return decorate
+
+
+def _decorate_chat(body: dict[str, Any], choices: list[Any], req: GenerationRequest, token_text: Any) -> None:
+    """A chat body's echo (the continued assistant text in front of each message's content, as
+    vLLM answers) and prompt logprobs."""
+    prefix = req.echo_text
+    if prefix:
+        for choice in body["choices"]:
+            message = choice["message"]
+            message["content"] = prefix + (message.get("content") or "")
+    if req.features.prompt_logprobs is not None:
+        echo.decorate_chat(body, choices, token_text)
 
 
 def features_n(req: GenerationRequest) -> int:

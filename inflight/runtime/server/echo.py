@@ -5,7 +5,8 @@
 has no context: ``None``), which is how lm-evaluation-harness's ``local-completions`` scores
 loglikelihoods. ``prompt_logprobs`` (vLLM's field) adds per-choice (completions) or per-response
 (chat) lists: ``None`` for the first token, then ``{token_id: {logprob, rank, decoded_token}}``
-holding the prompt token and its top alternatives. Knows nothing about HTTP or the engine.
+holding the prompt token (its rank in the whole vocabulary when it is not among the top
+alternatives, as vLLM answers) and its top alternatives. Knows nothing about HTTP or the engine.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def vllm_prompt_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText)
     out: list[dict[str, Any] | None] = [None]
     for entry in entries:
         ranks = {tid: rank for rank, (tid, _) in enumerate(entry.top, start=1)}
-        item = {str(entry.token_id): {"logprob": _finite(entry.logprob), "rank": ranks.get(entry.token_id),
+        item = {str(entry.token_id): {"logprob": _finite(entry.logprob), "rank": ranks.get(entry.token_id, entry.rank),
                                       "decoded_token": token_text(entry.token_id)}}
         for rank, (tid, lp) in enumerate(entry.top, start=1):
             item.setdefault(str(tid), {"logprob": _finite(lp), "rank": rank, "decoded_token": token_text(tid)})

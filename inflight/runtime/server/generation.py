@@ -207,9 +207,14 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
     extra = {"usage": None} if job.req.include_usage else {}
     try:
         if job.req.is_chat:
-            for choice in sorted(job.choices.values(), key=lambda c: c.index):
+            choices = sorted(job.choices.values(), key=lambda c: c.index)
+            for choice in choices:
                 chunk = responses.chat_chunk(job.meta, choice.index, {"role": "assistant", "content": ""}, None)
                 await send({**chunk, **extra})
+            if job.req.echo_text:  # vLLM: the echoed final message comes first, as content
+                for choice in choices:
+                    chunk = responses.chat_chunk(job.meta, choice.index, {"content": job.req.echo_text}, None)
+                    await send({**chunk, **extra})
         async for out in group:
             choice = job.choices[out.req_id]
             start_offset = choice.num_chars

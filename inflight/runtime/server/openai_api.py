@@ -1,10 +1,10 @@
-"""The OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+"""The OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and
+GET /v1/models/{id}.
 
 Owns reading the JSON body (400 malformed in any way: bad JSON, bad encoding, bad
 compression, nesting past ``MAX_JSON_DEPTH``, integers past Python's digit limit, strings
 that are not valid Unicode; 413 too large; 408 too slow), checking the model name, and
-turning prompts or chat messages into token ids (the tokenizer's chat template with the
-generation prompt). For a body past ``INLINE_BODY_BYTES`` the parsing, tokenizing and planning
+turning prompts or chat messages into token ids (``chat_support.render_chat``). For a body past ``INLINE_BODY_BYTES`` the parsing, tokenizing and planning
 run on the state's worker pool, so a huge prompt never blocks the event loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
 names or the server lifecycle.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
@@ -30,7 +29,6 @@ from inflight.runtime.server.errors import (
     request_timeout,
 )
 from inflight.runtime.server.protocol import (
-    GenerationRequest,
     check_model,
     parse_chat_request,
     parse_completion_request,
@@ -125,8 +123,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
 
+    special = req.features.add_special_tokens is not False
+
     def encode_all() -> list[list[int]]:
-        return [engine.encode_prompt(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        return [_encode(engine, p, special) if isinstance(p, str) else list(p) for p in req.prompts]
 
     try:
         prompt_ids = await _off_loop(state, size, encode_all)
@@ -144,8 +144,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body, size = await _read_body(request, state)
     req = await _off_loop(state, size, lambda: parse_chat_request(body))
     check_model(req.model, state.settings.model_name)
-    prompt_ids = [await _off_loop(state, size, lambda: _apply_chat_template(state, req))]
     engine = state.engine.engine
+    prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req)
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0])
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
@@ -158,32 +158,17 @@ async def _read_body(request: web.Request, state: ServerState) -> tuple[Any, int
     return await read_json_sized(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
 
 
-def _apply_chat_template(state: ServerState, req: GenerationRequest) -> list[int]:
-    tokenizer = state.engine.engine.tokenizer
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise bad_request(
-            "this model's tokenizer has no chat template; use /v1/completions", "messages"
-        )
-    try:
-        ids = tokenizer.apply_chat_template(
-            list(req.messages or ()), add_generation_prompt=True, tokenize=True, return_dict=False,
-            **chat_support.template_kwargs(req),
-        )
-    except Exception as exc:  # the template's own checks (e.g. role order) raise
-        raise bad_request(f"the chat template refused these messages: {str(exc)[:300]}", "messages") from None
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return _as_ids(ids)
+def _encode(engine: Any, prompt: str, add_special_tokens: bool) -> list[int]:
+    """A text prompt's ids: with BOS as transformers adds it, or as written (vLLM's
+    ``add_special_tokens: false``)."""
+    if add_special_tokens:
+        return engine.encode_prompt(prompt)
+    if not prompt:
+        raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
+    return list(engine.tokenizer.encode(prompt, add_special_tokens=False))
 
 
-def _as_ids(ids: Sequence[Any]) -> list[int]:
-    if ids and isinstance(ids[0], (list, tuple)):
-        ids = ids[0]
-    return [int(t) for t in ids]
-
-
-async def models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+def _model_card(state: ServerState) -> dict[str, Any]:
     engine = state.engine.engine if state.engine.is_ready else None
     card: dict[str, Any] = {
         "id": state.settings.model_name,
@@ -193,10 +178,24 @@ async def models(request: web.Request) -> web.Response:
     }
     if engine is not None:
         card["max_model_len"] = engine.max_model_len
-    return web.json_response({"object": "list", "data": [card]})
+    return card
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the served model's card (as listed by GET /v1/models), 404
+    ``model_not_found`` for any other id (the openai client's ``models.retrieve``)."""
+    state = request.app[STATE]
+    check_model(request.match_info["model_id"], state.settings.model_name)
+    return web.json_response(_model_card(state))
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions, expect_handler=auth.expect_continue)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=auth.expect_continue)
     app.router.add_get("/v1/models", models)
+    # ``.+``: a served name may hold slashes (``org/name``), sent raw or percent-encoded.
+    app.router.add_get("/v1/models/{model_id:.+}", model)

@@ -66,6 +66,15 @@ class GenerationRequest:
             return self.params
         return dataclasses.replace(self.params, seed=self.params.seed + index)
 
+    @property
+    def echo_text(self) -> str:
+        """A chat ``echo``: the final message's text when it is the assistant's (vLLM repeats
+        the last message when it has the reply's role), put in front of every choice."""
+        if not (self.is_chat and self.features.echo and self.messages):
+            return ""
+        last = self.messages[-1]
+        return (last.get("content") or "") if last["role"] == "assistant" else ""
+
 
 def parse_completion_request(body: object) -> GenerationRequest:
     """Validate a /v1/completions body."""
@@ -84,7 +93,12 @@ def parse_chat_request(body: object) -> GenerationRequest:
     if top is not None and not want_logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     num_logprobs = (top or 0) if want_logprobs else None
-    return _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs)
+    req = _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs)
+    if req.features.continue_final_message and messages[-1]["role"] != "assistant":
+        raise bad_request("'continue_final_message' continues the final message, which must be the assistant's "
+                          f"(the reply to continue); the last message is the {messages[-1]['role']}'s",
+                          "continue_final_message")
+    return req
 
 
 def _build(
@@ -102,7 +116,7 @@ def _build(
     n = _get_int(obj, "n", 1, 1, MAX_N)
     features = parse_features(obj, is_chat, n)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
-    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param, features)
+    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param, features, is_chat)
     return GenerationRequest(
         model=model,
         is_chat=is_chat,
@@ -122,7 +136,7 @@ def _build(
 
 def _sampling_params(
     obj: dict[str, Any], max_tokens: int | None, num_logprobs: int | None, max_tokens_param: str,
-    features: RequestFeatures,
+    features: RequestFeatures, is_chat: bool,
 ) -> SamplingParams:
     """The request's one ``SamplingParams``, validated once (400 naming the field)."""
     if features.structured is not None and obj.get("min_tokens"):
@@ -145,7 +159,7 @@ def _sampling_params(
         "logprobs": num_logprobs,
         "structured": features.structured,
         "logit_bias": features.logit_bias,
-        "prompt_logprobs": engine_prompt_logprobs(features, num_logprobs),
+        "prompt_logprobs": engine_prompt_logprobs(features, num_logprobs, is_chat),
     }
     try:
         return SamplingParams(**kwargs)

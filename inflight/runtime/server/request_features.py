@@ -1,7 +1,8 @@
 """Parse the request fields that shape *what* a chat or completion says, beyond sampling.
 
 ``response_format`` (json_object / json_schema), vLLM's ``guided_*`` and ``structured_outputs``,
-``tools`` / ``tool_choice`` / ``parallel_tool_calls``, ``chat_template_kwargs``,
+``tools`` / ``tool_choice`` / ``parallel_tool_calls``, ``chat_template_kwargs``, the template
+flags (``add_generation_prompt``, ``continue_final_message``, ``add_special_tokens``),
 ``logit_bias``, ``echo``, ``best_of`` and ``prompt_logprobs`` become one frozen
 :class:`RequestFeatures`. At most one output constraint per request; forced tool calls
 (``required`` or a named function) become a JSON-schema constraint so their arguments always
@@ -39,10 +40,24 @@ UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
     "truncate_prompt_tokens": (None,),
     "documents": (None, []),
     "chat_template": (None,),
+    # vLLM's sampling extras we do not implement (beam search is refused, so length_penalty
+    # could only be 1; spaces_between_special_tokens only matters with skip_special_tokens off).
+    "length_penalty": (None, 1.0),
+    "spaces_between_special_tokens": (None, True),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "logits_processors": (None, []),
+    "structural_tag": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "include_reasoning": (None, True),
+    "prompt_embeds": (None,),
+    "verbosity": (None,),
 }
 # Accepted as harmless (they do not change what the model writes): user (the fair scheduler's
 # tenant), metadata, store, service_tier, prompt_cache_key, safety_identifier,
-# guided_decoding_backend, request_id.
+# guided_decoding_backend, request_id, cache_salt, kv_transfer_params, vllm_xargs,
+# mm_processor_kwargs.
 
 # apply_chat_template's own arguments: a client must not set them through chat_template_kwargs.
 _TEMPLATE_RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
@@ -63,6 +78,9 @@ class RequestFeatures:
     echo: bool = False
     best_of: int | None = None
     prompt_logprobs: int | None = None
+    add_generation_prompt: bool = True  # chat: end the prompt with the assistant's header
+    continue_final_message: bool = False  # chat: leave the final (assistant) message open
+    add_special_tokens: bool | None = None  # None: the endpoint's default (completions true, chat false)
     client_n: int | None = None  # set when best_of > n expands the request to best_of candidates
     wants_logprobs: bool = False  # ... and whether the client itself asked for logprobs
 
@@ -84,12 +102,33 @@ def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeature
         names = ", ".join(f"'{p}'" for p, _ in constraints)
         raise bad_request(f"only one output constraint per request; got {names}", constraints[1][0])
     param, structured = constraints[0] if constraints else (None, None)
+    add_generation_prompt, continue_final = _parse_template_flags(obj) if is_chat else (True, False)
     return RequestFeatures(
         structured=structured, constraint_param=param, tools=tools, tool_choice=choice, tool_name=tool_name,
         parallel_tool_calls=parallel, chat_template_kwargs=_parse_template_kwargs(obj) if is_chat else {},
         logit_bias=_parse_logit_bias(obj.get("logit_bias")), echo=_parse_echo(obj, is_chat),
         best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_parse_prompt_logprobs(obj),
+        add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
+        add_special_tokens=_bool_field(obj, "add_special_tokens"),
     )
+
+
+def _parse_template_flags(obj: dict[str, Any]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), as vLLM takes them: both true is a 400;
+    ``add_generation_prompt`` defaults to true, or to false when the final message is continued."""
+    continue_final = _bool_field(obj, "continue_final_message") or False
+    add_generation_prompt = _bool_field(obj, "add_generation_prompt")
+    if continue_final and add_generation_prompt:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                          "continue_final_message")
+    return (not continue_final if add_generation_prompt is None else add_generation_prompt), continue_final
+
+
+def _bool_field(obj: dict[str, Any], name: str) -> bool | None:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false (got {value!r})", name)
+    return value
 
 
 def _parse_prompt_logprobs(obj: dict[str, Any]) -> int | None:
@@ -115,9 +154,7 @@ def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
         return False
     if not isinstance(value, bool):
         raise bad_request(f"'echo' must be true or false (got {value!r})", "echo")
-    if value and is_chat:
-        raise bad_request("'echo' is only supported on /v1/completions", "echo")
-    if value and obj.get("stream"):
+    if value and obj.get("stream") and not is_chat:
         raise bad_request("'echo' cannot be streamed here; send the request without 'stream'", "echo")
     return value
 
@@ -351,8 +388,10 @@ def _history_call(call: object, index: int) -> dict[str, Any]:
     return out
 
 
-def engine_prompt_logprobs(features: RequestFeatures, num_logprobs: int | None) -> int | None:
-    """How many prompt alternatives the engine must compute: ``prompt_logprobs``, or for
-    ``echo`` with ``logprobs`` the same number as for the output tokens."""
-    wanted = [k for k in (features.prompt_logprobs, num_logprobs if features.echo else None) if k is not None]
+def engine_prompt_logprobs(features: RequestFeatures, num_logprobs: int | None, is_chat: bool) -> int | None:
+    """How many prompt alternatives the engine must compute: ``prompt_logprobs``, or for a
+    completion's ``echo`` with ``logprobs`` the same number as for the output tokens (a chat's
+    echo repeats the final message's text only)."""
+    echoed = num_logprobs if features.echo and not is_chat else None
+    wanted = [k for k in (features.prompt_logprobs, echoed) if k is not None]
     return max(wanted) if wanted else None

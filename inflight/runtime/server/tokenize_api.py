@@ -1,9 +1,11 @@
 """POST /tokenize and POST /detokenize (vLLM's shapes), for clients that count or inspect tokens.
 
 ``/tokenize`` takes ``{"prompt": str}`` (``add_special_tokens``, default true) or chat
-``{"messages": [...]}`` (``add_generation_prompt``, default true; ``tools`` and
-``chat_template_kwargs`` as in chat completions) and answers ``{"count", "max_model_len",
-"tokens"}``; ``/detokenize`` takes ``{"tokens": [ids]}`` and answers ``{"prompt": text}``.
+``{"messages": [...]}`` rendered exactly as chat completions render it (``add_generation_prompt``,
+``continue_final_message``, ``add_special_tokens`` default false, ``tools``,
+``chat_template_kwargs``) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``
+(``token_strs``: each token as the tokenizer spells it, with ``return_token_strs: true``; else
+null); ``/detokenize`` takes ``{"tokens": [ids]}`` and answers ``{"prompt": text}``.
 Tokenizing runs off the event loop. Knows nothing about the engine beyond its tokenizer.
 """
 
@@ -15,11 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.server import auth, chat_support
-from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.protocol import check_model, parse_chat_request
 from inflight.runtime.server.state import STATE
 
 MAX_DETOKENIZE_TOKENS = 1 << 20
+# The chat-completion fields that shape a /tokenize of messages (the rest of a chat body is
+# irrelevant here); the unsupported ones among them are refused as chat completions refuse them.
+_CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                "add_special_tokens", "chat_template", "documents")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -36,8 +42,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, True)
+def _flag(body: dict[str, Any], name: str, default: bool = True) -> bool:
+    value = body.get(name, default)
     if not isinstance(value, bool):
         raise bad_request(f"'{name}' must be true or false", name)
     return value
@@ -47,15 +53,12 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await _body(request)
     engine = request.app[STATE].engine.engine
     tokenizer = engine.tokenizer
+    want_strs = _flag(body, "return_token_strs", False)
     if "messages" in body:
-        req = parse_chat_request({"messages": body["messages"], "tools": body.get("tools"),
-                                  "chat_template_kwargs": body.get("chat_template_kwargs")})
-        add_gen = _flag(body, "add_generation_prompt")
+        req = parse_chat_request({"messages": body["messages"], **{k: body[k] for k in _CHAT_FIELDS if k in body}})
 
         def run() -> Any:
-            return tokenizer.apply_chat_template(list(req.messages or ()), add_generation_prompt=add_gen,
-                                                 tokenize=True, return_dict=False,
-                                                 **chat_support.template_kwargs(req))
+            return chat_support.render_chat(tokenizer, req)
     elif isinstance(body.get("prompt"), str):
         prompt, special = body["prompt"], _flag(body, "add_special_tokens")
 
@@ -65,12 +68,16 @@ async def tokenize(request: web.Request) -> web.Response:
         raise bad_request("send 'prompt' (a string) or 'messages' (a chat)", "prompt")
     try:
         ids = await asyncio.to_thread(run)
+    except APIError:
+        raise
     except Exception as exc:  # the chat template's own checks
         raise bad_request(f"could not tokenize: {exc}", "messages" if "messages" in body else "prompt") from None
     if ids and isinstance(ids[0], (list, tuple)):
         ids = ids[0]
     tokens = [int(t) for t in ids]
-    return web.json_response({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens})
+    strs = list(await asyncio.to_thread(tokenizer.convert_ids_to_tokens, tokens)) if want_strs else None
+    return web.json_response({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
+                              "token_strs": strs})
 
 
 async def detokenize(request: web.Request) -> web.Response:
