@@ -3,12 +3,17 @@
 Owns the argument parser. Engine flags are generated from ``EngineConfig``'s fields (name
 with dashes, the field's help text, the dataclass default; bools as ``--x/--no-x``), so a
 new engine knob becomes a flag with no edit here and no second copy of a default. Server
-flags (--model, --host, --port, ...) are the only hand-written ones; vLLM's spellings of the
-same knobs are accepted as aliases (``VLLM_ALIASES``). Before anything heavy it checks what a
-user gets wrong on day one, each reported in one line: a bad value (with ``serve``'s usage), a
-model path that is not a model, a port in use, a tokenizer that does not load. A ``.gguf``
-model is converted once into a cached directory (``gguf_source``). Knows nothing about HTTP
-handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls ``serve``.
+flags (--model, --host, --port, ...) are the only hand-written ones. Every flag of ``vllm
+serve`` is answered (``vllm_flags``, wired by ``cli_vllm``): an alias of an inflight flag, a
+notice, or a refusal naming why; any other flag is a usage error with the closest known flag;
+abbreviations are off. Before anything heavy it checks what a user gets wrong on day one, each
+reported in one line: a bad value (with ``serve``'s usage), a port out of range or a host that
+does not resolve, a model path that is not a model, a port in use, a tokenizer that does not
+load, a ``--max-model-len`` past the model's, a KV cache smaller than one sequence. A ``.gguf``
+model is converted once into a cached directory (``gguf_source``); ``--tokenizer`` and
+``--chat-template`` are served through an overlay of the model directory (``serving_dir``).
+Knows nothing about HTTP handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls
+``serve``.
 """
 
 from __future__ import annotations
@@ -28,44 +33,68 @@ from types import SimpleNamespace
 from typing import Any
 
 from inflight import __version__
+from inflight.runtime import cli_vllm
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server.state import ServerSettings
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
 SINGLE_PROCESS_ENV = "INFLIGHT_SINGLE_PROCESS"
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
-# vLLM's flag names for EngineConfig fields, accepted as aliases (docs/from-vllm.md).
-VLLM_ALIASES = {
-    "max_num_sequences": ("--max-num-seqs",),
-    "max_num_tokens": ("--max-num-batched-tokens",),
-    "kv_cache_free_gpu_mem_fraction": ("--gpu-memory-utilization",),
-}
+MAX_PORT = 65535
 
 logger = logging.getLogger("inflight.cli")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Adds ``(default: X)`` once, and only where it tells something: not for None or off, not
+    where the help text already speaks of the default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower() or not action.option_strings:
+            return text
+        if action.default is None or action.default is False or action.default in ("", argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inflight", description="In-flight batching LLM server.")
+    parser = argparse.ArgumentParser(prog="inflight", description="In-flight batching LLM server.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"inflight {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
-        "serve",
-        help="serve a model over the OpenAI HTTP API",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "serve", help="serve a model over the OpenAI HTTP API", allow_abbrev=False, formatter_class=HelpFormatter,
+        epilog=f"vLLM's serve flags are accepted as aliases, with a notice, or refused with the reason: "
+               f"{cli_vllm.DOC} lists each.",
     )
-    server = serve.add_argument_group("server")
+    add_server_flags(serve.add_argument_group("server"))
+    add_engine_flags(serve.add_argument_group("engine"))
+    cli_vllm.add_vllm_flags(serve)
+    return parser
+
+
+def _names(flag: str) -> tuple[str, ...]:
+    return (flag, *cli_vllm.visible_aliases(flag))
+
+
+def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                         help="Same as --model (vLLM's positional form).")
     server.add_argument("--model", default=None,
                         help="Local Hugging Face model directory, or a .gguf file (converted once "
                              "into a cache directory).")
-    server.add_argument("--host", default="127.0.0.1", help="Address to bind.")
-    server.add_argument("--port", type=int, default=8000, help="Port to bind (0: any free port).")
-    server.add_argument("--served-model-name", default=None,
+    server.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="Take the tokenizer (and its chat template) from this local directory instead.")
+    server.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                        help="The chat template to use instead of the tokenizer's: a file, or the Jinja template itself.")
+    server.add_argument(*_names("--host"), default="127.0.0.1", help="Address to bind.")
+    server.add_argument(*_names("--port"), type=_port, default=8000, help="Port to bind (0: any free port).")
+    server.add_argument(*_names("--served-model-name"), default=None,
                         help="Model name clients send (default: the --model argument).")
-    server.add_argument("--api-key", default=None,
+    server.add_argument(*_names("--api-key"), default=None,
                         help=f"Require 'Authorization: Bearer KEY' on /v1 (env {API_KEY_ENV}).")
     server.add_argument("--admin-api-key", default=None,
                         help=f"Enable /admin, with 'Authorization: Bearer KEY' (env {ADMIN_API_KEY_ENV}); "
@@ -81,17 +110,33 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--stream-write-timeout", type=float, default=_server_default("stream_write_timeout_s"),
                         help="Seconds a stream may wait for its client to read before it is cut "
                              "and its requests aborted.")
-    server.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="Seconds to let requests in flight finish after SIGTERM.")
-    server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Log level.")
+    server.add_argument(*_names("--drain-timeout"), type=float, default=_server_default("drain_timeout_s"),
+                        help="Seconds to let requests in flight finish after SIGTERM or the first Ctrl-C.")
+    server.add_argument(*_names("--log-level"), default="info", choices=LOG_LEVELS,
+                        type=cli_vllm.value_type("log_level"), help="Log level.")
     server.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                         help="text: one readable line per event; json: one JSON object per line.")
-    server.add_argument("--single-process", action="store_true",
+    server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="One log line per HTTP request, refused ones included: method, path, status, "
+                             "latency, request id (never a body or a key).")
+    server.add_argument("--access-log-exclude", default="", metavar="PATHS",
+                        help="Comma-separated paths left out of the access log (e.g. /health,/metrics).")
+    server.add_argument("--stats-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="The periodic engine stats line while busy.")
+    server.add_argument(*_names("--single-process"), action="store_true",
                         default=os.environ.get(SINGLE_PROCESS_ENV, "") not in ("", "0"),
                         help="Run the engine in a thread of the server process instead of an engine-core "
                              f"process of its own (for debugging; env {SINGLE_PROCESS_ENV}=1).")
-    add_engine_flags(serve.add_argument_group("engine"))
-    return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1..{MAX_PORT} (0: any free port)")
+    return port
 
 
 def _server_default(name: str) -> Any:
@@ -104,7 +149,7 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
         kind, optional = _flag_type(hints[f.name])
-        flags = ("--" + f.name.replace("_", "-"), *VLLM_ALIASES.get(f.name, ()))
+        flags = _names("--" + f.name.replace("_", "-"))
         default = f.default if f.default is not dataclasses.MISSING else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
         if optional and kind not in (int, str):
@@ -113,8 +158,8 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
             group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=help_text)
         else:
-            group.add_argument(*flags, dest=f.name, type=kind, default=default, help=help_text,
-                               metavar="N" if kind in (int, float) else "VALUE")
+            group.add_argument(*flags, dest=f.name, type=cli_vllm.value_type(f.name, kind), default=default,
+                               help=help_text, metavar="N" if kind in (int, float) else "VALUE")
 
 
 def _flag_type(hint: Any) -> tuple[type, bool]:
@@ -147,14 +192,31 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
     )
 
 
+def access_log_from_args(args: argparse.Namespace) -> Any:
+    from inflight.runtime.server.logs import AccessLog
+
+    exclude = frozenset(p.strip() for p in args.access_log_exclude.split(",") if p.strip())
+    return AccessLog(enabled=args.access_log, exclude=exclude)
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``--host`` cannot be bound because it names no address (one line), or ``None``."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        return f"--host {host}: cannot resolve it ({reason})"
+    return None
+
+
 def port_problem(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be bound right now (one line), or ``None`` when it can."""
-    if port == 0:
-        return None
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        return f"--host {host}: cannot resolve it ({exc.strerror})"
+    if not 0 <= port <= MAX_PORT:
+        return f"--port {port}: not a port (use 1..{MAX_PORT}, or 0 for any free port)"
+    problem = host_problem(host)
+    if problem or port == 0:
+        return problem
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
         try:
@@ -176,31 +238,67 @@ def kv_cache_problem(engine: Any) -> str | None:
             "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
 
 
-def _prepare_model(model: str, config: EngineConfig, progress: Callable[[str], None]) -> Path:
-    """The model directory (a GGUF file converted once), with its tokenizer and, when the block
-    count is explicit, the KV cache size checked before any weight loads."""
+def model_len_limit(spec: Any) -> tuple[int, str]:
+    """(the longest sequence the model supports, where that comes from), as the runner caps it."""
+    if spec.sliding_window is not None and spec.sliding_window < spec.max_position_embeddings:
+        return spec.sliding_window, "its sliding_window"
+    return spec.max_position_embeddings, "its max_position_embeddings"
+
+
+def _prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Callable[[str], None]) -> Path:
+    """The directory to serve (a GGUF file converted once; an overlay for --tokenizer or
+    --chat-template), with its tokenizer, template, architecture, --max-model-len and, when the
+    block count is explicit, the KV cache size checked before any weight loads."""
     from inflight.runtime.model.gguf_source import resolve_model_dir
     from inflight.runtime.model.loader import load_hf_config
-    from inflight.runtime.tokenizer import load_tokenizer
+    from inflight.runtime.model.spec import spec_from_hf_config
+    from inflight.runtime.serving_dir import read_chat_template, serving_dir
 
-    model_dir = resolve_model_dir(model, progress)
-    try:
-        load_tokenizer(model_dir)
-    except Exception as exc:  # transformers raises many kinds; all mean the same to the user
-        raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
+    model_dir = resolve_model_dir(args.model, progress)
+    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
+    tokenizer_dir = Path(args.tokenizer) if args.tokenizer is not None else None
+    served = serving_dir(model_dir, tokenizer_dir, template)
+    if served != model_dir:
+        progress(f"serving {model_dir} with the tokenizer of {tokenizer_dir or model_dir}"
+                 f"{' and the given chat template' if template is not None else ''} (overlay {served})")
+    _check_tokenizer(served, template is not None)
+    spec = spec_from_hf_config(load_hf_config(served))
+    limit, source = model_len_limit(spec)
+    if config.max_model_len is not None and config.max_model_len > limit:
+        raise ValueError(f"--max-model-len {config.max_model_len} is longer than the model supports ({limit}, "
+                         f"{source} in {model_dir}/config.json); lower it or leave it unset")
     if config.num_kv_blocks is not None:
-        max_len = config.max_model_len or load_hf_config(model_dir).max_position_embeddings
-        known = SimpleNamespace(config=config, max_model_len=max_len)
+        known = SimpleNamespace(config=config, max_model_len=config.max_model_len or limit)
         refusal = kv_cache_problem(known)
         if refusal:
             raise ValueError(refusal)
-    return model_dir
+    return served
 
 
-def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _check_tokenizer(model_dir: Path, given_template: bool) -> None:
+    from jinja2 import TemplateError
+
+    from inflight.runtime.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(model_dir)
+    except Exception as exc:  # transformers raises many kinds; all mean the same to the user
+        raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
+    if not given_template:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise ValueError(f"--chat-template: the template does not render: {exc}") from exc
+    except Exception:  # noqa: BLE001 - the template's own checks on these messages; requests will tell
+        pass
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
     from inflight.runtime.model.gguf_source import model_dir_problem
     from inflight.runtime.server.logs import configure_logging
     from inflight.runtime.server.serve import serve
+    from inflight.runtime.serving_dir import tokenizer_dir_problem
     from inflight.runtime.stats_log import start_stats_log
 
     try:
@@ -208,7 +306,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         settings = server_settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    problem = model_dir_problem(args.model)
+    problem = model_dir_problem(args.model) or host_problem(args.host)
+    if problem is None and args.tokenizer is not None:
+        problem = tokenizer_dir_problem(args.tokenizer)
     if problem:
         parser.error(problem)
     in_use = port_problem(args.host, args.port)
@@ -216,9 +316,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"inflight serve: error: {in_use}", file=sys.stderr)
         return 1
     configure_logging(args.log_level, args.log_format)
+    for line in notices:
+        logger.warning("%s", line)
     progress = logging.getLogger("inflight.loading")
     try:
-        model_dir = _prepare_model(args.model, config, progress.info)
+        model_dir = _prepare_model(args, config, progress.info)
     except ValueError as exc:
         print(f"inflight serve: error: {exc}", file=sys.stderr)
         return 1
@@ -231,15 +333,16 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         refusal = kv_cache_problem(engine)
         if refusal:
             raise ValueError(refusal)
-        start_stats_log(engine.stats)
+        if args.stats_log:
+            start_stats_log(engine.stats)
         return engine
 
     source: Any = load
     if not args.single_process:
         from inflight.runtime.engine_core.core import CoreLaunch
 
-        source = CoreLaunch(str(model_dir), config, args.log_level, args.log_format)
-    return asyncio.run(serve(settings, source, args.host, args.port))
+        source = CoreLaunch(str(model_dir), config, args.log_level, args.log_format, stats_log=args.stats_log)
+    return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args)))
 
 
 def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -249,17 +352,25 @@ def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        serve_parser = _serve_parser(parser)
-        if args.model and args.model_path and args.model != args.model_path:
-            serve_parser.error(f"two models given: {args.model_path} and --model {args.model}")
-        args.model = args.model or args.model_path
-        if not args.model:
-            serve_parser.error("the model is required: inflight serve MODEL (or --model MODEL)")
-        return _serve(args, serve_parser)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+    args, extras = parser.parse_known_args(cli_vllm.normalize_argv(sys.argv[1:] if argv is None else argv))
+    if args.command != "serve":
+        parser.error(f"unknown command {args.command!r}")
+    serve_parser = _serve_parser(parser)
+    if extras:
+        serve_parser.error(cli_vllm.unknown_flags_message(extras, serve_parser))
+    if args.model and args.model_path and args.model != args.model_path:
+        serve_parser.error(f"two models given: {args.model_path} and --model {args.model}")
+    args.model = args.model or args.model_path
+    if not args.model:
+        serve_parser.error("the model is required: inflight serve MODEL (or --model MODEL)")
+    notices, refusal = cli_vllm.check_given(args)
+    if refusal:
+        serve_parser.error(refusal)
+    try:
+        return _serve(args, serve_parser, notices)
+    except KeyboardInterrupt:  # Ctrl-C before the server runs (while converting or checking)
+        print("inflight serve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

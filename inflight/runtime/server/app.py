@@ -3,10 +3,10 @@
 Owns what is common to every route: the OpenAI error shape for every failure (a 500 never
 carries a traceback), the inference key for /v1 and the separate admin key for /admin (off
 without one), refusing generation with 503 while loading, draining or after the engine died,
-counting refused requests in the metrics, counting requests in flight, the engine watchdog
-(a step that does not return within the stall timeout kills the engine), and ``drain`` (wait
-for requests in flight up to a timeout, then answer the rest with a 503 or a stream error
-event). Knows nothing about request schemas (``protocol``), the engine thread
+counting refused requests in the metrics, counting requests in flight, the access log (one
+line per request, refused ones included; ``AccessLog``), the engine watchdog (a step that does
+not return within the stall timeout kills the engine), and ``drain`` (wait for requests in
+flight up to a timeout, then answer the rest with a 503 or a stream error event). Knows nothing about request schemas (``protocol``), the engine thread
 (``async_engine``) or process signals (``serve``).
 """
 
@@ -35,6 +35,7 @@ from inflight.runtime.server.errors import (
     rejection_reason,
     unavailable,
 )
+from inflight.runtime.server.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
 
@@ -42,13 +43,17 @@ if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
+access_logger = logging.getLogger(ACCESS_LOGGER)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WATCHDOG = web.AppKey("inflight_watchdog", asyncio.Task)
+ACCESS_LOG = web.AppKey("inflight_access_log", AccessLog)
+STATUS_CLIENT_GONE = 499  # the client went away before the answer was complete (as nginx logs it)
 CUT_GRACE_S = 5.0  # after a drain timeout: time for cut requests to send their error
 
 
-def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch) -> web.Application:
+def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch,
+               access_log: AccessLog = AccessLog()) -> web.Application:
     """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
     of its own (the default of ``inflight serve``); a loader (``() -> LLMEngine``) runs it in
     a thread of this process (``--single-process``, and tests that reach into the engine).
@@ -65,10 +70,11 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
                             else AsyncEngine(source, **hooks))  # fmt: skip
     state = ServerState(settings, engine, metrics)
     app = web.Application(
-        middlewares=[_errors, _auth, _admission],
+        middlewares=[*([_access_log] if access_log.enabled else []), _errors, _auth, _admission],
         client_max_size=settings.max_body_bytes + 1,
     )
     app[STATE] = state
+    app[ACCESS_LOG] = access_log
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_handler)
@@ -153,6 +159,24 @@ async def version(request: web.Request) -> web.Response:
 async def metrics_handler(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+@web.middleware
+async def _access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One line per request once it is answered (outermost: it sees the status ``_errors`` chose)."""
+    started = time.monotonic()
+    status = STATUS_CLIENT_GONE
+    request_id = request.headers.get("X-Request-Id")
+    try:
+        response = await handler(request)
+        status = response.status
+        request_id = response.headers.get("X-Request-Id", request_id)
+        return response
+    finally:
+        path = request.rel_url.raw_path  # no query string: it is the client's, and may hold secrets
+        if path not in request.app[ACCESS_LOG].exclude:
+            text, fields = access_record(request.method, path, status, (time.monotonic() - started) * 1000, request_id)
+            access_logger.info("%s", text, extra={"fields": fields})
 
 
 @web.middleware

@@ -2,7 +2,11 @@
 
 Owns the log line format (``ts``, ``level``, ``logger``, ``message``). The per-request line
 of ``generation`` carries its fields as a JSON message, which is merged into the line so a
-log pipeline gets flat fields. Knows nothing about the server itself.
+log pipeline gets flat fields; a record may also bring them as ``extra={"fields": {...}}``
+beside a readable message (the access log does). Owns the access log's settings and its line
+(:func:`access_record`): method, path without the query, status, latency, the request id when
+there is one; never a body or a header's value besides that id. Knows nothing about the
+server itself.
 """
 
 from __future__ import annotations
@@ -11,6 +15,31 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass, field
+
+ACCESS_LOGGER = "inflight.access"
+MAX_LOGGED_PATH = 200
+MAX_LOGGED_ID = 128
+
+
+@dataclass(frozen=True, slots=True)
+class AccessLog:
+    """``enabled``: one line per HTTP request; ``exclude``: paths left out (e.g. probes)."""
+
+    enabled: bool = True
+    exclude: frozenset[str] = field(default_factory=frozenset)
+
+
+def access_record(method: str, path: str, status: int, latency_ms: float,
+                  request_id: str | None) -> tuple[str, dict[str, object]]:
+    """(the readable message, the flat fields) of one access-log line."""
+    fields: dict[str, object] = {"event": "http_request", "method": method, "path": path[:MAX_LOGGED_PATH],
+                                 "status": status, "latency_ms": round(latency_ms, 1)}
+    text = f"{method} {fields['path']} {status} {latency_ms:.1f} ms"
+    if request_id:
+        fields["request_id"] = request_id[:MAX_LOGGED_ID]
+        text += f" request_id={fields['request_id']}"
+    return text, fields
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,6 +58,9 @@ class JsonFormatter(logging.Formatter):
             line["message"] = message
         else:
             line.update(fields)
+        extra = getattr(record, "fields", None)
+        if isinstance(extra, dict):
+            line.update(extra)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line)

@@ -2,9 +2,10 @@
 
 Owns the process lifecycle: the HTTP port opens first (so /health answers and /ready says
 503 while the model loads), SIGTERM / SIGINT / SIGHUP start a drain (new requests 503, requests in
-flight finish up to the drain timeout), then the runner and the engine thread stop and
-``serve`` returns the exit code (0 after a drain, 1 when loading failed). A second SIGTERM
-or SIGINT exits at once (``os._exit``, code 128 + signal). When the engine dies or stalls,
+flight finish up to the drain timeout; one log line says so, and for Ctrl-C that pressing it
+again exits now), then the runner and the engine thread stop and ``serve`` returns the exit
+code (0 after a drain, 1 when loading failed). A second SIGTERM or SIGINT exits at once
+(``os._exit``, code 128 + signal). When the engine dies or stalls,
 every waiting client has already been answered (503 or a stream error event); ``serve``
 gives those answers a moment to leave, then exits with code 1 through ``os._exit``, since a
 stalled engine thread might never let the interpreter finish. Knows nothing about argument
@@ -26,6 +27,7 @@ from aiohttp import web
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.server.app import create_app, drain
 from inflight.runtime.server.engine_process import ProcessEngine
+from inflight.runtime.server.logs import AccessLog
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
@@ -42,11 +44,12 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve(
-    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch, host: str, port: int
+    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch, host: str, port: int,
+    access_log: AccessLog = AccessLog(),
 ) -> int:
-    """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source``: see
-    :func:`~.app.create_app`."""
-    app = create_app(settings, source)
+    """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
+    ``access_log``: see :func:`~.app.create_app`."""
+    app = create_app(settings, source, access_log)
     runner = make_runner(app, settings.keepalive_timeout_s)
     await runner.setup()
     stop = asyncio.Event()
@@ -79,7 +82,10 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -
     if stop.is_set():
         _kill_engine_process(app)
         _exit_now(128 + sig, f"second {sig.name}: exiting at once without draining")
+        return
     stop.set()
+    again = "press Ctrl-C again to exit now" if sig == signal.SIGINT else f"a second {sig.name} exits at once"
+    logger.warning("%s: draining (up to %g s); %s", sig.name, app[STATE].settings.drain_timeout_s, again)
 
 
 def _kill_engine_process(app: web.Application) -> None:
@@ -132,7 +138,6 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
     finally:
         for future in (loaded, stopped, dead):
             future.cancel()
-    logger.info("shutdown signal received")
     drained = await drain(app, state.settings.drain_timeout_s)
     logger.info("drain %s", "complete" if drained else "timed out; aborted the rest")
     return 0
