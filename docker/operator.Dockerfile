@@ -13,7 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inflight ./inflight
 RUN pip install --no-deps . \
-    && pip install "kopf>=1.37" "kubernetes_asyncio>=31" "prometheus-client>=0.20" "aiohttp>=3.9" "pyyaml>=6" \
+    && pip install "kopf>=1.37" "kubernetes>=37" "prometheus-client>=0.20" "aiohttp>=3.9" "pyyaml>=6" \
     && rm -rf /src
 RUN groupadd --gid 10001 inflight \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp inflight

@@ -8,6 +8,7 @@ got the live config) lives in kopf's per-object memo, not here. Knows no handler
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,12 +53,20 @@ class OperatorConfig:
 
 
 def default_login(settings: kopf.OperatorSettings) -> LoginFn:
-    """In-cluster service account first, then kubeconfig (kopf's own minimal loaders)."""
+    """kopf's own login through the ``kubernetes`` package (``kopf.login_via_client``, what kopf
+    does by default when that package is installed): the in-cluster service account, else the
+    kubeconfig with everything that package understands (exec plugins such as
+    ``gke-gcloud-auth-plugin`` and ``aws eks get-token``, auth providers, OIDC). kopf's minimal
+    loaders (``login_with_kubeconfig``) run no exec plugin, so a GKE/EKS kubeconfig fails there.
+    ``None`` when neither works (kopf then stops with "no credentials")."""
+    logger = logging.getLogger("inflight.operator.login")
 
     def login() -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
+        try:
+            return kopf.login_via_client(logger=logger, settings=settings)
+        except kopf.LoginError as exc:
+            logger.error("%s", exc)
+            return None
 
     return login
 

@@ -19,6 +19,7 @@ registry for ``kopf run -m inflight.operator``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -74,7 +75,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
 
 
 async def on_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
-    conn = memo.ctx.login()
+    conn = await asyncio.to_thread(memo.ctx.login)  # an exec plugin (gcloud, aws) runs for a second or so
     if conn is not None:
         memo.ctx.set_connection(conn)
     return conn

@@ -1,15 +1,21 @@
-"""All of the operator's own Kubernetes API I/O, through the official asyncio client.
+"""All of the operator's own Kubernetes API I/O, through the ``kubernetes`` package's asyncio client.
 
-Owns: which client API serves each kind the operator touches (``kubernetes_asyncio``'s typed
-``CoreV1Api``/``AppsV1Api``/``PolicyV1Api``, ``CustomObjectsApi`` for custom resources),
+Owns: which client API serves each kind the operator touches (``kubernetes.aio``'s typed
+``CoreV1Api``/``AppsV1Api``/``PolicyV1Api``, ``CustomObjectsApi`` for custom resources; the
+``kubernetes`` package is the Kubernetes project's own Python client),
 authentication from a ``kopf.ConnectionInfo`` (the credentials kopf logged in with: its
 Authorization header, CA and client certificate, the latter two written to private temp
 files because the client reads them from paths), get/list/create/patch/delete,
 create-or-patch (a 409 on create is not an error: the object is merge-patched), Events, and
 Secrets (read a key; create one only when it is missing, so a generated key is never
 rotated). The client's typed methods build every request (paths, query parameters, content
-types, auth); answers are read as JSON dicts (camelCase, as the API server writes them), so the
-rest of the operator works on JSON-shaped values and no field newer than the client is lost.
+types, auth); bodies are sent as the JSON dicts they are and answers are read as JSON dicts
+(camelCase, as the API server writes them), so the rest of the operator works on JSON-shaped
+values and no field newer than the client is lost. For that the typed methods are called
+undecorated (``raw_function``, pydantic's handle on the function ``validate_call`` wraps): the
+decorated ones would convert a dict body into the client's model, which refuses fields it does
+not know and a number where it types a string (a quantity written ``1``), both of which the API
+server takes.
 
 Patch strategy: JSON merge patch (RFC 7386) everywhere, forced with ``_content_type`` (the
 client would pick strategic merge for dict bodies). Why: custom resources (the
@@ -34,8 +40,8 @@ from typing import Any
 
 import aiohttp
 import kopf
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
 from inflight.operator import applied
 
@@ -47,7 +53,7 @@ class Kind:
     api_version: str  # "v1", "apps/v1", ...
     plural: str
     kind: str
-    api: str = "CustomObjectsApi"  # the kubernetes_asyncio API class serving it
+    api: str = "CustomObjectsApi"  # the kubernetes.aio API class serving it
     method: str = ""  # typed method suffix, e.g. "namespaced_deployment"; "" for custom objects
 
     @property
@@ -123,10 +129,19 @@ class KubeClient:
         await self._api.close()
         self._tmp.cleanup()
 
-    def _typed(self, kind: Kind) -> Any:
+    def _method(self, verb: str, kind: Kind) -> tuple[Any, Any]:
+        """The typed API object and the undecorated ``*_without_preload_content`` method for
+        ``verb`` ("read", "list", "create", "patch", "patch_status", "patch_scale", "delete")."""
         if kind.api not in self._apis:
             self._apis[kind.api] = getattr(client, kind.api)(self._api)
-        return self._apis[kind.api]
+        api = self._apis[kind.api]
+        action, _, subresource = verb.partition("_")
+        if kind.method:
+            name = f"{action}_{kind.method}{'_' + subresource if subresource else ''}"
+        else:
+            action = "get" if action == "read" else action
+            name = f"{action}_namespaced_custom_object{'_' + subresource if subresource else ''}"
+        return api, getattr(type(api), f"{name}_without_preload_content").raw_function
 
     async def _call(self, verb: str, kind: Kind, namespace: str, name: str | None = None, **kwargs: Any) -> Any:
         """One API call built by the client's typed method; the answer as a JSON dict, errors as KubeError.
@@ -134,19 +149,13 @@ class KubeClient:
         Answers are read as JSON, not decoded into the client's models: a model decode drops
         fields newer than the client and refuses objects missing a field it calls required.
         """
-        api = self._typed(kind)
+        api, method = self._method(verb, kind)
         kwargs["_request_timeout"] = self._timeout
-        kwargs["_preload_content"] = False
         args: list[Any] = [name] if name is not None else []
+        args = [*args, namespace] if kind.method else [kind.group, kind.version, namespace, kind.plural, *args]
         what = f"{kind.plural}/{namespace}/{name or ''}"
         try:
-            if kind.method:
-                resp = await getattr(api, f"{verb}_{kind.method}")(*args, namespace, **kwargs)
-            else:
-                custom = {"read": "get", "patch_status": "patch", "patch_scale": "patch"}.get(verb, verb)
-                suffix = verb[len("patch_"):] if verb.startswith("patch_") else ""
-                resp = await getattr(api, f"{custom}_namespaced_custom_object{'_' + suffix if suffix else ''}")(
-                    kind.group, kind.version, namespace, kind.plural, *args, **kwargs)
+            resp = await method(api, *args, **kwargs)
             async with resp:
                 raw = await resp.read()
         except ApiException as exc:  # raised before a response exists (e.g. a bad argument)

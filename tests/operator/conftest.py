@@ -3,5 +3,5 @@ client, jsonschema); a bare GPU machine has none of them, so there the whole fol
 
 import pytest
 
-for _module in ("kopf", "kmock", "kubernetes_asyncio", "jsonschema", "kubernetes_validate"):
+for _module in ("kopf", "kmock", "kubernetes.aio", "jsonschema", "kubernetes_validate"):
     pytest.importorskip(_module)

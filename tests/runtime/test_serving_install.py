@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BLOCK_OPERATOR_DEPS = "import sys; sys.modules.update(kopf=None, kubernetes_asyncio=None); "
+BLOCK_OPERATOR_DEPS = "import sys; sys.modules.update(kopf=None, kubernetes=None); "
 
 
 def test_serving_imports_without_the_operator_dependencies() -> None:
