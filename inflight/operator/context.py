@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -26,9 +27,16 @@ class OperatorConfig:
     tick_seconds: float = 5.0  # how often the timer runs per resource (status, live config, autoscaling)
     pod_timeout_seconds: float = 3.0  # per scrape / admin call
     finalizer: str = "inflight.dev/finalizer"
+    # Leader election (two replicas): the Lease's name ("" = off), its namespace (the operator's),
+    # this replica's identity (its pod name), and kopf's liveness port to answer while standing by.
+    lease_name: str = ""
+    lease_namespace: str = "default"
+    identity: str = ""
+    liveness_port: int = 0
+    lease_seconds: float = 15.0  # a holder that has not renewed for this long is replaced
 
     def __post_init__(self) -> None:
-        for name in ("tick_seconds", "pod_timeout_seconds"):
+        for name in ("tick_seconds", "pod_timeout_seconds", "lease_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"OperatorConfig.{name} must be a number > 0 (got {value!r}).")
@@ -46,9 +54,17 @@ class OperatorConfig:
             except ValueError:
                 raise ValueError(f"{key} must be a number of seconds (got {raw!r}).") from None
 
+        port = env.get("INFLIGHT_OPERATOR_LIVENESS_PORT", "0")
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"INFLIGHT_OPERATOR_LIVENESS_PORT must be a port number (got {port!r}).")
         return cls(
             tick_seconds=number("INFLIGHT_OPERATOR_TICK_SECONDS", 5.0),
             pod_timeout_seconds=number("INFLIGHT_OPERATOR_POD_TIMEOUT_SECONDS", 3.0),
+            lease_name=env.get("INFLIGHT_OPERATOR_LEASE_NAME", ""),
+            lease_namespace=env.get("POD_NAMESPACE", "default"),
+            identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            liveness_port=int(port),
+            lease_seconds=number("INFLIGHT_OPERATOR_LEASE_SECONDS", 15.0),
         )
 
 
@@ -74,9 +90,14 @@ def default_login(settings: kopf.OperatorSettings) -> LoginFn:
 class OperatorContext:
     """The operator's clients; created by the startup handler, closed by cleanup."""
 
-    def __init__(self, config: OperatorConfig, login: LoginFn | None = None) -> None:
+    def __init__(self, config: OperatorConfig, login: LoginFn | None = None,
+                 on_lease_lost: Callable[[], None] | None = None) -> None:
         self.config = config
         self.login = login
+        # Losing the leader Lease: exit at once (as client-go's leader election does), so the
+        # new leader never overlaps with this process's handlers; the kubelet restarts it as a
+        # candidate. Tests pass a callback that stops their in-process operator instead.
+        self.on_lease_lost = on_lease_lost or _exit_lost
         self.connection: kopf.ConnectionInfo | None = None
         self._kube: KubeClient | None = None
         self._retired: list[KubeClient] = []
@@ -110,3 +131,8 @@ class OperatorContext:
         if self._http is not None:
             await self._http.close()
         self._kube = self._http = None
+
+
+def _exit_lost() -> None:
+    logging.getLogger("inflight.operator").critical("lost the leader Lease: exiting so the new leader acts alone")
+    os._exit(1)

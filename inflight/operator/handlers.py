@@ -26,7 +26,15 @@ from typing import Any
 
 import kopf
 
-from inflight.operator import operator_metrics, pod_health, reconcile, render, render_model, status
+from inflight.operator import (
+    leader,
+    operator_metrics,
+    pod_health,
+    reconcile,
+    render,
+    render_model,
+    status,
+)
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
 from inflight.operator.kube import DEPLOYMENTS
@@ -72,6 +80,27 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
         memo.ctx.login = default_login(settings)
     if not getattr(memo, "metrics_started", False):
         memo.metrics_started = operator_metrics.start_from_env() is not None
+    if memo.ctx.config.lease_name:
+        await _lead(memo, logging.getLogger("inflight.operator"))
+
+
+async def _lead(memo: kopf.Memo, logger: logging.Logger) -> None:
+    """Block kopf's start until this replica holds the Lease (kopf watches nothing before its
+    startup handlers return), then keep renewing it; losing it ends the process (``on_lease_lost``)."""
+    ctx: OperatorContext = memo.ctx
+    cfg = ctx.config
+    conn = await asyncio.to_thread(ctx.login)  # kopf logs in only after startup
+    if conn is None:
+        raise kopf.PermanentError("no credentials for the leader-election Lease")
+    ctx.set_connection(conn)
+    elector = leader.LeaderElector(lambda: ctx.kube, leader.LeaseConfig(
+        name=cfg.lease_name, namespace=cfg.lease_namespace, identity=cfg.identity,
+        duration_s=cfg.lease_seconds, renew_every_s=cfg.lease_seconds / 3,
+        retry_every_s=min(2.0, cfg.lease_seconds / 5)))
+    async with leader.standby_health(cfg.liveness_port):
+        await elector.acquire()
+    memo.elector = elector
+    memo.lease_task = asyncio.create_task(elector.keep(ctx.on_lease_lost))
 
 
 async def on_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
@@ -82,6 +111,10 @@ async def on_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
 
 
 async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if (task := getattr(memo, "lease_task", None)) is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await memo.elector.release()  # the standby takes over now, not after the lease expires
     await memo.ctx.close()
 
 

@@ -76,6 +76,7 @@ SECRETS = Kind("v1", "secrets", "Secret", "CoreV1Api", "namespaced_secret")
 PVCS = Kind("v1", "persistentvolumeclaims", "PersistentVolumeClaim", "CoreV1Api",
             "namespaced_persistent_volume_claim")
 EVENTS = Kind("v1", "events", "Event", "CoreV1Api", "namespaced_event")
+LEASES = Kind("coordination.k8s.io/v1", "leases", "Lease", "CoordinationV1Api", "namespaced_lease")
 
 
 class KubeError(Exception):

@@ -49,6 +49,14 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
+# Granted only in the operator's own namespace (a Role there, never cluster-wide): the leader
+# election Lease, when the chart runs two replicas (leaderElection.enabled).
+OWN_NAMESPACE_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("coordination.k8s.io", "leases", ("get", "create", "patch")),
+)
+
+
 def allows(group: str, resource: str, verb: str) -> bool:
-    """Whether REQUIRED_PERMISSIONS grants ``verb`` on ``group``/``resource``."""
-    return any(p.api_group == group and p.resource == resource and verb in p.verbs for p in REQUIRED_PERMISSIONS)
+    """Whether REQUIRED_PERMISSIONS or OWN_NAMESPACE_PERMISSIONS grant ``verb`` on ``group``/``resource``."""
+    return any(p.api_group == group and p.resource == resource and verb in p.verbs
+               for p in (*REQUIRED_PERMISSIONS, *OWN_NAMESPACE_PERMISSIONS))

@@ -24,10 +24,10 @@ CLUSTER_SCOPED = {
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
-def _required() -> set[Triple]:
+def _required(which: str = "REQUIRED_PERMISSIONS") -> set[Triple]:
     try:
         rbac = importlib.import_module("inflight.operator.rbac")
-        permissions = rbac.REQUIRED_PERMISSIONS
+        permissions = getattr(rbac, which)
     except (ImportError, AttributeError) as err:
         pytest.fail(
             "inflight.operator.rbac.REQUIRED_PERMISSIONS is missing (docs/CONTRACTS.md, the "
@@ -37,7 +37,7 @@ def _required() -> set[Triple]:
     for perm in permissions:
         assert isinstance(perm.verbs, tuple), f"{perm}: verbs must be a tuple"
         triples |= {(perm.api_group, perm.resource, verb) for verb in perm.verbs}
-    assert triples, "REQUIRED_PERMISSIONS is empty"
+    assert triples, f"{which} is empty"
     return triples
 
 
@@ -73,7 +73,7 @@ def test_no_wildcards(objects, case: str) -> None:
 @pytest.mark.parametrize("case", ["defaults", "all-on"])
 def test_cluster_mode_grants_exactly_the_required_permissions(objects, case: str) -> None:
     objs = objects(case)
-    assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
+    assert _watch_roles(objs) == []
     granted = _granted(one(objs, "ClusterRole"))
     required = _required()
     assert granted == required, _diff(granted, required)
@@ -83,7 +83,7 @@ def test_cluster_mode_grants_exactly_the_required_permissions(objects, case: str
 def test_namespaced_mode_grants_namespaced_permissions_in_one_namespace(objects, case: str) -> None:
     objs = objects(case)
     required = _required()
-    role = one(objs, "Role")
+    (role,) = _watch_roles(objs)
     assert role["metadata"]["namespace"] == WATCH_NAMESPACE
     namespaced = {t for t in required if not _is_cluster_scoped(t)}
     assert _granted(role) == namespaced, _diff(_granted(role), namespaced)
@@ -113,3 +113,17 @@ def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -
             {"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}
         ]
     assert account["namespace"] == RELEASE_NAMESPACE
+
+
+def _watch_roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in by_kind(objs, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
+
+
+@pytest.mark.parametrize("case", ["defaults", "namespaced"])
+def test_leader_election_lease_is_granted_only_in_the_release_namespace(objects, case: str) -> None:
+    objs = objects(case)
+    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert _granted(role) == _required("OWN_NAMESPACE_PERMISSIONS")
+    for cluster_role in by_kind(objs, "ClusterRole"):
+        assert not {t for t in _granted(cluster_role) if t[0] == "coordination.k8s.io"}

@@ -117,7 +117,8 @@ def test_every_object_validates(objects, case: str, kube_version: str) -> None:
 
 def test_defaults_render_only_the_operator(objects) -> None:
     kinds = sorted(o["kind"] for o in objects("defaults"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
+                     "ServiceAccount"]
     (service,) = by_kind(objects("defaults"), "Service")  # the operator's own metrics
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
 
@@ -133,7 +134,7 @@ def test_operator_deployment_shape(objects, case: str) -> None:
     spec = deploy["spec"]
     assert deploy["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     probe = container["livenessProbe"]["httpGet"]
@@ -290,3 +291,19 @@ def test_network_policies_let_the_operator_reach_runtime_pods(objects) -> None:
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert policies[0]["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "inflight-runtime"
     assert by_kind(objects("defaults"), "NetworkPolicy") == []
+
+
+def test_two_replicas_elect_a_leader_and_one_without_it_recreates(chart: helm.Chart) -> None:
+    objs = parse_manifests(chart.render({"replicas": 2}, name="inflight", namespace=RELEASE_NAMESPACE))
+    container = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["INFLIGHT_OPERATOR_LEASE_NAME"]["value"] == "inflight"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["INFLIGHT_OPERATOR_LIVENESS_PORT"]["value"] == "8080"
+    off = parse_manifests(chart.render({"leaderElection": {"enabled": False, "leaseSeconds": 15}},
+                                       name="inflight", namespace=RELEASE_NAMESPACE))
+    assert one(off, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert "INFLIGHT_OPERATOR_LEASE_NAME" not in {e["name"] for e in
+                                                  one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    with pytest.raises(Exception, match="need leaderElection.enabled"):
+        chart.render({"replicas": 2, "leaderElection": {"enabled": False, "leaseSeconds": 15}}, name="inflight")

@@ -93,7 +93,7 @@ def test_defaults_pass_the_schema(chart: helm.Chart) -> None:
     "bad",
     [
         {"replicas": "x"},
-        {"replicas": 2},
+        {"replicas": 3},
         {"replicas": -1},
         {"replica": 1},
         {"watchNamespace": "Not_A_Namespace"},

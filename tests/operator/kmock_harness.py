@@ -3,7 +3,8 @@ a real kopf operator (our handlers, a fresh registry) running against it, and fa
 
 kmock stores objects and serves list/watch but does not assign uid, creationTimestamp,
 resourceVersion or metadata.generation, does not bump generation on spec changes and ignores
-generateName; ``ApiServer`` adds exactly that. For the real ``kubectl`` it also serves the
+generateName; ``ApiServer`` adds exactly that, and refuses a patch whose
+``metadata.resourceVersion`` is not the object's (409, the API server's optimistic concurrency). For the real ``kubectl`` it also serves the
 resources' singular and short names in discovery (``kubectl get infd``) and OpenAPI v3
 (``/openapi/v3`` and one document per group/version holding the CRD's schema under its GVK), so
 ``kubectl apply`` validates manifests against the CRD client-side, as it does when a server does
@@ -18,6 +19,7 @@ import contextlib
 import copy
 import datetime
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +47,7 @@ _RESOURCES = {
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
     "inference.networking.k8s.io/v1/inferencepools": ("InferencePool", True, {"status"}),
     "v1/events": ("Event", True, set()),
+    "coordination.k8s.io/v1/leases": ("Lease", True, set()),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
 }
@@ -186,6 +189,12 @@ class ApiServer(kmock.KubernetesEmulator):
             return
         current = self.objects[key].raw
         meta = request.data.setdefault("metadata", {})
+        wanted = meta.get("resourceVersion")  # a precondition, as the API server treats it
+        if wanted is not None and wanted != (current.get("metadata") or {}).get("resourceVersion"):
+            raise kmock.KubernetesError(
+                status=409, reason="Conflict",
+                message=f'Operation cannot be fulfilled on {request.resource.plural} "{request.name}": '
+                        "the object has been modified; please apply your changes to the latest version")
         meta["resourceVersion"] = str(next(self._versions))
         old_gen = (current.get("metadata") or {}).get("generation", 1)
         if request.subresource is None and "spec" in request.data:
@@ -322,28 +331,97 @@ def uncovered_requests(api: ApiServer) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(tick_seconds: float = 0.2) -> AsyncIterator[Cluster]:
-    """kmock + our kopf handlers in a background task; stops the operator on exit."""
+async def api_server() -> AsyncIterator[Cluster]:
+    """kmock serving the CRD over real HTTP on 127.0.0.1."""
     async with ApiServer() as api, kmock.Server(api) as server:
         cluster = Cluster(api, str(server.url).rstrip("/"))
         await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.build_crd())
-        registry = kopf.OperatorRegistry()
-        handlers.register(registry, tick_seconds=tick_seconds)
-        url = str(server.url).rstrip("/")
-        ctx = OperatorContext(
-            OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0),
-            login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
-        )
-        stop, ready = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(kopf.operator(
+        yield cluster
+
+
+@dataclass
+class OperatorProcess:
+    """One in-process operator: its kopf task, flags and context (a replica, in HA tests)."""
+
+    task: asyncio.Task[None]
+    ready: asyncio.Event
+    stop: asyncio.Event
+    ctx: OperatorContext
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(self.task, 10)
+
+
+def start_operator(cluster: Cluster, tick_seconds: float = 0.2, **config: Any) -> OperatorProcess:
+    """Our kopf handlers in a background task against ``cluster`` (``config``: more
+    OperatorConfig fields, e.g. the leader-election Lease)."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, tick_seconds=tick_seconds)
+    url = cluster.api_url
+    stop, ready = asyncio.Event(), asyncio.Event()
+    ctx = OperatorContext(
+        OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0, **config),
+        login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
+        on_lease_lost=stop.set,
+    )
+    task = asyncio.create_task(kopf.operator(
+        registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
+        memo=kopf.Memo(ctx=ctx), settings=kopf.OperatorSettings(),
+    ))
+    return OperatorProcess(task, ready, stop, ctx)
+
+
+@dataclass
+class OperatorThread:
+    """An operator replica on an event loop of its own, in a thread: kopf cancels every task
+    created in its loop after it started when it stops, so two replicas cannot share a loop
+    (in production they are two processes)."""
+
+    thread: threading.Thread
+    ready: threading.Event
+    stop: threading.Event
+
+    async def wait_ready(self, timeout: float) -> bool:
+        return await asyncio.to_thread(self.ready.wait, timeout)
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.to_thread(self.thread.join, 15)
+
+
+def start_operator_thread(cluster: Cluster, tick_seconds: float = 0.2, **config: Any) -> OperatorThread:
+    """Like :func:`start_operator`, in a thread of its own."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, tick_seconds=tick_seconds)
+    url = cluster.api_url
+    stop, ready = threading.Event(), threading.Event()
+    ctx = OperatorContext(
+        OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0, **config),
+        login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
+        on_lease_lost=stop.set,
+    )
+
+    def run() -> None:
+        asyncio.run(kopf.operator(
             registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
             memo=kopf.Memo(ctx=ctx), settings=kopf.OperatorSettings(),
         ))
+
+    thread = threading.Thread(target=run, name=f"operator-{config.get('identity', '')}", daemon=True)
+    thread.start()
+    return OperatorThread(thread, ready, stop)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(tick_seconds: float = 0.2) -> AsyncIterator[Cluster]:
+    """kmock + our kopf handlers in a background task; stops the operator on exit."""
+    async with api_server() as cluster:
+        operator = start_operator(cluster, tick_seconds)
         try:
-            await asyncio.wait_for(ready.wait(), 10)
+            await asyncio.wait_for(operator.ready.wait(), 10)
             yield cluster
-            assert not uncovered_requests(api), f"RBAC misses: {uncovered_requests(api)}"
+            assert not uncovered_requests(cluster.api), f"RBAC misses: {uncovered_requests(cluster.api)}"
         finally:
-            stop.set()
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
+            await operator.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import subprocess
 import sys
@@ -132,7 +133,10 @@ def test_observed_status(
 
 
 def test_operator_config_from_env() -> None:
-    assert OperatorConfig.from_env({}) == OperatorConfig()
+    default = OperatorConfig.from_env({})
+    assert default.identity  # a unique name even without POD_NAME (the hostname and pid)
+    assert dataclasses.replace(default, identity="") == OperatorConfig()
+    assert OperatorConfig.from_env({"POD_NAME": "op-0", "INFLIGHT_OPERATOR_LEASE_NAME": "l"}).identity == "op-0"
     cfg = OperatorConfig.from_env({"INFLIGHT_OPERATOR_TICK_SECONDS": "0.5"})
     assert cfg.tick_seconds == 0.5
     with pytest.raises(ValueError, match="INFLIGHT_OPERATOR_TICK_SECONDS must be a number"):

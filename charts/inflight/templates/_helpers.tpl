@@ -101,3 +101,10 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}
+
+{{- define "inflight.rules.ownNamespace" -}}
+# The leader-election Lease (inflight.operator.rbac.OWN_NAMESPACE_PERMISSIONS).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "patch"]
+{{- end -}}
