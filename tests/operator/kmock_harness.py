@@ -3,8 +3,10 @@ a real kopf operator (our handlers, a fresh registry) running against it, and fa
 
 kmock stores objects and serves list/watch but does not assign uid, creationTimestamp,
 resourceVersion or metadata.generation, does not bump generation on spec changes and ignores
-generateName; ``ApiServer`` adds exactly that, and refuses a patch whose
-``metadata.resourceVersion`` is not the object's (409, the API server's optimistic concurrency). For the real ``kubectl`` it also serves the
+generateName; ``ApiServer`` adds exactly that, refuses a patch whose ``metadata.resourceVersion``
+is not the object's (409, the API server's optimistic concurrency), and garbage-collects
+objects whose owners are gone (``collect_garbage``, run every 0.1 s as the controller manager's
+collector would). For the real ``kubectl`` it also serves the
 resources' singular and short names in discovery (``kubectl get infd``) and OpenAPI v3
 (``/openapi/v3`` and one document per group/version holding the CRD's schema under its GVK), so
 ``kubectl apply`` validates manifests against the CRD client-side, as it does when a server does
@@ -104,6 +106,23 @@ class ApiServer(kmock.KubernetesEmulator):
             elif request.action == kmock.action.UPDATE and request.name is not None:
                 self._on_update(request)
         return await super()._handle(request)
+
+    async def collect_garbage(self) -> int:
+        """One pass of the garbage collector (background propagation): delete every object
+        whose owners (``metadata.ownerReferences`` uids) are all gone. Returns how many."""
+        collected = 0
+        async with self._lock:
+            live = {(obj.raw.get("metadata") or {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+            for (resource, _, _), obj in list(self.objects.items()):
+                if obj.deleted:
+                    continue
+                owners = [o.get("uid") for o in (obj.raw.get("metadata") or {}).get("ownerReferences") or []]
+                if owners and not any(uid in live for uid in owners):
+                    raw = obj.raw
+                    obj.delete()
+                    await self._buses[resource].put({"type": "DELETED", "object": raw})
+                    collected += 1
+        return collected
 
     def _crds(self) -> list[dict[str, Any]]:
         return [obj.raw for (res, _, _), obj in list(self.objects.items())
@@ -336,7 +355,18 @@ async def api_server() -> AsyncIterator[Cluster]:
     async with ApiServer() as api, kmock.Server(api) as server:
         cluster = Cluster(api, str(server.url).rstrip("/"))
         await cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.build_crd())
-        yield cluster
+
+        async def garbage_collector() -> None:  # kube-controller-manager's, every 0.1 s
+            while True:
+                await api.collect_garbage()
+                await asyncio.sleep(0.1)
+
+        gc = asyncio.create_task(garbage_collector())
+        try:
+            yield cluster
+        finally:
+            gc.cancel()
+            await asyncio.gather(gc, return_exceptions=True)
 
 
 @dataclass
