@@ -7,8 +7,9 @@ drift, autoscaling every ``spec.autoscaling.intervalSeconds``) and a liveness pr
 work itself is in ``reconcile``; the status shapes in ``status``.
 
 Deletion runs behind the finalizer ``inflight.dev/finalizer`` so the children are deleted
-explicitly (their owner references would let the garbage collector do it too); if the
-operator is uninstalled before its resources, remove that finalizer by hand.
+explicitly (their owner references would let the garbage collector do it too). kopf puts a
+finalizer on every object a timer runs for, so it cannot be left off; the chart's pre-delete
+hook (``inflight.operator.uninstall``) takes it off every resource at ``helm uninstall``.
 
 An invalid spec (or one whose objects the API server refuses, ``reconcile.SpecRejected``) sets
 ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until

@@ -66,6 +66,7 @@ class Kind:
 
 
 INFERENCE_POOLS = Kind("inference.networking.k8s.io/v1", "inferencepools", "InferencePool")
+INFERENCE_DEPLOYMENTS = Kind("inflight.dev/v1alpha1", "inferencedeployments", "InferenceDeployment")
 DEPLOYMENTS = Kind("apps/v1", "deployments", "Deployment", "AppsV1Api", "namespaced_deployment")
 SERVICES = Kind("v1", "services", "Service", "CoreV1Api", "namespaced_service")
 PDBS = Kind("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", "PolicyV1Api",
@@ -144,17 +145,23 @@ class KubeClient:
             name = f"{action}_namespaced_custom_object{'_' + subresource if subresource else ''}"
         return api, getattr(type(api), f"{name}_without_preload_content").raw_function
 
-    async def _call(self, verb: str, kind: Kind, namespace: str, name: str | None = None, **kwargs: Any) -> Any:
+    async def _call(self, verb: str, kind: Kind, namespace: str | None, name: str | None = None, **kwargs: Any) -> Any:
         """One API call built by the client's typed method; the answer as a JSON dict, errors as KubeError.
 
         Answers are read as JSON, not decoded into the client's models: a model decode drops
         fields newer than the client and refuses objects missing a field it calls required.
+        ``namespace=None``: every namespace (a custom object list only).
         """
-        api, method = self._method(verb, kind)
         kwargs["_request_timeout"] = self._timeout
-        args: list[Any] = [name] if name is not None else []
-        args = [*args, namespace] if kind.method else [kind.group, kind.version, namespace, kind.plural, *args]
-        what = f"{kind.plural}/{namespace}/{name or ''}"
+        if namespace is None:
+            api, _ = self._method("list", kind)
+            method = type(api).list_cluster_custom_object_without_preload_content.raw_function
+            args: list[Any] = [kind.group, kind.version, kind.plural]
+        else:
+            api, method = self._method(verb, kind)
+            args = [name] if name is not None else []
+            args = [*args, namespace] if kind.method else [kind.group, kind.version, namespace, kind.plural, *args]
+        what = f"{kind.plural}/{namespace or '*'}/{name or ''}"
         try:
             resp = await method(api, *args, **kwargs)
             async with resp:
@@ -183,6 +190,11 @@ class KubeClient:
             obj for obj in data.get("items") or []
             if all(((obj.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in labels.items())
         ]
+
+    async def list_all(self, kind: Kind, namespace: str | None) -> list[dict[str, Any]]:
+        """Every custom object of ``kind`` in ``namespace`` (``None``: in every namespace)."""
+        data = await self._call("list", kind, namespace)
+        return list(data.get("items") or [])
 
     async def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("create", kind, namespace, body=body)

@@ -50,9 +50,12 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
 
 
 # Granted only in the operator's own namespace (a Role there, never cluster-wide): the leader
-# election Lease, when the chart runs two replicas (leaderElection.enabled).
+# election Lease, and, for the chart's pre-delete hook (``inflight.operator.uninstall``),
+# scaling the operator's own Deployment to 0 and watching its pods go.
 OWN_NAMESPACE_PERMISSIONS: tuple[Permission, ...] = (
     Permission("coordination.k8s.io", "leases", ("get", "create", "patch")),
+    Permission("apps", "deployments", ("patch",)),
+    Permission("", "pods", ("list",)),
 )
 
 

@@ -116,13 +116,13 @@ def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -
 
 
 def _watch_roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in by_kind(objs, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
+    return [r for r in by_kind(objs, "Role") if not r["metadata"]["name"].endswith("-self")]
 
 
 @pytest.mark.parametrize("case", ["defaults", "namespaced"])
-def test_leader_election_lease_is_granted_only_in_the_release_namespace(objects, case: str) -> None:
+def test_own_namespace_permissions_are_granted_only_in_the_release_namespace(objects, case: str) -> None:
     objs = objects(case)
-    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-self")]
     assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert _granted(role) == _required("OWN_NAMESPACE_PERMISSIONS")
     for cluster_role in by_kind(objs, "ClusterRole"):

@@ -117,7 +117,7 @@ def test_every_object_validates(objects, case: str, kube_version: str) -> None:
 
 def test_defaults_render_only_the_operator(objects) -> None:
     kinds = sorted(o["kind"] for o in objects("defaults"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Job", "Role", "RoleBinding", "Service",
                      "ServiceAccount"]
     (service,) = by_kind(objects("defaults"), "Service")  # the operator's own metrics
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
@@ -307,3 +307,19 @@ def test_two_replicas_elect_a_leader_and_one_without_it_recreates(chart: helm.Ch
                                                   one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     with pytest.raises(Exception, match="need leaderElection.enabled"):
         chart.render({"replicas": 2, "leaderElection": {"enabled": False, "leaseSeconds": 15}}, name="inflight")
+
+
+@pytest.mark.parametrize(("case", "watch"), [("defaults", None), ("namespaced", WATCH_NAMESPACE)])
+def test_uninstall_hook_stops_the_operator_then_releases_finalizers(objects, case: str, watch: str | None) -> None:
+    objs = objects(case)
+    job = one(objs, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in pod["containers"][0]["args"])
+    deploy = one(objs, "Deployment")
+    assert args["operator-deployment"] == deploy["metadata"]["name"]
+    selector = dict(kv.split("=", 1) for kv in args["operator-selector"].split(","))
+    assert selector == deploy["spec"]["selector"]["matchLabels"]
+    assert args.get("watch-namespace") == watch
+    assert pod["containers"][0]["command"] == ["python", "-m", "inflight.operator.uninstall"]

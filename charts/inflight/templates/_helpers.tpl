@@ -103,8 +103,15 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 {{- end -}}
 
 {{- define "inflight.rules.ownNamespace" -}}
-# The leader-election Lease (inflight.operator.rbac.OWN_NAMESPACE_PERMISSIONS).
+# inflight.operator.rbac.OWN_NAMESPACE_PERMISSIONS: the leader-election Lease; the pre-delete
+# hook scales the operator's Deployment to 0 and waits for its pods to go.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 {{- end -}}
