@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import kopf
 
+from inflight.operator import admin_keys
 from inflight.operator.kube import KubeClient
 
 LoginFn = Callable[[], "kopf.ConnectionInfo | None"]
@@ -27,13 +28,15 @@ class OperatorConfig:
     tick_seconds: float = 5.0  # how often the timer runs per resource (status, live config, autoscaling)
     pod_timeout_seconds: float = 3.0  # per scrape / admin call
     finalizer: str = "inflight.dev/finalizer"
-    # Leader election (two replicas): the Lease's name ("" = off), its namespace (the operator's),
+    # Leader election (two replicas): the Lease's name ("" = off), its namespace (the operator's
+    # own, where the root key Secret lives too),
     # this replica's identity (its pod name), and kopf's liveness port to answer while standing by.
     lease_name: str = ""
     lease_namespace: str = "default"
     identity: str = ""
     liveness_port: int = 0
     lease_seconds: float = 15.0  # a holder that has not renewed for this long is replaced
+    root_secret: str = "inflight-operator-root-key"  # in lease_namespace: the admin keys' root
 
     def __post_init__(self) -> None:
         for name in ("tick_seconds", "pod_timeout_seconds", "lease_seconds"):
@@ -65,6 +68,7 @@ class OperatorConfig:
             identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
             liveness_port=int(port),
             lease_seconds=number("INFLIGHT_OPERATOR_LEASE_SECONDS", 15.0),
+            root_secret=env.get("INFLIGHT_OPERATOR_ROOT_SECRET", "inflight-operator-root-key"),
         )
 
 
@@ -102,6 +106,15 @@ class OperatorContext:
         self._kube: KubeClient | None = None
         self._retired: list[KubeClient] = []
         self._http: aiohttp.ClientSession | None = None
+        self._root_key: bytes | None = None
+
+    async def admin_key(self, namespace: str, name: str) -> tuple[str, str]:
+        """(the admin key of ``namespace/name``, the root key's id); the root is read (or
+        created) once from the operator's own namespace."""
+        if self._root_key is None:
+            self._root_key = await admin_keys.load_or_create_root(
+                self.kube, self.config.lease_namespace, self.config.root_secret)
+        return admin_keys.derive(self._root_key, namespace, name), admin_keys.key_id(self._root_key)
 
     def set_connection(self, conn: kopf.ConnectionInfo) -> None:
         """Called on every (re-)login; later requests use the new credentials."""

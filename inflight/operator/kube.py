@@ -6,9 +6,7 @@ Owns: which client API serves each kind the operator touches (``kubernetes.aio``
 authentication from a ``kopf.ConnectionInfo`` (the credentials kopf logged in with: its
 Authorization header, CA and client certificate, the latter two written to private temp
 files because the client reads them from paths), get/list/create/patch/delete,
-create-or-patch (a 409 on create is not an error: the object is merge-patched), Events, and
-Secrets (read a key; create one only when it is missing, so a generated key is never
-rotated). The client's typed methods build every request (paths, query parameters, content
+create-or-patch (a 409 on create is not an error: the object is merge-patched), and Events. The client's typed methods build every request (paths, query parameters, content
 types, auth); bodies are sent as the JSON dicts they are and answers are read as JSON dicts
 (camelCase, as the API server writes them), so the rest of the operator works on JSON-shaped
 values and no field newer than the client is lost. For that the typed methods are called
@@ -245,12 +243,6 @@ class KubeClient:
                 return False
             raise
         return True
-
-    async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
-        """A Secret's value (base64-decoded), or ``None`` when the Secret or key is missing."""
-        secret = await self.get(SECRETS, namespace, name)
-        raw = ((secret or {}).get("data") or {}).get(key)
-        return base64.b64decode(raw).decode() if raw else None
 
     async def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str) -> None:
         """A core/v1 Event about ``involved`` (an object with apiVersion/kind/metadata)."""

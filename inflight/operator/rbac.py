@@ -35,8 +35,9 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # Pods are listed to scrape /metrics, push live config and read the model download's state.
     Permission("", "pods", ("list",)),
-    # The admin Secret (<name>-admin) is created once, read for live pushes, deleted with its owner.
-    Permission("", "secrets", ("get", "create", "delete")),
+    # The admin Secret (<name>-admin) is written with a derived key (admin_keys) and deleted
+    # with its owner; never read: no Secret outside the operator's namespace is readable.
+    Permission("", "secrets", ("create", "delete")),
     # The model-cache PVC (<name>-model-cache, spec.model.cache.size) is created once.
     Permission("", "persistentvolumeclaims", ("get", "create", "delete")),
     # spec.inferencePool: the InferencePool (the picker's Deployment/Service are covered above).
@@ -54,12 +55,15 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
 # scaling the operator's own Deployment to 0 and watching its pods go.
 OWN_NAMESPACE_PERMISSIONS: tuple[Permission, ...] = (
     Permission("coordination.k8s.io", "leases", ("get", "create", "patch")),
+    # The admin keys' root (admin_keys): read (the chart limits get to its name), created once.
+    Permission("", "secrets", ("get", "create")),
     Permission("apps", "deployments", ("patch",)),
     Permission("", "pods", ("list",)),
 )
 
 
-def allows(group: str, resource: str, verb: str) -> bool:
-    """Whether REQUIRED_PERMISSIONS or OWN_NAMESPACE_PERMISSIONS grant ``verb`` on ``group``/``resource``."""
-    return any(p.api_group == group and p.resource == resource and verb in p.verbs
-               for p in (*REQUIRED_PERMISSIONS, *OWN_NAMESPACE_PERMISSIONS))
+def allows(group: str, resource: str, verb: str, own_namespace: bool = False) -> bool:
+    """Whether ``verb`` on ``group``/``resource`` is granted: by REQUIRED_PERMISSIONS anywhere,
+    and by OWN_NAMESPACE_PERMISSIONS too when the request is in the operator's own namespace."""
+    granted = (*REQUIRED_PERMISSIONS, *(OWN_NAMESPACE_PERMISSIONS if own_namespace else ()))
+    return any(p.api_group == group and p.resource == resource and verb in p.verbs for p in granted)

@@ -8,9 +8,9 @@ through ``metrics_scrape``; what to write comes from ``render``, what to decide 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +66,8 @@ class SpecRejected(Exception):
 
 async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
     """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
-    admin Secret and the model-cache PVC only when missing (never rotated, never resized).
+    admin Secret (replaced when the pods' key id is not the root key's: an older scheme or a
+    new root) and the model-cache PVC only when missing (never resized).
 
     Raises ``SpecRejected`` when the API server refuses an object as invalid (400/422) or does
     not know the InferencePool kind; other API errors propagate (kopf retries them).
@@ -79,11 +80,37 @@ async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: rende
         raise
 
 
+async def keyed_owner(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> tuple[render.Owner, str]:
+    """``owner`` with the root key's id, and the resource's admin key."""
+    key, key_id = await ctx.admin_key(spec.namespace, spec.name)
+    return dataclasses.replace(owner, admin_key_id=key_id), key
+
+
+async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, key: str) -> None:
+    """Create ``<name>-admin`` with the derived key; when the live pods were rendered for
+    another key id (or none: the older random-key scheme), replace it first. The operator
+    cannot read Secrets outside its namespace, so the Deployment's annotation is the record."""
+    kube, ns = ctx.kube, spec.namespace
+    admin = render.render_admin_secret(spec, owner, key)
+    live = await kube.get(DEPLOYMENTS, ns, spec.name)
+    if live is not None:
+        template = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        if (template.get("annotations") or {}).get(render.ADMIN_KEY_ID_ANNOTATION) != owner.admin_key_id:
+            if await kube.delete(SECRETS, ns, admin["metadata"]["name"]):
+                logger.info("replacing admin Secret %s/%s (new key id %s; the pods roll)",
+                            ns, admin["metadata"]["name"], owner.admin_key_id)
+    try:
+        await kube.create(SECRETS, ns, admin)
+        logger.info("created admin Secret %s/%s", ns, admin["metadata"]["name"])
+    except KubeError as exc:
+        if exc.status != 409:  # exists, written by this scheme with this key id
+            raise
+
+
 async def _apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
     kube, ns = ctx.kube, spec.namespace
-    admin = render.render_admin_secret(spec, owner, secrets.token_urlsafe(32))
-    if await kube.create_if_missing(SECRETS, ns, admin):
-        logger.info("created admin Secret %s/%s", ns, admin["metadata"]["name"])
+    owner, key = await keyed_owner(ctx, spec, owner)
+    await _apply_admin_secret(ctx, spec, owner, key)
     if (pvc := render.render_cache_pvc(spec, owner)) is not None:
         await kube.create_if_missing(PVCS, ns, pvc)
     children = rendered_children(spec, owner)
@@ -135,6 +162,7 @@ async def drifted_children(ctx: OperatorContext, spec: InferenceSpec, owner: ren
     """The children that are gone or no longer hold what the spec sets (a hand edit, a
     deletion): "Kind/name" of each. One read per child."""
     out = []
+    owner, _ = await keyed_owner(ctx, spec, owner)
     for kind, body, patch in rendered_children(spec, owner):
         name = body["metadata"]["name"]
         live = await ctx.kube.get(kind, spec.namespace, name)
@@ -151,8 +179,8 @@ def pool_children(name: str) -> list[tuple[Kind, str]]:
 async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: str = "") -> list[str]:
     """Delete what the operator created (owner references would GC it too); returns kinds deleted.
 
-    The admin Secret and the cache PVC go only when this resource owns them: one a user made
-    beforehand (same name) is left alone.
+    The admin Secret (the operator's: it writes the derived key there) goes by name; the
+    cache PVC only when this resource owns it (one a user made beforehand is left alone).
     """
     deleted = []
     for kind, obj_name in (
@@ -161,7 +189,9 @@ async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: 
     ):
         if await ctx.kube.delete(kind, namespace, obj_name):
             deleted.append(kind.kind)
-    for kind, obj_name in ((SECRETS, render.admin_secret_name(name)), (PVCS, f"{name}-model-cache")):
+    if await ctx.kube.delete(SECRETS, namespace, render.admin_secret_name(name)):
+        deleted.append(SECRETS.kind)
+    for kind, obj_name in ((PVCS, f"{name}-model-cache"),):
         obj = await ctx.kube.get(kind, namespace, obj_name)
         owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
         if uid and any(o.get("uid") == uid for o in owners) and await ctx.kube.delete(kind, namespace, obj_name):
@@ -188,7 +218,7 @@ async def sync_live_config(
     ]
     if not targets:
         return []
-    api_key = await ctx.kube.read_secret(spec.namespace, render.admin_secret_name(spec.name), render.ADMIN_KEY)
+    api_key, _ = await ctx.admin_key(spec.namespace, spec.name)
     values = engine_args.live_values(spec.engine)
     errors = []
     for target in targets:

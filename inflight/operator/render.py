@@ -41,10 +41,12 @@ GRACE_MARGIN_SECONDS = 10
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """The custom resource that owns the rendered objects."""
+    """The custom resource that owns the rendered objects (and the id of the root key its
+    admin key derives from, on the pod template so pods roll when it changes)."""
 
     name: str
     uid: str
+    admin_key_id: str = ""
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -183,7 +185,10 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
     return container
 
 
-def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
+ADMIN_KEY_ID_ANNOTATION = "inflight.dev/admin-key-id"
+
+
+def render_pod_template(spec: InferenceSpec, admin_key_id: str = "") -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec)],
         "volumes": [
@@ -211,6 +216,8 @@ def render_pod_template(spec: InferenceSpec) -> dict[str, Any]:
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     annotations = {**spec.pod.annotations, **PROMETHEUS_ANNOTATIONS}
+    if admin_key_id:
+        annotations[ADMIN_KEY_ID_ANNOTATION] = admin_key_id
     return {
         "metadata": {"labels": {**spec.pod.labels, **common_labels(spec.name)}, "annotations": annotations},
         "spec": pod_spec,
@@ -249,7 +256,7 @@ def render_deployment(spec: InferenceSpec, owner: Owner, replicas: int | None) -
     deploy_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(spec.name)},
         "strategy": _strategy(spec),
-        "template": render_pod_template(spec),
+        "template": render_pod_template(spec, owner.admin_key_id),
     }
     if replicas is not None:
         deploy_spec["replicas"] = replicas
@@ -264,7 +271,7 @@ def _strategy(spec: InferenceSpec) -> dict[str, Any]:
 
 
 def render_admin_secret(spec: InferenceSpec, owner: Owner, key: str) -> dict[str, Any]:
-    """The admin credential Secret (created once; the operator never rotates it)."""
+    """The admin credential Secret (``admin_keys``: derived, so the operator never reads it)."""
     meta = _metadata(spec, owner)
     meta["name"] = admin_secret_name(spec.name)
     data = {ADMIN_KEY: base64.b64encode(key.encode()).decode()}

@@ -5,9 +5,10 @@ test keeps Pod objects (pointing at 127.0.0.1:PORT) in line with the Deployment'
 bounded stream of requests, kept in flight until the scale-up, drives the first server's queue
 up; the operator scales 1 -> 2 on queue depth, then, after the load ends and the (short)
 scale-down window passes, back to 1.
-The servers get their admin key the way a pod does (env ``INFLIGHT_ADMIN_API_KEY`` from the
-``<name>-admin`` Secret, created here beforehand so the key is known; the operator keeps an
-existing Secret), and the operator's live-config push reaches them with it.
+The servers get the admin key a pod gets (env ``INFLIGHT_ADMIN_API_KEY`` from ``<name>-admin``,
+which the operator writes with the key it derives from its root key; the root Secret is created
+here beforehand so the key is known when the servers start), and the operator's live-config
+push reaches them with it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.operator.kmock_harness import Cluster, pod_object, running_operator, wait_for
+from inflight.operator import admin_keys
+from tests.operator.kmock_harness import (
+    OPERATOR_NAMESPACE,
+    Cluster,
+    pod_object,
+    running_operator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +45,8 @@ DOWN_WINDOW_S = 3.0
 NUM_REQUESTS = 24  # kept in flight: 4 run, 20 wait on a --max-num-sequences 4 server
 MAX_LOAD_REQUESTS = 2000
 PODS = "/api/v1/namespaces/default/pods"
-ADMIN_KEY = "e2e-admin-key-0123456789abcdef"
+ROOT_KEY = b"e2e-root-key-0123456789abcdef-0123"  # the operator's root Secret, made beforehand
+ADMIN_KEY = admin_keys.derive(ROOT_KEY, "default", NAME)  # what the operator gives the pods
 LIVE_QUEUE_LEN = 50  # the CR's maxQueueLen; the servers start with the default
 
 
@@ -188,9 +197,10 @@ def test_operator_scales_up_under_load_and_down_after_the_window(servers: list[i
     async def scenario() -> None:
         seen: dict[str, Any] = {"replicas": [], "reasons": []}
         async with running_operator(tick_seconds=0.2) as cluster:
-            secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-admin", "namespace": "default"},
-                      "data": {"admin-api-key": base64.b64encode(ADMIN_KEY.encode()).decode()}}
-            await cluster.create("/api/v1/namespaces/default/secrets", secret)
+            root = {"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": "inflight-operator-root-key", "namespace": OPERATOR_NAMESPACE},
+                    "data": {admin_keys.ROOT_KEY: base64.b64encode(ROOT_KEY).decode()}}
+            await cluster.create(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/secrets", root)
             await cluster.create_cr(_doc())
             await wait_for(lambda: _replicas(cluster, 1), timeout=10, what="Deployment with 1 replica")
             stop = asyncio.Event()

@@ -15,6 +15,7 @@ from inflight.operator import leader
 from inflight.operator.kube import LEASES, KubeClient
 from tests.operator.helpers import EXAMPLES, load_example
 from tests.operator.kmock_harness import (
+    OPERATOR_NAMESPACE,
     Cluster,
     api_server,
     start_operator_thread,
@@ -22,7 +23,7 @@ from tests.operator.kmock_harness import (
     wait_for,
 )
 
-LEASE = {"lease_name": "inflight-operator", "lease_namespace": "default", "lease_seconds": 1.5}
+LEASE = {"lease_name": "inflight-operator", "lease_seconds": 1.5}
 NAME = "llama-minimal"
 DEPLOY = f"/apis/apps/v1/namespaces/default/deployments/{NAME}"
 
@@ -34,7 +35,7 @@ def _free_port() -> int:
 
 
 async def _holder(cluster: Cluster) -> str | None:
-    lease = await cluster.get("/apis/coordination.k8s.io/v1/namespaces/default/leases/inflight-operator")
+    lease = await cluster.get(f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/inflight-operator")
     return ((lease or {}).get("spec") or {}).get("holderIdentity")
 
 

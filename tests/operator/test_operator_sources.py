@@ -8,8 +8,15 @@ import asyncio
 import base64
 from typing import Any
 
+from inflight.operator import admin_keys, render
 from tests.operator.helpers import EXAMPLES, load_example
-from tests.operator.kmock_harness import Cluster, pod_object, running_operator, wait_for
+from tests.operator.kmock_harness import (
+    OPERATOR_NAMESPACE,
+    Cluster,
+    pod_object,
+    running_operator,
+    wait_for,
+)
 
 PODS = "/api/v1/namespaces/default/pods"
 
@@ -63,20 +70,43 @@ def test_hf_resource_cache_pvc_status_and_owned_deletes() -> None:
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
-def test_a_users_admin_secret_is_kept_and_left_on_delete() -> None:
+def test_admin_secret_holds_the_derived_key_and_an_older_one_is_replaced_once() -> None:
     async def scenario() -> None:
         async with running_operator() as cluster:
             doc = load_example(next(p for p in EXAMPLES if p.stem == "minimal"))
             name = doc["metadata"]["name"]
-            mine = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-admin", "namespace": "default"},
-                    "data": {"admin-api-key": base64.b64encode(b"chosen-by-me").decode()}}
-            await cluster.create("/api/v1/namespaces/default/secrets", mine)
+            # What an older operator (random keys, read back) left: the operator cannot read it.
+            old = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-admin", "namespace": "default"},
+                   "data": {"admin-api-key": base64.b64encode(b"random-from-before").decode()}}
+            await cluster.create("/api/v1/namespaces/default/secrets", old)
+            deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
+                      "metadata": {"name": name, "namespace": "default"},
+                      "spec": {"selector": {"matchLabels": {"a": "b"}},
+                               "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}}
+            await cluster.create("/apis/apps/v1/namespaces/default/deployments", deploy)
             await cluster.create_cr(doc)
-            await wait_for(lambda: cluster.child("deployments", name), what="deployment")
-            await cluster.request("DELETE", f"/apis/inflight.dev/v1alpha1/namespaces/default/inferencedeployments/{name}")
-            await wait_for(lambda: _gone(cluster, name), what="resource released")
-            kept = await cluster.child("secrets", f"{name}-admin")
-            assert kept is not None and kept["data"] == mine["data"]
+
+            async def derived() -> dict[str, Any] | None:
+                secret = await cluster.child("secrets", f"{name}-admin")
+                return secret if secret and secret["data"] != old["data"] else None
+
+            secret = await wait_for(derived, what="the admin Secret replaced")
+            root = await cluster.get(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/secrets/inflight-operator-root-key")
+            root_key = base64.b64decode(root["data"][admin_keys.ROOT_KEY])
+            key = base64.b64decode(secret["data"]["admin-api-key"]).decode()
+            assert key == admin_keys.derive(root_key, "default", name)
+            async def keyed() -> dict[str, Any] | None:  # the pods roll onto the new key
+                dep = await cluster.child("deployments", name)
+                annotations = dep["spec"]["template"]["metadata"].get("annotations") or {}
+                return annotations if render.ADMIN_KEY_ID_ANNOTATION in annotations else None
+
+            annotations = await wait_for(keyed, what="the key id on the pod template")
+            assert annotations[render.ADMIN_KEY_ID_ANNOTATION] == admin_keys.key_id(root_key)
+            await asyncio.sleep(1.0)  # ticks: the Secret is not replaced again
+            assert (await cluster.child("secrets", f"{name}-admin"))["metadata"]["uid"] == secret["metadata"]["uid"]
+            reads = [r for r in list(cluster.api) if r.method.value == "GET" and "/secrets" in str(r.url.path)
+                     and "kmock" not in r.headers.get("User-Agent", "")]
+            assert {str(r.url.path).split("/namespaces/")[1].split("/")[0] for r in reads} == {OPERATOR_NAMESPACE}
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
 

@@ -88,9 +88,13 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# The admin Secret (<name>-admin) and the model-cache PVC are created once, read, deleted with their owner.
+# The admin Secret (<name>-admin) is written with a derived key and deleted with its owner,
+# never read; the model-cache PVC is created once, read, deleted with its owner.
 - apiGroups: [""]
-  resources: ["secrets", "persistentvolumeclaims"]
+  resources: ["secrets"]
+  verbs: ["create", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
   verbs: ["get", "create", "delete"]
 # spec.inferencePool: the Gateway API Inference Extension's InferencePool.
 - apiGroups: ["inference.networking.k8s.io"]
@@ -108,6 +112,14 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "patch"]
+# The admin keys' root Secret: readable by its name only; created on first start.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ include "inflight.fullname" . }}-root-key]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["patch"]
