@@ -13,7 +13,15 @@ import pytest
 from inflight.operator import applied, autoscaler, pod_health, reconcile, render, status
 from inflight.operator.autoscaler import Observations, PodMetrics, Policy, Recommendation
 from tests.operator.helpers import EXAMPLES, load_example
-from tests.operator.kmock_harness import Cluster, FakePod, pod_object, running_operator, wait_for
+from tests.operator.kmock_harness import (
+    Cluster,
+    FakePod,
+    api_server,
+    pod_object,
+    running_operator,
+    start_operator,
+    wait_for,
+)
 
 DEPLOY_PATH = "/apis/apps/v1/namespaces/default/deployments"
 NAME = "llama-minimal"
@@ -320,3 +328,45 @@ def test_operator_metrics_count_what_happened_and_serve_on_the_configured_port()
         assert "inflight_operator_drift_repairs_total" in resp.read().decode()
     with pytest.raises(ValueError, match="must be a port number"):
         operator_metrics.start_from_env({operator_metrics.PORT_ENV: "metrics"})
+
+
+def test_an_operator_restarted_mid_window_does_not_scale_down_before_the_window_ends() -> None:
+    window = 8.0
+
+    async def scenario() -> None:
+        pods = [await FakePod(kv_cache_usage=0.95, num_waiting=12).start() for _ in range(3)]
+        try:
+            async with api_server() as cluster:
+                doc = load_example(next(p for p in EXAMPLES if p.stem == "autoscaled"))
+                doc["spec"]["autoscaling"].update(maxReplicas=3, intervalSeconds=0.2,
+                                                  scaleDownStabilizationSeconds=window)
+                name = doc["metadata"]["name"]
+                first = start_operator(cluster)
+                await asyncio.wait_for(first.ready.wait(), 10)
+                await cluster.create_cr(doc)
+                await wait_for(lambda: cluster.child("deployments", name), what="deployment")
+                for i, pod in enumerate(pods):
+                    await cluster.create(PODS_PATH, pod_object(f"{name}-{i}", name, pod.port))
+                await wait_for(lambda: _replicas(cluster, name, 3), what="scaled up to 3")
+                for pod in pods:  # the load is gone: a scale-down is due once the window has passed
+                    pod.kv_cache_usage, pod.num_waiting = 0.0, 0.0
+                await asyncio.sleep(0.5)  # a few idle rounds, written into status.recommendations
+                await first.shutdown()
+                stopped = time.monotonic()
+                assert max(r["replicas"] for r in (await cluster.cr(name))["status"]["recommendations"]) >= 3
+
+                second = start_operator(cluster)  # the restart (chart upgrade, OOM, node drain)
+                try:
+                    await asyncio.wait_for(second.ready.wait(), 10)
+                    await asyncio.sleep(2.0)
+                    assert time.monotonic() - stopped < window  # still inside the window
+                    assert await _replicas(cluster, name, 3), "the restarted operator forgot the window"
+                    await wait_for(lambda: _replicas(cluster, name, 1), timeout=window + 10,
+                                   what="scale-down once the window has passed")
+                finally:
+                    await second.shutdown()
+        finally:
+            for pod in pods:
+                await pod.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
