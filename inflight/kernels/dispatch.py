@@ -39,6 +39,10 @@ class KernelOps:
     # shapes), so a decode step can be captured in a graph. The torch reference reads
     # context lengths with .tolist() and is not.
     graph_safe: bool = False
+    # Mixture-of-experts SwiGLU MLP over routed tokens. The torch reference unless a bundle
+    # brings its own; it reads expert counts on the host, so it cannot run inside a captured
+    # CUDA graph: the Triton bundle (graph-safe) brings one that can.
+    fused_moe: Callable[..., torch.Tensor] = reference.fused_moe
 
 
 TORCH_OPS = KernelOps(

@@ -235,3 +235,38 @@ def linear(
 ) -> torch.Tensor:  # [num_rows, out_features]
     """``x @ weight.T + bias``: every weight matmul of the model goes through here."""
     return F.linear(x, weight, bias)
+
+
+def fused_moe(
+    hidden: torch.Tensor,  # [num_tokens, hidden]
+    w13: torch.Tensor,  # [num_experts, 2 * intermediate, hidden]: each expert's gate rows, then up rows
+    w2: torch.Tensor,  # [num_experts, hidden, intermediate]
+    topk_weights: torch.Tensor,  # [num_tokens, top_k] float32
+    topk_ids: torch.Tensor,  # [num_tokens, top_k] int32 or int64
+) -> torch.Tensor:  # [num_tokens, hidden]
+    """Mixture-of-experts SwiGLU MLP: ``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t])``.
+
+    The ``num_tokens * top_k`` (token, expert) pairs are sorted by expert, so each expert that
+    has tokens runs two matmuls over all of its rows at once (no loop over tokens); experts with
+    no tokens cost nothing. Each expert's output is rounded to ``hidden``'s dtype, weighted and
+    summed over the top-k in float32, and the sum rounded once. Reads the per-expert counts on
+    the host, so it is not graph-safe.
+    """
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1).long()  # [num_tokens * top_k]
+    order = torch.argsort(flat_ids, stable=True)  # pairs grouped by expert, tokens in order
+    token_of = order // top_k  # [num_tokens * top_k] the token of each sorted pair
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    rows = hidden.index_select(0, token_of)  # [num_tokens * top_k, hidden]
+    expert_out = torch.empty_like(rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        end = start + count
+        gate_up = F.linear(rows[start:end], w13[expert])  # [count, 2 * intermediate]
+        expert_out[start:end] = F.linear(silu_and_mul(gate_up), w2[expert])
+        start = end
+    weighted = expert_out.float() * topk_weights.reshape(-1)[order].float().unsqueeze(-1)
+    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    return out.index_add_(0, token_of, weighted).to(hidden.dtype)

@@ -1,6 +1,10 @@
-"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 checkpoint with a real tokenizer.
+"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral) checkpoint with a real tokenizer.
 
-``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3] [--size tiny|small|medium|0.5b] [--seed N]``
+``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral] [--size tiny|small|medium|0.5b] [--seed N]``
+
+The mixture-of-experts families have 8 experts, 2 per token: Qwen3-MoE with experts a quarter
+of the size preset's MLP width, ``norm_topk_prob`` and a dense first layer; Mixtral with experts
+half as wide. ``make_demo_model(..., config_overrides=...)`` changes any config field.
 
 Writes an ordinary Hugging Face directory (config.json, model.safetensors, tokenizer.json,
 generation_config.json) that transformers and our loader both read. The tokenizer is a
@@ -28,7 +32,8 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+TEMPLATE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral"}  # whose demo chat template a family speaks
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +119,29 @@ def _hf_config(arch: str, size: SizePreset, vocab_size: int, ids: dict[str, int]
     if arch == "qwen3":  # head_dim decoupled from hidden/heads, as in Qwen3
         return transformers.Qwen3Config(**common, head_dim=2 * size.hidden_size // size.num_heads,
                                         tie_word_embeddings=False, architectures=["Qwen3ForCausalLM"])
+    if arch == "qwen3_moe":  # Qwen3-30B-A3B's routing (norm_topk_prob), one dense layer first
+        return transformers.Qwen3MoeConfig(
+            **common, head_dim=2 * size.hidden_size // size.num_heads, tie_word_embeddings=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=size.intermediate_size // 4,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+            architectures=["Qwen3MoeForCausalLM"],
+        )
+    if arch == "mixtral":
+        common["intermediate_size"] = size.intermediate_size // 2
+        return transformers.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2,
+                                          tie_word_embeddings=False, sliding_window=None,
+                                          architectures=["MixtralForCausalLM"])
     raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}.")
 
 
 def make_demo_model(
     out_dir: str | Path, arch: str = "llama", size: str = "tiny", seed: int = 0, *, eos: bool = True,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a seeded random model of ``arch``/``size`` to ``out_dir`` and return the path.
 
     ``eos=False`` writes a model that never stops on EOS (benchmarks that must not end early).
+    ``config_overrides`` sets fields of the transformers config (e.g. ``norm_topk_prob``).
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}.")
@@ -134,10 +153,12 @@ def make_demo_model(
     preset = SIZES[size]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(preset.vocab_size, arch)
+    tokenizer = train_tokenizer(preset.vocab_size, TEMPLATE_FAMILY.get(arch, arch))
     ids = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
            "eos_token_id": tokenizer.eos_token_id if eos else None}
     config = _hf_config(arch, preset, len(tokenizer), ids)
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if size in LARGE_SIZES else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

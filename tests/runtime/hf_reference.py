@@ -76,3 +76,18 @@ def run_staggered(
         if len(finished) == len(prompts):
             return tokens
     raise AssertionError("engine did not finish within 10000 steps")
+
+
+def assert_engine_matches_hf(model_dir: Path, config, prompts: list[list[int]], max_tokens: list[int]) -> LLMEngine:
+    """Run ``prompts`` staggered through a fresh engine; each greedy output must equal
+    transformers' ``generate``, and the engine must end with nothing running and no KV block held."""
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens]
+    got = run_staggered(engine, prompts, params)
+    for i, prompt in enumerate(prompts):
+        want = hf_greedy(model_dir, prompt, max_tokens[i])
+        assert got[str(i)] == want, f"prompt {i} (len {len(prompt)}) diverged from transformers"
+    stats = engine.stats()
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_used_kv_blocks == 0, "KV blocks leaked"
+    return engine

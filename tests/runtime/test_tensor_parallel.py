@@ -6,6 +6,8 @@ for token with a TP=1 engine of the same config: steps mixing prefills and decod
 context under a small token budget, forced preemption under a small KV cache, prefix
 caching, aborts mid-flight, seeded sampling, and logprobs (sampled and prompt), which bound the fp32 difference of the two
 reduction orders. TP=4 on a model with 2 KV heads checks the replicated-KV-head layout (``INFLIGHT_TP_REPORT=1 pytest -s`` prints the measured worst case).
+The mixture-of-experts families (each expert's intermediate dimension split like the MLP's) run
+the greedy scenarios.
 Supervision lives in ``test_tensor_parallel_supervision.py``.
 """
 
@@ -77,6 +79,7 @@ def _greedy(n: int) -> list[SamplingParams]:
 
 # TP=4 on 2 KV heads: each KV head replicated on two ranks (qwen3: q/k norm, head_dim != hidden/heads).
 CASES = [("qwen3", 4, s) for s in ("mixed", "preemption")] + [(a, 2, s) for a in ARCHS for s in SCENARIOS]
+CASES += [(a, 2, s) for a in ("qwen3_moe", "mixtral") for s in ("mixed", "chunked", "preemption", "prefix")]
 
 
 @pytest.mark.parametrize(("arch", "tp", "scenario"), CASES)

@@ -46,6 +46,8 @@ def _problem(spec: ModelSpec, n: int) -> str | None:
         return f"the model's {kv} KV heads (nor is it a multiple of them)"
     if spec.intermediate_size % n:
         return f"the model's MLP width {spec.intermediate_size}"
+    if spec.moe is not None and spec.moe.intermediate_size % n:  # experts split like the MLP (model/moe.py)
+        return f"the model's expert MLP width {spec.moe.intermediate_size}"
     return None
 
 

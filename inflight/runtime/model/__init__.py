@@ -1,1 +1,2 @@
-"""Our own Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over packed token batches."""
+"""Our own Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and the Qwen3-MoE and Mixtral
+mixtures of experts) over packed token batches."""

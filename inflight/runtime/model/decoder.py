@@ -3,7 +3,8 @@
 One flat token tensor holds every scheduled sequence back to back: single-token (decode)
 sequences first, then prompt chunks. Attention and KV writes go through a
 :class:`~inflight.kernels.dispatch.KernelOps` bundle. q/k/v and gate/up projections are
-fused into one matmul each at load time. Knows nothing about scheduling or sampling.
+fused into one matmul each at load time. A mixture-of-experts model's expert layers take the
+dense MLP's place (:mod:`.moe`). Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from inflight.kernels.dispatch import KernelOps
 from inflight.runtime.distributed.layout import ShardLayout, shard_layout
+from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -118,10 +120,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(spec, layout, tp)
-        self.mlp = MLP(spec, layout, tp)
+        sparse = spec.moe is not None and index in spec.moe.sparse_layers
+        self.mlp = SparseMoe(spec, layout, tp) if sparse else MLP(spec, layout, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -136,7 +139,7 @@ class CausalLM(nn.Module):
         self.layout = shard_layout(spec, 0, 1) if tp is None else shard_layout(spec, tp.rank, tp.world_size)
         vocab = self.layout.vocab_per_rank
         self.embed_tokens = nn.Embedding(vocab, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
         if spec.tie_word_embeddings:

@@ -6,7 +6,8 @@ gate/up projections as they load. Never downloads anything: the path must be a d
 
 Under tensor parallelism each rank reads only its slice of each tensor (``get_slice``), as
 its :class:`~inflight.runtime.distributed.layout.ShardLayout` says, so no rank ever holds
-the whole model. Row-parallel biases (o_proj, down_proj) are added once, by rank 0.
+the whole model. Row-parallel biases (o_proj, down_proj) are added once, by rank 0. Expert
+weights of mixture-of-experts models (either layout) go through :mod:`.moe_weights`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from safetensors import safe_open
 
 from inflight.runtime.distributed.layout import ShardLayout
+from inflight.runtime.model import moe_weights
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
 
@@ -133,8 +135,12 @@ def load_model(
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     for hf_name, part in _iter_tensors(_weight_files(model_dir), progress):
-        name = hf_name.removeprefix("model.")
+        name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name
         if "rotary_emb" in name:
+            continue
+        piece = moe_weights.expert_piece(name) if spec.moe is not None else None
+        if piece is not None:
+            loaded.add(_load_expert_piece(hf_name, piece, part, params, model, dtype))
             continue
         parts = name.split(".")
         target = name
@@ -158,6 +164,22 @@ def load_model(
     return model, config
 
 
+def _load_expert_piece(
+    hf_name: str, piece: moe_weights.ExpertPiece, part: Any, params: dict[str, torch.nn.Parameter],
+    model: CausalLM, dtype: torch.dtype,
+) -> str:
+    """Copy this rank's part of an expert tensor into our fused expert parameter; its key."""
+    if piece.target not in params:
+        raise ValueError(f"checkpoint tensor {hf_name!r} does not fit the {model.spec.arch} decoder.")
+    tensor = moe_weights.read_piece(hf_name, piece, part, model.spec, model.layout)
+    with torch.no_grad():
+        dest = moe_weights.destination(params[piece.target], piece)
+        if dest.shape != tensor.shape:
+            raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}.")
+        dest.copy_(tensor.to(dtype))
+    return piece.key
+
+
 def _check_complete(model: CausalLM, spec: ModelSpec, loaded: set[str]) -> None:
     loaded_names = {key.split(":")[0] for key in loaded}
     missing = [
@@ -166,5 +188,6 @@ def _check_complete(model: CausalLM, spec: ModelSpec, loaded: set[str]) -> None:
     ]
     if spec.tie_word_embeddings and "lm_head.weight" in loaded_names:
         missing = [n for n in missing if n != "embed_tokens.weight"]
+    missing += moe_weights.missing_pieces(spec, loaded)
     if missing:
         raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:5])}")
