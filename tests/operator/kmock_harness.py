@@ -385,19 +385,27 @@ class OperatorProcess:
             await asyncio.wait_for(self.task, 10)
 
 
-def start_operator(cluster: Cluster, tick_seconds: float = 0.2, **config: Any) -> OperatorProcess:
-    """Our kopf handlers in a background task against ``cluster`` (``config``: more
-    OperatorConfig fields, e.g. the leader-election Lease)."""
+def _operator_parts(cluster: Cluster, tick_seconds: float, stop: Any, config: dict[str, Any]
+                    ) -> tuple[kopf.OperatorRegistry, OperatorContext]:
+    """A fresh registry with our handlers, and a context logged in to ``cluster`` whose lost
+    lease sets ``stop``."""
     registry = kopf.OperatorRegistry()
     handlers.register(registry, tick_seconds=tick_seconds)
     url = cluster.api_url
-    stop, ready = asyncio.Event(), asyncio.Event()
     ctx = OperatorContext(
         OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0,
                        **{"lease_namespace": OPERATOR_NAMESPACE, **config}),
         login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
         on_lease_lost=stop.set,
     )
+    return registry, ctx
+
+
+def start_operator(cluster: Cluster, tick_seconds: float = 0.2, **config: Any) -> OperatorProcess:
+    """Our kopf handlers in a background task against ``cluster`` (``config``: more
+    OperatorConfig fields, e.g. the leader-election Lease)."""
+    stop, ready = asyncio.Event(), asyncio.Event()
+    registry, ctx = _operator_parts(cluster, tick_seconds, stop, config)
     task = asyncio.create_task(kopf.operator(
         registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
         memo=kopf.Memo(ctx=ctx), settings=kopf.OperatorSettings(),
@@ -425,16 +433,8 @@ class OperatorThread:
 
 def start_operator_thread(cluster: Cluster, tick_seconds: float = 0.2, **config: Any) -> OperatorThread:
     """Like :func:`start_operator`, in a thread of its own."""
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, tick_seconds=tick_seconds)
-    url = cluster.api_url
     stop, ready = threading.Event(), threading.Event()
-    ctx = OperatorContext(
-        OperatorConfig(tick_seconds=tick_seconds, pod_timeout_seconds=2.0,
-                       **{"lease_namespace": OPERATOR_NAMESPACE, **config}),
-        login=lambda: kopf.ConnectionInfo(server=url, insecure=True),
-        on_lease_lost=stop.set,
-    )
+    registry, ctx = _operator_parts(cluster, tick_seconds, stop, config)
 
     def run() -> None:
         asyncio.run(kopf.operator(

@@ -14,10 +14,9 @@ import pytest
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
-from inflight.runtime.sampling_params import SamplingParams
 from tests.devices import on_devices
 
-from .hf_reference import hf_greedy, prompts_of_lengths, run_staggered
+from .hf_reference import assert_engine_matches_hf, prompts_of_lengths
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 DEVICES = on_devices("cpu", "cuda")
@@ -25,17 +24,7 @@ LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
 MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 
 
-def _check(model_dir, config: EngineConfig, prompts, max_tokens) -> LLMEngine:
-    engine = LLMEngine.from_model_dir(model_dir, config)
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens]
-    got = run_staggered(engine, prompts, params)
-    for i, prompt in enumerate(prompts):
-        want = hf_greedy(model_dir, prompt, max_tokens[i])
-        assert got[str(i)] == want, f"prompt {i} (len {len(prompt)}) diverged from transformers"
-    stats = engine.stats()
-    assert stats.num_running == stats.num_waiting == 0
-    assert stats.num_used_kv_blocks == 0, "KV blocks leaked"
-    return engine
+_check = assert_engine_matches_hf
 
 
 def _config(device: str, **knobs) -> EngineConfig:
