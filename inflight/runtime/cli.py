@@ -11,7 +11,10 @@ reported in one line: a bad value (with ``serve``'s usage), a port out of range 
 does not resolve, a model path that is not a model, a port in use, a tokenizer that does not
 load, a ``--max-model-len`` past the model's, a KV cache smaller than one sequence. A ``.gguf``
 model is converted once into a cached directory (``gguf_source``); ``--tokenizer`` and
-``--chat-template`` are served through an overlay of the model directory (``serving_dir``).
+``--chat-template`` (a file, a builtin name from ``chat_templates``, or the template itself) are
+served through an overlay of the model directory (``serving_dir``). ``--generation-config`` and
+``--override-generation-config`` become the sampling defaults of ``ServerSettings``
+(``generation_defaults``), read before any weight loads.
 Knows nothing about HTTP handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls
 ``serve``.
 """
@@ -35,7 +38,9 @@ from typing import Any
 from inflight import __version__
 from inflight.runtime import cli_vllm
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
 from inflight.runtime.server.state import ServerSettings
+from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, renders_tools, tool_parser_choices
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
@@ -88,8 +93,26 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
                              "into a cache directory).")
     server.add_argument("--tokenizer", default=None, metavar="DIR",
                         help="Take the tokenizer (and its chat template) from this local directory instead.")
-    server.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
-                        help="The chat template to use instead of the tokenizer's: a file, or the Jinja template itself.")
+    server.add_argument("--chat-template", default=None, metavar="FILE|NAME|TEMPLATE",
+                        help="The chat template to use instead of the tokenizer's: a file, a builtin "
+                             "(smollm2-tools: SmolLM2's with Hermes-style tools), or the Jinja template itself.")
+    server.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=None,
+                        help="Serve tool_choice 'auto' (and tools without a tool_choice). On unless "
+                             "--no-enable-auto-tool-choice, which refuses it as vLLM does by default.")
+    server.add_argument("--tool-call-parser", default=None, type=_tool_call_parser, metavar="NAME",
+                        help=f"The format tool_choice 'auto' replies are parsed in: "
+                             f"{', '.join(TOOL_CALL_PARSERS)} (unset: the one the chat template teaches).")
+    server.add_argument("--generation-config", default=AUTO, metavar="auto|vllm|DIR",
+                        help=f"What requests get for the sampling fields they leave out ({', '.join(SAMPLING_FIELDS)}): "
+                             "auto (vLLM's default too): the model's generation_config.json; vllm: OpenAI's, "
+                             "ignoring the file; DIR: the generation_config.json in DIR. The start-up log "
+                             "states them; a field a request sets always wins.")
+    server.add_argument("--override-generation-config", type=_generation_override, default=None, metavar="JSON",
+                        help="Sampling defaults that replace the generation config's, e.g. "
+                             "'{\"temperature\": 0.5}' (with --generation-config vllm too).")
+    server.add_argument("--max-logprobs", type=_max_logprobs, default=_server_default("max_logprobs"), metavar="N",
+                        help="The most logprobs / top_logprobs / prompt_logprobs a request may ask for "
+                             "(400 above it; -1: no ceiling but the vocabulary).")
     server.add_argument(*_names("--host"), default="127.0.0.1", help="Address to bind.")
     server.add_argument(*_names("--port"), type=_port, default=8000, help="Port to bind (0: any free port).")
     server.add_argument(*_names("--served-model-name"), default=None,
@@ -127,6 +150,29 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
                         default=os.environ.get(SINGLE_PROCESS_ENV, "") not in ("", "0"),
                         help="Run the engine in a thread of the server process instead of an engine-core "
                              f"process of its own (for debugging; env {SINGLE_PROCESS_ENV}=1).")
+
+
+def _tool_call_parser(text: str) -> str:
+    if text not in TOOL_CALL_PARSERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: {tool_parser_choices()}")
+    return text
+
+
+def _generation_override(text: str) -> dict[str, Any]:
+    try:
+        return parse_override(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _max_logprobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use an integer >= 0, or -1 for no ceiling")
+    return value
 
 
 def _port(text: str) -> int:
@@ -189,6 +235,9 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         keepalive_timeout_s=args.keepalive_timeout,
         request_read_timeout_s=args.request_read_timeout,
         stream_write_timeout_s=args.stream_write_timeout,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        max_logprobs=args.max_logprobs,
     )
 
 
@@ -249,19 +298,23 @@ def _prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Cal
     """The directory to serve (a GGUF file converted once; an overlay for --tokenizer or
     --chat-template), with its tokenizer, template, architecture, --max-model-len and, when the
     block count is explicit, the KV cache size checked before any weight loads."""
+    from inflight.runtime import chat_templates
     from inflight.runtime.model.gguf_source import resolve_model_dir
     from inflight.runtime.model.loader import load_hf_config
     from inflight.runtime.model.spec import spec_from_hf_config
     from inflight.runtime.serving_dir import read_chat_template, serving_dir
 
     model_dir = resolve_model_dir(args.model, progress)
-    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
+    template = read_chat_template(chat_templates.resolve(args.chat_template)) if args.chat_template is not None else None
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer is not None else None
     served = serving_dir(model_dir, tokenizer_dir, template)
     if served != model_dir:
         progress(f"serving {model_dir} with the tokenizer of {tokenizer_dir or model_dir}"
                  f"{' and the given chat template' if template is not None else ''} (overlay {served})")
-    _check_tokenizer(served, template is not None)
+    tokenizer = _check_tokenizer(served, template is not None)
+    if (args.enable_auto_tool_choice or args.tool_call_parser) and not renders_tools(tokenizer.chat_template):
+        logger.warning("the chat template does not render tools: tool_choice 'auto' requests will be refused "
+                       "(400); give one that does with --chat-template (SmolLM2: --chat-template smollm2-tools)")
     spec = spec_from_hf_config(load_hf_config(served))
     limit, source = model_len_limit(spec)
     if config.max_model_len is not None and config.max_model_len > limit:
@@ -275,7 +328,7 @@ def _prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Cal
     return served
 
 
-def _check_tokenizer(model_dir: Path, given_template: bool) -> None:
+def _check_tokenizer(model_dir: Path, given_template: bool) -> Any:
     from jinja2 import TemplateError
 
     from inflight.runtime.tokenizer import load_tokenizer
@@ -285,16 +338,18 @@ def _check_tokenizer(model_dir: Path, given_template: bool) -> None:
     except Exception as exc:  # transformers raises many kinds; all mean the same to the user
         raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
     if not given_template:
-        return
+        return tokenizer
     try:
         tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:
         raise ValueError(f"--chat-template: the template does not render: {exc}") from exc
     except Exception:  # noqa: BLE001 - the template's own checks on these messages; requests will tell
         pass
+    return tokenizer
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
+    from inflight.runtime.generation_defaults import load_sampling_defaults, source_problem
     from inflight.runtime.model.gguf_source import model_dir_problem
     from inflight.runtime.server.logs import configure_logging
     from inflight.runtime.server.serve import serve
@@ -309,6 +364,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     problem = model_dir_problem(args.model) or host_problem(args.host)
     if problem is None and args.tokenizer is not None:
         problem = tokenizer_dir_problem(args.tokenizer)
+    problem = problem or source_problem(args.generation_config)
     if problem:
         parser.error(problem)
     in_use = port_problem(args.host, args.port)
@@ -321,6 +377,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     progress = logging.getLogger("inflight.loading")
     try:
         model_dir = _prepare_model(args, config, progress.info)
+        settings = dataclasses.replace(settings, sampling_defaults=load_sampling_defaults(
+            args.generation_config, model_dir, args.override_generation_config))
     except ValueError as exc:
         print(f"inflight serve: error: {exc}", file=sys.stderr)
         return 1

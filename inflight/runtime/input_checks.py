@@ -2,11 +2,11 @@
 
 Owns every rule that needs the model or the config (the general bounds of each parameter are
 ``SamplingParams``'): token ids inside the vocabulary (prompt, ``stop_token_ids``,
-``logit_bias``), ``logprobs`` no larger than the vocabulary, prompt + ``max_tokens`` within the
-context and the KV cache, and the token budget rule that keeps a prompt from being stranded
-with chunked context off. Each failure is a ``RequestRejectedError`` naming the field, so
-nothing a client sends can make ``LLMEngine.step()`` raise. Knows nothing about torch or
-scheduling state.
+``logit_bias``), ``logprobs`` and ``prompt_logprobs`` no larger than the vocabulary, prompt +
+``max_tokens`` within the context and the KV cache, and the token budget rule that keeps a
+prompt from being stranded with chunked context off. Each failure is a
+``RequestRejectedError`` naming the field, so nothing a client sends can make
+``LLMEngine.step()`` raise. Knows nothing about torch or scheduling state.
 """
 
 from __future__ import annotations
@@ -83,4 +83,9 @@ def _check_params_for_vocab(params: SamplingParams, vocab: int) -> None:
         raise RequestRejectedError(
             f"logprobs asks for {params.logprobs} alternatives; this model's vocabulary has {vocab} tokens",
             "invalid_request", "logprobs",
+        )
+    if params.prompt_logprobs is not None and params.prompt_logprobs > vocab:
+        raise RequestRejectedError(
+            f"prompt_logprobs asks for {params.prompt_logprobs} alternatives; this model's vocabulary has "
+            f"{vocab} tokens", "invalid_request", "prompt_logprobs",
         )

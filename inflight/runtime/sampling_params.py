@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from inflight.runtime.structured.params import StructuredOutputsParams
 
-MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -75,14 +74,12 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX
         ):
             raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1] (got {brief(self.seed)}).")
+        # The ceiling on these counts is the server's (--max-logprobs); the engine checks them
+        # against the vocabulary (input_checks).
         if self.logprobs is not None:
             _int_at_least("logprobs", self.logprobs, 0)
-            if self.logprobs > MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be at most {MAX_LOGPROBS} (got {self.logprobs}).")
         if self.prompt_logprobs is not None:
             _int_at_least("prompt_logprobs", self.prompt_logprobs, 0)
-            if self.prompt_logprobs > MAX_LOGPROBS:
-                raise ValueError(f"prompt_logprobs must be at most {MAX_LOGPROBS} (got {self.prompt_logprobs}).")
         _check_logit_bias(self)
         if self.structured is not None and not isinstance(self.structured, StructuredOutputsParams):
             raise ValueError("structured must be a StructuredOutputsParams.")

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
+
 VLLM_RELEASE = "0.22.1"
 ALIAS, NOTICE, REFUSED, ONLY = "alias", "notice", "refused", "only"
 DOC_BEGIN, DOC_END = "<!-- vllm-flags:begin -->", "<!-- vllm-flags:end -->"
@@ -100,11 +102,16 @@ PLUGINS = "no plugins or custom classes"
 LOG_TEXT = "request log lines never carry prompts or outputs"
 DISAGG = "no disaggregated prefill, KV transfer or KV events"
 QUANT = "not supported yet: quantized weights (a GGUF file is dequantized to --dtype)"
-GEN_CONFIG = ("not implemented: requests that leave out temperature / top_p / top_k get the OpenAI "
-              "defaults, not the model's generation_config.json (as vLLM's --generation-config vllm)")
-TOOLS = ("tool calls are parsed whenever a request has tools and the chat template renders them; "
-         "the format (hermes, llama3_json, mistral) is detected from the template")
+GEN_CONFIG = ("Default auto, as in vLLM: requests that leave out temperature, top_p, top_k, min_p or "
+              "repetition_penalty get the model's generation_config.json values (vllm: OpenAI's; DIR: that "
+              "directory's file); a field the request sets wins. The start-up log states them. Unlike vLLM, "
+              "max_new_tokens does not cap max_tokens (the log names it as not applied).")
+AUTO_TOOLS = ("On by default here (vLLM's default is off): tool_choice auto is served whenever the chat "
+              "template renders tools, else a 400 naming --chat-template; `--no-enable-auto-tool-choice` "
+              "refuses it as vLLM does. Without `--tool-call-parser` the format is the one the template "
+              "teaches (vLLM requires the parser).")
 REASONING = "reasoning (<think>...</think>) goes to reasoning_content whenever the chat template uses <think>"
+THINK_PARSERS = ("deepseek_r1", "qwen3", "glm45")  # vLLM's reasoning parsers of <think>...</think>
 SCHEDULER = "inflight's scheduler shares each step's token budget (--max-num-tokens) between prompt chunks"
 DP = "no data parallelism inside one server: run more replicas (the operator scales them)"
 
@@ -115,7 +122,8 @@ FRONTEND: tuple[VllmFlag, ...] = (
     refused("--config", "options come from the command line only; vLLM's YAML config file is not read"),
     refused("--grpc", "no gRPC server: the OpenAI HTTP API only", 0),
     refused("--lora-modules", LORA, "+"),
-    alias("--chat-template", "--chat-template", "A file, or the template itself (escapes like \\n decoded, as vLLM does)."),
+    alias("--chat-template", "--chat-template", "A file, a builtin name (`smollm2-tools`), or the template "
+          "itself (escapes like \\n decoded, as vLLM does)."),
     only("--chat-template-content-format", ("auto", "string"),
          "message content reaches the template as a string (text parts joined)",
          "message content reaches the template as a string; the openai (list of parts) form is not implemented"),
@@ -124,12 +132,12 @@ FRONTEND: tuple[VllmFlag, ...] = (
     only("--response-role", ("assistant",), "the reply's role is assistant",
          "the reply's role is always assistant"),
     refused_on("--return-tokens-as-token-ids", "not implemented: logprobs name tokens by their text"),
-    switch("--enable-auto-tool-choice", TOOLS),
+    alias("--enable-auto-tool-choice", "--enable-auto-tool-choice", AUTO_TOOLS, 0, negatable=True),
     switch("--exclude-tools-when-tool-choice-none",
            "inflight always leaves the tools out of the prompt when tool_choice is none"),
-    only("--tool-call-parser", ("hermes", "llama3_json", "mistral"), TOOLS,
-         "inflight parses hermes, llama3_json and mistral tool calls only"),
-    refused("--tool-parser-plugin", PLUGINS),
+    alias("--tool-call-parser", "--tool-call-parser", f"{', '.join(TOOL_CALL_PARSERS)}; other values are "
+          "refused at start. Unset: the format the chat template teaches."),
+    refused("--tool-parser-plugin", f"no plugins: {tool_parser_choices()}"),
     refused("--tool-server", "no built-in tool servers (MCP, demo)"),
     refused("--log-config-file", "logging is configured by --log-level and --log-format"),
     notice("--max-log-len", LOG_TEXT),
@@ -197,8 +205,8 @@ MODEL: tuple[VllmFlag, ...] = (
     switch("--allow-deprecated-quantization", "no quantization methods here"),
     alias("--enforce-eager", "--enforce-eager", "No CUDA graphs for decode steps (docs/gpu.md).", 0, negatable=True),
     refused_on("--enable-return-routed-experts", MOE),
-    only("--max-logprobs", ("20",), "the ceiling on logprobs / top_logprobs is 20 (vLLM's default)",
-         "the ceiling on logprobs / top_logprobs is fixed at 20 here (requests above it get a 400)"),
+    alias("--max-logprobs", "--max-logprobs", "Default 20; -1: no ceiling but the vocabulary. Caps logprobs, "
+          "top_logprobs and prompt_logprobs (a 400 naming the field above it)."),
     only("--logprobs-mode", ("raw_logprobs",),
          "logprobs are the log-softmax of the logits before temperature (after logit_bias, penalties "
          "and grammar masks when a request has them)",
@@ -214,9 +222,9 @@ MODEL: tuple[VllmFlag, ...] = (
     notice("--hf-token", HUB, "?"),
     refused("--hf-overrides", "config.json is used as it is: edit a copy of the model directory"),
     refused("--pooler-config", "no pooling models"),
-    only("--generation-config", ("vllm",), "requests get the OpenAI defaults for omitted sampling fields",
-         GEN_CONFIG),
-    refused("--override-generation-config", GEN_CONFIG),
+    alias("--generation-config", "--generation-config", GEN_CONFIG),
+    alias("--override-generation-config", "--override-generation-config", "A JSON object of those fields, "
+          "on top of the file (with vllm too, as in vLLM); other keys are named in the start-up log."),
     refused_on("--enable-sleep-mode", "no sleep mode"),
     switch("--enable-cumem-allocator", "PyTorch's caching allocator is used"),
     only("--model-impl", ("auto", "vllm"), "inflight's own decoder",
@@ -242,7 +250,8 @@ LOAD: tuple[VllmFlag, ...] = (
     notice("--mamba-backend", MAMBA),
     switch("--enable-mamba-cache-stochastic-rounding", MAMBA),
     notice("--mamba-cache-philox-rounds", MAMBA),
-    notice("--reasoning-parser", REASONING),
+    only("--reasoning-parser", THINK_PARSERS, REASONING,
+         "inflight splits <think>...</think> reasoning only"),
     refused("--reasoning-parser-plugin", PLUGINS),
 )
 

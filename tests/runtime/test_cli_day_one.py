@@ -57,7 +57,7 @@ def test_hub_id_gets_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["serve", "HuggingFaceTB/SmolLM2-135M-Instruct"])
     err = capsys.readouterr().err
-    assert "never downloads models" in err and "huggingface-cli download" in err
+    assert "never downloads models" in err and "`hf download HuggingFaceTB/SmolLM2-135M-Instruct" in err
 
 
 def test_port_in_use_is_one_line_before_loading(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

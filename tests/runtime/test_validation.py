@@ -47,7 +47,7 @@ def test_unknown_config_field_on_replace():
     (dict(min_p=2), "min_p must be in [0, 1]"),
     (dict(repetition_penalty=0), "repetition_penalty must be in (0, 10]"),
     (dict(presence_penalty=3), "presence_penalty must be in [-2, 2]"),
-    (dict(logprobs=50), "logprobs must be at most 20"),
+    (dict(logprobs=-1), "logprobs must be an integer >= 0"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens (5) must not exceed max_tokens (2)"),
     (dict(stop=[""]), "stop must be non-empty strings"),
 ])

@@ -46,7 +46,7 @@ def model_dir_problem(model: str) -> str | None:
     hint = ""
     if "/" in model and not model.startswith((".", "/")) and model.count("/") == 1:
         hint = (f" '{model}' looks like a Hugging Face hub id: inflight never downloads models; "
-                f"fetch it first (e.g. `huggingface-cli download {model} --local-dir models/{model.split('/')[1]}`)"
+                f"fetch it first (e.g. `hf download {model} --local-dir models/{model.split('/')[1]}`)"
                 " and pass that directory.")
     return f"{model}: no such directory or .gguf file.{hint}"
 

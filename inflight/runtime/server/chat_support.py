@@ -1,7 +1,8 @@
 """Glue between a parsed request's features and the handlers: rendering the chat template
 (vLLM's ``add_generation_prompt`` / ``continue_final_message`` / ``add_special_tokens``), grammar
-compilation off the event loop, the per-request output plan (reasoning / tool calls) and what
-is added to a finished body (echo, prompt logprobs).
+compilation off the event loop, the per-request output plan (reasoning / tool calls; for
+``tool_choice: auto`` under the server's ``--enable-auto-tool-choice`` / ``--tool-call-parser``)
+and what is added to a finished body (echo, prompt logprobs).
 
 Knows the engine only through ``engine.structured`` (the grammar compiler) and its tokenizer.
 """
@@ -11,14 +12,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.runtime.server import echo
 from inflight.runtime.server.chat_output import ChatOutputPlan
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.protocol import GenerationRequest
 from inflight.runtime.server.reasoning import THINK_START
-from inflight.runtime.server.tool_calls import detect_family
+from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, detect_family, renders_tools
+
+if TYPE_CHECKING:
+    from inflight.runtime.server.state import ServerSettings
+
+# vLLM's answer when auto tool choice is off (its default; ours is --no-enable-auto-tool-choice).
+AUTO_OFF = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+NO_TOOLS_IN_TEMPLATE = (
+    "this model's chat template does not render tools, so the model would never see them. Serve it "
+    "with a template that does: --chat-template FILE (for SmolLM2 the builtin --chat-template "
+    "smollm2-tools); or send tool_choice 'required' or a named function (a grammar makes the model "
+    "call one), or leave 'tools' out")
 
 
 def template_kwargs(req: GenerationRequest) -> dict[str, Any]:
@@ -61,15 +73,13 @@ async def compile_constraint(engine: Any, req: GenerationRequest) -> None:
         raise bad_request(str(exc), req.features.constraint_param) from None
 
 
-def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -> ChatOutputPlan:
-    """How to read this chat request's output: reasoning split, and which tool-call format."""
+def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int],
+                settings: ServerSettings | None = None) -> ChatOutputPlan:
+    """How to read this chat request's output: reasoning split, and which tool-call format
+    (``settings``: the server's ``enable_auto_tool_choice`` and ``tool_call_parser``)."""
     features = req.features
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else ""
-    if features.tools and features.tool_choice == "auto" and "tools" not in template:
-        raise bad_request("this model's chat template does not render tools, so the model would never see "
-                          "them; use tool_choice 'required' or a named function (enforced by a grammar), "
-                          "or leave 'tools' out", "tools")
     reasoning = THINK_START in template and features.chat_template_kwargs.get("enable_thinking", True) is not False
     starts_in = False
     if reasoning:
@@ -77,10 +87,22 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int]) -
         starts_in = tail.rstrip().endswith(THINK_START)
     mode: str | None = None
     if features.tool_choice == "auto":
-        mode = detect_family(template)
+        mode = auto_tool_mode(template, settings)
     elif features.tool_choice in ("required", "named"):
         mode = features.tool_choice
     return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name, not features.parallel_tool_calls)
+
+
+def auto_tool_mode(template: str, settings: ServerSettings | None) -> str:
+    """The tool-call family ``tool_choice: auto`` parses: ``--tool-call-parser``'s, else the one the
+    template teaches. 400 when auto is off (``--no-enable-auto-tool-choice``, vLLM's default and
+    message) or when the template does not render tools (naming ``--chat-template``)."""
+    if settings is not None and settings.enable_auto_tool_choice is False:
+        raise bad_request(AUTO_OFF, "tool_choice")
+    if not renders_tools(template):
+        raise bad_request(NO_TOOLS_IN_TEMPLATE, "tools")
+    parser = settings.tool_call_parser if settings is not None else None
+    return TOOL_CALL_PARSERS[parser] if parser is not None else detect_family(template)
 
 
 def body_decorator(

@@ -119,7 +119,7 @@ async def _off_loop(state: ServerState, body_bytes: int, fn: Any) -> Any:
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body, size = await _read_body(request, state)
-    req = await _off_loop(state, size, lambda: parse_completion_request(body))
+    req = await _off_loop(state, size, lambda: parse_completion_request(body, state.settings.request_policy))
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
 
@@ -142,12 +142,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body, size = await _read_body(request, state)
-    req = await _off_loop(state, size, lambda: parse_chat_request(body))
+    req = await _off_loop(state, size, lambda: parse_chat_request(body, state.settings.request_policy))
     check_model(req.model, state.settings.model_name)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req)
-    output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0])
+    output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     job = await _off_loop(state, size, lambda: generation.plan(
         state, req, prompt_ids, "chatcmpl", None if output.is_plain else output, decorate))

@@ -2,7 +2,9 @@
 
 Owns the request side of the OpenAI API: which fields exist, their types and bounds, and
 the translation into ``SamplingParams`` plus prompts (text or token ids) or chat messages.
-Every problem becomes a 400 ``APIError`` whose ``param`` names the offending field.
+Every problem becomes a 400 ``APIError`` whose ``param`` names the offending field. The
+server's :class:`RequestPolicy` fills the sampling fields a request leaves out (vLLM's
+``--generation-config``) and caps the logprobs it may ask for (``--max-logprobs``).
 Knows nothing about tokenizers, the engine or HTTP transport: the handlers encode prompts.
 """
 
@@ -12,18 +14,21 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.runtime.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams, brief
+from inflight.runtime.generation_defaults import SamplingDefaults
+from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.request_features import (
     RequestFeatures,
     chat_message,
     engine_prompt_logprobs,
+    logprobs_count,
     parse_features,
 )
 
 MAX_N = 16
 MAX_PROMPTS = 64
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Known OpenAI fields this server does not implement: a request that uses them is refused
 # rather than silently answered differently. Values that mean "off" are accepted.
@@ -34,6 +39,17 @@ _UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
 }
 
 Prompt = str | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """What the server fills in and allows: ``defaults`` for the sampling fields a request leaves
+    out (a field the request sets always wins), and ``max_logprobs``, the most ``logprobs`` /
+    ``top_logprobs`` / ``prompt_logprobs`` a request may ask for (``None``: no ceiling but the
+    model's vocabulary)."""
+
+    defaults: SamplingDefaults = SamplingDefaults()
+    max_logprobs: int | None = DEFAULT_MAX_LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,24 +92,24 @@ class GenerationRequest:
         return (last.get("content") or "") if last["role"] == "assistant" else ""
 
 
-def parse_completion_request(body: object) -> GenerationRequest:
+def parse_completion_request(body: object, policy: RequestPolicy = RequestPolicy()) -> GenerationRequest:
     """Validate a /v1/completions body."""
     obj = _require_object(body)
     prompts = _parse_prompt(obj.get("prompt"))
-    num_logprobs = _get_int(obj, "logprobs", None, 0, MAX_LOGPROBS)
-    return _build(obj, is_chat=False, prompts=prompts, messages=None, num_logprobs=num_logprobs)
+    num_logprobs = logprobs_count(obj, "logprobs", policy.max_logprobs)
+    return _build(obj, is_chat=False, prompts=prompts, messages=None, num_logprobs=num_logprobs, policy=policy)
 
 
-def parse_chat_request(body: object) -> GenerationRequest:
+def parse_chat_request(body: object, policy: RequestPolicy = RequestPolicy()) -> GenerationRequest:
     """Validate a /v1/chat/completions body."""
     obj = _require_object(body)
     messages = _parse_messages(obj.get("messages"))
     want_logprobs = _get_bool(obj, "logprobs", False)
-    top = _get_int(obj, "top_logprobs", None, 0, MAX_LOGPROBS)
+    top = logprobs_count(obj, "top_logprobs", policy.max_logprobs)
     if top is not None and not want_logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     num_logprobs = (top or 0) if want_logprobs else None
-    req = _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs)
+    req = _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs, policy=policy)
     if req.features.continue_final_message and messages[-1]["role"] != "assistant":
         raise bad_request("'continue_final_message' continues the final message, which must be the assistant's "
                           f"(the reply to continue); the last message is the {messages[-1]['role']}'s",
@@ -108,15 +124,17 @@ def _build(
     prompts: tuple[Prompt, ...],
     messages: tuple[dict[str, str], ...] | None,
     num_logprobs: int | None,
+    policy: RequestPolicy,
 ) -> GenerationRequest:
     _refuse_unsupported(obj)
     model = _get_str(obj, "model", None)
     stream = _get_bool(obj, "stream", False)
     include_usage = _parse_stream_options(obj.get("stream_options"), stream)
     n = _get_int(obj, "n", 1, 1, MAX_N)
-    features = parse_features(obj, is_chat, n)
+    features = parse_features(obj, is_chat, n, policy.max_logprobs)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
-    params = _sampling_params(obj, max_tokens, num_logprobs, max_tokens_param, features, is_chat)
+    params = _sampling_params(_with_defaults(obj, policy.defaults), max_tokens, num_logprobs, max_tokens_param,
+                              features, is_chat)
     return GenerationRequest(
         model=model,
         is_chat=is_chat,
@@ -167,6 +185,12 @@ def _sampling_params(
         field_name = str(exc).split(" ", 1)[0]
         param = max_tokens_param if field_name == "max_tokens" else field_name
         raise bad_request(str(exc), param if param in obj else None) from None
+
+
+def _with_defaults(obj: dict[str, Any], defaults: SamplingDefaults) -> dict[str, Any]:
+    """``obj`` with the server's default for each sampling field it leaves out (or sends as null)."""
+    missing = {name: value for name, value in defaults.values().items() if obj.get(name) is None}
+    return {**obj, **missing} if missing else obj
 
 
 def _require_object(body: object) -> dict[str, Any]:

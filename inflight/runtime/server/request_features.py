@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.runtime.json_text import loads_limited
+from inflight.runtime.sampling_params import brief
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.structured import StructuredOutputsParams
 
@@ -85,8 +86,9 @@ class RequestFeatures:
     wants_logprobs: bool = False  # ... and whether the client itself asked for logprobs
 
 
-def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeatures:
-    """Validate the output-shaping fields of a request body (400 naming the field on error)."""
+def parse_features(obj: dict[str, Any], is_chat: bool, n: int, max_logprobs: int | None) -> RequestFeatures:
+    """Validate the output-shaping fields of a request body (400 naming the field on error);
+    ``max_logprobs``: the server's ceiling on ``prompt_logprobs`` (``None``: none)."""
     for name, off in UNIMPLEMENTED_UNLESS_OFF.items():
         if obj.get(name) is not None and obj[name] not in off:
             raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
@@ -107,7 +109,7 @@ def parse_features(obj: dict[str, Any], is_chat: bool, n: int) -> RequestFeature
         structured=structured, constraint_param=param, tools=tools, tool_choice=choice, tool_name=tool_name,
         parallel_tool_calls=parallel, chat_template_kwargs=_parse_template_kwargs(obj) if is_chat else {},
         logit_bias=_parse_logit_bias(obj.get("logit_bias")), echo=_parse_echo(obj, is_chat),
-        best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_parse_prompt_logprobs(obj),
+        best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_parse_prompt_logprobs(obj, max_logprobs),
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
         add_special_tokens=_bool_field(obj, "add_special_tokens"),
     )
@@ -131,11 +133,28 @@ def _bool_field(obj: dict[str, Any], name: str) -> bool | None:
     return value
 
 
-def _parse_prompt_logprobs(obj: dict[str, Any]) -> int | None:
-    value = _int_field(obj, "prompt_logprobs", 0, 20)
+def _parse_prompt_logprobs(obj: dict[str, Any], max_logprobs: int | None) -> int | None:
+    value = logprobs_count(obj, "prompt_logprobs", max_logprobs)
     if value is not None and obj.get("stream"):
         raise bad_request("'prompt_logprobs' cannot be streamed here; send the request without 'stream'",
                           "prompt_logprobs")
+    return value
+
+
+def logprobs_count(obj: dict[str, Any], name: str, max_logprobs: int | None) -> int | None:
+    """A count of alternatives (``logprobs``, ``top_logprobs``, ``prompt_logprobs``): an integer
+    from 0 to the server's ``--max-logprobs`` (``None``: no ceiling here; the engine still checks
+    it against the vocabulary)."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", name)
+    if max_logprobs is None and value < 0:
+        raise bad_request(f"'{name}' must be >= 0 (got {value})", name)
+    if max_logprobs is not None and not 0 <= value <= max_logprobs:
+        raise bad_request(f"'{name}' must be between 0 and {max_logprobs} (got {brief(value)}); "
+                          f"{max_logprobs} is this server's --max-logprobs", name)
     return value
 
 

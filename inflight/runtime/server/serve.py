@@ -8,8 +8,9 @@ code (0 after a drain, 1 when loading failed). A second SIGTERM or SIGINT exits 
 (``os._exit``, code 128 + signal). When the engine dies or stalls,
 every waiting client has already been answered (503 or a stream error event); ``serve``
 gives those answers a moment to leave, then exits with code 1 through ``os._exit``, since a
-stalled engine thread might never let the interpreter finish. Knows nothing about argument
-parsing (``cli``) or request handling (``app``).
+stalled engine thread might never let the interpreter finish. One start-up line states the
+sampling defaults requests get (``--generation-config``) and the logprobs ceiling. Knows
+nothing about argument parsing (``cli``) or request handling (``app``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ async def serve(
             bound_host, bound_port = address[0], address[1]
             logger.info("listening on http://%s:%d (model %s); loading the model",
                         bound_host, bound_port, settings.model_name)
+        _log_request_defaults(settings)
         code = await _until_stopped(app, stop)
         if app[STATE].dead.is_set():
             await app[STATE].wait_idle(DEATH_ANSWER_S)
@@ -76,6 +78,15 @@ async def serve(
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)
     return code
+
+
+def _log_request_defaults(settings: ServerSettings) -> None:
+    """One line: what requests get for the sampling fields they leave out, and the logprobs ceiling."""
+    defaults = settings.sampling_defaults
+    ceiling = "none" if settings.max_logprobs == -1 else settings.max_logprobs
+    level = logging.WARNING if defaults.ignored else logging.INFO
+    logger.log(level, "sampling defaults for fields a request leaves out: %s; max logprobs %s",
+               defaults.describe(), ceiling)
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -> None:

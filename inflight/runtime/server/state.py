@@ -19,8 +19,11 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.server.engine_client import EngineClient
 from inflight.runtime.server.metrics import ServerMetrics
+from inflight.runtime.server.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
+from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 T = TypeVar("T")
@@ -38,6 +41,13 @@ class ServerSettings:
     whose client does not read for that long, or lets that many outputs pile up, is cut and
     its requests aborted. ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
     that tokenizes prompts off the event loop and how many may wait for it (429 beyond).
+    ``enable_auto_tool_choice``: ``None`` (the flag not given) and ``True`` serve ``tool_choice:
+    auto``; ``False`` refuses it as vLLM does by default. ``tool_call_parser``: vLLM's name of the
+    format auto calls are parsed in (``None``: the one the chat template teaches).
+    ``sampling_defaults``: what requests get for the sampling fields they leave out (vLLM's
+    ``--generation-config``); ``max_logprobs``: the most ``logprobs`` / ``top_logprobs`` /
+    ``prompt_logprobs`` a request may ask for (-1: no ceiling but the vocabulary), vLLM's
+    ``--max-logprobs``.
     """
 
     model_name: str
@@ -52,6 +62,10 @@ class ServerSettings:
     max_stream_backlog: int = 4096
     tokenizer_workers: int = 2
     max_pending_tokenizations: int = 64
+    enable_auto_tool_choice: bool | None = None
+    tool_call_parser: str | None = None
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -69,6 +83,16 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)}).")
         if self.admin_api_key is not None and self.admin_api_key == self.api_key:
             raise ValueError("the admin API key must differ from the inference --api-key.")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser {self.tool_call_parser!r}: {tool_parser_choices()}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= 0, or -1 for no ceiling (got {self.max_logprobs}).")
+
+    @property
+    def request_policy(self) -> RequestPolicy:
+        """The defaults and limits every request is parsed with."""
+        ceiling = None if self.max_logprobs == -1 else self.max_logprobs
+        return RequestPolicy(self.sampling_defaults, ceiling)
 
 
 class ServerState:

@@ -1,9 +1,11 @@
 """Tool calls in model output: one pure parser per model family, plus a streaming extractor.
 
-Families (what the model writes when it calls a tool):
+Families (what the model writes when it calls a tool; ``TOOL_CALL_PARSERS`` maps vLLM's
+``--tool-call-parser`` names onto them, and :func:`detect_family` reads one off a chat template):
 
-* ``hermes`` (Qwen2/2.5/3, Hermes, our qwen demo template):
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one block per call.
+* ``hermes`` (Qwen2/2.5/3, Hermes, our qwen demo template, ``smollm2-tools``):
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one block per call (a block
+  holding a JSON array of calls is read too: the form SmolLM2's function-calling prompt asks for).
 * ``llama3`` (Llama 3.1+ JSON tool calling): the whole reply is ``{"name": ..., "parameters":
   {...}}`` (optionally after ``<|python_tag|>``), several calls separated by ``;``.
 * ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
@@ -29,6 +31,8 @@ from inflight.runtime.json_text import MAX_DEPTH, loads_limited, nesting_depth
 
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+# vLLM's ``--tool-call-parser`` names that inflight implements -> the family parsed here.
+TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3", "mistral": "mistral"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,17 @@ class ToolCall:
 class ParsedOutput:
     content: str | None  # None when there is no text besides the calls
     tool_calls: tuple[ToolCall, ...]
+
+
+def tool_parser_choices() -> str:
+    """What ``--tool-call-parser`` accepts, in one phrase (for its refusals)."""
+    return (f"inflight parses {', '.join(TOOL_CALL_PARSERS)} tool calls (vLLM's other parsers and "
+            "plugins are not implemented)")
+
+
+def renders_tools(chat_template: str | None) -> bool:
+    """Whether a chat template writes the request's tools into the prompt (it reads ``tools``)."""
+    return "tools" in (chat_template or "")
 
 
 def detect_family(chat_template: str | None) -> str:
@@ -103,13 +118,13 @@ def parse_hermes(text: str) -> ParsedOutput:
     start = text.find("<tool_call>")
     if start < 0:
         return ParsedOutput(_content(text), ())
-    calls = []
+    calls: list[ToolCall | None] = []
     for body in _hermes_blocks(text, start):
-        call = _call(_loads(body))
-        if call is None:
+        obj = _loads(body)
+        calls += [_call(o) for o in obj] if isinstance(obj, list) and obj else [_call(obj)]
+        if None in calls:
             return ParsedOutput(_content(text), ())
-        calls.append(call)
-    return ParsedOutput(_content(text[:start]), tuple(calls))
+    return ParsedOutput(_content(text[:start]), tuple(c for c in calls if c is not None))
 
 
 def parse_llama3(text: str) -> ParsedOutput:
