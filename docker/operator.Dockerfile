@@ -10,7 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY inflight ./inflight
 RUN pip install --no-deps . \
     && pip install "kopf>=1.37" "kubernetes>=37" "prometheus-client>=0.20" "aiohttp>=3.9" "pyyaml>=6" \

@@ -14,7 +14,7 @@ ENV PATH=/opt/inflight/bin:$PATH
 # torch first and pinned, as the Makefile does, so no later range picks another build.
 RUN pip install torch==2.13.0
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY inflight ./inflight
 RUN pip install . && rm -rf /src
 

