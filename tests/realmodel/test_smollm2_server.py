@@ -60,3 +60,24 @@ def test_serving_the_gguf_file_converts_once_and_answers(smollm2_gguf: Path, tmp
         finally:
             server.stop()
     assert len(list((tmp_path / "gguf").iterdir())) == 1
+
+
+def test_openai_client_continues_an_assistant_prefix_and_retrieves_the_model(smollm2_server: ServerProcess) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert client.models.retrieve(SERVED_NAME).id == SERVED_NAME
+    with_prefix = client.chat.completions.create(
+        model=SERVED_NAME, temperature=0, max_tokens=8,
+        messages=[{"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "The capital of France is"}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    text = with_prefix.choices[0].message.content
+    assert "Paris" in text and not text.startswith("The capital"), text  # continued, not restarted
+    tokenized = http_json(f"{smollm2_server.url}/tokenize", {
+        "model": SERVED_NAME, "continue_final_message": True, "add_generation_prompt": False,
+        "return_token_strs": True,
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})
+    assert tokenized[0] == 200
+    assert tokenized[1]["token_strs"][-1].endswith("Hello"), tokenized[1]["token_strs"][-4:]  # the turn stays open
