@@ -97,6 +97,8 @@ class ApiServer(kmock.KubernetesEmulator):
             if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
                 self._check_strict(request)
             if request.action == kmock.action.CREATE:
+                self._default(request)
+            if request.action == kmock.action.CREATE:
                 res = request.resource
                 if not any(known == res for known in self.resources):  # kmock would store it anyway
                     raise kmock.KubernetesResourceNotFoundError()
@@ -158,6 +160,17 @@ class ApiServer(kmock.KubernetesEmulator):
                     message=f"the server rejected our request due to an error in our request: "
                             f"test of {op.get('path')} failed",
                 )
+
+    def _default(self, request: kmock.Request) -> None:
+        """CRD defaulting of a created custom object (the API server does it on every write; on
+        create is where the operator's objects get theirs)."""
+        res = request.resource
+        entry = kmock_schema.crd_schemas(self._crds()).get(f"{res.group}/{res.version}")
+        if entry is None or entry[1] != res.plural:
+            return
+        defaulted = kmock_schema.apply_defaults(request.data, entry[3])
+        request.data.clear()
+        request.data.update(defaulted)
 
     def _check_strict(self, request: kmock.Request) -> None:
         """``?fieldValidation=Strict`` on a custom object: a 422 like the API server's, or nothing."""

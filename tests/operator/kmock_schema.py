@@ -7,11 +7,13 @@ PATCH operation of that kind takes the ``fieldValidation`` query parameter, serv
 sending ``?fieldValidation=Strict``. The harness advertises that parameter for every CRD kind
 and does what a real API server does with it for custom resources: the object is checked
 against the CRD's ``openAPIV3Schema`` (types, enums, bounds, required) and fields the schema
-does not know are an error instead of being pruned. CEL rules and defaulting are not run.
+does not know are an error instead of being pruned. Defaults are applied as the API server
+applies them to a structural schema (:func:`apply_defaults`); CEL rules are not run.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jsonschema
@@ -88,3 +90,20 @@ def _unknown(value: Any, schema: dict[str, Any], where: str) -> list[str]:
         for i, item in enumerate(value):
             out += _unknown(item, schema["items"], f"{where}[{i}]")
     return out
+
+
+def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` with the schema's ``default``s filled in where a field is missing, as the API
+    server defaults custom resources (in objects that exist, recursively, in list items too;
+    a default itself is defaulted further). Returns a new value."""
+    if isinstance(value, dict) and "properties" in schema:
+        out = dict(value)
+        for key, sub in schema["properties"].items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+            if key in out and out[key] is not None:
+                out[key] = apply_defaults(out[key], sub)
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in value]
+    return value

@@ -1,0 +1,45 @@
+"""The CRD's defaults and the operator's parser agree: a spec the API server has defaulted
+parses to exactly what the undefaulted spec parses to, for every example and for a spec that
+sets every optional object to empty. A default changed on one side only fails here (the kmock
+emulator now applies CRD defaults too, as an API server does)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from inflight.operator import crd
+from inflight.operator.spec import parse_spec
+from tests.operator.helpers import EXAMPLES, load_example
+from tests.operator.kmock_schema import apply_defaults
+
+SCHEMA = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+MINIMAL = {"model": {"pvc": {"claimName": "models"}}}
+EMPTY_OBJECTS = {  # every optional object present and empty: the schema defaults its fields
+    **MINIMAL, "engine": {}, "resources": {}, "autoscaling": {"enabled": True}, "service": {},
+    "rollout": {}, "inferencePool": {"enabled": True, "endpointPicker": {}}, "probes": {
+        "startup": {}, "liveness": {}, "readiness": {}},
+}
+
+
+def _defaulted(spec: dict[str, Any]) -> dict[str, Any]:
+    doc = {"apiVersion": "inflight.dev/v1alpha1", "kind": "InferenceDeployment",
+           "metadata": {"name": "demo", "namespace": "ns"}, "spec": copy.deepcopy(spec)}
+    return apply_defaults(doc, SCHEMA)["spec"]
+
+
+@pytest.mark.parametrize("spec", [MINIMAL, EMPTY_OBJECTS, *(load_example(p)["spec"] for p in EXAMPLES)],
+                         ids=["minimal", "empty-objects", *(p.stem for p in EXAMPLES)])
+def test_crd_defaults_parse_to_the_parsers_defaults(spec: dict[str, Any]) -> None:
+    defaulted = _defaulted(spec)
+    assert parse_spec("demo", "ns", defaulted) == parse_spec("demo", "ns", copy.deepcopy(spec))
+
+
+def test_defaulting_fills_what_the_schema_declares() -> None:
+    defaulted = _defaulted(EMPTY_OBJECTS)
+    assert defaulted["autoscaling"]["scaleDownStabilizationSeconds"] == 300
+    assert defaulted["service"] == {"type": "ClusterIP", "port": 8000}
+    assert defaulted["image"].startswith("ghcr.io/inflight-dev/inflight-runtime:")
+    assert "engine" in defaulted and "apiKeySecretRef" not in defaulted  # no default invents an object
