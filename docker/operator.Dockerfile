@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The inflight operator: `kopf run -m inflight.operator` on slim Python, as a non-root user.
+# The inflight operator: `kopf run -m inflight.operator.kopf_main` on slim Python, as a non-root user.
 # It imports no torch, so the package goes in without its dependencies and only the
 # operator's own are added.
 # Build from the repository root:
@@ -21,5 +21,5 @@ USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080
 # The chart passes --standalone, --all-namespaces or --namespace, and --liveness.
-ENTRYPOINT ["kopf", "run", "--module=inflight.operator"]
+ENTRYPOINT ["kopf", "run", "--module=inflight.operator.kopf_main"]
 CMD ["--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]

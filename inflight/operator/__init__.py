@@ -1,21 +1,11 @@
 """The kopf operator that turns InferenceDeployment resources into runtime pods.
 
-Importing this package registers the handlers onto kopf's default registry, which is
-what ``kopf run -m inflight.operator`` (and ``python -m inflight.operator``) needs. Tests
-build their own registry with ``inflight.operator.handlers.register``.
+Importing this package (or any module in it) has no side effects: the handlers are registered
+onto kopf's default registry only by ``inflight.operator.kopf_main``, the module ``kopf run
+-m inflight.operator.kopf_main`` (and ``python -m inflight.operator``) loads. Tests build their
+own registry with ``inflight.operator.handlers.register``.
 
 kopf and the Kubernetes client are the ``operator`` extra, not serving dependencies: the
 runtime image has neither, yet runs ``python -m inflight.operator.model_fetch`` (the model
-download init container), which imports this package. Without kopf there is nothing to
-register (and nothing could run the handlers), so the import registers nothing.
+download init container), which imports this package.
 """
-
-try:
-    import kopf
-except ModuleNotFoundError:  # a serving install: only the kopf-free modules are usable
-    kopf = None
-
-if kopf is not None:
-    from inflight.operator.handlers import register
-
-    register(kopf.get_default_registry())

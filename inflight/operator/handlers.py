@@ -14,8 +14,8 @@ hook (``inflight.operator.uninstall``) takes it off every resource at ``helm uni
 An invalid spec (or one whose objects the API server refuses, ``reconcile.SpecRejected``) sets
 ``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
 the spec changes again. ``register()`` takes the registry instead of using kopf's global
-one so tests can run isolated operators; ``inflight.operator`` registers onto the default
-registry for ``kopf run -m inflight.operator``.
+one so tests can run isolated operators; it is called on the default
+registry in ``inflight.operator.kopf_main``, the module ``kopf run`` loads.
 """
 
 from __future__ import annotations

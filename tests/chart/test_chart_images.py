@@ -58,7 +58,7 @@ def test_runtime_image() -> None:
 def test_operator_image(objects) -> None:
     stage = _final_stage("operator")
     assert re.match(r"python:3\.\d+-slim", stage)
-    assert _exec_form(stage, "ENTRYPOINT") == ["kopf", "run", "--module=inflight.operator"]
+    assert _exec_form(stage, "ENTRYPOINT") == ["kopf", "run", "--module=inflight.operator.kopf_main"]
     pod = one(objects("defaults"), "Deployment")["spec"]["template"]["spec"]
     assert _user(stage) == (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
     assert "pip install --no-deps ." in stage

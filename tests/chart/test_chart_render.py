@@ -177,7 +177,7 @@ def test_restricted_security_context(objects, case: str) -> None:
 def test_kopf_command_line(objects, case: str, scope_args: list[str]) -> None:
     (container,) = one(objects(case), "Deployment")["spec"]["template"]["spec"]["containers"]
     argv = container["command"] + container["args"]
-    assert argv[:3] == ["kopf", "run", "--module=inflight.operator"]
+    assert argv[:3] == ["kopf", "run", "--module=inflight.operator.kopf_main"]
     scope = [a for a in argv if a.startswith(("--namespace", "--all-namespaces", "-n", "-A"))]
     assert scope == scope_args
 

@@ -155,7 +155,7 @@ def test_operator_config_from_env() -> None:
 )
 def test_main_builds_kopf_run_argv(args: list[str], expected_tail: list[str]) -> None:
     argv = build_argv(args)
-    assert argv[:3] == ["run", "-m", "inflight.operator"]
+    assert argv[:3] == ["run", "-m", "inflight.operator.kopf_main"]
     assert argv[3:] == expected_tail
 
 
@@ -239,3 +239,21 @@ def test_kube_configuration_materializes_kubeconfig_data(tmp_path: Any) -> None:
         assert open(path, "rb").read() == pem
         assert (os.stat(path).st_mode & 0o777) == 0o600
     assert _configuration(kopf.ConnectionInfo(server="http://x", insecure=True), str(tmp_path)).verify_ssl is False
+
+
+def test_importing_operator_modules_registers_nothing_but_kopf_main_does() -> None:
+    """No import side effects: only the module ``kopf run`` loads touches kopf's registry."""
+    code = (
+        "import importlib, pkgutil, sys, kopf, inflight.operator as op\n"
+        "names = [m.name for m in pkgutil.iter_modules(op.__path__) if m.name not in ('kopf_main', '__main__')]\n"
+        "for name in names: importlib.import_module(f'inflight.operator.{name}')\n"
+        "registry = kopf.get_default_registry()\n"
+        "before = len(list(registry._changing.get_all_handlers())) + len(list(registry._spawning.get_all_handlers()))\n"
+        "import inflight.operator.kopf_main\n"
+        "after = len(list(registry._changing.get_all_handlers())) + len(list(registry._spawning.get_all_handlers()))\n"
+        "print(len(names), before, after)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    modules, before, after = map(int, out.stdout.split())
+    assert modules > 20 and before == 0 and after > 0, out.stdout
