@@ -7,6 +7,9 @@ visible, so ``make test`` on a CPU machine reports them instead of failing. On a
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -21,3 +24,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """For tests that run a ``main`` which configures the root logger: put it back after."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]

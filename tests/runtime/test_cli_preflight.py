@@ -5,9 +5,7 @@ one line), a --max-model-len past the model's config (exit 1, one line), and --t
 from __future__ import annotations
 
 import json
-import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,6 @@ from inflight.runtime.serving_dir import read_chat_template, serving_dir
 from inflight.runtime.tokenizer import load_tokenizer
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}>>{% endif %}"
-
-
-@pytest.fixture
-def logging_restored() -> Iterator[None]:
-    """``main`` configures the root logger; put it back for the other tests."""
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = saved[0], saved[1]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ serve`` itself."""
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,15 +29,6 @@ GENERATION_CONFIG = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": True, "t
                      "max_new_tokens": 7}
 RAISED = 2000  # above the demo model's vocabulary of 1024
 CHAT = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def logging_restored() -> Iterator[None]:
-    """``main`` configures the root logger; put it back for the other tests."""
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = saved[0], saved[1]
 
 
 @pytest.fixture(scope="module")
