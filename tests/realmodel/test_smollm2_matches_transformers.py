@@ -14,6 +14,7 @@ least ``BF16_MIN_EXACT`` of the 18 outputs (16 tokens each) must match token for
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -95,7 +96,9 @@ def test_greedy_bfloat16_diverges_only_at_near_ties(smollm2_dir: Path, hf_gguf_m
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS]
     ours = _engine_greedy(smollm2_dir, prompts, "bfloat16", BF16_MAX_TOKENS)
-    model = hf_gguf_model.to(torch.bfloat16)
+    # A copy: casting the session's float32 model to bfloat16 and back would round its weights
+    # for every later test that compares with it.
+    model = copy.deepcopy(hf_gguf_model).to(torch.bfloat16)
     try:
         exact = 0
         for q, prompt, mine in zip(CHAT_PROMPTS, prompts, ours, strict=True):
@@ -116,4 +119,4 @@ def test_greedy_bfloat16_diverges_only_at_near_ties(smollm2_dir: Path, hf_gguf_m
         print(f"bfloat16 greedy: {exact}/{len(prompts)} token-exact, the rest diverge at near ties")
         assert exact >= BF16_MIN_EXACT
     finally:
-        hf_gguf_model.to(torch.float32)
+        del model
