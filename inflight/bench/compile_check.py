@@ -78,7 +78,7 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
         "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
         "DOT_UPCAST": False,
     }
-    ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens")
+    ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens", "window")
     paged = {
         "q_ptr": p,
         "k_cache_ptr": p,

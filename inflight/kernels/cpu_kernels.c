@@ -35,11 +35,13 @@ static inline float exp_nonpositive(float x) {
 }
 
 /* One sequence: each cache block (block_size rows of every KV head, contiguous) is read
- * front to back once for all heads while it sits in L1, with an online softmax. */
+ * front to back once for all heads while it sits in L1, with an online softmax. Rows before
+ * position `first` (outside a sliding window) are skipped: blocks wholly before it are never
+ * read, and in the block that holds it the scores start at row t0. */
 static inline __attribute__((always_inline)) void decode_sequence(
     const float *qs, const float *k_cache, const float *v_cache, const int32_t *table,
-    int64_t ctx, float *o, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    int64_t block_size, float scale, float *acc, float *m, float *l, float *p) {
+    int64_t ctx, int64_t first, float *o, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, int64_t block_size, float scale, float *acc, float *m, float *l, float *p) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t tok_stride = num_kv_heads * head_dim;
     const int64_t blk_stride = block_size * tok_stride;
@@ -48,11 +50,12 @@ static inline __attribute__((always_inline)) void decode_sequence(
         l[h] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * num_heads * head_dim);
-    for (int64_t b = 0; b * block_size < ctx; ++b) {
+    for (int64_t b = first / block_size; b * block_size < ctx; ++b) {
         const int64_t n = ctx - b * block_size < block_size ? ctx - b * block_size : block_size;
+        const int64_t t0 = first > b * block_size ? first - b * block_size : 0;
         const float *kb = k_cache + (int64_t)table[b] * blk_stride;
         const float *vb = v_cache + (int64_t)table[b] * blk_stride;
-        for (int64_t t = 0; t < n; ++t) {  /* scores, K rows in memory order */
+        for (int64_t t = t0; t < n; ++t) {  /* scores, K rows in memory order */
             for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
                 const float *kh = kb + t * tok_stride + kvh * head_dim;
                 for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -66,14 +69,14 @@ static inline __attribute__((always_inline)) void decode_sequence(
         }
         for (int64_t h = 0; h < num_heads; ++h) {  /* online softmax: rescale, exp */
             float *ph = p + h * block_size;
-            float block_max = ph[0];
-            for (int64_t t = 1; t < n; ++t) block_max = ph[t] > block_max ? ph[t] : block_max;
+            float block_max = ph[t0];
+            for (int64_t t = t0 + 1; t < n; ++t) block_max = ph[t] > block_max ? ph[t] : block_max;
             const float new_max = block_max > m[h] ? block_max : m[h];
             const float correction = expf(m[h] - new_max);  /* exp(-inf) = 0 at the start */
             float *ah = acc + h * head_dim;
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < n; ++t) {
+            for (int64_t t = t0; t < n; ++t) {
                 ph[t] = exp_nonpositive(ph[t] - new_max);
                 sum += ph[t];
             }
@@ -82,7 +85,7 @@ static inline __attribute__((always_inline)) void decode_sequence(
 #pragma omp simd
             for (int64_t i = 0; i < head_dim; ++i) ah[i] *= correction;
         }
-        for (int64_t t = 0; t < n; ++t) {  /* weighted V rows, in memory order */
+        for (int64_t t = t0; t < n; ++t) {  /* weighted V rows, in memory order */
             for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
                 const float *vh = vb + t * tok_stride + kvh * head_dim;
                 for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -102,14 +105,15 @@ static inline __attribute__((always_inline)) void decode_sequence(
 
 /* q [num_seqs, num_heads, head_dim] contiguous; caches [num_blocks, block_size,
  * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks] int32;
- * context_lens [num_seqs] int32; out like q. One sequence per work item. The common head
+ * context_lens [num_seqs] int32; out like q; window > 0: each query sees only the last
+ * `window` rows of its context (0: all of them). One sequence per work item. The common head
  * sizes get a copy with the size a constant (unrolled feature loops: ~20% faster at 32).
  * Returns 0, or -1 when the per-thread scratch cannot be allocated. */
 int inflight_paged_decode_attention_f32(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
     const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale,
-    int num_threads) {
+    int num_threads, int64_t window) {
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -123,8 +127,10 @@ int inflight_paged_decode_attention_f32(
             if (failed) continue;
 #define SEQ(D)                                                                                    \
     decode_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks, \
-                    context_lens[s], out + s * num_heads * head_dim, num_heads, num_kv_heads, D,  \
-                    block_size, scale, acc, m, l, p)
+                    context_lens[s],                                                              \
+                    window > 0 && context_lens[s] > window ? context_lens[s] - window : 0,        \
+                    out + s * num_heads * head_dim, num_heads, num_kv_heads, D, block_size, scale, \
+                    acc, m, l, p)
             switch (head_dim) {
                 case 32: SEQ(32); break;
                 case 64: SEQ(64); break;

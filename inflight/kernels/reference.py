@@ -8,6 +8,10 @@ Shapes (all packed, no padding of tokens):
 * ``block_tables``: ``[num_seqs, max_blocks_per_seq]`` int32, unused entries arbitrary.
 * ``context_lens``: ``[num_seqs]`` int32, tokens in the cache for each sequence *including*
   the tokens of this step (their K/V are stored before attention runs).
+* ``sliding_window``: ``None`` (or 0) attends to the whole context; ``W`` lets the query at
+  position ``p`` see only keys at positions ``p - W + 1 .. p`` (``W`` keys, itself included),
+  transformers' convention (``kv_idx > q_idx - sliding_window``). Keys outside the window may
+  sit in the cache (their blocks stay allocated); they are masked, never read as weights.
 
 This module knows nothing about the scheduler or the model.
 """
@@ -63,8 +67,10 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attending to all of its cached context (GQA aware).
+    """One query token per sequence attending to its cached context (GQA aware), the last
+    ``sliding_window`` tokens of it when a window is given.
 
     Sequences are bucketed by context length (see :func:`_length_buckets`) so the gathered,
     padded K/V stay close to the real context instead of ``num_seqs x`` the longest one.
@@ -74,13 +80,15 @@ def paged_decode_attention(
         return torch.empty_like(query)
     buckets = _length_buckets(context_lens.tolist(), k_cache.shape[1])
     if len(buckets) == 1:
-        return _decode_bucket(query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1])
+        return _decode_bucket(
+            query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1], sliding_window
+        )
     out = torch.empty_like(query)
     for rows, num_blocks in buckets:
         idx = torch.tensor(rows, dtype=torch.long, device=query.device)
         part = _decode_bucket(
             query.index_select(0, idx), k_cache, v_cache, block_tables.index_select(0, idx),
-            context_lens.index_select(0, idx), scale, num_blocks,
+            context_lens.index_select(0, idx), scale, num_blocks, sliding_window,
         )
         out.index_copy_(0, idx, part)
     return out
@@ -111,6 +119,7 @@ def _decode_bucket(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     max_blocks: int,  # blocks of the longest context in this bucket
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -123,7 +132,11 @@ def _decode_bucket(
     # The G query heads sharing a KV head act as G queries of one attention call.
     q = query.reshape(num_seqs, num_kv_heads, group, head_dim)
     positions = torch.arange(num_slots, device=query.device)
-    visible = (positions[None, :] < context_lens.long()[:, None])[:, None, None, :]  # [S, 1, 1, T]
+    lens = context_lens.long()[:, None]  # [S, 1]
+    visible = positions[None, :] < lens  # [S, T]
+    if sliding_window:  # the query sits at position len - 1: keys after len - 1 - W
+        visible &= positions[None, :] >= lens - sliding_window
+    visible = visible[:, None, None, :]  # [S, 1, 1, T]
     out = F.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=visible, scale=scale
     )  # [S, H_kv, G, D]
@@ -140,11 +153,13 @@ def paged_prefill_attention(
     scale: float,
     key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own K
     value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own V
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk.
 
     The ``q_len`` queries of sequence ``s`` sit at positions ``context_len - q_len ..
-    context_len - 1``; each attends to every cached key at or before its own position.
+    context_len - 1``; each attends to every cached key at or before its own position (and,
+    with ``sliding_window`` ``W``, after ``position - W``).
     With ``key``/``value`` (the chunk's own K/V, packed like ``query``), a whole prompt (no
     cached prefix) attends to them directly instead of gathering them back from the cache.
     """
@@ -166,10 +181,13 @@ def paged_prefill_attention(
             values = _gather_context(v_cache, block_tables[s], ctx).float()
         q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
         visible = None  # a whole prompt (no cached prefix): plain causal, no mask tensor
-        if ctx != q_len:
+        windowed = bool(sliding_window) and ctx > sliding_window
+        if ctx != q_len or windowed:
             q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
             k_pos = torch.arange(ctx, device=query.device)
             visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+            if windowed:
+                visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
         o = F.scaled_dot_product_attention(
             q,
             keys.transpose(0, 1)[None],

@@ -100,6 +100,7 @@ def _decode_split_kernel(
     num_splits,
     split_size,
     head_dim,
+    window,  # > 0: only the last `window` context tokens are visible; 0: all of them
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -115,6 +116,8 @@ def _decode_split_kernel(
     context_len = tl.load(context_lens_ptr + seq)
     start = split * split_size
     end = tl.minimum(start + split_size, context_len)
+    # Keys before a window are never loaded (splits wholly before it are empty).
+    start = tl.where(window > 0, tl.maximum(start, context_len - window), start)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -189,8 +192,10 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attending to all of its cached context (GQA aware)."""
+    """One query token per sequence attending to its cached context (GQA aware), the last
+    ``sliding_window`` tokens of it when a window is given."""
     check_kv_cache(k_cache, v_cache)
     check_ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
     num_seqs = query.shape[0]
@@ -199,7 +204,9 @@ def paged_decode_attention(
     plan = plan_decode(
         num_seqs, k_cache.shape[2], max_context, k_cache.shape[3], num_sms(query.device)
     )
-    return decode_with_plan(query, k_cache, v_cache, block_tables, context_lens, scale, plan)
+    return decode_with_plan(
+        query, k_cache, v_cache, block_tables, context_lens, scale, plan, sliding_window
+    )
 
 
 def _split_workspace(query: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,6 +231,7 @@ def decode_with_plan(
     context_lens: torch.Tensor,  # [num_seqs]
     scale: float,
     plan: DecodePlan,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """``paged_decode_attention`` with an explicit split plan (tests force splits with it)."""
     group = check_heads(query, k_cache)
@@ -248,7 +256,7 @@ def decode_with_plan(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        num_heads, plan.num_splits, plan.split_size, head_dim,
+        num_heads, plan.num_splits, plan.split_size, head_dim, sliding_window or 0,
         GROUP=group,
         BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=block_d,

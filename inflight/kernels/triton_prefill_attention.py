@@ -92,6 +92,7 @@ def _prefill_kernel(
     stride_oh,
     num_seqs,
     head_dim,
+    window,  # > 0: a query at position p sees keys after p - window; 0: all before it
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -126,12 +127,17 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_end = tl.minimum(context_len, context_len - q_len + (local + 1) * BLOCK_M)
-    for tile_start in range(0, kv_end, BLOCK_N):
+    # With a window, the tile's first query sees nothing before its position - window + 1.
+    first_visible = tl.maximum(context_len - q_len + local * BLOCK_M - window + 1, 0)
+    kv_start = tl.where(window > 0, first_visible, 0)
+    for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + offs_n  # [BLOCK_N] key positions
         n_mask = pos < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
                             stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
         visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]  # causal within the chunk
+        in_window = (pos[None, :] > q_pos[:, None] - window) | (window <= 0)
+        visible = visible & in_window
         m_i, l_i, acc = online_softmax_step(q, k, v, visible, qk_scale, m_i, l_i, acc,
                                             DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
@@ -152,14 +158,17 @@ def paged_prefill_attention(
     scale: float,
     key: torch.Tensor | None = None,  # accepted for the reference signature; the kernel reads the cache
     value: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Chunks of prompt tokens attending to their paged context, causal within the chunk."""
+    """Chunks of prompt tokens attending to their paged context, causal within the chunk
+    (and within the last ``sliding_window`` positions when a window is given)."""
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")
     config = plan_prefill(
         query.shape[0], context_lens.shape[0], query.shape[2], query.element_size()
     )
     return prefill_with_config(
-        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, config
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, config,
+        sliding_window,
     )
 
 
@@ -194,6 +203,7 @@ def prefill_with_config(
     context_lens: torch.Tensor,  # [num_seqs]
     scale: float,
     config: PrefillConfig,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """``paged_prefill_attention`` with explicit tile sizes (tests force small tiles)."""
     group = _check_prefill_inputs(
@@ -216,7 +226,7 @@ def prefill_with_config(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        num_seqs, head_dim,
+        num_seqs, head_dim, sliding_window or 0,
         GROUP=group,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,

@@ -288,9 +288,8 @@ def kv_cache_problem(engine: Any) -> str | None:
 
 
 def model_len_limit(spec: Any) -> tuple[int, str]:
-    """(the longest sequence the model supports, where that comes from), as the runner caps it."""
-    if spec.sliding_window is not None and spec.sliding_window < spec.max_position_embeddings:
-        return spec.sliding_window, "its sliding_window"
+    """(the longest sequence the model supports, where that comes from), as the runner caps it
+    (a sliding window does not cap it: attention enforces the window)."""
     return spec.max_position_embeddings, "its max_position_embeddings"
 
 

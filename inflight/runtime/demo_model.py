@@ -1,6 +1,8 @@
-"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral) checkpoint with a real tokenizer.
+"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral, Gemma 3 text) checkpoint with a real tokenizer.
 
-``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral] [--size tiny|small|medium|0.5b] [--seed N]``
+``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gemma3] [--size tiny|small|medium|0.5b] [--seed N]``
+
+Gemma 3 alternates local (16-token sliding window, its own rope base) and global layers.
 
 The mixture-of-experts families have 8 experts, 2 per token: Qwen3-MoE with experts a quarter
 of the size preset's MLP width, ``norm_topk_prob`` and a dense first layer; Mixtral with experts
@@ -32,8 +34,8 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
-TEMPLATE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral"}  # whose demo chat template a family speaks
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3")
+TEMPLATE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral", "gemma3": "llama"}  # whose demo chat template a family speaks
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,15 @@ def _hf_config(arch: str, size: SizePreset, vocab_size: int, ids: dict[str, int]
         return transformers.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2,
                                           tie_word_embeddings=False, sliding_window=None,
                                           architectures=["MixtralForCausalLM"])
+    if arch == "gemma3":  # local (sliding) and global layers alternating, a 16-token window
+        head_dim = size.hidden_size // size.num_heads
+        del common["rms_norm_eps"]
+        return transformers.Gemma3TextConfig(
+            **common, rms_norm_eps=1e-6, head_dim=head_dim, query_pre_attn_scalar=head_dim,
+            sliding_window=16, tie_word_embeddings=True, rope_local_base_freq=10000.0,
+            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(size.num_layers)],
+            architectures=["Gemma3ForCausalLM"],
+        )
     raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}.")
 
 
@@ -162,6 +173,11 @@ def make_demo_model(
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if size in LARGE_SIZES else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch == "gemma3":  # Gemma's norms start at 0 (a scale of 1): spread them so outputs vary
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(6.0 if ".post_" in name else 0.0, 1.0)
     model.generation_config.eos_token_id = ids["eos_token_id"]
     model.to(dtype).save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

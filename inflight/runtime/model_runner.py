@@ -30,7 +30,7 @@ from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.model.decoder import AttentionMetadata
 from inflight.runtime.model.loader import Progress, load_hf_config, load_model
-from inflight.runtime.model.rope import build_cos_sin_cache
+from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.scheduler import ScheduledChunk
 
 if TYPE_CHECKING:
@@ -156,9 +156,8 @@ class ModelRunner:
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
         self.block_size = config.block_size
         self.max_model_len = self._resolve_max_model_len(config)
-        self.cos_sin = build_cos_sin_cache(self.hf_config, self.spec.head_dim, self.max_model_len).to(
-            self.device
-        )
+        # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones
+        self.cos_sin = build_rope_tables(self.hf_config, self.spec, self.max_model_len).to(self.device)
         self.num_kv_blocks = self._resolve_num_blocks(config)
         if tp is not None:
             self.num_kv_blocks = tp.agree_num_blocks(self.num_kv_blocks)
@@ -212,10 +211,7 @@ class ModelRunner:
 
     # -- sizing ------------------------------------------------------------------------
     def _resolve_max_model_len(self, config: EngineConfig) -> int:
-        limit = self.spec.max_position_embeddings
-        if self.spec.sliding_window is not None and self.spec.sliding_window < limit:
-            logger.warning("capping max_model_len at the sliding window (%d tokens)", self.spec.sliding_window)
-            limit = self.spec.sliding_window
+        limit = self.spec.max_position_embeddings  # a sliding window is enforced in attention, not here
         if config.max_model_len is None:
             return limit
         if config.max_model_len > limit:

@@ -212,7 +212,7 @@ MODEL: tuple[VllmFlag, ...] = (
          "and grammar masks when a request has them)",
          "one mode only: the log-softmax before temperature"),
     switch("--use-fp64-gumbel", "the sampler's own precision is used"),
-    refused_on("--disable-sliding-window", "a sliding window is always honoured (max_model_len is capped at it)"),
+    refused_on("--disable-sliding-window", "a sliding window is always enforced in attention"),
     switch("--disable-cascade-attn", "no cascade attention here"),
     refused_on("--skip-tokenizer-init", "the tokenizer is always loaded"),
     refused_on("--enable-prompt-embeds", "no prompt embeddings as input"),

@@ -4,7 +4,9 @@ One flat token tensor holds every scheduled sequence back to back: single-token 
 sequences first, then prompt chunks. Attention and KV writes go through a
 :class:`~inflight.kernels.dispatch.KernelOps` bundle. q/k/v and gate/up projections are
 fused into one matmul each at load time. A mixture-of-experts model's expert layers take the
-dense MLP's place (:mod:`.moe`). Knows nothing about scheduling or sampling.
+dense MLP's place (:mod:`.moe`); Gemma 3's layers (sandwich norms, GELU-tanh MLP, scaled
+embeddings) take the other path of :meth:`CausalLM.forward`. A layer's sliding window and rope
+table come from the spec. Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.dispatch import KernelOps
@@ -46,10 +49,14 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
+    def __init__(
+        self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None, window: int | None = None
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.tp = tp
+        self.window = window  # keys after position - window are visible; None: all earlier ones
+        self.rope_table = 0  # which of the rope tables this layer rotates with (set by DecoderLayer)
         self.num_heads = layout.num_heads
         self.num_kv_heads = layout.num_kv_heads
         self.q_size = layout.num_heads * spec.head_dim
@@ -58,13 +65,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.scale = spec.head_dim**-0.5
+        self.scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
 
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
         positions: torch.Tensor,  # [num_tokens]
-        cos_sin: torch.Tensor,  # [max_position, head_dim]
+        cos_sin: torch.Tensor,  # [num_tables, max_position, head_dim]
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         ops: KernelOps,
@@ -79,27 +86,27 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)[0]
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)[0]
-        q, k = ops.rotary_embedding(positions, q, k, cos_sin)
+        q, k = ops.rotary_embedding(positions, q, k, cos_sin[self.rope_table])
         k_cache, v_cache = kv_cache
         ops.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        nd = meta.num_decode_tokens
+        nd, window = meta.num_decode_tokens, self.window
         if meta.num_prefills == 0:
             out = ops.paged_decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window
             )
         elif nd == 0:
             out = ops.paged_prefill_attention(
                 q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale, key=k, value=v,
+                meta.prefill_context_lens, self.scale, key=k, value=v, sliding_window=window,
             )
         else:
             out = torch.empty_like(q)
             out[:nd] = ops.paged_decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window
             )
             out[nd:] = ops.paged_prefill_attention(
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:],
+                meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:], sliding_window=window,
             )
         out = ops.linear(out.reshape(num_tokens, self.q_size), self.o_proj.weight, self.o_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
@@ -112,21 +119,48 @@ class MLP(nn.Module):
         self.intermediate_size = layout.intermediate_size
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(self.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.gelu = spec.hidden_act == "gelu_pytorch_tanh"  # Gemma 3; else SwiGLU
 
     def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        out = ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
+        act = gelu_tanh_and_mul(gate_up) if self.gelu else ops.silu_and_mul(gate_up)
+        out = ops.linear(act, self.down_proj.weight, self.down_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(spec, layout, tp)
+        self.self_attn = Attention(spec, layout, tp, spec.layer_window(index))
+        self.self_attn.rope_table = spec.layer_rope_table(index)
         sparse = spec.moe is not None and index in spec.moe.sparse_layers
         self.mlp = SparseMoe(spec, layout, tp) if sparse else MLP(spec, layout, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        if spec.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def sandwich_forward(
+        self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps,
+    ) -> torch.Tensor:  # fmt: skip
+        """Gemma 3's layer: a norm before and after attention and before and after the MLP,
+        each block's normed output added to the residual stream."""
+        x = ops.rms_norm(hidden, self.input_layernorm.weight, self.input_layernorm.eps)[0]
+        x = self.self_attn(x, positions, cos_sin, kv_cache, meta, ops)
+        x = ops.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)[0]
+        norm = self.pre_feedforward_layernorm
+        x, hidden = ops.rms_norm(x, norm.weight, norm.eps, hidden)  # hidden += x; x = norm(hidden)
+        x = self.mlp(x, ops)
+        x = ops.rms_norm(x, self.post_feedforward_layernorm.weight, self.post_feedforward_layernorm.eps)[0]
+        return hidden + x
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
+    """GeGLU (Gemma): ``gelu_tanh(gate) * up`` for ``gate_up`` [num_tokens, 2 * d] (gate, then up)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 class CausalLM(nn.Module):
@@ -155,6 +189,12 @@ class CausalLM(nn.Module):
         ops: KernelOps,
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
         hidden = self.embed(input_ids)
+        if self.spec.embed_scale is not None:
+            hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
+        if self.spec.sandwich_norms:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops)
+            return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)[0]
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             norm = layer.input_layernorm
@@ -177,6 +217,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, ops: KernelOps) -> torch.Tensor | None:
         """``[n, vocab]`` float32 logits; None on tensor-parallel ranks other than 0."""
         logits = ops.linear(hidden, self.lm_head.weight).float()
+        cap = self.spec.final_logit_softcapping
+        if cap is not None:  # elementwise, so before or after the vocab gather alike
+            logits = torch.tanh(logits / cap) * cap
         if self.tp is None:
             return logits
         gathered = self.tp.gather_vocab(logits)

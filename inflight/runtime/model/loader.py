@@ -160,6 +160,11 @@ def load_model(
             dest.copy_(tensor.to(dtype))
         loaded.add(f"{target}:{rows}")
     _check_complete(model, spec, loaded)
+    if spec.norm_plus_one:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once, here
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(1.0)
     model.eval()
     return model, config
 

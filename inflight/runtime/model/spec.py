@@ -1,7 +1,7 @@
 """ModelSpec: the architecture facts our decoder needs, read from a Hugging Face config.
 
 Knows which architectures we support and how each differs from Llama (Qwen2's qkv bias,
-Qwen3's q/k norm, Mistral's sliding window, Qwen3-MoE's and Mixtral's expert layers, in
+Qwen3's q/k norm, sliding windows and which layers have them, Qwen3-MoE's and Mixtral's expert layers, in
 :class:`MoeSpec`). Raises ``ValueError`` for anything else.
 """
 
@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -50,9 +51,28 @@ class ModelSpec:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
-    sliding_window: int | None
+    sliding_window: int | None  # the window of the layers in sliding_layers; None: no window anywhere
     hidden_act: str
     moe: MoeSpec | None = None  # None: every layer a dense MLP
+    sliding_layers: tuple[int, ...] = ()  # layers whose attention is windowed (see _sliding_layers)
+    # Gemma 3 (all defaults: the Llama family): sliding layers rotate with their own rope base
+    # (table 1 of the rope tables), RMSNorm scales by (1 + weight) (the loader adds the 1), a
+    # norm before and after the MLP as well as after attention, embeddings times
+    # sqrt(hidden_size), 1/sqrt(query_pre_attn_scalar) attention scale, tanh-capped logits.
+    local_rope: bool = False
+    norm_plus_one: bool = False
+    sandwich_norms: bool = False
+    embed_scale: float | None = None
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    final_logit_softcapping: float | None = None
+
+    def layer_window(self, index: int) -> int | None:
+        """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""
+        return self.sliding_window if index in self.sliding_layers else None
+
+    def layer_rope_table(self, index: int) -> int:
+        """Which rope table layer ``index`` rotates with: 1 for Gemma 3's local layers, else 0."""
+        return 1 if self.local_rope and index in self.sliding_layers else 0
 
 
 def spec_from_hf_config(config: Any) -> ModelSpec:
@@ -67,18 +87,17 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
             f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
             f"inflight serves {', '.join(sorted(SUPPORTED_ARCHITECTURES))} (see docs/models.md)."
         )
+    if arch == "gemma3_text":
+        return _gemma3_spec(config)
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
-    rope = _rope_parameters(config)
-    if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"unsupported rope type {rope.get('rope_type')!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}."
-        )
+    _check_rope(_rope_parameters(config))
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     sliding = getattr(config, "sliding_window", None)
     if arch in ("qwen2", "qwen3", "qwen3_moe") and not getattr(config, "use_sliding_window", False):
         sliding = None
+    sliding_layers = _sliding_layers(config, sliding)
     return ModelSpec(
         arch=arch,
         vocab_size=config.vocab_size,
@@ -95,10 +114,76 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         o_bias=arch not in ("qwen2",) and bool(getattr(config, "attention_bias", False)),
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
         qk_norm=arch in ("qwen3", "qwen3_moe"),
-        sliding_window=sliding,
+        sliding_window=sliding if sliding_layers else None,
         hidden_act="silu",
         moe=_moe_spec(arch, config),
+        sliding_layers=sliding_layers,
     )
+
+
+def _check_rope(rope: dict[str, Any]) -> None:
+    if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope type {rope.get('rope_type')!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}."
+        )
+
+
+def _gemma3_spec(config: Any) -> ModelSpec:
+    """Gemma 3 text: local (sliding, ``rope_local_base_freq``) and global layers as
+    ``layer_types`` says, GELU-tanh MLP, q/k norms, sandwich norms, scaled embeddings."""
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma 3 hidden_activation {act!r}; only gelu_pytorch_tanh is implemented.")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ValueError("Gemma 3 attn_logit_softcapping is not supported (the attention kernels do not cap scores).")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError("Gemma 3 use_bidirectional_attention is not supported: inflight serves causal decoders.")
+    for kind in ("full_attention", "sliding_attention"):
+        _check_rope(dict(config.rope_parameters.get(kind) or {}))
+    num_heads = config.num_attention_heads
+    window = config.sliding_window
+    sliding_layers = _sliding_layers(config, window)
+    return ModelSpec(
+        arch="gemma3_text",
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
+        qkv_bias=bool(getattr(config, "attention_bias", False)),
+        o_bias=bool(getattr(config, "attention_bias", False)),
+        mlp_bias=False,
+        qk_norm=True,
+        sliding_window=window if sliding_layers else None,
+        hidden_act="gelu_pytorch_tanh",
+        sliding_layers=sliding_layers,
+        local_rope=True,
+        norm_plus_one=True,
+        sandwich_norms=True,
+        embed_scale=config.hidden_size**0.5,
+        attn_scale=config.query_pre_attn_scalar**-0.5,
+        final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
+    )
+
+
+def _sliding_layers(config: Any, window: int | None) -> tuple[int, ...]:
+    """The layers whose attention is windowed, as transformers picks them: with ``layer_types``
+    (Qwen2/Qwen3: ``sliding_attention`` from ``max_window_layers`` on, when
+    ``use_sliding_window``), the ``sliding_attention`` ones; without (Mistral, Mixtral,
+    Qwen3-MoE), every layer when a window is set."""
+    if window is None:
+        return ()
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window must be a positive number of tokens (got {window!r}).")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return tuple(range(config.num_hidden_layers))
+    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
 def _moe_spec(arch: str, config: Any) -> MoeSpec | None:
