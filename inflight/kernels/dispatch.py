@@ -102,3 +102,24 @@ def _cpu_ops(device: torch.device, forced: bool) -> KernelOps:
         raise ValueError(f"kernel_backend=cpu: the native CPU kernels cannot be built: {where}.")
     logger.warning("native CPU kernels unavailable (%s); using the slower torch reference kernels", where)
     return TORCH_OPS
+
+
+def with_quantized_linear(ops: KernelOps) -> KernelOps:
+    """``ops`` whose ``linear`` also takes a GGUF block-quantized weight
+    (:class:`inflight.kernels.quant_reference.QuantizedWeight`): the native CPU kernels of
+    :mod:`inflight.kernels.cpu_quant` on the CPU, the torch reference elsewhere. Float weights
+    go to ``ops.linear`` unchanged. Only a model that holds quantized weights needs this."""
+    import dataclasses
+
+    from inflight.kernels import cpu_quant, quant_reference
+
+    base = ops.linear
+
+    def linear(x: torch.Tensor, weight: object, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, quant_reference.QuantizedWeight):
+            if ops.name == "torch" or x.device.type != "cpu":
+                return quant_reference.quant_linear(x, weight, bias)
+            return cpu_quant.quant_linear(x, weight, bias)
+        return base(x, weight, bias)
+
+    return dataclasses.replace(ops, name=f"{ops.name}+gguf-blocks", linear=linear)

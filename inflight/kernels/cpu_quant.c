@@ -1,0 +1,176 @@
+/* Native CPU kernels for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0), float32 activations,
+ * with the semantics of inflight/kernels/quant_reference.py.
+ *
+ * Built on first use by inflight/kernels/cpu_quant.py (same compiler, flags and cache as
+ * cpu_kernels.c). Few rows (decode): each thread takes output features; every block of a
+ * weight row is unpacked once into 32 floats d * q (registers) and dotted with up to four
+ * activation rows; Q4_1's min enters as m * sum(x block), the block sums computed once per
+ * call. The weight is read in its packed form (4.5-8.5 bits a weight instead of 32). Many
+ * rows (prefill): inflight_quant_dequantize_f32 dequantizes tiles of rows with exactly gguf's
+ * float32 arithmetic (no contraction into FMA: bit-identical to the reference) for a library
+ * GEMM on the Python side.
+ *
+ * Codes: 0 = Q4_0 (18 bytes: fp16 d, 16 nibble bytes), 1 = Q4_1 (20 bytes: fp16 d, fp16 m,
+ * 16 nibble bytes), 2 = Q8_0 (34 bytes: fp16 d, 32 int8). Nibble byte i holds weight i (low)
+ * and weight i + 16 (high).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half_to_float(const uint8_t *p) {  /* one instruction where the CPU has F16C */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+#else
+static inline float half_to_float(const uint8_t *p) {
+    const uint16_t h = (uint16_t)p[0] | ((uint16_t)p[1] << 8);
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalize */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                --exp;
+            }
+            bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    union { uint32_t u; float f; } v = {.u = bits};
+    return v.f;
+}
+#endif
+
+static inline int64_t block_bytes(int qtype) { return qtype == 0 ? 18 : qtype == 1 ? 20 : 34; }
+
+/* One row of k weights (k / 32 blocks) into out[k]. */
+__attribute__((optimize("fp-contract=off")))
+static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
+    const int64_t nb = k / 32, bb = block_bytes(qtype);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk = row + b * bb;
+        float *o = out + b * 32;
+        const float d = half_to_float(blk);
+        if (qtype == 2) {
+            const int8_t *q = (const int8_t *)(blk + 2);
+            for (int i = 0; i < 32; ++i) o[i] = (float)q[i] * d;
+        } else if (qtype == 1) {
+            const float m = half_to_float(blk + 2);
+            const uint8_t *q = blk + 4;
+            for (int i = 0; i < 16; ++i) {
+                o[i] = d * (float)(q[i] & 0x0F) + m;
+                o[i + 16] = d * (float)(q[i] >> 4) + m;
+            }
+        } else {
+            const uint8_t *q = blk + 2;
+            for (int i = 0; i < 16; ++i) {
+                o[i] = d * (float)((int)(q[i] & 0x0F) - 8);
+                o[i + 16] = d * (float)((int)(q[i] >> 4) - 8);
+            }
+        }
+    }
+}
+
+/* out[r, :] = dequant(w[r]) for n rows of row_bytes each; out is [n, k] contiguous. */
+void inflight_quant_dequantize_f32(const uint8_t *w, int qtype, float *out, int64_t n, int64_t k,
+                                   int num_threads) {
+    const int64_t row_bytes = k / 32 * block_bytes(qtype);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= (1 << 16))
+    for (int64_t j = 0; j < n; ++j) dequant_row(w + j * row_bytes, qtype, k, out + j * k);
+}
+
+/* The 32 weights of one block as d * q (without Q4_1's min, which is added through the
+ * activation's block sums), for the fused dot products below. */
+static inline float block_scaled(const uint8_t *blk, int qtype, float *w, float *min) {
+    const float d = half_to_float(blk);
+    if (qtype == 2) {
+        const int8_t *q = (const int8_t *)(blk + 2);
+#pragma omp simd
+        for (int i = 0; i < 32; ++i) w[i] = d * (float)q[i];
+        *min = 0.0f;
+        return d;
+    }
+    const uint8_t *q = blk + (qtype == 1 ? 4 : 2);
+    const int offset = qtype == 1 ? 0 : 8;
+#pragma omp simd
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * (float)((int)(q[i] & 0x0F) - offset);
+        w[i + 16] = d * (float)((int)(q[i] >> 4) - offset);
+    }
+    *min = qtype == 1 ? half_to_float(blk + 2) : 0.0f;
+    return d;
+}
+
+/* Dot products of one packed weight row with R (1-4, a constant after inlining) activation
+ * rows: lanes stay in registers, each block is unpacked once for all R rows. */
+static inline __attribute__((always_inline)) void row_dots(
+    const uint8_t *wr, int qtype, const float *x, const float *xsum, int64_t k, int64_t nb,
+    int R, float *dots) {
+    float lanes[4][32] = {{0.0f}}, mins[4] = {0.0f};
+    const int64_t bb = block_bytes(qtype);
+    for (int64_t b = 0; b < nb; ++b) {
+        float wb[32], mn;
+        block_scaled(wr + b * bb, qtype, wb, &mn);
+        for (int r = 0; r < R; ++r) {
+            const float *xb = x + r * k + b * 32;
+#pragma omp simd
+            for (int i = 0; i < 32; ++i) lanes[r][i] += xb[i] * wb[i];
+            if (xsum != NULL) mins[r] += mn * xsum[r * nb + b];
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float acc = 0.0f;
+        for (int i = 0; i < 32; ++i) acc += lanes[r][i];
+        dots[r] = acc + mins[r];
+    }
+}
+
+/* out[m, n] = x[m, k] . dequant(w)[n, k]^T (+ bias[n]); x and out contiguous, bias may be
+ * NULL. Split across threads by output feature; activation rows four at a time. Each block
+ * is unpacked into 32 scaled floats (d * q) and dotted with the block's slice of each row;
+ * Q4_1's min contributes min * sum(x slice), the slice sums computed once per call. Returns
+ * 0, or -1 when the slice sums cannot be allocated. */
+int inflight_quant_linear_f32(const float *x, const uint8_t *w, int qtype, const float *bias,
+                              float *out, int64_t m, int64_t n, int64_t k, int num_threads) {
+    const int64_t nb = k / 32, row_bytes = nb * block_bytes(qtype);
+    float *xsum = NULL;
+    if (qtype == 1) {
+        xsum = malloc(sizeof(float) * m * nb);  /* [m, nb] */
+        if (xsum == NULL) return -1;
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t b = 0; b < nb; ++b) {
+                float s = 0.0f;
+                for (int i = 0; i < 32; ++i) s += x[r * k + b * 32 + i];
+                xsum[r * nb + b] = s;
+            }
+    }
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= (1 << 16))
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t *wr = w + j * row_bytes;
+        const float bj = bias != NULL ? bias[j] : 0.0f;
+        for (int64_t r0 = 0; r0 < m; r0 += 4) {
+            const int64_t rows = m - r0 < 4 ? m - r0 : 4;
+            const float *xr = x + r0 * k, *xs = xsum != NULL ? xsum + r0 * nb : NULL;
+            float dots[4];
+            switch (rows) {
+                case 4: row_dots(wr, qtype, xr, xs, k, nb, 4, dots); break;
+                case 3: row_dots(wr, qtype, xr, xs, k, nb, 3, dots); break;
+                case 2: row_dots(wr, qtype, xr, xs, k, nb, 2, dots); break;
+                default: row_dots(wr, qtype, xr, xs, k, nb, 1, dots);
+            }
+            for (int64_t r = 0; r < rows; ++r) out[(r0 + r) * n + j] = dots[r] + bj;
+        }
+    }
+    free(xsum);
+    return 0;
+}

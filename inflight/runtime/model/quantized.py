@@ -1,0 +1,169 @@
+"""Serving a GGUF file's linear weights in their own block quantization (Q4_0, Q4_1, Q8_0).
+
+:func:`read_quantized_weights` reads the GGUF tensors of the supported block types as
+:class:`~inflight.kernels.quant_reference.QuantizedWeight` under their transformers names,
+with llama.cpp's q/k row permutation undone on the packed rows (rows are independent, so
+the blocks move whole). :func:`quantize_model` swaps them into a loaded :class:`CausalLM`:
+q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` (rows concatenated, when the parts
+share a type), ``o_proj``, ``down_proj``, the LM head, and the token embedding (a
+:class:`QuantizedEmbedding` that dequantizes the rows it looks up). A module whose tensor is
+another type (F32, F16, K-quants) keeps its float weight. :func:`quantize_runner` does that
+to a model runner and gives it kernels whose ``linear`` takes quantized weights; the decoder
+code is unchanged (it passes ``module.weight`` to ``ops.linear``).
+
+Opt-in: nothing calls this unless asked (``quantization="gguf"``); the default path
+dequantizes the GGUF file to float as before. Single-rank only. Knows nothing about serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from inflight.kernels import cpu_quant, quant_reference
+from inflight.kernels.dispatch import with_quantized_linear
+from inflight.kernels.quant_reference import BLOCK_BYTES, QuantizedWeight
+from inflight.runtime.model.gguf_convert import check_supported, hf_tensor_name, unpermute_rows
+
+QUANTIZATION_MODES = ("none", "gguf")
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizationSummary:
+    """What :func:`quantize_model` did: modules swapped, kept float, and weight bytes."""
+
+    num_quantized: int
+    kept_float: tuple[str, ...]
+    quantized_bytes: int  # the packed blocks now resident
+    float32_bytes: int  # what the same weights take as float32
+
+
+class QuantizedEmbedding(nn.Module):
+    """An embedding table kept in GGUF blocks; looks rows up and dequantizes them."""
+
+    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = weight
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        ids = input_ids.reshape(-1)
+        if self.weight.blocks.device.type == "cpu":
+            rows = cpu_quant.quant_embedding(ids, self.weight)
+        else:
+            rows = quant_reference.quant_embedding(ids, self.weight)
+        return rows.to(self.dtype).reshape(*input_ids.shape, self.weight.in_features)
+
+
+def read_quantized_weights(gguf_path: str | Path, device: torch.device | None = None) -> dict[str, QuantizedWeight]:
+    """transformers name -> packed weight, for every 2-D tensor of a supported block type."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    info = check_supported(reader)
+    out: dict[str, QuantizedWeight] = {}
+    for tensor in reader.tensors:
+        qtype = tensor.tensor_type.name
+        name = hf_tensor_name(tensor.name)
+        if qtype not in BLOCK_BYTES or name is None or len(tensor.shape) != 2:
+            continue
+        blocks = np.asarray(tensor.data, dtype=np.uint8)  # [rows, row_bytes]
+        if tensor.name.endswith("attn_q.weight"):
+            blocks = unpermute_rows(blocks, info.num_heads)
+        elif tensor.name.endswith("attn_k.weight"):
+            blocks = unpermute_rows(blocks, info.num_kv_heads)
+        packed = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
+        out[name] = QuantizedWeight(qtype, packed if device is None else packed.to(device), int(tensor.shape[0]))
+    return out
+
+
+def _concat(parts: list[QuantizedWeight | None]) -> QuantizedWeight | None:
+    if any(p is None for p in parts) or len({p.qtype for p in parts}) != 1:  # type: ignore[union-attr]
+        return None
+    first = parts[0]
+    assert first is not None
+    return QuantizedWeight(first.qtype, torch.cat([p.blocks for p in parts]), first.in_features)  # type: ignore[union-attr]
+
+
+def _swap(linear: nn.Linear, weight: QuantizedWeight | None, name: str, summary: dict[str, Any]) -> None:
+    if weight is None or tuple(weight.shape) != tuple(linear.weight.shape):
+        summary["kept"].append(name)
+        return
+    summary["f32"] += linear.weight.numel() * 4
+    summary["bytes"] += weight.nbytes
+    summary["n"] += 1
+    del linear.weight  # the Parameter goes; a plain attribute the decoder passes to ops.linear
+    linear.weight = weight  # type: ignore[assignment]
+
+
+def quantize_model(model: Any, weights: dict[str, QuantizedWeight]) -> QuantizationSummary:
+    """Swap ``weights`` into ``model`` (a single-rank :class:`CausalLM`) in place."""
+    if model.tp is not None or model.spec.moe is not None:
+        raise ValueError("quantization=gguf serves single-rank dense models only (no tensor parallel, no MoE).")
+    summary: dict[str, Any] = {"kept": [], "f32": 0, "bytes": 0, "n": 0}
+    for i, layer in enumerate(model.layers):
+        pre = f"model.layers.{i}"
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = _concat([weights.get(f"{pre}.self_attn.{p}_proj.weight") for p in "qkv"])
+        _swap(attn.qkv_proj, qkv, f"{pre}.self_attn.qkv_proj", summary)
+        _swap(attn.o_proj, weights.get(f"{pre}.self_attn.o_proj.weight"), f"{pre}.self_attn.o_proj", summary)
+        gate_up = _concat([weights.get(f"{pre}.mlp.{p}_proj.weight") for p in ("gate", "up")])
+        _swap(mlp.gate_up_proj, gate_up, f"{pre}.mlp.gate_up_proj", summary)
+        _swap(mlp.down_proj, weights.get(f"{pre}.mlp.down_proj.weight"), f"{pre}.mlp.down_proj", summary)
+    embed = weights.get("model.embed_tokens.weight")
+    head = embed if model.spec.tie_word_embeddings else weights.get("lm_head.weight")
+    dtype = model.embed_tokens.weight.dtype
+    _swap(model.lm_head, head, "lm_head", summary)
+    if embed is not None and tuple(embed.shape) == tuple(model.embed_tokens.weight.shape):
+        if head is not embed:  # untied: the head's float weight was counted above, not the table
+            summary["f32"] += embed.shape[0] * embed.shape[1] * 4
+            summary["bytes"] += embed.nbytes
+        model.embed_tokens = QuantizedEmbedding(embed, dtype)
+    else:
+        summary["kept"].append("model.embed_tokens")
+    return QuantizationSummary(summary["n"], tuple(summary["kept"]), summary["bytes"], summary["f32"])
+
+
+def quantize_runner(runner: Any, gguf_path: str | Path) -> QuantizationSummary:
+    """Serve ``runner``'s model with the GGUF file's packed weights (see module docstring)."""
+    summary = quantize_model(runner.model, read_quantized_weights(gguf_path, runner.device))
+    runner.ops = with_quantized_linear(runner.ops)
+    return summary
+
+
+def quantized_llm(model: str | Path, quantization: str = "gguf", **engine_config: Any) -> Any:
+    """An offline :class:`~inflight.runtime.LLM` for a ``.gguf`` file; ``quantization="gguf"``
+    serves its Q4_0/Q4_1/Q8_0 tensors packed, ``"none"`` dequantizes them as ``LLM`` does.
+    The float weights are loaded first and dropped by the swap (peak memory: both)."""
+    from inflight.runtime import LLM
+    from inflight.runtime.model.gguf_source import is_gguf_file
+
+    if quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)} (got {quantization!r}).")
+    if quantization == "gguf" and not is_gguf_file(Path(model)):
+        raise ValueError(f"quantization=gguf needs a .gguf file (got {model}).")
+    llm = LLM(model, **engine_config)
+    if quantization == "gguf":
+        quantize_runner(llm.engine.runner, model)
+    return llm
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer plus every packed weight the model holds."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    for module in model.modules():
+        w = module.__dict__.get("weight")
+        if isinstance(w, QuantizedWeight) and id(w) not in seen:
+            seen.add(id(w))
+            total += w.nbytes
+    return total
