@@ -24,6 +24,7 @@ import tempfile
 import threading
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,13 +61,13 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, target: Path) -> str | None:
-    """Compile into ``target`` atomically; the compiler's complaint on failure."""
+def _build(compiler: str, source: Path, target: Path, libs: tuple[str, ...]) -> str | None:
+    """Compile ``source`` into ``target`` atomically; the compiler's complaint on failure."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
+        proc = subprocess.run([compiler, *CFLAGS, str(source), "-o", tmp, *libs],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             return f"{compiler} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
@@ -77,20 +78,21 @@ def _build(compiler: str, target: Path) -> str | None:
             os.unlink(tmp)
 
 
-@lru_cache(maxsize=1)
-def load_library() -> tuple[ctypes.CDLL | None, str]:
-    """The loaded kernels and where they came from, or ``(None, why not)``."""
+def compile_library(source: Path, stem: str, signatures: dict[str, tuple[Any, list[Any]]],
+                    libs: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """``source`` compiled once per source, flags, CPU model and compiler into the cache
+    (``<stem>-<machine>-<key>.so``) and loaded with ``signatures`` set; or ``(None, why not)``."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler found (install gcc, or set CC)"
     key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
+        source.read_bytes() + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
     ).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"cpu_kernels-{platform.machine()}-{key}.so"
+    target = cache_root() / "kernels" / f"{stem}-{platform.machine()}-{key}.so"
     with _LOCK:
         if not target.exists():
             try:
-                error = _build(compiler, target)
+                error = _build(compiler, source, target, libs)
             except (OSError, subprocess.SubprocessError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             if error is not None:
@@ -99,10 +101,16 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"cannot load {target}: {exc}"
-    for name, (restype, argtypes) in _SIGNATURES.items():
+    for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib, str(target)
+
+
+@lru_cache(maxsize=1)
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """The loaded kernels and where they came from, or ``(None, why not)``."""
+    return compile_library(SOURCE, "cpu_kernels", _SIGNATURES, ("-lm",))
 
 
 def _lib() -> ctypes.CDLL:

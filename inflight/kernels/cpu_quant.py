@@ -12,24 +12,15 @@ cache folder, keyed by this source. Knows nothing about models or GGUF files.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from inflight.cache import cache_root
 from inflight.kernels import cpu_native, quant_reference
 from inflight.kernels.quant_reference import QTYPE_IDS, QuantizedWeight
 
 SOURCE = Path(__file__).with_name("cpu_quant.c")
-_LOCK = threading.Lock()
 _i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "inflight_quant_dequantize_f32": (None, [_ptr, _int, _ptr, _i64, _i64, _int]),
@@ -41,49 +32,10 @@ FEW_ROWS = 8
 TILE_ROWS = 256  # weight rows dequantized per GEMM in the many-row path
 
 
-def _build(compiler: str, target: Path) -> str | None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([compiler, *cpu_native.CFLAGS, str(SOURCE), "-o", tmp],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            return f"{compiler} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
-        os.replace(tmp, target)
-        return None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 @lru_cache(maxsize=1)
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """The loaded kernels and where they came from, or ``(None, why not)``."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return None, "no C compiler found (install gcc, or set CC)"
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(cpu_native.CFLAGS).encode() + cpu_native._cpu_model().encode()
-        + compiler.encode()
-    ).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"cpu_quant-{platform.machine()}-{key}.so"
-    with _LOCK:
-        if not target.exists():
-            try:
-                error = _build(compiler, target)
-            except (OSError, subprocess.SubprocessError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            if error is not None:
-                return None, error
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        return None, f"cannot load {target}: {exc}"
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib, str(target)
+    return cpu_native.compile_library(SOURCE, "cpu_quant", _SIGNATURES)
 
 
 def _native_ok(x: torch.Tensor, weight: QuantizedWeight) -> bool:
