@@ -7,9 +7,10 @@ flags (--model, --host, --port, ...) are the only hand-written ones. Every flag 
 serve`` is answered (``vllm_flags``, wired by ``cli_vllm``): an alias of an inflight flag, a
 notice, or a refusal naming why; any other flag is a usage error with the closest known flag;
 abbreviations are off. Before anything heavy it checks what a user gets wrong on day one, each
-reported in one line: a bad value (with ``serve``'s usage), a port out of range or a host that
-does not resolve, a model path that is not a model, a port in use, a tokenizer that does not
-load, a ``--max-model-len`` past the model's, a KV cache smaller than one sequence. A ``.gguf``
+reported in one line: a bad value (with ``serve``'s usage), then, through ``preflight``, a port
+out of range or a host that does not resolve, a model path that is not a model, a port in use,
+a tokenizer that does not load, a ``--max-model-len`` past the model's, a KV cache smaller than
+one sequence. A ``.gguf``
 model is converted once into a cached directory (``gguf_source``); ``--tokenizer`` and
 ``--chat-template`` (a file, a builtin name from ``chat_templates``, or the template itself) are
 served through an overlay of the model directory (``serving_dir``). ``--generation-config`` and
@@ -24,30 +25,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import errno
 import logging
 import os
-import socket
 import sys
 import typing
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import SimpleNamespace
+from collections.abc import Sequence
 from typing import Any
 
 from inflight import __version__
-from inflight.runtime import cli_vllm
+from inflight.runtime import cli_vllm, preflight
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
 from inflight.runtime.server.state import ServerSettings
-from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, renders_tools, tool_parser_choices
+from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
 SINGLE_PROCESS_ENV = "INFLIGHT_SINGLE_PROCESS"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
-MAX_PORT = 65535
 
 logger = logging.getLogger("inflight.cli")
 
@@ -180,8 +176,8 @@ def _port(text: str) -> int:
         port = int(text)
     except ValueError:
         port = -1
-    if not 0 <= port <= MAX_PORT:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1..{MAX_PORT} (0: any free port)")
+    if not 0 <= port <= preflight.MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1..{preflight.MAX_PORT} (0: any free port)")
     return port
 
 
@@ -248,105 +244,6 @@ def access_log_from_args(args: argparse.Namespace) -> Any:
     return AccessLog(enabled=args.access_log, exclude=exclude)
 
 
-def host_problem(host: str) -> str | None:
-    """Why ``--host`` cannot be bound because it names no address (one line), or ``None``."""
-    try:
-        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
-        return f"--host {host}: cannot resolve it ({reason})"
-    return None
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be bound right now (one line), or ``None`` when it can."""
-    if not 0 <= port <= MAX_PORT:
-        return f"--port {port}: not a port (use 1..{MAX_PORT}, or 0 for any free port)"
-    problem = host_problem(host)
-    if problem or port == 0:
-        return problem
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is already in use (another server?); choose another with --port"
-            return f"cannot bind {host}:{port}: {exc.strerror}"
-    return None
-
-
-def kv_cache_problem(engine: Any) -> str | None:
-    """vLLM's start-up refusal: the KV cache must hold at least one full-length sequence."""
-    capacity = engine.config.num_kv_blocks * engine.config.block_size
-    if capacity >= engine.max_model_len:
-        return None
-    return (f"the KV cache holds {capacity} tokens, fewer than one full-length sequence "
-            f"(max_model_len {engine.max_model_len}); raise --num-kv-blocks (on CUDA: "
-            "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
-
-
-def model_len_limit(spec: Any) -> tuple[int, str]:
-    """(the longest sequence the model supports, where that comes from), as the runner caps it
-    (a sliding window does not cap it: attention enforces the window)."""
-    return spec.max_position_embeddings, "its max_position_embeddings"
-
-
-def _prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Callable[[str], None]) -> Path:
-    """The directory to serve (a GGUF file converted once; an overlay for --tokenizer or
-    --chat-template), with its tokenizer, template, architecture, --max-model-len and, when the
-    block count is explicit, the KV cache size checked before any weight loads."""
-    from inflight.runtime import chat_templates
-    from inflight.runtime.model.gguf_source import resolve_model_dir
-    from inflight.runtime.model.loader import load_hf_config
-    from inflight.runtime.model.spec import spec_from_hf_config
-    from inflight.runtime.serving_dir import read_chat_template, serving_dir
-
-    model_dir = resolve_model_dir(args.model, progress)
-    template = read_chat_template(chat_templates.resolve(args.chat_template)) if args.chat_template is not None else None
-    tokenizer_dir = Path(args.tokenizer) if args.tokenizer is not None else None
-    served = serving_dir(model_dir, tokenizer_dir, template)
-    if served != model_dir:
-        progress(f"serving {model_dir} with the tokenizer of {tokenizer_dir or model_dir}"
-                 f"{' and the given chat template' if template is not None else ''} (overlay {served})")
-    tokenizer = _check_tokenizer(served, template is not None)
-    if (args.enable_auto_tool_choice or args.tool_call_parser) and not renders_tools(tokenizer.chat_template):
-        logger.warning("the chat template does not render tools: tool_choice 'auto' requests will be refused "
-                       "(400); give one that does with --chat-template (SmolLM2: --chat-template smollm2-tools)")
-    spec = spec_from_hf_config(load_hf_config(served))
-    limit, source = model_len_limit(spec)
-    if config.max_model_len is not None and config.max_model_len > limit:
-        raise ValueError(f"--max-model-len {config.max_model_len} is longer than the model supports ({limit}, "
-                         f"{source} in {model_dir}/config.json); lower it or leave it unset")
-    if config.num_kv_blocks is not None:
-        known = SimpleNamespace(config=config, max_model_len=config.max_model_len or limit)
-        refusal = kv_cache_problem(known)
-        if refusal:
-            raise ValueError(refusal)
-    return served
-
-
-def _check_tokenizer(model_dir: Path, given_template: bool) -> Any:
-    from jinja2 import TemplateError
-
-    from inflight.runtime.tokenizer import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(model_dir)
-    except Exception as exc:  # transformers raises many kinds; all mean the same to the user
-        raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
-    if not given_template:
-        return tokenizer
-    try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    except TemplateError as exc:
-        raise ValueError(f"--chat-template: the template does not render: {exc}") from exc
-    except Exception:  # noqa: BLE001 - the template's own checks on these messages; requests will tell
-        pass
-    return tokenizer
-
-
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
     from inflight.runtime.generation_defaults import load_sampling_defaults, source_problem
     from inflight.runtime.model.gguf_source import model_dir_problem
@@ -360,13 +257,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         settings = server_settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    problem = model_dir_problem(args.model) or host_problem(args.host)
+    problem = model_dir_problem(args.model) or preflight.host_problem(args.host)
     if problem is None and args.tokenizer is not None:
         problem = tokenizer_dir_problem(args.tokenizer)
     problem = problem or source_problem(args.generation_config)
     if problem:
         parser.error(problem)
-    in_use = port_problem(args.host, args.port)
+    in_use = preflight.port_problem(args.host, args.port)
     if in_use:
         print(f"inflight serve: error: {in_use}", file=sys.stderr)
         return 1
@@ -375,7 +272,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         logger.warning("%s", line)
     progress = logging.getLogger("inflight.loading")
     try:
-        model_dir = _prepare_model(args, config, progress.info)
+        model_dir = preflight.prepare_model(args, config, progress.info)
         settings = dataclasses.replace(settings, sampling_defaults=load_sampling_defaults(
             args.generation_config, model_dir, args.override_generation_config))
     except ValueError as exc:
@@ -387,7 +284,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
 
         progress.info("loading %s with %s", model_dir, config.to_dict())
         engine = LLMEngine.from_model_dir(model_dir, config, progress=progress.info)
-        refusal = kv_cache_problem(engine)
+        refusal = preflight.kv_cache_problem(engine)
         if refusal:
             raise ValueError(refusal)
         if args.stats_log:

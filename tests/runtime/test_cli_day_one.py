@@ -15,14 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from inflight import __version__
-from inflight.runtime.cli import (
-    build_parser,
-    engine_config_from_args,
-    kv_cache_problem,
-    main,
-    port_problem,
-)
+from inflight.runtime.cli import build_parser, engine_config_from_args, main
 from inflight.runtime.outputs import EngineStats
+from inflight.runtime.preflight import kv_cache_problem, port_problem
 from inflight.runtime.server.logs import configure_logging
 from inflight.runtime.stats_log import stats_line
 

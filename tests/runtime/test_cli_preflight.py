@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime.cli import main, port_problem
+from inflight.runtime.cli import main
+from inflight.runtime.preflight import port_problem
 from inflight.runtime.serving_dir import read_chat_template, serving_dir
 from inflight.runtime.tokenizer import load_tokenizer
 

@@ -86,8 +86,8 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
 
 
 def _load(launch: CoreLaunch) -> Any:
-    from inflight.runtime.cli import kv_cache_problem
     from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.preflight import kv_cache_problem
     from inflight.runtime.stats_log import start_stats_log
 
     progress = logging.getLogger("inflight.loading")
