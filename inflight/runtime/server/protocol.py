@@ -19,11 +19,11 @@ from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, b
 from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.request_features import (
     RequestFeatures,
-    chat_message,
     engine_prompt_logprobs,
     logprobs_count,
     parse_features,
 )
+from inflight.runtime.server.tool_requests import chat_message
 
 MAX_N = 16
 MAX_PROMPTS = 64
