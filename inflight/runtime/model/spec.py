@@ -92,23 +92,13 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
     _check_rope(_rope_parameters(config))
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     sliding = getattr(config, "sliding_window", None)
     if arch in ("qwen2", "qwen3", "qwen3_moe") and not getattr(config, "use_sliding_window", False):
         sliding = None
     sliding_layers = _sliding_layers(config, sliding)
     return ModelSpec(
         arch=arch,
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=num_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-        head_dim=head_dim,
-        rms_norm_eps=config.rms_norm_eps,
-        max_position_embeddings=config.max_position_embeddings,
+        **_shape_fields(config),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(getattr(config, "attention_bias", False)),
         o_bias=arch not in ("qwen2",) and bool(getattr(config, "attention_bias", False)),
@@ -119,6 +109,22 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         moe=_moe_spec(arch, config),
         sliding_layers=sliding_layers,
     )
+
+
+def _shape_fields(config: Any) -> dict[str, Any]:
+    """The fields every decoder's spec reads the same way: sizes, heads, norm epsilon, length."""
+    num_heads = config.num_attention_heads
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_layers": config.num_hidden_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": getattr(config, "num_key_value_heads", None) or num_heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
 
 
 def _check_rope(rope: dict[str, Any]) -> None:
@@ -140,20 +146,11 @@ def _gemma3_spec(config: Any) -> ModelSpec:
         raise ValueError("Gemma 3 use_bidirectional_attention is not supported: inflight serves causal decoders.")
     for kind in ("full_attention", "sliding_attention"):
         _check_rope(dict(config.rope_parameters.get(kind) or {}))
-    num_heads = config.num_attention_heads
     window = config.sliding_window
     sliding_layers = _sliding_layers(config, window)
     return ModelSpec(
         arch="gemma3_text",
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=num_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
-        rms_norm_eps=config.rms_norm_eps,
-        max_position_embeddings=config.max_position_embeddings,
+        **_shape_fields(config),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
         qkv_bias=bool(getattr(config, "attention_bias", False)),
         o_bias=bool(getattr(config, "attention_bias", False)),
