@@ -202,7 +202,7 @@ async def _tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kop
     current = state.good_generation == meta.get("generation")
     reconcile.seed_from_status(state, body.get("status"))
     owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
-    drifted = await reconcile.drifted_children(ctx, spec, owner)
+    drifted, deployment = await reconcile.drifted_children(ctx, spec, owner)
     if drifted:  # level-triggered: a deleted or hand-edited child is put back
         logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
         for child in drifted:
@@ -211,7 +211,7 @@ async def _tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kop
             await reconcile.apply_children(ctx, spec, owner)
         except reconcile.SpecRejected as exc:
             logger.warning("could not repair the children: %s", exc)
-    deployment = await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)
+        deployment = await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)  # as repaired
     if deployment is None:
         return
     pods = await reconcile.list_pods(ctx, spec)

@@ -158,17 +158,22 @@ def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> 
         state.last_scale_time = status.parse_rfc3339((cr_status or {}).get("lastScaleTime"))
 
 
-async def drifted_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> list[str]:
+async def drifted_children(
+    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner
+) -> tuple[list[str], dict[str, Any] | None]:
     """The children that are gone or no longer hold what the spec sets (a hand edit, a
-    deletion): "Kind/name" of each. One read per child."""
-    out = []
+    deletion): "Kind/name" of each; and the live Deployment as read (the tick's status comes
+    from it when nothing drifted). One read per child."""
+    out, deployment = [], None
     owner, _ = await keyed_owner(ctx, spec, owner)
     for kind, body, patch in rendered_children(spec, owner):
         name = body["metadata"]["name"]
         live = await ctx.kube.get(kind, spec.namespace, name)
+        if kind == DEPLOYMENTS and name == spec.name:
+            deployment = live
         if applied.drifted(live, applied.without_nulls(patch)):
             out.append(f"{body['kind']}/{name}")
-    return out
+    return out, deployment
 
 
 def pool_children(name: str) -> list[tuple[Kind, str]]:
