@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -104,22 +105,56 @@ def _cpu_ops(device: torch.device, forced: bool) -> KernelOps:
     return TORCH_OPS
 
 
-def with_quantized_linear(ops: KernelOps) -> KernelOps:
-    """``ops`` whose ``linear`` also takes a GGUF block-quantized weight
-    (:class:`inflight.kernels.quant_reference.QuantizedWeight`): the native CPU kernels of
-    :mod:`inflight.kernels.cpu_quant` on the CPU, the torch reference elsewhere. Float weights
-    go to ``ops.linear`` unchanged. Only a model that holds quantized weights needs this."""
-    import dataclasses
+def packed_linear_kernels() -> dict[type, tuple[Callable[..., torch.Tensor], ...]]:
+    """Packed weight type -> its ``(reference, cpu, triton)`` linear kernels, each
+    ``(x, weight, bias) -> out`` with the float ``linear``'s signature. ``cpu`` and
+    ``triton`` may be ``None`` (no such kernel: the reference runs, and
+    :func:`packed_linear_backend` says so). The one place a new packed format is wired in."""
+    return _packed_table()
 
+
+@lru_cache(maxsize=1)
+def _packed_table() -> dict[type, tuple[Callable[..., torch.Tensor], ...]]:
     from inflight.kernels import cpu_quant, quant_reference
 
+    return {
+        quant_reference.QuantizedWeight: (quant_reference.quant_linear, cpu_quant.quant_linear, None),
+    }
+
+
+def packed_linear_backend(ops_name: str, weight: object, device: torch.device) -> str:
+    """Which kernel ``with_quantized_linear(ops).linear`` runs for ``weight`` on ``device``:
+    ``"cpu"``, ``"triton"`` or ``"torch"`` (the dequantize-then-matmul reference)."""
+    kernels = _packed_table().get(type(weight))
+    if kernels is None:
+        raise TypeError(f"no linear kernel for packed weight type {type(weight).__name__}")
+    return _backend(ops_name, kernels, device)
+
+
+def _backend(ops_name: str, kernels: tuple[Callable[..., torch.Tensor] | None, ...], device: torch.device) -> str:
+    if ops_name == "torch":
+        return "torch"
+    if device.type == "cpu" and kernels[1] is not None:
+        return "cpu"
+    if device.type != "cpu" and kernels[2] is not None:
+        return "triton"
+    return "torch"
+
+
+def with_quantized_linear(ops: KernelOps) -> KernelOps:
+    """``ops`` whose ``linear`` also takes packed (quantized) weights: each type in
+    :func:`packed_linear_kernels`, on the kernel :func:`packed_linear_backend` picks. Float
+    weights go to ``ops.linear`` unchanged. Only a model that holds packed weights needs this."""
+    import dataclasses
+
+    table = _packed_table()
     base = ops.linear
+    slot = {"torch": 0, "cpu": 1, "triton": 2}
 
     def linear(x: torch.Tensor, weight: object, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if isinstance(weight, quant_reference.QuantizedWeight):
-            if ops.name == "torch" or x.device.type != "cpu":
-                return quant_reference.quant_linear(x, weight, bias)
-            return cpu_quant.quant_linear(x, weight, bias)
-        return base(x, weight, bias)
+        kernels = table.get(type(weight))
+        if kernels is None:
+            return base(x, weight, bias)
+        return kernels[slot[_backend(ops.name, kernels, x.device)]](x, weight, bias)
 
-    return dataclasses.replace(ops, name=f"{ops.name}+gguf-blocks", linear=linear)
+    return dataclasses.replace(ops, name=f"{ops.name}+packed", linear=linear)

@@ -37,7 +37,7 @@ def test_quantized_greedy_is_token_exact_with_transformers(smollm2_dir: Path, sm
     float_bytes = resident_weight_bytes(llm.engine.runner.model)
     summary = quantize_runner(llm.engine.runner, smollm2_gguf)
     assert summary.num_quantized == 4 * 30 + 1 and summary.kept_float == ()  # 4 linears a layer, the head
-    assert llm.engine.runner.ops.name.endswith("+gguf-blocks")
+    assert llm.engine.runner.ops.name.endswith("+packed")
     assert resident_weight_bytes(llm.engine.runner.model) < float_bytes / 4
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))]
     theirs = [_hf_greedy(hf_gguf_model, p) for p in prompts]
@@ -52,6 +52,6 @@ def test_quantized_llm_entry_point(smollm2_dir: Path, smollm2_gguf: Path) -> Non
     with pytest.raises(ValueError, match="needs a .gguf file"):
         quantized_llm(smollm2_dir, **ENGINE)
     llm = quantized_llm(smollm2_gguf, **ENGINE)
-    assert llm.engine.runner.ops.name.endswith("+gguf-blocks")
+    assert llm.engine.runner.ops.name.endswith("+packed")
     out = llm.generate("The capital of France is", SamplingParams(max_tokens=4, temperature=0))
     assert len(out[0].token_ids) == 4
