@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.model.gguf_smollm2 import GGUF_MEMBER, default_models_dir, ensure_smollm2
-from inflight.runtime.model.quantized import quantize_runner, resident_weight_bytes
+from inflight.runtime.model.gguf_smollm2 import default_models_dir, ensure_smollm2
+from inflight.runtime.model.quantized import resident_weight_bytes
 
 ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu", dtype="float32")
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 30, 2]  # a short fixed prompt (ids)
@@ -42,15 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=default_models_dir())
     args = parser.parse_args(argv)
     model_dir = ensure_smollm2(args.models_dir)
-    gguf = model_dir.parent / Path(GGUF_MEMBER).name
-    dense = LLM(str(model_dir), **ENGINE)
-    quant = LLM(str(model_dir), **ENGINE)
-    summary = quantize_runner(quant.engine.runner, gguf)
+    dense = LLM(str(model_dir), quantization="none", **ENGINE)
+    quant = LLM(str(model_dir), quantization="gguf", **ENGINE)  # the directory links to its GGUF file
     dense_bytes = resident_weight_bytes(dense.engine.runner.model)
     quant_bytes = resident_weight_bytes(quant.engine.runner.model)
     print(f"weights resident: float32 {dense_bytes / 2**20:.1f} MiB, gguf blocks {quant_bytes / 2**20:.1f} MiB "
-          f"(ratio {quant_bytes / dense_bytes:.3f}); quantized linears {summary.num_quantized}: "
-          f"{summary.quantized_bytes / 2**20:.1f} MiB packed vs {summary.float32_bytes / 2**20:.1f} MiB float32")
+          f"(ratio {quant_bytes / dense_bytes:.3f}; {quant.engine.runner.quantization.why})")
     for batch in (1, 8):
         d = decode_ms_per_step(dense, batch, args.steps)
         q = decode_ms_per_step(quant, batch, args.steps)

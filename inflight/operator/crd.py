@@ -17,11 +17,11 @@ import yaml
 from inflight.operator import crd_parts, engine_args
 from inflight.operator.render import API_GROUP, API_VERSION, KIND
 from inflight.operator.spec import RUNTIME_IMAGE, SERVICE_TYPES
-from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, SCHEDULER_POLICIES
+from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, QUANTIZATIONS, SCHEDULER_POLICIES
 
 PLURAL = "inferencedeployments"
 CRD_FILE = f"crds/{API_GROUP}_{PLURAL}.yaml"
-_CHOICES = {"dtype": DTYPES, "scheduler_policy": SCHEDULER_POLICIES}
+_CHOICES = {"dtype": DTYPES, "scheduler_policy": SCHEDULER_POLICIES, "quantization": QUANTIZATIONS}
 _FRACTION_RULE = {"rule": "self > 0.0 && self <= 1.0", "message": "must be in (0, 1]"}
 
 

@@ -15,6 +15,7 @@ SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "triton", "torch", "cpu")  # as inflight.kernels.dispatch accepts
+QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
 LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
@@ -92,6 +93,15 @@ class EngineConfig:
             "the native C kernels on the CPU when a C compiler can build them, else torch)."
         ),
     )
+    quantization: str = field(
+        default="auto",
+        metadata=_help(
+            "auto | none | gguf | compressed-tensors: how the weights are held. auto: as the "
+            "checkpoint stores them (a GGUF file's Q4_0/Q4_1/Q8_0/K-quant tensors stay packed "
+            "where the model allows it; a compressed-tensors pack-quantized directory stays "
+            "int4/int8), else the float --dtype. none: every weight dequantized to --dtype."
+        ),
+    )
     speculative_config: str | None = field(
         default=None,
         metadata=_help(
@@ -134,6 +144,7 @@ class EngineConfig:
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "device", DEVICES)
         _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
+        _check_choice(self, "quantization", QUANTIZATIONS)
         if self.speculative_config is not None:
             if not isinstance(self.speculative_config, str):
                 raise ValueError("speculative_config must be a JSON object given as text.")

@@ -444,7 +444,7 @@ class LLMEngine:
         """What ``auto`` turned into on this machine: device, dtype, kernel backend."""
         runner = self.runner
         return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-                "kernel_backend": runner.ops.name}
+                "kernel_backend": runner.ops.name, "quantization": runner.quantization.method}
 
     def summary(self) -> EngineSummary:
         """The frozen view an engine-core process publishes to its front end."""

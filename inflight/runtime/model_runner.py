@@ -30,6 +30,7 @@ from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.model.decoder import AttentionMetadata
 from inflight.runtime.model.loader import Progress, load_hf_config, load_model
+from inflight.runtime.model.quantization import serve_quantized
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.scheduler import ScheduledChunk
 
@@ -154,6 +155,7 @@ class ModelRunner:
         self._num_params = sum(p.numel() for p in self.model.parameters())
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.ops = get_kernel_ops(config.kernel_backend, self.device)
+        self.quantization = serve_quantized(self, config.quantization, progress)  # may wrap self.ops
         self.block_size = config.block_size
         self.max_model_len = self._resolve_max_model_len(config)
         # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones

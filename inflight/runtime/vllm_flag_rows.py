@@ -37,7 +37,7 @@ CORS = "the server sends no CORS headers: put a proxy in front for browser clien
 PLUGINS = "no plugins or custom classes"
 LOG_TEXT = "request log lines never carry prompts or outputs"
 DISAGG = "no disaggregated prefill, KV transfer or KV events"
-QUANT = "not supported yet: quantized weights (a GGUF file is dequantized to --dtype)"
+QUANT = "a method's own settings: --quantization picks gguf or compressed-tensors as the checkpoint stores them"
 GEN_CONFIG = ("Default auto, as in vLLM: requests that leave out temperature, top_p, top_k, min_p or "
               "repetition_penalty get the model's generation_config.json values (vllm: OpenAI's; DIR: that "
               "directory's file); a field the request sets wins. The start-up log states them. Unlike vLLM, "
@@ -136,9 +136,10 @@ MODEL: tuple[VllmFlag, ...] = (
     notice("--tokenizer-revision", HUB),
     alias("--max-model-len", "--max-model-len", "An integer (vLLM also takes 1k, auto). Checked against the "
           "model's config before the weights load."),
-    only(("--quantization", "-q"), ("none", "None"), "weights are served unquantized in --dtype", QUANT),
+    alias(("--quantization", "-q"), "--quantization", "auto (default) | none | gguf | compressed-tensors; "
+          "other methods are refused naming these (docs/quantization.md)."),
     refused("--quantization-config", QUANT),
-    switch("--allow-deprecated-quantization", "no quantization methods here"),
+    switch("--allow-deprecated-quantization", "no deprecated quantization methods here"),
     alias("--enforce-eager", "--enforce-eager", "No CUDA graphs for decode steps (docs/gpu.md).", 0, negatable=True),
     refused_on("--enable-return-routed-experts", MOE),
     alias("--max-logprobs", "--max-logprobs", "Default 20; -1: no ceiling but the vocabulary. Caps logprobs, "

@@ -30,7 +30,9 @@ MAX_TOKENS = 24
 BF16_MAX_TOKENS = 16  # bfloat16 matmuls are slow on the CPU; keep the suite's time modest
 BF16_MAX_LOGIT_GAP = 0.5
 BF16_MIN_EXACT = 12
-ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu")  # as the reference
+# the float path (the directory links to its GGUF file, which quantization=auto would serve packed:
+# test_smollm2_quantized.py checks that one)
+ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu", quantization="none")
 
 
 def _hf_greedy(model, prompt: list[int], max_new_tokens: int = MAX_TOKENS) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.model.quantized import quantize_runner, quantized_llm, resident_weight_bytes
+from inflight.runtime.model.quantized import resident_weight_bytes
 from inflight.runtime.tokenizer import load_tokenizer
 from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids
 
@@ -29,16 +29,16 @@ def _hf_greedy(model, prompt: list[int]) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def test_quantized_greedy_is_token_exact_with_transformers(smollm2_dir: Path, smollm2_gguf: Path,
-                                                           hf_gguf_model) -> None:
+def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_model) -> None:
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS[:6]]
-    llm = LLM(str(smollm2_dir), **ENGINE)
-    float_bytes = resident_weight_bytes(llm.engine.runner.model)
-    summary = quantize_runner(llm.engine.runner, smollm2_gguf)
-    assert summary.num_quantized == 4 * 30 + 1 and summary.kept_float == ()  # 4 linears a layer, the head
-    assert llm.engine.runner.ops.name.endswith("+packed")
-    assert resident_weight_bytes(llm.engine.runner.model) < float_bytes / 4
+    llm = LLM(str(smollm2_dir), **ENGINE)  # quantization=auto: the directory links to its GGUF file
+    runner = llm.engine.runner
+    assert runner.quantization.method == "gguf" and runner.ops.name.endswith("+packed")
+    assert llm.engine.resolved["quantization"] == "gguf"
+    dense = LLM(str(smollm2_dir), quantization="none", **ENGINE)
+    assert dense.engine.runner.quantization.method == "none"
+    assert resident_weight_bytes(runner.model) < resident_weight_bytes(dense.engine.runner.model) / 4
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))]
     theirs = [_hf_greedy(hf_gguf_model, p) for p in prompts]
     for q, a, b in zip(CHAT_PROMPTS, ours, theirs, strict=False):
@@ -46,12 +46,21 @@ def test_quantized_greedy_is_token_exact_with_transformers(smollm2_dir: Path, sm
     assert "Paris" in tokenizer.decode(ours[0])
 
 
-def test_quantized_llm_entry_point(smollm2_dir: Path, smollm2_gguf: Path) -> None:
+def test_quantization_choices_that_cannot_apply_are_refused(smollm2_dir: Path, smollm2_gguf: Path,
+                                                            tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="quantization must be one of"):
-        quantized_llm(smollm2_gguf, quantization="awq", **ENGINE)
+        LLM(str(smollm2_gguf), quantization="awq", **ENGINE)
+    plain = tmp_path / "plain"  # the converted directory without its link back to the file
+    plain.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.name != "source.gguf":
+            (plain / f.name).symlink_to(f)
     with pytest.raises(ValueError, match="needs a .gguf file"):
-        quantized_llm(smollm2_dir, **ENGINE)
-    llm = quantized_llm(smollm2_gguf, **ENGINE)
-    assert llm.engine.runner.ops.name.endswith("+packed")
-    out = llm.generate("The capital of France is", SamplingParams(max_tokens=4, temperature=0))
-    assert len(out[0].token_ids) == 4
+        LLM(str(plain), quantization="gguf", **ENGINE)
+    with pytest.raises(ValueError, match="compressed-tensors quantization_config"):
+        LLM(str(plain), quantization="compressed-tensors", **ENGINE)
+    with pytest.raises(ValueError, match="float32 activations"):  # the native kernels take float32
+        LLM(str(smollm2_gguf), quantization="gguf", **{**ENGINE, "dtype": "bfloat16"})
+    auto = LLM(str(smollm2_gguf), **{**ENGINE, "dtype": "bfloat16"})  # auto: dequantized, and says why
+    assert auto.engine.runner.quantization.method == "none"
+    assert "float32 activations" in auto.engine.runner.quantization.why

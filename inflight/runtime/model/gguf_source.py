@@ -2,18 +2,21 @@
 
 :func:`resolve_model_dir` is called before the loader: a directory passes through; a ``.gguf``
 file is converted (first time only) into a directory keyed by the file's name, size and
-modification time under the cache root (:func:`inflight.cache.cache_root`); anything else
+modification time under the cache root (:func:`inflight.cache.cache_root`), which links back to
+the file as ``source.gguf`` (the engine serves its packed tensors from there); anything else
 gets a message that says what to do, since nothing is ever downloaded from a model hub.
 Knows nothing about weights or tokenizers beyond asking :mod:`gguf_convert` to convert.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from inflight.cache import cache_root
 
+SOURCE_LINK = "source.gguf"  # what inflight.runtime.model.quantization.GGUF_SOURCE_LINK reads
 Progress = Callable[[str], None]
 _GGUF_MAGIC = b"GGUF"
 
@@ -63,8 +66,23 @@ def resolve_model_dir(model: str | Path, progress: Progress | None = None) -> Pa
     if (target / "config.json").is_file():
         if progress:
             progress(f"using the converted {path.name} in {target}")
-        return target
-    from inflight.runtime.model.gguf_convert import convert_gguf
+    else:
+        from inflight.runtime.model.gguf_convert import convert_gguf
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return convert_gguf(path, target, progress)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target = convert_gguf(path, target, progress)
+    link_source(target, path.resolve())
+    return target
+
+
+def link_source(target: Path, gguf_path: Path) -> None:
+    """``target/source.gguf`` -> ``gguf_path`` (as given: absolute, or relative to ``target``),
+    so the engine can serve the file's packed tensors (``quantization=auto``); replaced
+    atomically, since the file may have moved."""
+    link = target / SOURCE_LINK
+    if link.is_symlink() and link.resolve() == (target / gguf_path).resolve():
+        return
+    tmp = target / f".{SOURCE_LINK}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(gguf_path)
+    os.replace(tmp, link)

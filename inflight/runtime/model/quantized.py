@@ -11,8 +11,8 @@ another type (F32, F16, K-quants) keeps its float weight. :func:`quantize_runner
 to a model runner and gives it kernels whose ``linear`` takes quantized weights; the decoder
 code is unchanged (it passes ``module.weight`` to ``ops.linear``).
 
-Opt-in: nothing calls this unless asked (``quantization="gguf"``); the default path
-dequantizes the GGUF file to float as before. Single-rank only. Knows nothing about serving.
+:mod:`inflight.runtime.model.quantization` decides when (``EngineConfig.quantization``).
+Single-rank dense models only. Knows nothing about serving.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from inflight.kernels import cpu_quant, quant_reference
 from inflight.kernels.dispatch import with_quantized_linear
 from inflight.kernels.quant_reference import BLOCK_BYTES, QuantizedWeight
 from inflight.runtime.model.gguf_convert import check_supported, hf_tensor_name, unpermute_rows
-
-QUANTIZATION_MODES = ("none", "gguf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,23 +132,6 @@ def quantize_runner(runner: Any, gguf_path: str | Path) -> QuantizationSummary:
     summary = quantize_model(runner.model, read_quantized_weights(gguf_path, runner.device))
     runner.ops = with_quantized_linear(runner.ops)
     return summary
-
-
-def quantized_llm(model: str | Path, quantization: str = "gguf", **engine_config: Any) -> Any:
-    """An offline :class:`~inflight.runtime.LLM` for a ``.gguf`` file; ``quantization="gguf"``
-    serves its Q4_0/Q4_1/Q8_0 tensors packed, ``"none"`` dequantizes them as ``LLM`` does.
-    The float weights are loaded first and dropped by the swap (peak memory: both)."""
-    from inflight.runtime import LLM
-    from inflight.runtime.model.gguf_source import is_gguf_file
-
-    if quantization not in QUANTIZATION_MODES:
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)} (got {quantization!r}).")
-    if quantization == "gguf" and not is_gguf_file(Path(model)):
-        raise ValueError(f"quantization=gguf needs a .gguf file (got {model}).")
-    llm = LLM(model, **engine_config)
-    if quantization == "gguf":
-        quantize_runner(llm.engine.runner, model)
-    return llm
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
