@@ -30,7 +30,7 @@ from inflight.runtime.detokenizer import IncrementalDetokenizer
 from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_request, check_token_budget
-from inflight.runtime.kv_manager import KVCacheManager
+from inflight.runtime.kv_manager import KVCacheManager, release_window
 from inflight.runtime.model_runner import ModelRunner
 from inflight.runtime.outputs import (
     EngineFatalError,
@@ -88,7 +88,7 @@ class LLMEngine:
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
         self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
-        self.kv = KVCacheManager(self.pool, config.block_size)
+        self.kv = KVCacheManager(self.pool, config.block_size, release_window(runner.spec))
         self.scheduler = Scheduler(self.config, self.kv)
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(runner.device, lambda: self.structured.executor)
@@ -354,6 +354,7 @@ class LLMEngine:
         req = chunk.request
         req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
+        self.kv.release_out_of_window(req)  # all-windowed models: blocks no query reads again
 
     def _append_tokens(
         self, req: Request, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob | None, ...], now: float

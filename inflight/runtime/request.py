@@ -2,8 +2,11 @@
 
 A request is WAITING (not admitted, or preempted and waiting to be recomputed), RUNNING
 (holds KV blocks, is scheduled every step) or FINISHED. ``num_computed_tokens`` counts the
-tokens whose K/V are in the cache; the scheduler hands out the rest in chunks. Imports no
-torch and knows nothing about the model.
+tokens whose K/V are in the cache; the scheduler hands out the rest in chunks. ``block_ids`` is
+the request's block table (entry ``i`` holds positions ``i * block_size ..``); on a model whose
+every layer is windowed its first ``num_released_blocks`` entries are placeholders for blocks
+already given back (see :mod:`inflight.runtime.kv_manager`). Imports no torch and knows nothing
+about the model.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
-        self.block_ids: list[int] = []
+        self.block_ids: list[int] = []  # the block table, placeholders included
+        self.num_released_blocks = 0  # leading entries of block_ids no longer held (out of the window)
         self.block_hashes: list[bytes] = []  # chained SHA-256 keys of the full blocks of token_ids
         self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
         self.num_preemptions = 0
@@ -72,6 +76,11 @@ class Request:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
+    def num_held_blocks(self) -> int:
+        """Blocks this request holds a reference on (its table less the released placeholders)."""
+        return len(self.block_ids) - self.num_released_blocks
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
@@ -81,5 +90,5 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request({self.req_id!r}, {self.status.value}, computed={self.num_computed_tokens}/"
-            f"{self.num_tokens}, blocks={len(self.block_ids)})"
+            f"{self.num_tokens}, blocks={self.num_held_blocks}/{len(self.block_ids)})"
         )

@@ -8,6 +8,10 @@ out, running requests are preempted by recompute: the most recently admitted fir
 and admissions between tenants by tokens served (:mod:`inflight.runtime.fairness`).
 ``static`` is the naive baseline: it admits a batch only when nothing is running.
 
+On a model whose every layer is windowed, each step first gives back the running requests'
+blocks that fell wholly outside the window (:meth:`KVCacheManager.release_out_of_window`), so
+they are free for this step's allocations and admissions.
+
 With speculative decoding on, a decoding request whose parameters allow it (and while fewer
 than ``disable_by_batch_size`` requests run) gets n-gram proposals: its chunk is its last
 token plus up to ``num_speculative_tokens`` draft tokens, each costing one token of the
@@ -103,6 +107,8 @@ class Scheduler:
         budget = self.config.max_num_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
+        for req in self.running:
+            self.kv.release_out_of_window(req)
         yielded = self._rebalance_slots() if self.fair is not None else []
         budget = self._schedule_running(budget, chunks, preempted)
         admitted: list[Request] = []
