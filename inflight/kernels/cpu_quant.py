@@ -1,10 +1,12 @@
 """Native CPU kernels for GGUF block-quantized weights: builds ``cpu_quant.c`` like cpu_native.
 
 :func:`quant_linear` and :func:`quant_embedding` have the signatures of
-:mod:`inflight.kernels.quant_reference`. Few-row calls (decode) run the C kernel that
-unpacks each block once into 32 scaled floats and dots it with up to four activation rows;
-many-row calls (prefill) dequantize tiles of weight rows in C and multiply each tile with
-torch's GEMM. Anything the C code does not take (other dtypes, other devices, no compiler)
+:mod:`inflight.kernels.quant_reference`. Few-row calls (decode: up to ``FEW_ROWS`` rows,
+``FEW_ROWS_K`` for the K-quants) run the C kernel that unpacks each block once into scaled
+floats and dots it with up to four activation rows; many-row calls (prefill) dequantize
+tiles of weight rows in C and multiply each tile with torch's GEMM. Q4_0/Q4_1/Q8_0 run ``cpu_quant.c``; the K-quants (Q4_K, Q5_K, Q6_K) run
+``cpu_kquant.c`` (built by :mod:`inflight.kernels.cpu_kquant`), whose entry points have the
+same signatures. Anything the C code does not take (other dtypes, other devices, no compiler)
 goes to the reference. The library is compiled with cpu_native's compiler flags into the same
 cache folder, keyed by this source. Knows nothing about models or GGUF files.
 """
@@ -12,13 +14,14 @@ cache folder, keyed by this source. Knows nothing about models or GGUF files.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from inflight.kernels import cpu_native, quant_reference
-from inflight.kernels.quant_reference import QTYPE_IDS, QuantizedWeight
+from inflight.kernels import cpu_kquant, cpu_native, quant_reference
+from inflight.kernels.quant_reference import K_QUANTS, QTYPE_IDS, QuantizedWeight
 
 SOURCE = Path(__file__).with_name("cpu_quant.c")
 _i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
@@ -29,6 +32,9 @@ _SIGNATURES = {
 # Above this many rows a tile of dequantized weight rows times torch's GEMM wins over
 # streaming the packed weight once per row group.
 FEW_ROWS = 8
+# K-quants unpack a sub-block per four rows, and the tiles dequantize fast: the fused kernel won
+# 1.05-1.9x at 1-4 rows and lost 1.3-1.5x at 8 (576x1536 and 1536x768, 1 and 2 threads).
+FEW_ROWS_K = 4
 TILE_ROWS = 256  # weight rows dequantized per GEMM in the many-row path
 
 
@@ -38,21 +44,30 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     return cpu_native.compile_library(SOURCE, "cpu_quant", _SIGNATURES)
 
 
+def _kernels(qtype: str) -> tuple[Callable[..., None], Callable[..., int]] | None:
+    """The C ``(dequantize, linear)`` entry points for ``qtype``, or None when its library does not build."""
+    if qtype in K_QUANTS:
+        lib = cpu_kquant.load_library()[0]
+        return None if lib is None else (lib.inflight_kquant_dequantize_f32, lib.inflight_kquant_linear_f32)
+    lib = load_library()[0]
+    return None if lib is None else (lib.inflight_quant_dequantize_f32, lib.inflight_quant_linear_f32)
+
+
 def _native_ok(x: torch.Tensor, weight: QuantizedWeight) -> bool:
     return (x.dtype == torch.float32 and x.device.type == "cpu" and weight.blocks.device.type == "cpu"
-            and weight.blocks.is_contiguous() and load_library()[0] is not None)
+            and weight.blocks.is_contiguous() and _kernels(weight.qtype) is not None)
 
 
 def dequantize_rows(weight: QuantizedWeight, start: int, end: int) -> torch.Tensor:  # [end - start, in]
     """Weight rows ``start:end`` as float32, in C when the library builds."""
-    lib = load_library()[0]
+    kernels = _kernels(weight.qtype)
     rows = weight.blocks[start:end]
-    if lib is None or weight.blocks.device.type != "cpu":
+    if kernels is None or weight.blocks.device.type != "cpu":
         return quant_reference.dequantize_blocks(weight.qtype, rows, weight.in_features)
     rows = rows.contiguous()
     out = torch.empty((rows.shape[0], weight.in_features), dtype=torch.float32)
-    lib.inflight_quant_dequantize_f32(rows.data_ptr(), QTYPE_IDS[weight.qtype], out.data_ptr(),
-                                      rows.shape[0], weight.in_features, torch.get_num_threads())
+    kernels[0](rows.data_ptr(), QTYPE_IDS[weight.qtype], out.data_ptr(), rows.shape[0], weight.in_features,
+               torch.get_num_threads())
     return out
 
 
@@ -65,7 +80,7 @@ def quant_linear(
         return quant_reference.quant_linear(x, weight, bias)
     x = x.contiguous()
     num_rows, out_features = x.shape[0], weight.shape[0]
-    if num_rows > FEW_ROWS:
+    if num_rows > (FEW_ROWS_K if weight.qtype in K_QUANTS else FEW_ROWS):
         out = torch.empty((num_rows, out_features), dtype=torch.float32)
         for start in range(0, out_features, TILE_ROWS):
             end = min(start + TILE_ROWS, out_features)
@@ -73,13 +88,15 @@ def quant_linear(
         return out if bias is None else out.add_(bias)
     bias = None if bias is None else bias.contiguous()
     out = torch.empty((num_rows, out_features), dtype=torch.float32)
-    status = load_library()[0].inflight_quant_linear_f32(
+    kernels = _kernels(weight.qtype)
+    assert kernels is not None  # _native_ok checked it
+    status = kernels[1](
         x.data_ptr(), weight.blocks.data_ptr(), QTYPE_IDS[weight.qtype],
         None if bias is None else bias.data_ptr(), out.data_ptr(), num_rows, out_features,
         weight.in_features, torch.get_num_threads(),
     )
     if status != 0:
-        raise MemoryError("quant_linear: no memory for the per-thread row buffer")
+        raise MemoryError("quant_linear: no memory for the activation block sums")
     return out
 
 

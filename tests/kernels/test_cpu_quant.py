@@ -72,7 +72,9 @@ def test_dispatch_routes_quantized_weights_and_leaves_float_ones() -> None:
 
 
 def test_bad_blocks_are_refused() -> None:
-    with pytest.raises(ValueError, match="Q5_K"):
-        QuantizedWeight("Q5_K", torch.zeros(2, 10, dtype=torch.uint8), 32)
+    with pytest.raises(ValueError, match="unsupported quantized type 'IQ2_XS'"):
+        QuantizedWeight("IQ2_XS", torch.zeros(2, 10, dtype=torch.uint8), 32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedWeight("Q4_0", torch.zeros(2, 18, dtype=torch.uint8), 48)
     with pytest.raises(ValueError, match="uint8"):
         QuantizedWeight("Q8_0", torch.zeros(2, 10, dtype=torch.uint8), 32)

@@ -1,4 +1,5 @@
-"""Serving a GGUF file's linear weights in their own block quantization (Q4_0, Q4_1, Q8_0).
+"""Serving a GGUF file's linear weights in their own block quantization (Q4_0, Q4_1, Q8_0,
+Q4_K, Q5_K, Q6_K).
 
 :func:`read_quantized_weights` reads the GGUF tensors of the supported block types as
 :class:`~inflight.kernels.quant_reference.QuantizedWeight` under their transformers names,
@@ -7,7 +8,7 @@ the blocks move whole). :func:`quantize_model` swaps them into a loaded :class:`
 q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` (rows concatenated, when the parts
 share a type), ``o_proj``, ``down_proj``, the LM head, and the token embedding (a
 :class:`QuantizedEmbedding` that dequantizes the rows it looks up). A module whose tensor is
-another type (F32, F16, K-quants) keeps its float weight. :func:`quantize_runner` does that
+another type (F32, F16, IQ*) keeps its float weight. :func:`quantize_runner` does that
 to a model runner and gives it kernels whose ``linear`` takes quantized weights; the decoder
 code is unchanged (it passes ``module.weight`` to ``ops.linear``).
 
@@ -135,7 +136,8 @@ def quantize_runner(runner: Any, gguf_path: str | Path) -> QuantizationSummary:
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer plus every packed weight the model holds."""
+    """Bytes of every parameter and buffer plus every packed weight (GGUF blocks,
+    compressed-tensors words) the model holds."""
     seen: set[int] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
@@ -144,7 +146,7 @@ def resident_weight_bytes(model: nn.Module) -> int:
             total += t.numel() * t.element_size()
     for module in model.modules():
         w = module.__dict__.get("weight")
-        if isinstance(w, QuantizedWeight) and id(w) not in seen:
+        if w is not None and not isinstance(w, torch.Tensor) and hasattr(w, "nbytes") and id(w) not in seen:
             seen.add(id(w))
             total += w.nbytes
     return total
