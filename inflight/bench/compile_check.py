@@ -60,7 +60,34 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
                    {"HALF": head_dim // 2, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": head_dim}),
         KernelSpec("silu_and_mul", act._silu_and_mul_kernel, {"x_ptr": p, "out_ptr": p},
                    {"BLOCK": act.BLOCK}),
+        *_quant_specs(dtype),
     ]  # fmt: skip
+
+
+def _quant_specs(dtype: str) -> list[KernelSpec]:
+    """The GGUF linear for every type (a 4096 x 4096 projection), alternating the many-row
+    GEMM plan and the decode plan (split-K partials), and the split-K sum."""
+    from inflight.kernels import triton_quant as tq
+    from inflight.kernels.quant_reference import BLOCK_BYTES, BLOCK_WEIGHTS, QTYPE_IDS
+
+    p = f"*{dtype}"
+    ragged = ("M", "N", "row_bytes", "blocks_per_split", "num_elements", "split_k")
+    specs = []
+    for i, qtype in enumerate(tq.QTYPES):
+        plan = tq.plan_quant_linear(1 if i % 2 else 512, 4096, 4096, sms=132)
+        specs.append(KernelSpec(
+            f"quant_{qtype.lower()}", tq._quant_linear_kernel,
+            {"x_ptr": p, "quants_ptr": "*u8", "halves_ptr": "*fp16", "bias_ptr": p,
+             "out_ptr": "*fp32" if plan.split_k > 1 else p},
+            {"QTYPE": QTYPE_IDS[qtype], "BLOCK_BYTES": BLOCK_BYTES[qtype],
+             "SUB_BLOCKS": BLOCK_WEIGHTS[qtype] // 32, "HAS_BIAS": plan.split_k == 1,
+             "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False,
+             "BLOCK_M": plan.block_m, "BLOCK_N": plan.block_n},
+            plan.num_warps, plan.num_stages, unaligned=ragged))
+    specs.append(KernelSpec("quant_reduce", tq._sum_splits_kernel,
+                            {"partial_ptr": "*fp32", "bias_ptr": p, "out_ptr": p},
+                            {"HAS_BIAS": True, "BLOCK": tq.REDUCE_BLOCK}, unaligned=ragged))
+    return specs
 
 
 def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelSpec]:
@@ -86,18 +113,19 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
         "block_tables_ptr": "*i32",
         "context_lens_ptr": "*i32",
         "out_ptr": p,
+        "sinks_ptr": "*fp32",
     }
     decode_ptrs = {**paged, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"}
     return [
         *(KernelSpec(name, dec._decode_split_kernel, decode_ptrs,
-                     {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct},
+                     {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct, "HAS_SINKS": False},
                      decode.num_warps, decode.num_stages, unaligned=ragged)
           for name, direct in (("decode_split", False), ("decode_direct", True))),
         KernelSpec("decode_reduce", dec._decode_reduce_kernel,
-                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
-                   {"BLOCK_P": 8, "BLOCK_D": head_dim}, num_warps=2, unaligned=ragged),
+                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p, "sinks_ptr": "*fp32"},
+                   {"BLOCK_P": 8, "BLOCK_D": head_dim, "HAS_SINKS": False}, num_warps=2, unaligned=ragged),
         KernelSpec("prefill", pf._prefill_kernel, {**paged, "query_start_loc_ptr": "*i32"},
-                   {**attn, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n},
+                   {**attn, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n, "HAS_SINKS": False},
                    prefill.num_warps, prefill.num_stages, unaligned=ragged),
     ]  # fmt: skip
 

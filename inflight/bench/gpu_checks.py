@@ -119,6 +119,36 @@ def _check_silu_and_mul(ops: KernelOps, dtype: torch.dtype, device: str) -> Chec
     return _compare("silu_and_mul", ops.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), dtype)
 
 
+def _gguf_weight(qtype: str, out_features: int, in_features: int, device: str) -> object:
+    """Random GGUF blocks whose fp16 scales keep the weights near 0.05 in magnitude."""
+    from inflight.kernels.quant_reference import BLOCK_BYTES, BLOCK_WEIGHTS, QuantizedWeight
+
+    num_blocks = in_features // BLOCK_WEIGHTS[qtype]
+    blocks = torch.randint(0, 256, (out_features, num_blocks, BLOCK_BYTES[qtype]), dtype=torch.uint8)
+    scale = {"Q4_K": 2e-4, "Q5_K": 1e-4, "Q6_K": 5e-5}.get(qtype, 5e-3)
+    for at in {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}.get(qtype, (0,)):
+        half = (scale * (0.5 + torch.rand(out_features, num_blocks, 1))).half()
+        blocks[..., at : at + 2] = (half - 0.04 if qtype == "Q4_1" and at == 2 else half).view(torch.uint8)
+    return QuantizedWeight(qtype, blocks.reshape(out_features, -1).to(device), in_features)
+
+
+def _check_quant_linear(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    """Every GGUF type through ``with_quantized_linear(ops).linear``, a decode row and a prefill."""
+    from inflight.kernels import quant_reference
+    from inflight.kernels.dispatch import with_quantized_linear
+
+    linear = with_quantized_linear(ops).linear
+    got, expected = [], []
+    bias = torch.randn(1000, device=device, dtype=dtype)
+    for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
+        weight = _gguf_weight(qtype, 1000, 2048, device)
+        for num_rows in (1, 300):
+            x = torch.randn(num_rows, 2048, device=device, dtype=dtype)
+            got.append(linear(x, weight, bias))
+            expected.append(quant_reference.quant_linear(x, weight, bias))
+    return _compare("quant_linear(gguf)", torch.cat(got), torch.cat(expected), dtype)
+
+
 CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_store,
     _check_decode,
@@ -126,6 +156,7 @@ CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_rms_norm,
     _check_rotary,
     _check_silu_and_mul,
+    _check_quant_linear,
 )
 
 
