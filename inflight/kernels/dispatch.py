@@ -115,13 +115,14 @@ def packed_linear_kernels() -> dict[type, tuple[Callable[..., torch.Tensor], ...
 
 @lru_cache(maxsize=1)
 def _packed_table() -> dict[type, tuple[Callable[..., torch.Tensor], ...]]:
-    from inflight.kernels import cpu_quant, quant_reference
+    from inflight.kernels import cpu_intq, cpu_quant, intq_reference, quant_reference
 
     triton_quant_linear = None
     if triton_available():  # never import Triton where it is not installed
         from inflight.kernels.triton_quant import quant_linear as triton_quant_linear
     return {
         quant_reference.QuantizedWeight: (quant_reference.quant_linear, cpu_quant.quant_linear, triton_quant_linear),
+        intq_reference.IntQuantWeight: (intq_reference.intq_linear, cpu_intq.intq_linear, None),
     }
 
 

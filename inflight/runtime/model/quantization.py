@@ -43,19 +43,17 @@ def gguf_source(model_dir: Path) -> Path | None:
 
 
 def _checkpoint_method(hf_config: Any) -> str | None:
+    """The checkpoint's ``quant_method`` when inflight serves it, ``None`` for a float one;
+    any other quantization raises ``ValueError`` naming what is supported."""
+    from inflight.runtime.model import compressed_tensors
+
     qc = getattr(hf_config, "quantization_config", None)
-    if qc is None:
-        return None
     method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    method = str(getattr(method, "value", method))
-    if method in ("compressed-tensors", *DEQUANTIZED_AT_LOAD):
-        return method
-    raise ValueError(
-        f"the checkpoint is quantized with quant_method={method!r}, which inflight cannot serve; "
-        "supported: GGUF files (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), compressed-tensors "
-        "pack-quantized int4/int8 weight-only checkpoints (what llmcompressor writes for "
-        "GPTQ/AWQ-style W4A16/W8A16), and float checkpoints (docs/quantization.md)."
-    )
+    if str(getattr(method, "value", method)) in DEQUANTIZED_AT_LOAD:
+        return str(getattr(method, "value", method))
+    if compressed_tensors.detect(hf_config) is None:  # raises for anything it cannot serve
+        return None
+    return "compressed-tensors"
 
 
 def _gguf_blocker(runner: Any) -> str | None:
