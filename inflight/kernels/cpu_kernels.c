@@ -37,11 +37,13 @@ static inline float exp_nonpositive(float x) {
 /* One sequence: each cache block (block_size rows of every KV head, contiguous) is read
  * front to back once for all heads while it sits in L1, with an online softmax. Rows before
  * position `first` (outside a sliding window) are skipped: blocks wholly before it are never
- * read, and in the block that holds it the scores start at row t0. */
+ * read, and in the block that holds it the scores start at row t0. `sinks` (NULL: none) holds
+ * one logit per head that joins the softmax denominator with no value (gpt-oss). */
 static inline __attribute__((always_inline)) void decode_sequence(
     const float *qs, const float *k_cache, const float *v_cache, const int32_t *table,
     int64_t ctx, int64_t first, float *o, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, float scale, float *acc, float *m, float *l, float *p) {
+    int64_t head_dim, int64_t block_size, float scale, const float *sinks, float *acc, float *m,
+    float *l, float *p) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t tok_stride = num_kv_heads * head_dim;
     const int64_t blk_stride = block_size * tok_stride;
@@ -98,7 +100,13 @@ static inline __attribute__((always_inline)) void decode_sequence(
         }
     }
     for (int64_t h = 0; h < num_heads; ++h) {
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        float lh = l[h], keep = 1.0f;  /* the sink adds exp(sink) to the denominator only */
+        if (sinks != NULL) {
+            const float top = sinks[h] > m[h] ? sinks[h] : m[h];
+            keep = expf(m[h] - top);
+            lh = lh * keep + expf(sinks[h] - top);
+        }
+        const float inv = lh > 0.0f ? keep / lh : 0.0f;
         for (int64_t i = 0; i < head_dim; ++i) o[h * head_dim + i] = acc[h * head_dim + i] * inv;
     }
 }
@@ -106,14 +114,14 @@ static inline __attribute__((always_inline)) void decode_sequence(
 /* q [num_seqs, num_heads, head_dim] contiguous; caches [num_blocks, block_size,
  * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks] int32;
  * context_lens [num_seqs] int32; out like q; window > 0: each query sees only the last
- * `window` rows of its context (0: all of them). One sequence per work item. The common head
+ * `window` rows of its context (0: all of them); sinks [num_heads] or NULL. One sequence per work item. The common head
  * sizes get a copy with the size a constant (unrolled feature loops: ~20% faster at 32).
  * Returns 0, or -1 when the per-thread scratch cannot be allocated. */
 int inflight_paged_decode_attention_f32(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
     const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale,
-    int num_threads, int64_t window) {
+    int num_threads, int64_t window, const float *sinks) {
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -130,7 +138,7 @@ int inflight_paged_decode_attention_f32(
                     context_lens[s],                                                              \
                     window > 0 && context_lens[s] > window ? context_lens[s] - window : 0,        \
                     out + s * num_heads * head_dim, num_heads, num_kv_heads, D, block_size, scale, \
-                    acc, m, l, p)
+                    sinks, acc, m, l, p)
             switch (head_dim) {
                 case 32: SEQ(32); break;
                 case 64: SEQ(64); break;

@@ -39,7 +39,7 @@ _LOCK = threading.Lock()
 _i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "inflight_paged_decode_attention_f32": (
-        ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int, _i64]),
+        ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int, _i64, _ptr]),
     "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
@@ -134,6 +134,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -141,8 +142,12 @@ def paged_decode_attention(
             and query.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
             and query.device.type == "cpu"):
         return reference.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+            query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, sinks
         )
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        if sinks.shape != (num_heads,):
+            raise ValueError(f"sinks must be [num_heads] = [{num_heads}] (got {tuple(sinks.shape)}).")
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
@@ -151,7 +156,7 @@ def paged_decode_attention(
     status = _lib().inflight_paged_decode_attention_f32(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1],
-        scale, torch.get_num_threads(), sliding_window or 0,
+        scale, torch.get_num_threads(), sliding_window or 0, None if sinks is None else sinks.data_ptr(),
     )
     if status != 0:
         raise MemoryError("paged_decode_attention: no memory for the per-thread scratch")

@@ -12,11 +12,16 @@ Shapes (all packed, no padding of tokens):
   position ``p`` see only keys at positions ``p - W + 1 .. p`` (``W`` keys, itself included),
   transformers' convention (``kv_idx > q_idx - sliding_window``). Keys outside the window may
   sit in the cache (their blocks stay allocated); they are masked, never read as weights.
+* ``sinks``: ``None``, or ``[num_heads]`` float32 (gpt-oss): a learned logit per query head that
+  joins each softmax's denominator with no value, ``softmax([scores, sink])[:-1] @ V``. It is a
+  logit as is (the attention scale does not apply to it).
 
 This module knows nothing about the scheduler or the model.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +73,10 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] float32 logits
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to its cached context (GQA aware), the last
-    ``sliding_window`` tokens of it when a window is given.
+    ``sliding_window`` tokens of it when a window is given, with a sink logit per head when given.
 
     Sequences are bucketed by context length (see :func:`_length_buckets`) so the gathered,
     padded K/V stay close to the real context instead of ``num_seqs x`` the longest one.
@@ -81,14 +87,14 @@ def paged_decode_attention(
     buckets = _length_buckets(context_lens.tolist(), k_cache.shape[1])
     if len(buckets) == 1:
         return _decode_bucket(
-            query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1], sliding_window
+            query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1], sliding_window, sinks
         )
     out = torch.empty_like(query)
     for rows, num_blocks in buckets:
         idx = torch.tensor(rows, dtype=torch.long, device=query.device)
         part = _decode_bucket(
             query.index_select(0, idx), k_cache, v_cache, block_tables.index_select(0, idx),
-            context_lens.index_select(0, idx), scale, num_blocks, sliding_window,
+            context_lens.index_select(0, idx), scale, num_blocks, sliding_window, sinks,
         )
         out.index_copy_(0, idx, part)
     return out
@@ -120,6 +126,7 @@ def _decode_bucket(
     scale: float,
     max_blocks: int,  # blocks of the longest context in this bucket
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -137,6 +144,10 @@ def _decode_bucket(
     if sliding_window:  # the query sits at position len - 1: keys after len - 1 - W
         visible &= positions[None, :] >= lens - sliding_window
     visible = visible[:, None, None, :]  # [S, 1, 1, T]
+    if sinks is not None:
+        out = attention_with_sinks(q[:, :, :, None], keys[:, :, None], values[:, :, None],
+                                   visible[:, :, :, None], scale, sinks)[:, :, :, 0]  # fmt: skip
+        return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
     out = F.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=visible, scale=scale
     )  # [S, H_kv, G, D]
@@ -154,6 +165,7 @@ def paged_prefill_attention(
     key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own K
     value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own V
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] float32 logits
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk.
 
@@ -182,12 +194,20 @@ def paged_prefill_attention(
         q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
         visible = None  # a whole prompt (no cached prefix): plain causal, no mask tensor
         windowed = bool(sliding_window) and ctx > sliding_window
-        if ctx != q_len or windowed:
+        if ctx != q_len or windowed or sinks is not None:
             q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
             k_pos = torch.arange(ctx, device=query.device)
             visible = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
             if windowed:
                 visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        if sinks is not None:
+            q5 = q.reshape(1, num_kv_heads, group, q_len, head_dim)
+            k5 = keys.transpose(0, 1)[None, :, None]  # [1, H_kv, 1, ctx, D]
+            v5 = values.transpose(0, 1)[None, :, None]
+            o5 = attention_with_sinks(q5, k5, v5, visible, scale, sinks)  # [1, H_kv, G, q_len, D]
+            o = o5.reshape(num_heads, q_len, head_dim).transpose(0, 1)
+            out[q_begin:q_end] = o.to(query.dtype)
+            continue
         o = F.scaled_dot_product_attention(
             q,
             keys.transpose(0, 1)[None],
@@ -199,6 +219,26 @@ def paged_prefill_attention(
         )[0].transpose(0, 1)  # [q_len, H, D]
         out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
     return out
+
+
+def attention_with_sinks(
+    q: torch.Tensor,  # [B, H_kv, G, L, D]
+    k: torch.Tensor,  # [B, H_kv, 1, T, D]
+    v: torch.Tensor,  # [B, H_kv, 1, T, D]
+    visible: torch.Tensor,  # bool, broadcastable to [B, H_kv, G, L, T]
+    scale: float,
+    sinks: torch.Tensor,  # [H_kv * G] logits
+) -> torch.Tensor:  # [B, H_kv, G, L, D] float32
+    """Softmax attention whose denominator also holds each head's sink logit, in float32, as
+    transformers' gpt-oss eager attention: ``softmax([scores, sink] - max)[:-1] @ V``."""
+    num_kv_heads, group = q.shape[1], q.shape[2]
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, H_kv, G, L, T]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    sink = sinks.float().reshape(1, num_kv_heads, group, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return torch.matmul(probs, v.float())
 
 
 def rms_norm(
@@ -255,12 +295,33 @@ def linear(
     return F.linear(x, weight, bias)
 
 
+@dataclass(frozen=True, slots=True)
+class ClampedSwiglu:
+    """gpt-oss's expert activation over (gate, up): ``gate`` clamped above at ``limit``, ``up``
+    to ``[-limit, limit]``, then ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+
+    alpha: float
+    limit: float
+
+
+def clamped_swiglu(gate_up: torch.Tensor, act: ClampedSwiglu) -> torch.Tensor:  # [num_rows, d]
+    """:class:`ClampedSwiglu` of ``gate_up`` [num_rows, 2 * d] (gate, then up)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=act.limit)
+    up = up.clamp(min=-act.limit, max=act.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+
+
 def fused_moe(
     hidden: torch.Tensor,  # [num_tokens, hidden]
     w13: torch.Tensor,  # [num_experts, 2 * intermediate, hidden]: each expert's gate rows, then up rows
     w2: torch.Tensor,  # [num_experts, hidden, intermediate]
     topk_weights: torch.Tensor,  # [num_tokens, top_k] float32
     topk_ids: torch.Tensor,  # [num_tokens, top_k] int32 or int64
+    *,
+    w13_bias: torch.Tensor | None = None,  # [num_experts, 2 * intermediate] (gate, then up)
+    w2_bias: torch.Tensor | None = None,  # [num_experts, hidden]
+    activation: ClampedSwiglu | None = None,  # None: silu(gate) * up
 ) -> torch.Tensor:  # [num_tokens, hidden]
     """Mixture-of-experts SwiGLU MLP: ``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t])``.
 
@@ -268,7 +329,8 @@ def fused_moe(
     has tokens runs two matmuls over all of its rows at once (no loop over tokens); experts with
     no tokens cost nothing. Each expert's output is rounded to ``hidden``'s dtype, weighted and
     summed over the top-k in float32, and the sum rounded once. Reads the per-expert counts on
-    the host, so it is not graph-safe.
+    the host, so it is not graph-safe. gpt-oss's experts add ``w13_bias``/``w2_bias`` to their
+    matmuls and use the :class:`ClampedSwiglu` ``activation``.
     """
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1).long()  # [num_tokens * top_k]
@@ -282,8 +344,11 @@ def fused_moe(
         if count == 0:
             continue
         end = start + count
-        gate_up = F.linear(rows[start:end], w13[expert])  # [count, 2 * intermediate]
-        expert_out[start:end] = F.linear(silu_and_mul(gate_up), w2[expert])
+        b13 = None if w13_bias is None else w13_bias[expert]
+        b2 = None if w2_bias is None else w2_bias[expert]
+        gate_up = F.linear(rows[start:end], w13[expert], b13)  # [count, 2 * intermediate]
+        act = silu_and_mul(gate_up) if activation is None else clamped_swiglu(gate_up, activation)
+        expert_out[start:end] = F.linear(act, w2[expert], b2)
         start = end
     weighted = expert_out.float() * topk_weights.reshape(-1)[order].float().unsqueeze(-1)
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)

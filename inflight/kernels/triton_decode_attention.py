@@ -5,7 +5,8 @@ Each program takes one sequence, one KV head and one slice ("split") of the cont
 loads that KV head's keys/values once for all ``num_heads // num_kv_heads`` query heads of
 the group (GQA), walks the block table ``BLOCK_N`` tokens at a time with an online
 softmax, and writes either the final output (one split) or a normalized partial output and
-its log-sum-exp, which a second kernel merges. The split count comes from the block
+its log-sum-exp, which a second kernel merges. Attention sinks (gpt-oss: a logit per head in
+the softmax denominator) join once: at the end of the one split, or in the merge. The split count comes from the block
 table's width (an upper bound of every context length) and the batch, never from the
 lengths themselves, so launching needs no device-to-host sync.
 Knows nothing about the scheduler; the reference is the ground truth.
@@ -87,6 +88,7 @@ def _decode_split_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim] (DIRECT) or unused
     mid_o_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32 (not DIRECT)
     mid_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain (not DIRECT)
+    sinks_ptr,  # [num_heads] sink logits (read when HAS_SINKS and DIRECT)
     qk_scale,  # softmax scale * log2(e)
     stride_qs,
     stride_qh,
@@ -107,6 +109,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DIRECT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -140,6 +143,12 @@ def _decode_split_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], qk_scale, m_i, l_i, acc,
                                             DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
+    if DIRECT and HAS_SINKS:  # the sink's exp joins the denominator, rescaled to the new max
+        sink = tl.load(sinks_ptr + heads, mask=g_mask, other=0.0).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(m_i, sink)
+        keep = tl.exp2(m_i - top)
+        l_i = l_i * keep + tl.exp2(sink - top)
+        acc = acc * keep[:, None]
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     acc = acc / safe_l[:, None]
     out_mask = g_mask[:, None] & d_mask[None, :]
@@ -158,6 +167,7 @@ def _decode_reduce_kernel(
     mid_o_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
     mid_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
     out_ptr,  # [num_seqs, num_heads, head_dim]
+    sinks_ptr,  # [num_heads] sink logits (read when HAS_SINKS)
     stride_os,
     stride_oh,
     num_heads,
@@ -165,6 +175,7 @@ def _decode_reduce_kernel(
     head_dim,
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -179,8 +190,15 @@ def _decode_reduce_kernel(
         mask=p_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # [P, D]
-    weights = tl.exp2(lse - tl.max(lse, 0))  # empty splits weigh exp2(-inf) = 0
-    out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+    top = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(top, sink)
+    weights = tl.exp2(lse - top)  # empty splits weigh exp2(-inf) = 0
+    denom = tl.sum(weights, 0)
+    if HAS_SINKS:  # the sink weighs in the denominator only
+        denom = denom + tl.exp2(sink - top)
+    out = tl.sum(parts * weights[:, None], 0) / denom
     o_offs = seq * stride_os + head * stride_oh + offs_d
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -193,9 +211,10 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to its cached context (GQA aware), the last
-    ``sliding_window`` tokens of it when a window is given."""
+    ``sliding_window`` tokens of it when a window is given, with a sink logit per head when given."""
     check_kv_cache(k_cache, v_cache)
     check_ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
     num_seqs = query.shape[0]
@@ -205,7 +224,7 @@ def paged_decode_attention(
         num_seqs, k_cache.shape[2], max_context, k_cache.shape[3], num_sms(query.device)
     )
     return decode_with_plan(
-        query, k_cache, v_cache, block_tables, context_lens, scale, plan, sliding_window
+        query, k_cache, v_cache, block_tables, context_lens, scale, plan, sliding_window, sinks
     )
 
 
@@ -232,6 +251,7 @@ def decode_with_plan(
     scale: float,
     plan: DecodePlan,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """``paged_decode_attention`` with an explicit split plan (tests force splits with it)."""
     group = check_heads(query, k_cache)
@@ -247,10 +267,11 @@ def decode_with_plan(
         return out
     direct = plan.num_splits == 1
     mid_o, mid_lse = _split_workspace(query, plan.num_splits)
+    sinks_arg = check_sinks(sinks, num_heads, query.device)
     block_d = next_power_of_2(head_dim)
     grid = (num_seqs, k_cache.shape[2], plan.num_splits)
     _decode_split_kernel[grid](
-        query, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
+        query, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse, sinks_arg,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -263,6 +284,7 @@ def decode_with_plan(
         BLOCK_N=plan.block_n,
         BLOCK_SIZE=k_cache.shape[1],
         DIRECT=direct,
+        HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(query.dtype),
         DOT_UPCAST=needs_upcast(query.device),
         num_warps=plan.num_warps,
@@ -270,11 +292,24 @@ def decode_with_plan(
     )  # fmt: skip
     if not direct:
         _decode_reduce_kernel[(num_seqs, num_heads)](
-            mid_o, mid_lse, out,
+            mid_o, mid_lse, out, sinks_arg,
             out.stride(0), out.stride(1),
             num_heads, plan.num_splits, head_dim,
             BLOCK_P=next_power_of_2(plan.num_splits),
             BLOCK_D=block_d,
+            HAS_SINKS=sinks is not None,
             num_warps=2 if block_d <= 128 else 4,
         )  # fmt: skip
     return out
+
+
+def check_sinks(sinks: torch.Tensor | None, num_heads: int, device: torch.device) -> torch.Tensor:
+    """``sinks`` as a contiguous float32 ``[num_heads]`` tensor on ``device``, or a placeholder
+    the kernels never read when there are none."""
+    if sinks is None:
+        return torch.empty(1, dtype=torch.float32, device=device)
+    if sinks.shape != (num_heads,):
+        raise ValueError(f"sinks must be [num_heads] = [{num_heads}] (got {tuple(sinks.shape)}).")
+    if sinks.device != device:
+        raise ValueError(f"sinks are on {sinks.device}, the query on {device}.")
+    return sinks.to(torch.float32).contiguous()

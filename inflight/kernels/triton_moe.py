@@ -8,6 +8,9 @@ kernel runs ``down = act @ w2[e].T`` scaled by each pair's routing weight; the t
 token are summed in float32. Launch sizes depend on shapes only (blocks past the padded end
 exit at once), so the whole op can be captured in a CUDA graph. Rounding points match the
 reference: each GEMM rounds to the input dtype, weighting and the top-k sum run in float32.
+gpt-oss's options: per-expert biases are added to each GEMM's float32 accumulator before it
+rounds (as ``F.linear`` with a bias), and its :class:`~inflight.kernels.reference.ClampedSwiglu`
+runs as the reference's elementwise torch ops (graph-safe) in place of SiLU-and-mul.
 Knows nothing about routing or the model.
 """
 
@@ -17,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inflight.kernels.reference import ClampedSwiglu, clamped_swiglu
 from inflight.kernels.triton_activation import silu_and_mul
 from inflight.kernels.triton_common import FLOAT_DTYPES, INDEX_DTYPES, cdiv, check_dtype, check_ndim
 from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
@@ -54,6 +58,7 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
 def _grouped_gemm_kernel(
     a_ptr,  # [num_rows_a, K]: rows read for pair p are p // A_ROWS_PER_ROW
     w_ptr,  # [num_experts, N, K]
+    bias_ptr,  # [num_experts, N] (read when HAS_BIAS)
     out_ptr,  # [num_pairs, N]
     weights_ptr,  # [num_pairs] float32 routing weights (read when MUL_WEIGHT)
     sorted_pairs_ptr,  # [max_rows] int32
@@ -64,10 +69,12 @@ def _grouped_gemm_kernel(
     stride_am,
     stride_we,
     stride_wn,
+    stride_be,
     stride_om,
     NUM_EXPERTS: tl.constexpr,
     A_ROWS_PER_ROW: tl.constexpr,  # top_k for the first GEMM (rows of x), 1 for the second
     MUL_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,6 +98,9 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_row[:, None] * stride_am + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc += dot(a, w, PRECISION, UPCAST)  # [BLOCK_M, BLOCK_N]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     out = acc.to(a_ptr.dtype.element_ty)  # the reference rounds each expert's matmul
     if MUL_WEIGHT:
         weight = tl.load(weights_ptr + pair, mask=valid, other=0.0)
@@ -100,15 +110,16 @@ def _grouped_gemm_kernel(
 
 
 def _grouped_gemm(
-    a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, weights: torch.Tensor,
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, weights: torch.Tensor,
     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, rows_per_row: int, mul_weight: bool,
 ) -> None:
     num_pairs, n = out.shape
     grid = (block_expert.shape[0], cdiv(n, BLOCK_N))
+    bias_arg = weights if bias is None else bias  # a placeholder the kernel never reads
     _grouped_gemm_kernel[grid](
-        a, w, out, weights, sorted_pairs, block_expert, num_pairs, n, a.shape[1],
-        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        NUM_EXPERTS=w.shape[0], A_ROWS_PER_ROW=rows_per_row, MUL_WEIGHT=mul_weight,
+        a, w, bias_arg, out, weights, sorted_pairs, block_expert, num_pairs, n, a.shape[1],
+        a.stride(0), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0), out.stride(0),
+        NUM_EXPERTS=w.shape[0], A_ROWS_PER_ROW=rows_per_row, MUL_WEIGHT=mul_weight, HAS_BIAS=bias is not None,
         PRECISION=dot_precision(a.dtype), UPCAST=needs_upcast(a.device),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
     )  # fmt: skip
@@ -120,6 +131,10 @@ def fused_moe(
     w2: torch.Tensor,  # [num_experts, hidden, intermediate]
     topk_weights: torch.Tensor,  # [num_tokens, top_k] float32
     topk_ids: torch.Tensor,  # [num_tokens, top_k] int32 or int64
+    *,
+    w13_bias: torch.Tensor | None = None,  # [num_experts, 2 * intermediate] (gate, then up)
+    w2_bias: torch.Tensor | None = None,  # [num_experts, hidden]
+    activation: ClampedSwiglu | None = None,  # None: silu(gate) * up
 ) -> torch.Tensor:  # [num_tokens, hidden]
     """Mixture-of-experts SwiGLU MLP (see :func:`inflight.kernels.reference.fused_moe`)."""
     check_ndim("hidden", hidden, 2, "[num_tokens, hidden]")
@@ -133,15 +148,20 @@ def fused_moe(
         raise ValueError(f"w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} and hidden {tuple(hidden.shape)} disagree.")
     if w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
         raise ValueError(f"expert weights ({w13.dtype}, {w2.dtype}) must have hidden's dtype {hidden.dtype}.")
+    for name, bias, shape in (("w13_bias", w13_bias, w13.shape[:2]), ("w2_bias", w2_bias, w2.shape[:2])):
+        if bias is not None and (bias.shape != shape or bias.dtype != hidden.dtype):
+            raise ValueError(f"{name} must be {tuple(shape)} {hidden.dtype} (got {tuple(bias.shape)} {bias.dtype}).")
     if num_tokens == 0:
         return torch.empty_like(hidden)
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
+    w13_bias = None if w13_bias is None else w13_bias.contiguous()
+    w2_bias = None if w2_bias is None else w2_bias.contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()  # [num_pairs]
     sorted_pairs, block_expert = align_pairs(topk_ids, num_experts, BLOCK_M)
     num_pairs = num_tokens * top_k
     gate_up = torch.empty((num_pairs, 2 * width), dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(hidden, w13, gate_up, weights, sorted_pairs, block_expert, top_k, mul_weight=False)
-    act = silu_and_mul(gate_up)  # [num_pairs, width]
+    _grouped_gemm(hidden, w13, w13_bias, gate_up, weights, sorted_pairs, block_expert, top_k, mul_weight=False)
+    act = silu_and_mul(gate_up) if activation is None else clamped_swiglu(gate_up, activation)  # [num_pairs, width]
     down = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
-    _grouped_gemm(act, w2, down, weights, sorted_pairs, block_expert, 1, mul_weight=True)
+    _grouped_gemm(act, w2, w2_bias, down, weights, sorted_pairs, block_expert, 1, mul_weight=True)
     return down.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)

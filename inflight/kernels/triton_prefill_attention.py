@@ -28,6 +28,7 @@ from inflight.kernels.triton_common import (
     check_same_device,
     next_power_of_2,
 )
+from inflight.kernels.triton_decode_attention import check_sinks
 from inflight.kernels.triton_helpers import (
     dot_precision,
     load_kv_tile,
@@ -81,6 +82,7 @@ def _prefill_kernel(
     query_start_loc_ptr,  # [num_seqs + 1]
     context_lens_ptr,  # [num_seqs]
     out_ptr,  # [num_tokens, num_heads, head_dim]
+    sinks_ptr,  # [num_heads] sink logits (read when HAS_SINKS)
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -98,6 +100,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -141,6 +144,12 @@ def _prefill_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, visible, qk_scale, m_i, l_i, acc,
                                             DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
+    if HAS_SINKS:  # the head's sink joins the denominator, rescaled to the new max
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(m_i, sink)
+        keep = tl.exp2(m_i - top)
+        l_i = l_i * keep + tl.exp2(sink - top)
+        acc = acc * keep[:, None]
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_offs = tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(
@@ -159,16 +168,18 @@ def paged_prefill_attention(
     key: torch.Tensor | None = None,  # accepted for the reference signature; the kernel reads the cache
     value: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk
-    (and within the last ``sliding_window`` positions when a window is given)."""
+    (and within the last ``sliding_window`` positions when a window is given; with a sink
+    logit per head in every softmax when ``sinks`` is given)."""
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")
     config = plan_prefill(
         query.shape[0], context_lens.shape[0], query.shape[2], query.element_size()
     )
     return prefill_with_config(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, config,
-        sliding_window,
+        sliding_window, sinks,
     )
 
 
@@ -204,6 +215,7 @@ def prefill_with_config(
     scale: float,
     config: PrefillConfig,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """``paged_prefill_attention`` with explicit tile sizes (tests force small tiles)."""
     group = _check_prefill_inputs(
@@ -218,9 +230,10 @@ def prefill_with_config(
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
         return out
+    sinks_arg = check_sinks(sinks, num_heads, query.device)
     grid = (num_tokens // config.block_m + num_seqs, num_heads)
     _prefill_kernel[grid](
-        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, out, sinks_arg,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -232,6 +245,7 @@ def prefill_with_config(
         BLOCK_N=config.block_n,
         BLOCK_D=next_power_of_2(head_dim),
         BLOCK_SIZE=k_cache.shape[1],
+        HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(query.dtype),
         DOT_UPCAST=needs_upcast(query.device),
         num_warps=config.num_warps,

@@ -1,12 +1,14 @@
-"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral, Gemma 3 text) checkpoint with a real tokenizer.
+"""The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral/gpt-oss, Gemma 3 text) checkpoint with a real tokenizer.
 
-``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gemma3] [--size tiny|small|medium|0.5b] [--seed N]``
+``python -m inflight.runtime.demo_model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gpt_oss|gemma3] [--size tiny|small|medium|0.5b] [--seed N]``
 
 Gemma 3 alternates local (16-token sliding window, its own rope base) and global layers.
 
 The mixture-of-experts families have 8 experts, 2 per token: Qwen3-MoE with experts a quarter
 of the size preset's MLP width, ``norm_topk_prob`` and a dense first layer; Mixtral with experts
-half as wide. ``make_demo_model(..., config_overrides=...)`` changes any config field.
+half as wide; gpt-oss (8 experts of half the MLP width, 2 per token) with sliding (16 tokens)
+and full layers alternating, yarn rope, attention sinks and router/expert biases spread so they
+matter. ``make_demo_model(..., config_overrides=...)`` changes any config field.
 
 Writes an ordinary Hugging Face directory (config.json, model.safetensors, tokenizer.json,
 generation_config.json) that transformers and our loader both read. The tokenizer is a
@@ -34,8 +36,8 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3")
-TEMPLATE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral", "gemma3": "llama"}  # whose demo chat template a family speaks
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma3")
+TEMPLATE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral", "gemma3": "llama", "gpt_oss": "llama"}  # whose demo chat template a family speaks
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,16 @@ def _hf_config(arch: str, size: SizePreset, vocab_size: int, ids: dict[str, int]
         return transformers.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2,
                                           tie_word_embeddings=False, sliding_window=None,
                                           architectures=["MixtralForCausalLM"])
+    if arch == "gpt_oss":  # sliding and full layers alternating, yarn rope, head_dim decoupled
+        common["intermediate_size"] = size.intermediate_size // 2
+        rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": size.max_position_embeddings // 8}
+        return transformers.GptOssConfig(
+            **common, head_dim=2 * size.hidden_size // size.num_heads, num_local_experts=8,
+            num_experts_per_tok=2, sliding_window=16, rope_parameters=rope, tie_word_embeddings=False,
+            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(size.num_layers)],
+            architectures=["GptOssForCausalLM"],
+        )
     if arch == "gemma3":  # local (sliding) and global layers alternating, a 16-token window
         head_dim = size.hidden_size // size.num_heads
         del common["rms_norm_eps"]
@@ -178,6 +190,11 @@ def make_demo_model(
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.normal_(6.0 if ".post_" in name else 0.0, 1.0)
+    if arch == "gpt_oss":  # biases start at 0 and sinks near it: spread them so they matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("sinks", "_bias", "router.bias")):
+                    param.normal_(0.0, 1.0 if name.endswith("sinks") else preset.init_std)
     model.generation_config.eos_token_id = ids["eos_token_id"]
     model.to(dtype).save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

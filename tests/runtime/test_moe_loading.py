@@ -4,7 +4,7 @@ transformers 5 holds experts fused in memory (``experts.gate_up_proj`` ``[E, 2I,
 ``experts.down_proj`` ``[E, H, I]``) but ``save_pretrained`` writes them per expert, as the
 Hub's checkpoints are (Qwen3-MoE ``experts.{e}.gate_proj``, Mixtral
 ``block_sparse_moe.experts.{e}.w1``); both load to the same model. MoE families we do not
-serve (gpt-oss, DeepSeek) are refused at load, naming what is supported.
+serve (Qwen2-MoE, DeepSeek) are refused at load, naming what is supported.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def test_misshapen_expert_is_named(model_factory, tmp_path) -> None:
         load_model(broken, torch.float32, torch.device("cpu"))
 
 
-def _gpt_oss():
-    from transformers import GptOssConfig
+def _qwen2_moe():
+    from transformers import Qwen2MoeConfig
 
-    return GptOssConfig(num_hidden_layers=2, architectures=["GptOssForCausalLM"])
+    return Qwen2MoeConfig(num_hidden_layers=2, architectures=["Qwen2MoeForCausalLM"])
 
 
 def _deepseek_v3():
@@ -85,7 +85,7 @@ def _deepseek_v3():
     return DeepseekV3Config(num_hidden_layers=2, architectures=["DeepseekV3ForCausalLM"])
 
 
-@pytest.mark.parametrize("make_config", [_gpt_oss, _deepseek_v3], ids=["gpt-oss", "deepseek-v3"])
+@pytest.mark.parametrize("make_config", [_qwen2_moe, _deepseek_v3], ids=["qwen2-moe", "deepseek-v3"])
 def test_unsupported_moe_family_is_refused_at_load(tmp_path, make_config) -> None:
     make_config().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="unsupported architecture") as err:

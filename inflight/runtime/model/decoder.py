@@ -6,7 +6,9 @@ sequences first, then prompt chunks. Attention and KV writes go through a
 fused into one matmul each at load time. A mixture-of-experts model's expert layers take the
 dense MLP's place (:mod:`.moe`); Gemma 3's layers (sandwich norms, GELU-tanh MLP, scaled
 embeddings) take the other path of :meth:`CausalLM.forward`. A layer's sliding window and rope
-table come from the spec. Knows nothing about scheduling or sampling.
+table come from the spec; gpt-oss's attention sinks (``self_attn.sinks``, one logit per query
+head, this rank's heads under tensor parallelism) go to the attention kernels as ``sinks``.
+Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
+        self.sinks = nn.Parameter(torch.empty(layout.num_heads)) if spec.attn_sinks else None  # [num_heads]
 
     def forward(
         self,
@@ -90,23 +93,26 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         ops.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         nd, window = meta.num_decode_tokens, self.window
+        sinks = {} if self.sinks is None else {"sinks": self.sinks}  # only gpt-oss passes sinks
         if meta.num_prefills == 0:
             out = ops.paged_decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window,
+                **sinks,
             )
         elif nd == 0:
             out = ops.paged_prefill_attention(
                 q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale, key=k, value=v, sliding_window=window,
+                meta.prefill_context_lens, self.scale, key=k, value=v, sliding_window=window, **sinks,
             )
         else:
             out = torch.empty_like(q)
             out[:nd] = ops.paged_decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window,
+                **sinks,
             )
             out[nd:] = ops.paged_prefill_attention(
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:], sliding_window=window,
+                meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:], sliding_window=window, **sinks,
             )
         out = ops.linear(out.reshape(num_tokens, self.q_size), self.o_proj.weight, self.o_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)

@@ -7,7 +7,8 @@ gate/up projections as they load. Never downloads anything: the path must be a d
 Under tensor parallelism each rank reads only its slice of each tensor (``get_slice``), as
 its :class:`~inflight.runtime.distributed.layout.ShardLayout` says, so no rank ever holds
 the whole model. Row-parallel biases (o_proj, down_proj) are added once, by rank 0. Expert
-weights of mixture-of-experts models (either layout) go through :mod:`.moe_weights`.
+weights of mixture-of-experts models (either layout) go through :mod:`.moe_weights`;
+compressed-tensors pack-quantized linears through :mod:`.compressed_tensors` (kept packed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from inflight.runtime.distributed.layout import ShardLayout
-from inflight.runtime.model import moe_weights
+from inflight.runtime.model import compressed_tensors, moe_weights, mxfp4
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
 
@@ -101,6 +102,8 @@ def _read_shard(name: str, part: Any, spec: ModelSpec, layout: ShardLayout) -> t
     parts = name.split(".")
     module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
     split = _split(module, spec, layout)
+    if layout.is_sharded and kind == "sinks":  # gpt-oss: a logit per query head, split with the heads
+        return part[layout.q_head_start : layout.q_head_start + layout.num_heads]
     if not layout.is_sharded or split is None:
         return part[:]
     axis, full, start, length = split
@@ -129,14 +132,21 @@ def load_model(
     spec = spec_from_hf_config(config)
     with torch.device("meta"):
         model = CausalLM(spec, tp)
+    # compressed-tensors: packed linears take their int4/int8 weights while the model is on
+    # meta, so they never exist in float; their checkpoint tensors are skipped below
+    packed = compressed_tensors.install_packed_linears(model, model_dir, config, device)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for hf_name, part in _iter_tensors(_weight_files(model_dir), progress):
+    tensors = _iter_tensors(_weight_files(model_dir), progress)
+    if mxfp4.is_mxfp4(config):  # gpt-oss's MXFP4 experts, dequantized as they stream past
+        tensors = mxfp4.dequantized_tensors(tensors, dtype)
+    for hf_name, part in tensors:
         name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name
-        if "rotary_emb" in name:
+        name = name.replace(".mlp.router.", ".mlp.gate.")  # gpt-oss's router is our mlp.gate
+        if "rotary_emb" in name or hf_name in packed:
             continue
         piece = moe_weights.expert_piece(name) if spec.moe is not None else None
         if piece is not None:

@@ -6,7 +6,9 @@ Two layouts load, with Mixtral's ``block_sparse_moe`` read as ``mlp``:
   ``mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`` (Qwen3-MoE) or
   ``experts.{e}.w1/w3/w2.weight`` (Mixtral: w1 gate, w3 up, w2 down);
 * fused, as transformers 5 holds them in memory: ``mlp.experts.gate_up_proj``
-  ``[E, 2 * I, hidden]`` (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, hidden, I]``.
+  ``[E, 2 * I, hidden]`` (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, hidden, I]``;
+  gpt-oss's fused tensors (transposed, gate/up interleaved, with ``*_bias``) are read by
+  :mod:`.gpt_oss`.
 
 Under tensor parallelism each rank reads only its slice of every expert's intermediate
 dimension (``get_slice``). The router (``mlp.gate.weight``) is an ordinary replicated tensor and
@@ -22,10 +24,11 @@ from typing import Any
 import torch
 
 from inflight.runtime.distributed.layout import ShardLayout
+from inflight.runtime.model import gpt_oss
 from inflight.runtime.model.spec import ModelSpec
 
 _PER_EXPERT = re.compile(r"(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
-_FUSED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_FUSED = re.compile(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias)?")
 _KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 
 
@@ -35,7 +38,7 @@ class ExpertPiece:
 
     target: str  # our parameter: "layers.3.mlp.experts.gate_up_proj" or "...down_proj"
     expert: int | None  # None: the tensor holds every expert (the fused layout)
-    kind: str  # "gate", "up" or "down" (one expert); "gate_up" or "down" (fused)
+    kind: str  # "gate", "up" or "down" (one expert); "gate_up", "down" or either + "_bias" (fused)
 
     @property
     def key(self) -> str:
@@ -50,7 +53,8 @@ def expert_piece(name: str) -> ExpertPiece | None:
         kind = _KIND[m.group(3)]
         return ExpertPiece(f"{m.group(1)}.{'down_proj' if kind == 'down' else 'gate_up_proj'}", int(m.group(2)), kind)
     if m := _FUSED.fullmatch(name):
-        return ExpertPiece(f"{m.group(1)}.{m.group(2)}", None, "gate_up" if m.group(2) == "gate_up_proj" else "down")
+        kind = ("gate_up" if m.group(2) == "gate_up_proj" else "down") + (m.group(3) or "")
+        return ExpertPiece(f"{m.group(1)}.{m.group(2)}{m.group(3) or ''}", None, kind)
     return None
 
 
@@ -59,6 +63,12 @@ def read_piece(
 ) -> torch.Tensor:
     """This rank's columns of checkpoint tensor ``hf_name`` (a safetensors slice)."""
     assert spec.moe is not None
+    if spec.arch == "gpt_oss":
+        if piece.expert is not None:
+            raise ValueError(f"{hf_name}: gpt-oss checkpoints hold experts fused (experts.gate_up_proj ...).")
+        return gpt_oss.read_expert_tensor(hf_name, piece.kind, part, spec, layout)
+    if piece.kind.endswith("_bias"):
+        raise ValueError(f"{hf_name}: {spec.arch}'s experts have no biases.")
     full, hidden, num_experts = spec.moe.intermediate_size, spec.hidden_size, spec.moe.num_experts
     width = full // layout.world_size
     lo, hi = layout.rank * width, (layout.rank + 1) * width

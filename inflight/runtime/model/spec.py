@@ -1,8 +1,9 @@
 """ModelSpec: the architecture facts our decoder needs, read from a Hugging Face config.
 
 Knows which architectures we support and how each differs from Llama (Qwen2's qkv bias,
-Qwen3's q/k norm, sliding windows and which layers have them, Qwen3-MoE's and Mixtral's expert layers, in
-:class:`MoeSpec`). Raises ``ValueError`` for anything else.
+Qwen3's q/k norm, sliding windows and which layers have them, Qwen3-MoE's, Mixtral's and
+gpt-oss's expert layers, in :class:`MoeSpec`; gpt-oss's attention sinks). Raises ``ValueError``
+for anything else.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "Gemma3ForCausalLM": "gemma3_text",
+    "GptOssForCausalLM": "gpt_oss",
 }
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -32,6 +34,13 @@ class MoeSpec:
     intermediate_size: int  # each expert's MLP width
     renormalize: bool  # divide the top-k softmax probabilities by their sum
     sparse_layers: tuple[int, ...]  # decoder layers whose MLP is the expert layer; the rest are dense
+    # gpt-oss (all defaults: Qwen3-MoE and Mixtral): a router bias, top-k of the logits then a
+    # softmax over those k, a bias on each expert matmul, the clamped SwiGLU.
+    router_bias: bool = False
+    topk_first: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None  # set: the clamped SwiGLU (kernels.reference.ClampedSwiglu)
+    swiglu_alpha: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,7 @@ class ModelSpec:
     embed_scale: float | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     final_logit_softcapping: float | None = None
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head in every attention softmax
 
     def layer_window(self, index: int) -> int | None:
         """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""
@@ -89,6 +99,8 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         )
     if arch == "gemma3_text":
         return _gemma3_spec(config)
+    if arch == "gpt_oss":
+        return _gpt_oss_spec(config)
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
     _check_rope(_rope_parameters(config))
@@ -165,6 +177,38 @@ def _gemma3_spec(config: Any) -> ModelSpec:
         embed_scale=config.hidden_size**0.5,
         attn_scale=config.query_pre_attn_scalar**-0.5,
         final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
+    )
+
+
+def _gpt_oss_spec(config: Any) -> ModelSpec:
+    """gpt-oss: biased attention with a sink logit per head, sliding and full layers as
+    ``layer_types`` says, yarn rope, and an expert layer in every layer (router bias, top-k then
+    softmax, biased experts, clamped SwiGLU)."""
+    _check_rope(_rope_parameters(config))
+    window = config.sliding_window
+    sliding_layers = _sliding_layers(config, window)
+    num_experts, top_k = config.num_local_experts, config.num_experts_per_tok
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {num_experts} experts.")
+    moe = MoeSpec(
+        num_experts, top_k, config.intermediate_size, renormalize=True,
+        sparse_layers=tuple(range(config.num_hidden_layers)), router_bias=True, topk_first=True,
+        expert_bias=True, swiglu_limit=float(config.swiglu_limit), swiglu_alpha=float(config.swiglu_alpha),
+    )  # fmt: skip
+    bias = bool(getattr(config, "attention_bias", True))
+    return ModelSpec(
+        arch="gpt_oss",
+        **_shape_fields(config),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=False,
+        qk_norm=False,
+        sliding_window=window if sliding_layers else None,
+        hidden_act="silu",
+        moe=moe,
+        sliding_layers=sliding_layers,
+        attn_sinks=True,
     )
 
 
