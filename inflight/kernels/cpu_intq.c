@@ -21,35 +21,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_half.h"
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 static inline float bf16_to_float(uint16_t h) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-
-static inline float half_to_float_sw(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else {  /* subnormal: normalize */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) {
-                mant <<= 1;
-                --exp;
-            }
-            bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    union { uint32_t u; float f; } v = {.u = bits};
     return v.f;
 }
 
@@ -75,7 +54,7 @@ static inline float scale_at(const void *scales, int code, int64_t g) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
 #else
-    return half_to_float_sw(h);
+    return half_bits_to_float(h);
 #endif
 }
 
@@ -98,7 +77,7 @@ static inline __attribute__((always_inline)) void round_to_scale_dtype(float *v,
         }
         for (; i < n; ++i) v[i] = _cvtsh_ss(_cvtss_sh(v[i], _MM_FROUND_TO_NEAREST_INT));
 #else
-        for (int i = 0; i < n; ++i) v[i] = half_to_float_sw(float_to_half_sw(v[i]));
+        for (int i = 0; i < n; ++i) v[i] = half_bits_to_float(float_to_half_sw(v[i]));
 #endif
     }
 }

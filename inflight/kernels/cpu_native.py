@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -85,8 +86,11 @@ def compile_library(source: Path, stem: str, signatures: dict[str, tuple[Any, li
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler found (install gcc, or set CC)"
+    text = source.read_bytes()
+    headers = b"".join((source.parent / h.decode()).read_bytes()
+                       for h in re.findall(rb'#include "([^"]+)"', text))  # a header edit rebuilds too
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
+        text + headers + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
     ).hexdigest()[:16]
     target = cache_root() / "kernels" / f"{stem}-{platform.machine()}-{key}.so"
     with _LOCK:

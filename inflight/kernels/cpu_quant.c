@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_half.h"
+
 #if defined(__F16C__)
 #include <immintrin.h>
 static inline float half_to_float(const uint8_t *p) {  /* one instruction where the CPU has F16C */
@@ -27,27 +29,7 @@ static inline float half_to_float(const uint8_t *p) {  /* one instruction where 
 }
 #else
 static inline float half_to_float(const uint8_t *p) {
-    const uint16_t h = (uint16_t)p[0] | ((uint16_t)p[1] << 8);
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else {  /* subnormal: normalize */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) {
-                mant <<= 1;
-                --exp;
-            }
-            bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    union { uint32_t u; float f; } v = {.u = bits};
-    return v.f;
+    return half_bits_to_float((uint16_t)p[0] | ((uint16_t)p[1] << 8));
 }
 #endif
 
