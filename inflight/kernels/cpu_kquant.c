@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_simd.h"
+
 #define QK 256
 #define SUB 32
 
@@ -100,7 +102,59 @@ static inline void superblock_scales(const uint8_t *blk, int qtype, float *d, fl
     *dmin = qtype == 5 ? 0.0f : half_to_float(blk + 2);
 }
 
-/* One row of k weights (k / 256 super-blocks) into out[k], bit-identical to the reference. */
+#if defined(SIMD_BYTES)
+/* Q4_K/Q5_K super-block into o[256], 16 weights a vector (cpu_simd.h): sub-blocks 2p and 2p + 1
+ * are the low and high nibbles of bytes 32p..32p + 31, plus 16 where Q5_K's bit 2p / 2p + 1
+ * of qh[i] is set; each weight (d * sc) * q - dmin * m, as in unpack_group. */
+static inline __attribute__((always_inline)) void simd_q45(const uint8_t *blk, int qtype, float d,
+                                                          float dmin, float *o) {
+    const uint8_t *qs = blk + (qtype == 4 ? 48 : 16), *qh = blk + 16;
+    for (int p = 0; p < 4; ++p) {
+        float sc0, mn0, sc1, mn1;
+        scale_min(blk + 4, 2 * p, &sc0, &mn0);
+        scale_min(blk + 4, 2 * p + 1, &sc1, &mn1);
+        const float ds0 = d * sc0, dm0 = dmin * mn0, ds1 = d * sc1, dm1 = dmin * mn1;
+        for (int j = 0; j < 2; ++j) {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(qs + 32 * p + 16 * j));
+            __m128i lo = simd_lo4(q), hi = simd_hi4(q);
+            if (qtype == 4) {
+                const __m128i h = _mm_loadu_si128((const __m128i *)(qh + 16 * j)), sixteen = _mm_set1_epi8(16);
+                const __m128i b0 = _mm_set1_epi8((char)(1 << (2 * p))), b1 = _mm_set1_epi8((char)(2 << (2 * p)));
+                lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h, b0), b0), sixteen));
+                hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(h, b1), b1), sixteen));
+            }
+            simd_put16(o + 64 * p + 16 * j, lo, 0, ds0, -1, dm0);
+            simd_put16(o + 64 * p + 32 + 16 * j, hi, 0, ds1, -1, dm1);
+        }
+    }
+}
+
+/* Q6_K super-block into o[256]: group g = 4h + t as in unpack_group, 16 weights a vector. */
+static inline __attribute__((always_inline)) void simd_q6(const uint8_t *blk, float d, float *o) {
+    const int8_t *scales = (const int8_t *)(blk + 192);
+    const __m128i low4 = _mm_set1_epi8(0x0F), three = _mm_set1_epi8(3), bias = _mm_set1_epi8(32);
+    for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 2; ++j) {  /* bytes 16j..16j + 15 of each group of this half */
+            const __m128i l0 = _mm_loadu_si128((const __m128i *)(blk + 64 * h + 16 * j));
+            const __m128i l1 = _mm_loadu_si128((const __m128i *)(blk + 64 * h + 32 + 16 * j));
+            const __m128i hi = _mm_loadu_si128((const __m128i *)(blk + 128 + 32 * h + 16 * j));
+            const __m128i lows[4] = {_mm_and_si128(l0, low4), _mm_and_si128(l1, low4),
+                                     _mm_and_si128(_mm_srli_epi16(l0, 4), low4),
+                                     _mm_and_si128(_mm_srli_epi16(l1, 4), low4)};
+            const __m128i highs[4] = {_mm_and_si128(hi, three), _mm_and_si128(_mm_srli_epi16(hi, 2), three),
+                                      _mm_and_si128(_mm_srli_epi16(hi, 4), three),
+                                      _mm_and_si128(_mm_srli_epi16(hi, 6), three)};
+            for (int t = 0; t < 4; ++t) {
+                const int g = 4 * h + t;
+                const __m128i q = _mm_sub_epi8(_mm_or_si128(lows[t], _mm_slli_epi16(highs[t], 4)), bias);
+                simd_put16(o + SUB * g + 16 * j, q, 1, d * (float)scales[2 * g + j], 0, 0.0f);
+            }
+        }
+}
+#endif
+
+/* One row of k weights (k / 256 super-blocks) into out[k], bit-identical to the reference;
+ * through cpu_simd.h where the CPU has AVX2, else unpack_group's scalar loops. */
 __attribute__((optimize("fp-contract=off")))
 static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
     const int64_t nb = k / QK, bb = block_bytes(qtype);
@@ -108,12 +162,19 @@ static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
         const uint8_t *blk = row + b * bb;
         float d, dmin;
         superblock_scales(blk, qtype, &d, &dmin);
+#if defined(SIMD_BYTES)
+        if (qtype == 5)
+            simd_q6(blk, d, out + b * QK);
+        else
+            simd_q45(blk, qtype, d, dmin, out + b * QK);
+#else
         for (int g = 0; g < 8; ++g) {
             float *o = out + b * QK + SUB * g;
             const float dm = unpack_group(blk, qtype, g, d, dmin, o);
             if (qtype != 5)
                 for (int i = 0; i < SUB; ++i) o[i] = o[i] - dm;
         }
+#endif
     }
 }
 

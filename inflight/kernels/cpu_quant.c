@@ -8,7 +8,8 @@
  * call. The weight is read in its packed form (4.5-8.5 bits a weight instead of 32). Many
  * rows (prefill): inflight_quant_dequantize_f32 dequantizes tiles of rows with exactly gguf's
  * float32 arithmetic (no contraction into FMA: bit-identical to the reference) for a library
- * GEMM on the Python side.
+ * GEMM on the Python side. Both unpack 16 weights a vector through cpu_simd.h where the CPU has
+ * AVX2 (AVX-512: one instruction per step), the scalar loops otherwise.
  *
  * Codes: 0 = Q4_0 (18 bytes: fp16 d, 16 nibble bytes), 1 = Q4_1 (20 bytes: fp16 d, fp16 m,
  * 16 nibble bytes), 2 = Q8_0 (34 bytes: fp16 d, 32 int8). Nibble byte i holds weight i (low)
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "cpu_half.h"
+#include "cpu_simd.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -35,7 +37,8 @@ static inline float half_to_float(const uint8_t *p) {
 
 static inline int64_t block_bytes(int qtype) { return qtype == 0 ? 18 : qtype == 1 ? 20 : 34; }
 
-/* One row of k weights (k / 32 blocks) into out[k]. */
+/* One row of k weights (k / 32 blocks) into out[k]: 16 weights a vector where the CPU has
+ * AVX2 (cpu_simd.h), else the scalar loops; the same float operations either way. */
 __attribute__((optimize("fp-contract=off")))
 static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
     const int64_t nb = k / 32, bb = block_bytes(qtype);
@@ -43,6 +46,21 @@ static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
         const uint8_t *blk = row + b * bb;
         float *o = out + b * 32;
         const float d = half_to_float(blk);
+#if defined(SIMD_BYTES)
+        if (qtype == 2) {
+            simd_put16(o, _mm_loadu_si128((const __m128i *)(blk + 2)), 1, d, 0, 0.0f);
+            simd_put16(o + 16, _mm_loadu_si128((const __m128i *)(blk + 18)), 1, d, 0, 0.0f);
+        } else if (qtype == 1) {
+            const float m = half_to_float(blk + 2);
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4));
+            simd_put16(o, simd_lo4(q), 0, d, 1, m);
+            simd_put16(o + 16, simd_hi4(q), 0, d, 1, m);
+        } else {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), eight = _mm_set1_epi8(8);
+            simd_put16(o, _mm_sub_epi8(simd_lo4(q), eight), 1, d, 0, 0.0f);
+            simd_put16(o + 16, _mm_sub_epi8(simd_hi4(q), eight), 1, d, 0, 0.0f);
+        }
+#else
         if (qtype == 2) {
             const int8_t *q = (const int8_t *)(blk + 2);
             for (int i = 0; i < 32; ++i) o[i] = (float)q[i] * d;
@@ -60,6 +78,7 @@ static void dequant_row(const uint8_t *row, int qtype, int64_t k, float *out) {
                 o[i + 16] = d * (float)((int)(q[i] >> 4) - 8);
             }
         }
+#endif
     }
 }
 
@@ -75,6 +94,19 @@ void inflight_quant_dequantize_f32(const uint8_t *w, int qtype, float *out, int6
  * activation's block sums), for the fused dot products below. */
 static inline float block_scaled(const uint8_t *blk, int qtype, float *w, float *min) {
     const float d = half_to_float(blk);
+#if defined(SIMD_BYTES)
+    if (qtype == 2) {
+        simd_put16(w, _mm_loadu_si128((const __m128i *)(blk + 2)), 1, d, 0, 0.0f);
+        simd_put16(w + 16, _mm_loadu_si128((const __m128i *)(blk + 18)), 1, d, 0, 0.0f);
+    } else {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + (qtype == 1 ? 4 : 2)));
+        const __m128i offset = _mm_set1_epi8(qtype == 1 ? 0 : 8);
+        simd_put16(w, _mm_sub_epi8(simd_lo4(q), offset), 1, d, 0, 0.0f);
+        simd_put16(w + 16, _mm_sub_epi8(simd_hi4(q), offset), 1, d, 0, 0.0f);
+    }
+    *min = qtype == 1 ? half_to_float(blk + 2) : 0.0f;
+    return d;
+#endif
     if (qtype == 2) {
         const int8_t *q = (const int8_t *)(blk + 2);
 #pragma omp simd

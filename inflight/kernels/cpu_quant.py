@@ -30,8 +30,10 @@ _SIGNATURES = {
     "inflight_quant_linear_f32": (ctypes.c_int, [_ptr, _ptr, _int, _ptr, _ptr, _i64, _i64, _i64, _int]),
 }
 # Above this many rows a tile of dequantized weight rows times torch's GEMM wins over
-# streaming the packed weight once per row group.
-FEW_ROWS = 8
+# streaming the packed weight once per row group. With the AVX-512 dequantizer the tiles won
+# 1.1-1.8x at 5-8 rows on 9 of 12 SmolLM2 shapes x threads for Q4_0/Q4_1/Q8_0 (the fused
+# kernel makes a second pass over the weight for rows 5-8); the fused kernel still wins at 1-4.
+FEW_ROWS = 4
 # K-quants unpack a sub-block per four rows, and the tiles dequantize fast: the fused kernel won
 # 1.05-1.9x at 1-4 rows and lost 1.3-1.5x at 8 (576x1536 and 1536x768, 1 and 2 threads).
 FEW_ROWS_K = 4
