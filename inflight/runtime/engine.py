@@ -49,6 +49,7 @@ from inflight.runtime.scheduler import ScheduledChunk, Scheduler
 from inflight.runtime.spec_verify import verify_greedy, verify_sampled
 from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
+from inflight.runtime.tenant_stats import TenantMeter
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("inflight.engine")
@@ -100,6 +101,7 @@ class LLMEngine:
         self._num_tokens_last_step = 0
         self._num_steps = 0
         self._spec = SpecStats()
+        self._tenants = TenantMeter() if config.scheduler_policy == "fair" else None
 
     @classmethod
     def from_model_dir(
@@ -362,7 +364,8 @@ class LLMEngine:
         """Append the step's tokens (one, or a speculating request's accepted drafts plus one)
         until one of them finishes the request; one output for all of them."""
         live = self._live[req.req_id]
-        if req.first_token_time is None:
+        first = req.first_token_time is None
+        if first:
             req.first_token_time = now
             self._num_prompt_tokens += req.num_prompt_tokens
         reason = error = None
@@ -382,6 +385,8 @@ class LLMEngine:
                     reason = "stop"
             if reason is not None:
                 break
+        if self._tenants is not None:
+            self._tenants.count(req.tenant, req.num_prompt_tokens if first else 0, len(new_ids))
         return self._output_after(req, live, tuple(new_ids), reason, error)
 
     def _output_after(
@@ -470,6 +475,8 @@ class LLMEngine:
             spec_num_draft_tokens=self._spec.num_draft_tokens,
             spec_num_accepted_tokens=self._spec.num_accepted_tokens,
             spec_accepted_per_position=tuple(self._spec.accepted_per_position),
+            tenants=(self._tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
+                     if self._tenants is not None else None),
         )
 
     def update_config(self, **changes: Any) -> EngineConfig:
@@ -494,6 +501,7 @@ class LLMEngine:
         self.pool.reset_prefix_cache()
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
         self._num_prompt_tokens = self._num_generation_tokens = self._num_steps = 0
+        self._tenants = TenantMeter() if self._tenants is not None else None
 
 
 

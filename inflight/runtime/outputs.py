@@ -131,6 +131,18 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantStats:
+    """Per-tenant figures as columns (entry i of each is tenant ``labels[i]``): columns of
+    plain ints pickle fast, and this crosses the process boundary with every step."""
+
+    labels: tuple[str, ...]  # sanitised, bounded in number (tenant_stats.MAX_TRACKED_TENANTS + 1)
+    num_running: tuple[int, ...]
+    num_waiting: tuple[int, ...]
+    prompt_tokens: tuple[int, ...]  # cumulative
+    generation_tokens: tuple[int, ...]  # cumulative
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot for the server's metrics and the autoscaler."""
 
@@ -152,6 +164,7 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    tenants: TenantStats | None = None  # fair policy only (inflight.runtime.tenant_stats)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -2,7 +2,8 @@
 identical with speculation on and off (four architectures, chunked prompts, forced
 preemption, prefix caching, several choices of one prompt, stop strings, a grammar-bound
 request in the same batch), rejection sampling that keeps the target distribution (a
-chi-square test), max_tokens and EOS honoured exactly, no leaked blocks."""
+chi-square test), max_tokens and EOS honoured exactly, an abort right after a speculating
+step, the ``n`` choices of one request (one engine group), no leaked blocks."""
 
 from __future__ import annotations
 
@@ -207,3 +208,83 @@ def test_speculating_rows_run_on_decode_graphs(model_factory) -> None:
     engine = LLMEngine.from_model_dir(model_dir, config, graph_backend=backend)
     assert _run(engine, requests) == off
     assert backend.num_replays > 0 and engine.stats().spec_num_drafts > 0
+
+
+def _spy_drafts(engine: LLMEngine) -> set[str]:
+    """The ids of the requests the latest step scheduled with draft tokens."""
+    drafted: set[str] = set()
+    schedule = engine.scheduler.schedule
+
+    def spy():  # noqa: ANN202 (the scheduler's own return type)
+        out = schedule()
+        drafted.clear()
+        drafted.update(c.request.req_id for c in out.chunks if c.draft_token_ids)
+        return out
+
+    engine.scheduler.schedule = spy  # type: ignore[method-assign]
+    return drafted
+
+
+def test_an_abort_while_speculating_leaks_nothing_and_leaves_the_others_alone(model_factory) -> None:
+    """The victim shares its prompt's cached blocks with another request, holds KV slots of
+    rejected drafts when aborted, and the others' greedy tokens stay those of a run without
+    speculation and without the victim; a later request that reuses the victim's cached
+    prefix still gets the right tokens."""
+    model_dir = model_factory("llama")
+    requests = _requests(1000)[:4]
+    long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    knobs = dict(enable_prefix_caching=True)
+    expected = _run(_engine(model_dir, None, **knobs), requests)
+    after = _run(_engine(model_dir, None, **knobs), [(requests[1][0], long)])["0"]
+    engine = _engine(model_dir, SPEC, **knobs)
+    drafted = _spy_drafts(engine)
+    engine.add_request("victim", requests[1][0], long)
+    got: dict[str, list[int]] = {}
+    aborted_at_step = None
+    for step in range(2000):
+        if not engine.has_unfinished_requests():
+            break
+        if step == 1:  # the victim's prompt is computed and cached: the others share it
+            for i, (prompt, params) in enumerate(requests):
+                engine.add_request(str(i), prompt, params)
+        for out in engine.step():
+            got.setdefault(out.req_id, []).extend(out.new_token_ids)
+        if aborted_at_step is None and "victim" in drafted and len(got) > 1:  # it just speculated
+            abort = engine.abort_request("victim")
+            assert abort is not None and abort.finish_reason == "abort"
+            aborted_at_step = step
+    assert aborted_at_step is not None, "the victim never speculated beside the others"
+    assert len(got["victim"]) < long.max_tokens
+    assert {k: tuple(v) for k, v in got.items() if k != "victim"} == {k: v[1] for k, v in expected.items()}
+    assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
+    assert _run(engine, [(requests[1][0], long)])["0"] == after  # its cached prefix is sound
+    assert engine.stats().prefix_cache_hits > 0
+
+
+def test_n_choices_of_one_request_speculate_to_the_same_greedy_tokens(model_factory) -> None:
+    """A request with ``n`` choices is ``n`` engine requests added as one group: greedy, every
+    choice equals the others and the run without speculation; seeded sampled choices each
+    finish their length; nothing leaks."""
+    from inflight.runtime.engine_core.protocol import EngineRequest
+
+    model_dir = model_factory("qwen3")
+    prompt = _requests(1000)[2][0]
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    sampled = [SamplingParams(max_tokens=20, temperature=0.8, seed=7 + c, ignore_eos=True) for c in range(3)]
+
+    def run(spec: str | None) -> tuple[dict[str, tuple[int, ...]], LLMEngine]:
+        engine = _engine(model_dir, spec, enable_prefix_caching=True)
+        engine.add_requests([EngineRequest(f"g{c}", list(prompt), greedy) for c in range(4)])
+        engine.add_requests([EngineRequest(f"s{c}", list(prompt), p) for c, p in enumerate(sampled)])
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
+        assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
+        return {k: tuple(v) for k, v in tokens.items()}, engine
+
+    off, _ = run(None)
+    on, engine = run(SPEC)
+    assert {on[f"g{c}"] for c in range(4)} == {off["g0"]} and len(off["g0"]) == 24
+    assert all(len(on[f"s{c}"]) == 20 for c in range(3))
+    assert engine.stats().spec_num_drafts > 0 and engine.stats().spec_num_accepted_tokens > 0

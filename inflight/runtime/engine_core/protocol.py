@@ -23,7 +23,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 2  # 2: TokenLogprob.rank
+PROTOCOL_VERSION = 3  # 2: TokenLogprob.rank; 3: EngineStats.tenants
 
 
 @dataclass(frozen=True, slots=True)

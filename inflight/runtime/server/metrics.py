@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inflight.runtime.outputs import EngineStats, RequestTimes
+from inflight.runtime.outputs import EngineStats, RequestTimes, TenantStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -81,6 +81,31 @@ class _EngineStatsCollector(Collector):
         for position, count in enumerate(stats.spec_accepted_per_position):
             per_position.add_metric([self._model_name, str(position)], float(count))
         yield per_position
+        if stats.tenants is not None:
+            yield from _tenant_metrics(self._model_name, stats.tenants)
+
+
+# (name, help, family, TenantStats column): the fair policy's per-tenant series.
+_TENANT_METRICS: tuple[tuple[str, str, type[GaugeMetricFamily | CounterMetricFamily], str], ...] = (
+    ("inflight:tenant_num_requests_running", "Requests in the running batch, per tenant.",
+     GaugeMetricFamily, "num_running"),
+    ("inflight:tenant_num_requests_waiting", "Requests waiting for admission, per tenant.",
+     GaugeMetricFamily, "num_waiting"),
+    ("inflight:tenant_prompt_tokens_total", "Prompt tokens computed, per tenant.",
+     CounterMetricFamily, "prompt_tokens"),
+    ("inflight:tenant_generation_tokens_total", "Tokens generated, per tenant.",
+     CounterMetricFamily, "generation_tokens"),
+)
+
+
+def _tenant_metrics(model_name: str, tenants: TenantStats) -> Iterator[Metric]:
+    """One series per tenant label; the engine has bounded and sanitised the labels
+    (inflight.runtime.tenant_stats), and prometheus_client escapes them."""
+    for name, doc, family, column in _TENANT_METRICS:
+        metric = family(name, doc, labels=["model_name", "tenant"])
+        for label, value in zip(tenants.labels, getattr(tenants, column), strict=True):
+            metric.add_metric([model_name, label], float(value))
+        yield metric
 
 
 class ServerMetrics:
