@@ -4,6 +4,8 @@
 ``--peers-dir`` on first use and compares them with inflight (:mod:`inflight.bench.peer_section`).
 ``smollm2`` (not part of ``all``) serves the real SmolLM2-135M-Instruct and compares it with
 transformers ``generate`` on the same burst of chat requests (:mod:`inflight.bench.smollm2`).
+``quant`` (not part of ``all``) serves SmolLM2's GGUF file packed, dequantized and with llama.cpp
+(:mod:`inflight.bench.quant_serving`; ``--reps`` rounds, ``--quick`` for a smoke run).
 
 Owns the argument parser and the order sections run in; every section writes its markdown
 fragment and JSON under ``--results-dir`` and ``RESULTS.md`` is rebuilt after each command.
@@ -23,7 +25,7 @@ from pathlib import Path
 from inflight.bench import suite, workloads
 from inflight.bench.suite import SuiteOptions
 
-COMMANDS = ("all", "burst", "poisson", "peers", "overhead", "sweep", "roofline", "smollm2")
+COMMANDS = ("all", "burst", "poisson", "peers", "overhead", "sweep", "roofline", "smollm2", "quant")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers-burst-requests", type=int, default=64, help="peers: requests in each burst")
     parser.add_argument("--smollm2-requests", type=int, default=32, help="smollm2: chat requests in the burst")
     parser.add_argument("--smollm2-max-tokens", type=int, default=64, help="smollm2: output tokens per request")
+    parser.add_argument("--quick", action="store_true", help="quant: smoke run (1 round, 8 requests, 32 tokens)")
     return parser
 
 
@@ -108,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_smollm2(Smollm2Options(options.results_dir, options.models_dir,
                                    args.smollm2_requests, args.smollm2_max_tokens))
+        return 0
+    if args.command == "quant":
+        from inflight.bench.quant_serving import options_for, run_quant
+
+        run_quant(options_for(options.results_dir, options.models_dir, Path(args.peers_dir), args.quick, args.reps))
         return 0
     run(args.command, options, args)
     return 0

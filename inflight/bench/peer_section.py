@@ -75,7 +75,8 @@ def systems_for(setup: PeerSetup, work_dir: Path, model: Path, cores: int) -> tu
         except peers.PeerUnavailable as exc:
             skipped.append(f"{LLAMA} skipped for {model.name}: {exc}")
         else:
-            flags = ("-np", "16", "-cb", "-c", str(16 * 1024), "-t", str(cores), "-tb", str(cores), "--ignore-eos")
+            flags = ("-np", "16", "-cb", "-c", str(16 * 1024), "-t", str(cores), "-tb", str(cores), "--ignore-eos",
+                     *peers.LLAMA_SERVER_FLAGS)
             systems.append(SystemSpec(LLAMA, "llama-server", flags, exe=setup.llama_server, model_file=str(gguf)))
     return systems, skipped
 

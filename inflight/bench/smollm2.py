@@ -12,18 +12,14 @@ A benchmark, not a test: it asserts nothing about speed. Knows nothing about oth
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import aiohttp
 
 from inflight.bench import hf_static, stats
-from inflight.bench.client import RequestResult, RequestSpec, RunResult
+from inflight.bench.chat_client import chat, chat_body
+from inflight.bench.client import RequestSpec, RunResult
 from inflight.bench.systems import RunningServer, SystemSpec
 from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 
@@ -51,52 +47,13 @@ class Smollm2Options:
     max_tokens: int = 64
 
 
-def _body(model: str, question: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-
-
-async def _chat_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> RequestResult:
-    result, sent, last = RequestResult(), time.perf_counter(), None
-    try:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                return result
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                event, now = json.loads(line[5:]), time.perf_counter()
-                if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
-                    if result.ttft_s is None:
-                        result.ttft_s = now - sent
-                    elif last is not None:
-                        result.gaps_s.append(now - last)
-                    last = now
-                if event.get("usage"):
-                    result.num_prompt_tokens = int(event["usage"]["prompt_tokens"])
-                    result.num_output_tokens = int(event["usage"]["completion_tokens"])
-    except (aiohttp.ClientError, json.JSONDecodeError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"[:200]
-        return result
-    result.e2e_s = time.perf_counter() - sent
-    return result
-
-
-async def _burst(url: str, model: str, questions: list[str], max_tokens: int) -> RunResult:
-    timeout = aiohttp.ClientTimeout(total=1800)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(_chat_one(session, url, _body(model, q, max_tokens)) for q in questions))
-        return RunResult(tuple(results), time.perf_counter() - start)
-
-
 def _serve_burst(model_dir: Path, options: Smollm2Options, questions: list[str]) -> RunResult:
     flags = ("--max-num-seqs", str(options.num_requests), "--num-kv-blocks", "1024", "--max-model-len", "1024")
     spec = SystemSpec("inflight", "inflight", flags=flags)
     with RunningServer(spec, model_dir, options.results_dir / "smollm2-server.log") as server:
-        return asyncio.run(_burst(server.url, server.model_name, questions, options.max_tokens))
+        bodies = [chat_body(q, options.max_tokens, server.model_name) for q in questions]
+        results, wall = chat(server.url, bodies, at_once=True, timeout_s=1800.0)
+        return RunResult(tuple(r.result for r in results), wall)
 
 
 def _hf_generate(model_dir: Path, options: Smollm2Options, questions: list[str]) -> RunResult:
