@@ -1,6 +1,7 @@
 """The markdown page of a ``make gpu-check`` report, rendered from its JSON payload.
 
-Owns the layout only: the step table first, then each step's tables (kernel checks, decode
+Owns the layout only: the step table first, the issue's targets (met or MISSED), then each
+step's tables (kernel checks, decode
 attention bandwidth, engine step vs roofline, the served burst) where the step produced them.
 Knows nothing about how anything was measured.
 """
@@ -75,6 +76,29 @@ def _burst(data: dict[str, Any]) -> list[str]:
 SECTIONS = {"kernel bench": (_checks, _decode), "engine step": (_engine, _breakdown), "served burst": (_burst,)}
 
 
+def _targets(payload: dict[str, Any]) -> list[str]:
+    """The issue's GPU targets, each met or MISSED (a step's "pass" means it ran, not that
+    its figure reached the target)."""
+    data = {s["name"]: s["data"] for s in payload["steps"] if s["data"]}
+    rows = []
+    decode = data.get("kernel bench", {}).get("decode_target")
+    if decode and decode.get("worst_fraction") is not None:
+        rows.append(("decode attention at batch 64, worst % of copy bandwidth", f">= {100 * decode['target']:.0f}%",
+                     f"{100 * decode['worst_fraction']:.0f}%", decode["met"]))
+    for batch, t in sorted(data.get("engine step", {}).get("targets", {}).items(), key=lambda kv: int(kv[0])):
+        if t.get("x_roofline") is not None:  # a dry run measures no step with graphs
+            rows.append((f"decode step at batch {batch} with CUDA graphs, x roofline", f"<= {t['bound']:.1f}x",
+                         f"{t['x_roofline']:.2f}x", t["met"]))
+    burst = data.get("served burst", {})
+    if burst.get("busy_target") is not None and burst.get("gpu_busy_fraction") is not None:
+        rows.append(("GPU busy in the served burst", f">= {100 * burst['busy_target']:.0f}%",
+                     f"{100 * burst['gpu_busy_fraction']:.0f}%", burst["gpu_busy_fraction"] >= burst["busy_target"]))
+    if not rows:
+        return []
+    lines = ["", "### Against the issue's targets", "", "| target | wanted | measured | |", "|---|---|---:|---|"]
+    return lines + [f"| {name} | {want} | {got} | {'met' if met else 'MISSED'} |" for name, want, got, met in rows]
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     env = next((s["data"] for s in payload["steps"] if s["name"] == "environment"), {})
     title = "dry run of the harness on the CPU" if payload["dry_run"] else env.get("device", "GPU")
@@ -83,7 +107,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
                                                 if k in env), ""]  # fmt: skip
     if payload["dry_run"]:
         lines += ["No GPU: every figure below is a toy measurement on the CPU that proves the harness runs.", ""]
-    lines += _steps(payload)
+    lines += _steps(payload) + _targets(payload)
     for note in payload.get("notes", []):
         lines += ["", f"Note: {note}"]
     for step in payload["steps"]:

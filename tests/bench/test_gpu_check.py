@@ -67,3 +67,18 @@ def test_the_committed_gpu_report_renders() -> None:
     for json_path in reports:
         payload = json.loads(json_path.read_text())
         assert json_path.with_suffix(".md").read_text() == render_markdown(payload)
+
+
+def test_a_missed_target_reads_missed_though_its_step_ran() -> None:
+    """A step's "pass" means it ran; the targets table says whether its figure reached the goal."""
+    payload = {"dry_run": False, "date": "d", "steps": [
+        {"name": "engine step", "status": "pass", "seconds": 1, "summary": "s",
+         "data": {"rows": [], "targets": {"1": {"x_roofline": 3.1, "bound": 2.0, "met": False},
+                                          "64": {"x_roofline": 1.2, "bound": 1.5, "met": True}}}},
+        {"name": "served burst", "status": "pass", "seconds": 1, "summary": "s",
+         "data": {"model": "m", "requests": 1, "max_tokens": 1, "output_tok_per_s": 1.0, "num_errors": 0,
+                  "gpu_busy_fraction": 0.11, "busy_target": 0.85}}]}  # fmt: skip
+    md = render_markdown(payload)
+    assert "| decode step at batch 1 with CUDA graphs, x roofline | <= 2.0x | 3.10x | MISSED |" in md
+    assert "| decode step at batch 64 with CUDA graphs, x roofline | <= 1.5x | 1.20x | met |" in md
+    assert "| GPU busy in the served burst | >= 85% | 11% | MISSED |" in md
