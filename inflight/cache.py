@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from inflight import env_vars
+
 CACHE_ENV = "INFLIGHT_CACHE_DIR"
 
 
 def cache_root() -> Path:
     """The cache root, read from the environment at each call."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    root = env_vars.read_str(CACHE_ENV)
+    if root:
+        return Path(root)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "inflight"

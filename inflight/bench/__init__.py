@@ -15,4 +15,7 @@ attention bandwidth, engine step vs roofline), ``gpu_checks`` (each Triton kerne
 reference on fresh inputs), ``gpu_engine`` (decode-step roofline arithmetic and timing) and
 ``compile_check`` (``python -m inflight.bench.compile_check``: Triton's ahead-of-time
 compile of every kernel for a GPU target, without a GPU).
+
+``tensor_parallel`` (``python -m inflight.bench.tensor_parallel --model DIR``) times decode
+steps at TP=N against TP=1 in one process (a script, not part of ``all``).
 """

@@ -61,6 +61,7 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
         KernelSpec("silu_and_mul", act._silu_and_mul_kernel, {"x_ptr": p, "out_ptr": p},
                    {"BLOCK": act.BLOCK}),
         *_quant_specs(dtype),
+        *_intq_specs(dtype),
     ]  # fmt: skip
 
 
@@ -87,6 +88,32 @@ def _quant_specs(dtype: str) -> list[KernelSpec]:
     specs.append(KernelSpec("quant_reduce", tq._sum_splits_kernel,
                             {"partial_ptr": "*fp32", "bias_ptr": p, "out_ptr": p},
                             {"HAS_BIAS": True, "BLOCK": tq.REDUCE_BLOCK}, unaligned=ragged))
+    return specs
+
+
+def _intq_specs(dtype: str) -> list[KernelSpec]:
+    """The compressed-tensors pack-quantized linear (a 4096 x 4096 projection): int4 group 128
+    and int8 channel-wise on the decode plan (split-K partials), int4 group 32 with zero points
+    and int4 group 8 (scales gathered per weight) on the many-row plan; scales fp16, bf16, fp32."""
+    from inflight.kernels import triton_intq as ti
+
+    p = f"*{dtype}"
+    ragged = ("M", "N", "K", "row_words", "num_groups", "group_size", "steps_per_split", "num_steps")
+    specs = []
+    for name, bits, group, zero, scale, num_rows in (("intq_int4_g128", 4, 128, False, "*fp16", 1),
+                                                     ("intq_int4_g32_zp", 4, 32, True, "*bf16", 512),
+                                                     ("intq_int8_channel", 8, 4096, False, "*fp32", 1),
+                                                     ("intq_int4_g8_zp", 4, 8, True, "*fp16", 512)):
+        plan = ti.plan_intq_linear(num_rows, 4096, 4096, group, sms=132)
+        specs.append(KernelSpec(
+            name, ti._intq_linear_kernel,
+            {"x_ptr": p, "packed_ptr": "*i32", "scale_ptr": scale, "zero_ptr": "*i8" if zero else scale,
+             "bias_ptr": p, "out_ptr": "*fp32" if plan.split_k > 1 else p},
+            {"BITS": bits, "HAS_ZERO": zero, "HAS_BIAS": plan.split_k == 1,
+             "GROUP_STEP": group % plan.block_k == 0, "SOFT_BF16": False,
+             "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False,
+             "BLOCK_M": plan.block_m, "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k},
+            plan.num_warps, plan.num_stages, unaligned=ragged))
     return specs
 
 

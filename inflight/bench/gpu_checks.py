@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels import reference
-from inflight.kernels.dispatch import KernelOps
+from inflight.kernels.ops import KernelOps
 
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
@@ -149,6 +149,41 @@ def _check_quant_linear(ops: KernelOps, dtype: torch.dtype, device: str) -> Chec
     return _compare("quant_linear(gguf)", torch.cat(got), torch.cat(expected), dtype)
 
 
+def _intq_weight(num_bits: int, group_size: int, zero: bool, scale_dtype: torch.dtype, out_features: int,
+                 in_features: int, device: str) -> object:
+    """A random pack-quantized weight (every value occurs) whose scales keep it near 0.05."""
+    from inflight.kernels.intq_reference import IntQuantWeight
+
+    per_word = 32 // num_bits
+    q = torch.randint(0, 1 << num_bits, (out_features, in_features // per_word, per_word), dtype=torch.int64)
+    words = (q << (torch.arange(per_word) * num_bits)).sum(-1)  # [out, words] in [0, 2^32)
+    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    groups = (out_features, in_features // group_size)
+    scale = ((0.5 + torch.rand(groups)) * 0.1 / (1 << num_bits)).to(scale_dtype)
+    half = 1 << (num_bits - 1)
+    zp = torch.randint(-half, half, groups).to(torch.int8).to(device) if zero else None
+    return IntQuantWeight(packed.to(device), scale.to(device), in_features, num_bits, group_size, zp)
+
+
+def _check_intq_linear(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    """compressed-tensors int4/int8 weights through ``with_quantized_linear(ops).linear``, a
+    decode row and a prefill."""
+    from inflight.kernels import intq_reference
+    from inflight.kernels.dispatch import with_quantized_linear
+
+    linear = with_quantized_linear(ops).linear
+    got, expected = [], []
+    bias = torch.randn(1000, device=device, dtype=dtype)
+    for bits, group, zero, scale_dtype in ((4, 128, False, torch.float16), (4, 32, True, torch.bfloat16),
+                                           (8, 2048, False, torch.bfloat16), (8, 128, True, torch.float32)):
+        weight = _intq_weight(bits, group, zero, scale_dtype, 1000, 2048, device)
+        for num_rows in (1, 300):
+            x = torch.randn(num_rows, 2048, device=device, dtype=dtype)
+            got.append(linear(x, weight, bias))
+            expected.append(intq_reference.intq_linear(x, weight, bias))
+    return _compare("intq_linear(ct)", torch.cat(got), torch.cat(expected), dtype)
+
+
 CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_store,
     _check_decode,
@@ -157,6 +192,7 @@ CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_rotary,
     _check_silu_and_mul,
     _check_quant_linear,
+    _check_intq_linear,
 )
 
 

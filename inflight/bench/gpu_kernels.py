@@ -177,7 +177,7 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
     from inflight.bench.gpu_checks import run_checks
 
     if dry_run:
-        from inflight.kernels.dispatch import TORCH_OPS
+        from inflight.kernels.ops import TORCH_OPS
 
         results = run_checks(TORCH_OPS, (torch.float32,), device="cpu")
         src = torch.empty(1 << 24, dtype=torch.uint8)

@@ -31,7 +31,7 @@ import torch
 
 from inflight.cache import cache_root
 from inflight.kernels import reference
-from inflight.kernels.dispatch import KernelOps
+from inflight.kernels.ops import KernelOps
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")

@@ -1,12 +1,13 @@
 """Choosing a kernel implementation: Triton on CUDA, native C kernels on the CPU.
 
 ``get_kernel_ops(backend, device)`` returns a frozen bundle of callables with the signatures
-of :mod:`inflight.kernels.reference`. ``backend`` is ``"auto"`` (Triton when the device is
-CUDA and Triton imports; on the CPU the native kernels of :mod:`inflight.kernels.cpu_native`
+of :mod:`inflight.kernels.reference` (the bundle type, ``KernelOps``, lives in the leaf
+:mod:`inflight.kernels.ops` and is re-exported here). ``backend`` is ``"auto"`` (Triton when
+the device is CUDA and Triton imports; on the CPU the native kernels of :mod:`inflight.kernels.cpu_native`
 when they build, else the torch reference with a warning saying why), ``"torch"`` (force the
 reference), ``"triton"`` or ``"cpu"`` (force one; a clear error if it cannot run here). The
 setting comes from ``EngineConfig.kernel_backend``; ``INFLIGHT_KERNEL_BACKEND`` overrides it
-for experiments.
+for experiments, with a warning when the two differ.
 """
 
 from __future__ import annotations
@@ -14,48 +15,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from inflight.kernels import reference
+from inflight import env_vars
+from inflight.kernels.ops import TORCH_OPS, KernelOps
+
+__all__ = ["KERNEL_BACKENDS", "TORCH_OPS", "KernelOps", "get_kernel_ops", "packed_linear_backend",
+           "packed_linear_kernels", "triton_available", "with_quantized_linear"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class KernelOps:
-    """The kernels the model calls, all with the reference signatures."""
-
-    name: str
-    store_kv_cache: Callable[..., None]
-    paged_decode_attention: Callable[..., torch.Tensor]
-    paged_prefill_attention: Callable[..., torch.Tensor]
-    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    linear: Callable[..., torch.Tensor]
-    silu_and_mul: Callable[..., torch.Tensor]
-    # The decode path never reads a tensor's value on the host (split plans come from
-    # shapes), so a decode step can be captured in a graph. The torch reference reads
-    # context lengths with .tolist() and is not.
-    graph_safe: bool = False
-    # Mixture-of-experts SwiGLU MLP over routed tokens. The torch reference unless a bundle
-    # brings its own; it reads expert counts on the host, so it cannot run inside a captured
-    # CUDA graph: the Triton bundle (graph-safe) brings one that can.
-    fused_moe: Callable[..., torch.Tensor] = reference.fused_moe
-
-
-TORCH_OPS = KernelOps(
-    name="torch",
-    store_kv_cache=reference.store_kv_cache,
-    paged_decode_attention=reference.paged_decode_attention,
-    paged_prefill_attention=reference.paged_prefill_attention,
-    rms_norm=reference.rms_norm,
-    rotary_embedding=reference.rotary_embedding,
-    linear=reference.linear,
-    silu_and_mul=reference.silu_and_mul,
-)
 
 
 KERNEL_BACKENDS = ("auto", "torch", "triton", "cpu")
@@ -71,7 +41,10 @@ def triton_available() -> bool:
 
 def get_kernel_ops(backend: str, device: torch.device) -> KernelOps:
     """The kernel bundle for ``backend`` on ``device`` (see module docstring)."""
-    backend = os.environ.get("INFLIGHT_KERNEL_BACKEND", backend)
+    override = env_vars.read_str("INFLIGHT_KERNEL_BACKEND")
+    if override is not None and override != backend:
+        logger.warning("INFLIGHT_KERNEL_BACKEND=%s overrides the configured kernel backend %r", override, backend)
+    backend = backend if override is None else override
     if backend not in KERNEL_BACKENDS:
         raise ValueError(f"kernel backend must be one of {', '.join(KERNEL_BACKENDS)} (got {backend!r}).")
     if backend == "cpu" or (backend == "auto" and device.type == "cpu"):
@@ -117,12 +90,13 @@ def packed_linear_kernels() -> dict[type, tuple[Callable[..., torch.Tensor], ...
 def _packed_table() -> dict[type, tuple[Callable[..., torch.Tensor], ...]]:
     from inflight.kernels import cpu_intq, cpu_quant, intq_reference, quant_reference
 
-    triton_quant_linear = None
+    triton_quant_linear = triton_intq_linear = None
     if triton_available():  # never import Triton where it is not installed
+        from inflight.kernels.triton_intq import intq_linear as triton_intq_linear
         from inflight.kernels.triton_quant import quant_linear as triton_quant_linear
     return {
         quant_reference.QuantizedWeight: (quant_reference.quant_linear, cpu_quant.quant_linear, triton_quant_linear),
-        intq_reference.IntQuantWeight: (intq_reference.intq_linear, cpu_intq.intq_linear, None),
+        intq_reference.IntQuantWeight: (intq_reference.intq_linear, cpu_intq.intq_linear, triton_intq_linear),
     }
 
 

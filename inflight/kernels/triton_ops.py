@@ -1,14 +1,14 @@
 """The Triton kernel bundle: ``TRITON_OPS``, with the reference signatures.
 
-Owns nothing but the assembly; :mod:`inflight.kernels.dispatch` decides when it is used
-(importing this module imports Triton and JIT-decorates the kernels, so with
+Owns nothing but the assembly (the bundle type is :mod:`inflight.kernels.ops`'s);
+:mod:`inflight.kernels.dispatch` decides when it is used (importing this module imports Triton and JIT-decorates the kernels, so with
 ``TRITON_INTERPRET=1`` it must be imported after that variable is set).
 """
 
 from __future__ import annotations
 
 from inflight.kernels import reference
-from inflight.kernels.dispatch import KernelOps
+from inflight.kernels.ops import KernelOps
 from inflight.kernels.triton_activation import silu_and_mul
 from inflight.kernels.triton_decode_attention import paged_decode_attention
 from inflight.kernels.triton_kv_store import store_kv_cache

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import kopf
 
+from inflight import env_vars
 from inflight.operator import admin_keys
 from inflight.operator.kube import KubeClient
 
@@ -47,28 +48,18 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
         env = os.environ if env is None else env
-
-        def number(key: str, default: float) -> float:
-            raw = env.get(key)
-            if raw is None:
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                raise ValueError(f"{key} must be a number of seconds (got {raw!r}).") from None
-
-        port = env.get("INFLIGHT_OPERATOR_LIVENESS_PORT", "0")
+        port = env_vars.read_str("INFLIGHT_OPERATOR_LIVENESS_PORT", env) or ""
         if not port.isdigit() or int(port) > 65535:
             raise ValueError(f"INFLIGHT_OPERATOR_LIVENESS_PORT must be a port number (got {port!r}).")
         return cls(
-            tick_seconds=number("INFLIGHT_OPERATOR_TICK_SECONDS", 5.0),
-            pod_timeout_seconds=number("INFLIGHT_OPERATOR_POD_TIMEOUT_SECONDS", 3.0),
-            lease_name=env.get("INFLIGHT_OPERATOR_LEASE_NAME", ""),
+            tick_seconds=env_vars.read_float("INFLIGHT_OPERATOR_TICK_SECONDS", env),  # type: ignore[arg-type]
+            pod_timeout_seconds=env_vars.read_float("INFLIGHT_OPERATOR_POD_TIMEOUT_SECONDS", env),  # type: ignore[arg-type]
+            lease_name=env_vars.read_str("INFLIGHT_OPERATOR_LEASE_NAME", env) or "",
             lease_namespace=env.get("POD_NAMESPACE", "default"),
             identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
             liveness_port=int(port),
-            lease_seconds=number("INFLIGHT_OPERATOR_LEASE_SECONDS", 15.0),
-            root_secret=env.get("INFLIGHT_OPERATOR_ROOT_SECRET", "inflight-operator-root-key"),
+            lease_seconds=env_vars.read_float("INFLIGHT_OPERATOR_LEASE_SECONDS", env),  # type: ignore[arg-type]
+            root_secret=env_vars.read_str("INFLIGHT_OPERATOR_ROOT_SECRET", env) or "",
         )
 
 

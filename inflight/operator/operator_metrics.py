@@ -9,9 +9,10 @@ process do not collide) and the HTTP endpoint. Knows nothing about Kubernetes.
 from __future__ import annotations
 
 import logging
-import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from inflight import env_vars
 
 PORT_ENV = "INFLIGHT_OPERATOR_METRICS_PORT"
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ MANAGED = Gauge(
 def start_from_env(environ: dict[str, str] | None = None, addr: str = "0.0.0.0") -> int | None:
     """Serve /metrics on the port the environment names (on every interface of the operator
     pod, for Prometheus); the port, or None when off."""
-    raw = (os.environ if environ is None else environ).get(PORT_ENV, "").strip()
+    raw = (env_vars.read_str(PORT_ENV, environ) or "").strip()
     if not raw or raw == "0":
         return None
     try:

@@ -26,13 +26,12 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
 import sys
 import typing
 from collections.abc import Sequence
 from typing import Any
 
-from inflight import __version__
+from inflight import __version__, env_vars
 from inflight.runtime import cli_vllm, preflight
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
@@ -143,7 +142,7 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--stats-log", action=argparse.BooleanOptionalAction, default=True,
                         help="The periodic engine stats line while busy.")
     server.add_argument(*_names("--single-process"), action="store_true",
-                        default=os.environ.get(SINGLE_PROCESS_ENV, "") not in ("", "0"),
+                        default=env_vars.read_bool(SINGLE_PROCESS_ENV),
                         help="Run the engine in a thread of the server process instead of an engine-core "
                              f"process of its own (for debugging; env {SINGLE_PROCESS_ENV}=1).")
 
@@ -224,8 +223,8 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """Server settings from the flags; ``INFLIGHT_API_KEY`` stands in for a missing --api-key."""
     return ServerSettings(
         model_name=args.served_model_name or args.model,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        admin_api_key=args.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None,
+        api_key=args.api_key or env_vars.read_str(API_KEY_ENV) or None,
+        admin_api_key=args.admin_api_key or env_vars.read_str(ADMIN_API_KEY_ENV) or None,
         drain_timeout_s=args.drain_timeout,
         engine_stall_timeout_s=args.engine_stall_timeout,
         keepalive_timeout_s=args.keepalive_timeout,

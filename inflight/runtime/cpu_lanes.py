@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from inflight.runtime.model.decoder import AttentionMetadata
+from inflight.runtime.model.batch import AttentionMetadata
 
 # A lane needs enough rows to be worth a thread (measured on the small model: below ~8 rows a
 # step is too short for the split to pay for the thread hand-off).

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.runtime.graph_backend import GraphBackend
-from inflight.runtime.model.decoder import AttentionMetadata
+from inflight.runtime.model.batch import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 

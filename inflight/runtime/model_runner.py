@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from inflight import env_vars
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.cpu_lanes import DecodeLanes
 from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
-from inflight.runtime.model.decoder import AttentionMetadata
-from inflight.runtime.model.loader import Progress, load_hf_config, load_model
-from inflight.runtime.model.quantization import serve_quantized
+from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.loader import Progress, load_hf_config
+from inflight.runtime.model.quantization import LoadTarget, load_weights
+from inflight.runtime.model.quantized import num_weights
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.scheduler import ScheduledChunk
 
@@ -87,8 +89,7 @@ def cpu_thread_counts() -> tuple[int, int]:
     instead of 14.9 s; TPOT p50 at 4 requests/s unchanged (16 ms). A higher threshold (1e9,
     2e8) measured in between.
     """
-    for name in ("INFLIGHT_CPU_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "")
+    for value in (env_vars.read_str("INFLIGHT_CPU_THREADS") or "", os.environ.get("OMP_NUM_THREADS", "")):
         if value.isdigit() and int(value) > 0:
             return int(value), int(value)
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -100,7 +101,7 @@ def cpu_thread_counts() -> tuple[int, int]:
 def cpu_lanes(big_step_threads: int) -> int:
     """Decode lanes on the CPU (:mod:`inflight.runtime.cpu_lanes`): ``INFLIGHT_CPU_LANES`` if
     set (0 or 1: off), else one per thread a big step may use."""
-    value = os.environ.get("INFLIGHT_CPU_LANES", "")
+    value = env_vars.read_str("INFLIGHT_CPU_LANES") or ""
     return int(value) if value.isdigit() else big_step_threads
 
 
@@ -150,12 +151,12 @@ class ModelRunner:
         hf_config = load_hf_config(model_dir)
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
-        self.model, self.hf_config = load_model(model_dir, self.dtype, self.device, progress, hf_config, tp)
+        target = LoadTarget(self.model_dir, hf_config, self.device, self.dtype,  # packed weights go in first
+                            get_kernel_ops(config.kernel_backend, self.device), tp is not None)
+        self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
         self.spec = self.model.spec
-        self._num_params = sum(p.numel() for p in self.model.parameters())
+        self._num_params = num_weights(self.model)  # packed weights count as the float ones would
         self.num_local_kv_heads = self.model.layout.num_kv_heads
-        self.ops = get_kernel_ops(config.kernel_backend, self.device)
-        self.quantization = serve_quantized(self, config.quantization, progress)  # may wrap self.ops
         self.block_size = config.block_size
         self.max_model_len = self._resolve_max_model_len(config)
         # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones

@@ -11,21 +11,21 @@ safe to call from any thread). Knows nothing about HTTP.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
+from inflight import env_vars
 from inflight.runtime.outputs import EngineStats
 
 logger = logging.getLogger("inflight.stats")
-DEFAULT_INTERVAL_S = 10.0
 INTERVAL_ENV = "INFLIGHT_STATS_LOG_INTERVAL_S"
+DEFAULT_INTERVAL_S: float = env_vars.lookup(INTERVAL_ENV).default  # type: ignore[assignment]
 
 
 def interval_from_env() -> float:
     """The logging interval: ``INFLIGHT_STATS_LOG_INTERVAL_S`` when set (> 0), else 10 s."""
-    raw = os.environ.get(INTERVAL_ENV, "")
+    raw = env_vars.read_str(INTERVAL_ENV) or ""
     try:
         value = float(raw)
     except ValueError:

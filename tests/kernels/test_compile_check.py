@@ -42,7 +42,8 @@ def test_kernels_compile_for_gpu_targets(
     names = {line.split()[0] for line in lines}
     expected = {"store_kv", "decode_split", "decode_direct", "decode_reduce", "prefill", "rms_norm",
                 "rotary", "silu_and_mul", "quant_q4_0", "quant_q4_1", "quant_q8_0", "quant_q4_k",
-                "quant_q5_k", "quant_q6_k", "quant_reduce"}  # fmt: skip
+                "quant_q5_k", "quant_q6_k", "quant_reduce", "intq_int4_g128", "intq_int4_g32_zp",
+                "intq_int8_channel", "intq_int4_g8_zp"}  # fmt: skip
     assert names == expected and all(" ok " in line for line in lines), proc.stdout
     # Decode attention reads K/V with 16-byte asynchronous copies (no scalar 2-byte loads).
     decode = next(line for line in lines if line.startswith("decode_split"))

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.kernels.dispatch import packed_linear_backend, with_quantized_linear
+from inflight.kernels.dispatch import packed_linear_backend
 from inflight.kernels.intq_reference import IntQuantWeight, dequantize
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.demo_model import make_demo_model
 from inflight.runtime.model import compressed_tensors as ct
+from inflight.runtime.model.quantized import summarize_packed
 
 pytest.importorskip("compressed_tensors")
 ENGINE = dict(device="cpu", dtype="float32", num_kv_blocks=64, max_num_sequences=4)
@@ -95,9 +96,9 @@ def test_checkpoint_tensors_read_as_the_package_decompresses_them(checkpoints: d
 def test_quantized_engine_decodes_as_its_dequantized_twin(name: str, checkpoints: dict[str, Path]) -> None:
     quant, twin = LLM(str(checkpoints[name]), **ENGINE), LLM(str(checkpoints["float"]), **ENGINE)
     runner = quant.engine.runner
-    summary = ct.load_compressed_tensors_into(runner.model, checkpoints[name], runner.device)
+    summary = summarize_packed(runner.model)
+    assert runner.quantization.method == "compressed-tensors" and runner.ops.name.endswith("+packed")
     assert summary.num_quantized == 2 * 4 and summary.kept_float == ("lm_head",)
-    runner.ops = with_quantized_linear(runner.ops)  # what the runner does for a packed model
     weight = runner.model.layers[0].self_attn.qkv_proj.weight
     assert isinstance(weight, IntQuantWeight) and packed_linear_backend(runner.ops.name, weight, runner.device) == "cpu"
     assert summary.quantized_bytes < summary.float32_bytes / 3

@@ -11,7 +11,7 @@ from inflight.runtime import cpu_lanes
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.cpu_lanes import DecodeLanes
 from inflight.runtime.engine import LLMEngine
-from inflight.runtime.model.decoder import AttentionMetadata
+from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.sampling_params import SamplingParams
 
 from .hf_reference import hf_greedy, prompts_of_lengths, run_staggered

@@ -42,7 +42,7 @@ def _graphs(num_blocks: int = 8, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> tuple
 
 
 def _meta_for(n: int, width: int):
-    from inflight.runtime.model.decoder import AttentionMetadata
+    from inflight.runtime.model.batch import AttentionMetadata
 
     return AttentionMetadata(
         slot_mapping=torch.arange(n) + 100, num_decode_tokens=n,

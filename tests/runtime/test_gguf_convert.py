@@ -171,3 +171,19 @@ def test_unsupported_tensor_type_is_named() -> None:
                       SimpleNamespace(name="rope_freqs.weight", shape=[2], tensor_type=gguf.GGMLQuantizationType.F32)]
     with pytest.raises(ValueError, match="rope_freqs"):  # Llama 3.1 scaling: refused, never ignored
         check_supported(reader)
+
+
+def test_a_quantized_file_is_served_packed_by_default(demo_unscaled_rope: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "demo-q8.gguf"
+    write_gguf(demo_unscaled_rope, path, gguf.GGMLQuantizationType.Q8_0)
+    engine = dict(num_kv_blocks=64, max_model_len=256, device="cpu", dtype="float32")
+    packed, dense = LLM(str(path), **engine), LLM(str(path), quantization="none", **engine)
+    assert (packed.engine.runner.quantization.method, dense.engine.runner.quantization.method) == ("gguf", "none")
+    model = packed.engine.runner.model
+    assert "weight" not in model.layers[0].self_attn.qkv_proj._parameters  # installed packed, never loaded in float
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in dense.engine.runner.model.parameters()) / 4
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = ["def fib(n):", "import os\n", "class A:"]
+    assert [o.token_ids for o in packed.generate(prompts, params)] == [o.token_ids for o in dense.generate(prompts, params)]

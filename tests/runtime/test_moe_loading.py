@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.distributed.layout import shard_layout
+from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config, load_model
 from inflight.runtime.model.spec import spec_from_hf_config
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from inflight.runtime.distributed import comm, launcher
-from inflight.runtime.distributed.layout import shard_layout, valid_tensor_parallel_sizes
 from inflight.runtime.llm import LLM
+from inflight.runtime.model.layout import shard_layout, valid_tensor_parallel_sizes
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import EngineFatalError
@@ -104,7 +104,7 @@ def test_steps_larger_than_one_message_take_two_broadcasts(model_factory, monkey
 
 
 def test_overhead_bench_runs(model_factory, capsys) -> None:
-    from inflight.runtime.distributed import bench
+    from inflight.bench import tensor_parallel as bench
 
     assert bench.main(["--model", str(model_factory("llama")), "--batch", "1", "3", "--steps", "4"]) == 0
     out = capsys.readouterr().out

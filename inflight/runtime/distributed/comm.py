@@ -6,25 +6,25 @@ a peer that stops answering fails the step instead of hanging it. The *control* 
 CPU tensors, no practical timeout) carries each step's packed batch from rank 0: idle
 workers wait in it for as long as the server is idle. Rank 0 is the engine process; the
 scheduler, block tables and sampling never leave it. Knows nothing about processes
-(:mod:`.launcher`) or which rows each rank owns (:mod:`.layout`).
+(:mod:`.launcher`) or which rows each rank owns (:mod:`inflight.runtime.model.layout`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from inflight.runtime.model.decoder import AttentionMetadata
+from inflight import env_vars
+from inflight.runtime.model.batch import AttentionMetadata
 
 # A step message is one fixed-size broadcast: a header (command, num_tokens,
 # num_decode_tokens, num_prefills, decode table width, prefill table width, num_sampled)
 # and the payload inline when it fits (a decode step of 64 sequences with 2k-token contexts
 # does); a larger payload follows in a second broadcast.
 _HEADER_LEN = 7
-_INLINE_LEN = int(os.environ.get("INFLIGHT_TP_INLINE_INTS", "8192"))  # int64s: 64 KiB per message
+_INLINE_LEN: int = env_vars.read_int("INFLIGHT_TP_INLINE_INTS")  # type: ignore[assignment]  # int64s: 64 KiB
 CMD_STOP, CMD_STEP = 0, 1
 StepTensors = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
 

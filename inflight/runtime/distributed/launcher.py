@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -31,9 +30,10 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.distributed.comm import StepTensors, TensorParallel
-from inflight.runtime.distributed.layout import shard_layout
+from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import EngineFatalError
@@ -46,8 +46,8 @@ KEY_PREFIX = "inflight/"
 POLL_S = 0.05
 MONITOR_S = 0.2
 # How long start-up (loading every shard) may take, and one collective inside a step.
-START_TIMEOUT_S = float(os.environ.get("INFLIGHT_TP_START_TIMEOUT_S", "1800"))
-COLLECTIVE_TIMEOUT_S = float(os.environ.get("INFLIGHT_TP_COLLECTIVE_TIMEOUT_S", "60"))
+START_TIMEOUT_S: float = env_vars.read_float("INFLIGHT_TP_START_TIMEOUT_S")  # type: ignore[assignment]
+COLLECTIVE_TIMEOUT_S: float = env_vars.read_float("INFLIGHT_TP_COLLECTIVE_TIMEOUT_S")  # type: ignore[assignment]
 IDLE_TIMEOUT = timedelta(days=3650)  # the control group: idle workers wait here
 
 

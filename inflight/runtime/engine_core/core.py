@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
@@ -114,7 +115,7 @@ class EngineCore:
         self.engine = engine
         self.conn = conn
         self.step_clock = step_clock
-        self._fault = parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._fault = parse_fault(env_vars.read_str(FAULT_ENV) or "")
         self._pending: list[_PendingGroup] = []
         self._failures = FailedSteps(MAX_FAILED_STEPS_IN_A_ROW)
 

@@ -11,9 +11,8 @@ else quantized with a message naming what is supported. :func:`install_packed_li
 the float weights: q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (rows concatenated:
 groups run along in_features, so rows are independent), ``o_proj``, ``down_proj``, and the LM
 head when it is quantized. The loader calls it on the model while it is still on the meta
-device, so the quantized linears never exist in float (peak memory: the packed weights);
-:func:`load_compressed_tensors_into` is the runner's entry point and only reports on linears
-already filled. Single rank, dense linears (not MoE experts). Knows nothing about serving or
+device (:func:`inflight.runtime.model.quantization.load_weights` asks it to), so the quantized
+linears never exist in float (peak memory: the packed weights). Single rank, dense linears (not MoE experts). Knows nothing about serving or
 the kernels that run the packed weights (``with_quantized_linear`` picks them).
 """
 
@@ -31,7 +30,6 @@ from safetensors import safe_open
 from torch import nn
 
 from inflight.kernels.intq_reference import IntQuantWeight, unpack_zero_point
-from inflight.runtime.model.quantized import QuantizationSummary
 
 SUPPORTED = ("compressed-tensors checkpoints in the pack-quantized format with int weights of 4 or 8 "
              "bits, group or channel strategy, symmetric or not, and no activation quantization "
@@ -304,24 +302,3 @@ def install_packed_linears(model: Any, model_dir: str | Path, hf_config: Any,
     _fill(model, CheckpointReader(files), scheme, modules, device)
     packed = set(modules)
     return frozenset(n for n in files if n.rpartition(".")[0] in packed and n.rpartition(".")[2] in PACKED_SUFFIXES)
-
-
-def load_compressed_tensors_into(model: Any, model_dir: str | Path, device: torch.device) -> QuantizationSummary:
-    """The runner's entry point: ``model`` serves ``model_dir``'s packed weights (the loader
-    already put them in; any float linear that should be packed is swapped now), and what it holds."""
-    model_dir = Path(model_dir)
-    scheme = detect(json.loads((model_dir / "config.json").read_text()))
-    if scheme is None:
-        raise ValueError(f"{model_dir}'s config.json has no quantization_config; it is not a compressed-tensors "
-                         "checkpoint.")
-    files = _tensor_files(model_dir)
-    modules = _packed_modules(files)
-    _check_model(model, modules)
-    weights = _fill(model, CheckpointReader(files), scheme, modules, device)
-    packed = set(weights)
-    kept = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in packed)
-    return QuantizationSummary(
-        num_quantized=len(weights), kept_float=kept,
-        quantized_bytes=sum(w.nbytes for w in weights.values()),
-        float32_bytes=sum(w.shape[0] * w.shape[1] * 4 for w in weights.values()),
-    )

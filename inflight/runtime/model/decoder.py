@@ -2,7 +2,7 @@
 
 One flat token tensor holds every scheduled sequence back to back: single-token (decode)
 sequences first, then prompt chunks. Attention and KV writes go through a
-:class:`~inflight.kernels.dispatch.KernelOps` bundle. q/k/v and gate/up projections are
+:class:`~inflight.kernels.ops.KernelOps` bundle. q/k/v and gate/up projections are
 fused into one matmul each at load time. A mixture-of-experts model's expert layers take the
 dense MLP's place (:mod:`.moe`); Gemma 3's layers (sandwich norms, GELU-tanh MLP, scaled
 embeddings) take the other path of :meth:`CausalLM.forward`. A layer's sliding window and rope
@@ -13,34 +13,20 @@ Knows nothing about scheduling or sampling.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inflight.kernels.dispatch import KernelOps
-from inflight.runtime.distributed.layout import ShardLayout, shard_layout
+from inflight.kernels.ops import KernelOps
+from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.layout import ShardLayout, shard_layout
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from inflight.runtime.distributed.comm import TensorParallel
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionMetadata:
-    """Where each token of the packed batch reads and writes the paged KV cache."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    num_decode_tokens: int  # the first num_decode_tokens tokens are one-token sequences
-    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32
-    decode_context_lens: torch.Tensor  # [num_decodes] int32
-    prefill_block_tables: torch.Tensor  # [num_prefills, max_blocks] int32
-    prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32, relative to the prefill part
-    prefill_context_lens: torch.Tensor  # [num_prefills] int32
-    num_prefills: int
 
 
 class RMSNorm(nn.Module):

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.distributed.layout import ShardLayout
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec
 
 

@@ -5,10 +5,11 @@ Reads ``config.json`` through transformers' ``AutoConfig`` and the weights from
 gate/up projections as they load. Never downloads anything: the path must be a directory.
 
 Under tensor parallelism each rank reads only its slice of each tensor (``get_slice``), as
-its :class:`~inflight.runtime.distributed.layout.ShardLayout` says, so no rank ever holds
+its :class:`~inflight.runtime.model.layout.ShardLayout` says, so no rank ever holds
 the whole model. Row-parallel biases (o_proj, down_proj) are added once, by rank 0. Expert
 weights of mixture-of-experts models (either layout) go through :mod:`.moe_weights`;
-compressed-tensors pack-quantized linears through :mod:`.compressed_tensors` (kept packed).
+packed linears (GGUF blocks, compressed-tensors words) are installed by the caller's
+``install_packed`` (:mod:`.quantization`) and their float tensors skipped.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from inflight.runtime.distributed.layout import ShardLayout
 from inflight.runtime.model import compressed_tensors, moe_weights, mxfp4
 from inflight.runtime.model.decoder import CausalLM
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
 
 if TYPE_CHECKING:
@@ -125,16 +126,22 @@ def load_model(
     progress: Progress | None = None,
     config: Any | None = None,
     tp: TensorParallel | None = None,
+    install_packed: Callable[[CausalLM], frozenset[str]] | None = None,
 ) -> tuple[CausalLM, Any]:
-    """Our decoder (this rank's shard under ``tp``) on ``device`` in ``dtype``; and the HF config."""
+    """Our decoder (this rank's shard under ``tp``) on ``device`` in ``dtype``; and the HF config.
+    ``install_packed`` puts packed weights into the model while it is on the meta device and
+    returns the checkpoint tensors to skip (default: a compressed-tensors checkpoint's own)."""
     model_dir = Path(model_dir)
     config = config if config is not None else load_hf_config(model_dir)
     spec = spec_from_hf_config(config)
     with torch.device("meta"):
         model = CausalLM(spec, tp)
-    # compressed-tensors: packed linears take their int4/int8 weights while the model is on
+    # packed linears (GGUF blocks, compressed-tensors int4/int8) go in while the model is on
     # meta, so they never exist in float; their checkpoint tensors are skipped below
-    packed = compressed_tensors.install_packed_linears(model, model_dir, config, device)
+    if install_packed is None:
+        packed = compressed_tensors.install_packed_linears(model, model_dir, config, device)
+    else:
+        packed = install_packed(model)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from inflight.kernels.dispatch import KernelOps
+from inflight.kernels.ops import KernelOps
 from inflight.kernels.reference import ClampedSwiglu
-from inflight.runtime.distributed.layout import ShardLayout
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.distributed.layout import ShardLayout
 from inflight.runtime.model import gpt_oss
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec
 
 _PER_EXPERT = re.compile(r"(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")

@@ -19,11 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inflight.runtime.model.gguf_source import SOURCE_LINK as GGUF_SOURCE_LINK
+from inflight.runtime.model.spec import spec_from_hf_config
+
+if TYPE_CHECKING:
+    from inflight.kernels.dispatch import KernelOps
 
 DEQUANTIZED_AT_LOAD = ("mxfp4",)  # quant_method values the loader turns into float weights
 
@@ -56,27 +60,39 @@ def _checkpoint_method(hf_config: Any) -> str | None:
     return "compressed-tensors"
 
 
-def _gguf_blocker(runner: Any) -> str | None:
-    """Why the packed GGUF weights cannot be served on this runner, or ``None``."""
+@dataclass(frozen=True, slots=True)
+class LoadTarget:
+    """Where and how the weights are about to load (what the choice depends on)."""
+
+    model_dir: Path
+    hf_config: Any
+    device: torch.device
+    dtype: torch.dtype
+    ops: KernelOps  # the float kernel bundle chosen for the device
+    tensor_parallel: bool
+
+
+def _gguf_blocker(target: LoadTarget) -> str | None:
+    """Why the packed GGUF weights cannot be served here, or ``None``."""
     from inflight.kernels.dispatch import packed_linear_backend
     from inflight.kernels.quant_reference import QuantizedWeight
 
-    if runner.tp is not None:
+    if target.tensor_parallel:
         return "tensor parallelism splits float weights only"
-    if runner.spec.moe is not None:
+    if spec_from_hf_config(target.hf_config).moe is not None:
         return "mixture-of-experts layers take float experts only"
-    probe = QuantizedWeight("Q8_0", torch.zeros((1, 34), dtype=torch.uint8, device=runner.device), 32)
-    if runner.device.type == "cpu" and runner.dtype != torch.float32:
-        return f"the native packed kernels take float32 activations (dtype is {runner.dtype})"
-    if packed_linear_backend(runner.ops.name, probe, runner.device) == "torch":
-        return f"no packed linear kernel for {runner.ops.name} on {runner.device.type}"
+    if target.device.type == "cpu" and target.dtype != torch.float32:
+        return f"the native packed kernels take float32 activations (dtype is {target.dtype})"
+    probe = QuantizedWeight("Q8_0", torch.zeros((1, 34), dtype=torch.uint8, device=target.device), 32)
+    if packed_linear_backend(target.ops.name, probe, target.device) == "torch":
+        return f"no packed linear kernel for {target.ops.name} on {target.device.type}"
     return None
 
 
-def resolve_quantization(requested: str, runner: Any) -> QuantizationChoice:
-    """``requested`` (an ``EngineConfig.quantization`` value) for ``runner``'s checkpoint."""
-    model_dir = Path(runner.model_dir)
-    stored = _checkpoint_method(runner.hf_config)
+def resolve_quantization(requested: str, target: LoadTarget) -> QuantizationChoice:
+    """``requested`` (an ``EngineConfig.quantization`` value) for the checkpoint at ``target``."""
+    model_dir = target.model_dir
+    stored = _checkpoint_method(target.hf_config)
     source = gguf_source(model_dir)
     if stored == "compressed-tensors":
         if requested in ("auto", "compressed-tensors"):
@@ -91,7 +107,7 @@ def resolve_quantization(requested: str, runner: Any) -> QuantizationChoice:
         return QuantizationChoice("none", why if source is None else "GGUF tensors dequantized (quantization=none)")
     if source is None:
         raise ValueError(f"quantization=gguf needs a .gguf file as --model (got the directory {model_dir}).")
-    blocker = _gguf_blocker(runner)
+    blocker = _gguf_blocker(target)
     if blocker is None:
         return QuantizationChoice("gguf", f"{source.name}'s block-quantized tensors kept packed")
     if requested == "gguf":
@@ -99,33 +115,34 @@ def resolve_quantization(requested: str, runner: Any) -> QuantizationChoice:
     return QuantizationChoice("none", f"GGUF tensors dequantized: {blocker}")
 
 
-def serve_quantized(runner: Any, requested: str, progress: Callable[[str], None] | None = None) -> QuantizationChoice:
-    """Resolve ``requested`` and put packed weights in ``runner.model`` (wrapping ``runner.ops``
-    so its ``linear`` takes them); returns what was chosen."""
+def load_weights(requested: str, target: LoadTarget, tp: Any = None,
+                 progress: Callable[[str], None] | None = None) -> tuple[Any, Any, QuantizationChoice, KernelOps]:
+    """The model loaded as ``requested`` resolves for ``target`` (packed weights put in place
+    on the meta device, so their float copies never exist), the HF config, the choice, and the
+    kernel bundle to run it with (``target.ops``, wrapped to take packed weights when needed)."""
     from inflight.kernels.dispatch import with_quantized_linear
+    from inflight.runtime.model import compressed_tensors
+    from inflight.runtime.model.loader import load_model
+    from inflight.runtime.model.quantized import install_gguf_linears, summarize_packed
 
-    choice = resolve_quantization(requested, runner)
-    detail = ""
-    if choice.method == "gguf":
-        from inflight.runtime.model.quantized import quantize_runner
+    choice = resolve_quantization(requested, target)
+    source = gguf_source(target.model_dir)
 
-        source = gguf_source(Path(runner.model_dir))
-        assert source is not None  # resolve_quantization checked
-        summary = quantize_runner(runner, source)
+    def install(model: Any) -> frozenset[str]:
+        if choice.method == "gguf" and source is not None:
+            return install_gguf_linears(model, source, target.device, target.dtype)
+        if choice.method == "compressed-tensors":
+            return compressed_tensors.install_packed_linears(model, target.model_dir, target.hf_config, target.device)
+        return frozenset()
+
+    model, hf_config = load_model(target.model_dir, target.dtype, target.device, progress, target.hf_config, tp,
+                                  install_packed=install)
+    ops, detail = target.ops, ""
+    if choice.method != "none":
+        summary = summarize_packed(model)
+        ops = with_quantized_linear(ops)
         detail = (f": {summary.num_quantized} linears, {summary.quantized_bytes / 2**20:.0f} MiB packed "
                   f"({summary.float32_bytes / 2**20:.0f} MiB as float32)")
-        _release_float_memory(runner)
-    elif choice.method == "compressed-tensors":
-        from inflight.runtime.model.compressed_tensors import load_compressed_tensors_into
-
-        summary = load_compressed_tensors_into(runner.model, Path(runner.model_dir), runner.device)
-        runner.ops = with_quantized_linear(runner.ops)
-        detail = f": {summary.num_quantized} linears, {summary.quantized_bytes / 2**20:.0f} MiB packed"
     if progress:
         progress(f"weights: quantization={choice.method} ({choice.why}){detail}")
-    return choice
-
-
-def _release_float_memory(runner: Any) -> None:
-    if runner.device.type == "cuda":
-        torch.cuda.empty_cache()  # the dropped float weights, before the KV cache is sized
+    return model, hf_config, choice, ops

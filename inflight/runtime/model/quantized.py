@@ -100,8 +100,11 @@ def _swap(linear: nn.Linear, weight: QuantizedWeight | None, name: str, summary:
     linear.weight = weight  # type: ignore[assignment]
 
 
-def quantize_model(model: Any, weights: dict[str, QuantizedWeight]) -> QuantizationSummary:
-    """Swap ``weights`` into ``model`` (a single-rank :class:`CausalLM`) in place."""
+def quantize_model(model: Any, weights: dict[str, QuantizedWeight],
+                   dtype: torch.dtype | None = None) -> QuantizationSummary:
+    """Swap ``weights`` into ``model`` (a single-rank :class:`CausalLM`, materialised or still
+    on the meta device) in place; ``dtype``: what the packed embedding returns (default: the
+    float embedding's dtype)."""
     if model.tp is not None or model.spec.moe is not None:
         raise ValueError("quantization=gguf serves single-rank dense models only (no tensor parallel, no MoE).")
     summary: dict[str, Any] = {"kept": [], "f32": 0, "bytes": 0, "n": 0}
@@ -116,7 +119,7 @@ def quantize_model(model: Any, weights: dict[str, QuantizedWeight]) -> Quantizat
         _swap(mlp.down_proj, weights.get(f"{pre}.mlp.down_proj.weight"), f"{pre}.mlp.down_proj", summary)
     embed = weights.get("model.embed_tokens.weight")
     head = embed if model.spec.tie_word_embeddings else weights.get("lm_head.weight")
-    dtype = model.embed_tokens.weight.dtype
+    dtype = dtype or model.embed_tokens.weight.dtype
     _swap(model.lm_head, head, "lm_head", summary)
     if embed is not None and tuple(embed.shape) == tuple(model.embed_tokens.weight.shape):
         if head is not embed:  # untied: the head's float weight was counted above, not the table
@@ -129,10 +132,52 @@ def quantize_model(model: Any, weights: dict[str, QuantizedWeight]) -> Quantizat
 
 
 def quantize_runner(runner: Any, gguf_path: str | Path) -> QuantizationSummary:
-    """Serve ``runner``'s model with the GGUF file's packed weights (see module docstring)."""
-    summary = quantize_model(runner.model, read_quantized_weights(gguf_path, runner.device))
+    """Swap the GGUF file's packed weights into ``runner``'s loaded model and give it kernels
+    that take them (tests; serving installs them before loading: :func:`install_gguf_linears`)."""
+    summary = quantize_model(runner.model, read_quantized_weights(gguf_path, runner.device), runner.dtype)
     runner.ops = with_quantized_linear(runner.ops)
     return summary
+
+
+def install_gguf_linears(model: Any, gguf_path: str | Path, device: torch.device,
+                         dtype: torch.dtype) -> frozenset[str]:
+    """Put the GGUF file's packed weights into ``model`` while it is on the meta device, so
+    their float copies are never made; returns the converted directory's tensor names that the
+    loader must skip (the float versions of what is now packed)."""
+    quantize_model(model, read_quantized_weights(gguf_path, device), dtype)
+    skipped = set()
+    for i, layer in enumerate(model.layers):
+        pre = f"model.layers.{i}"
+        parts = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                 "self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",),
+                 "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+        for fused, names in parts.items():
+            if _is_packed(layer.get_submodule(fused).weight):
+                skipped.update(f"{pre}.{n}.weight" for n in names)
+    if isinstance(model.embed_tokens, QuantizedEmbedding):
+        skipped.add("model.embed_tokens.weight")
+    if _is_packed(model.lm_head.weight):
+        skipped.add("lm_head.weight")
+    return frozenset(skipped)
+
+
+def _is_packed(weight: object) -> bool:
+    return weight is not None and not isinstance(weight, torch.Tensor) and hasattr(weight, "nbytes")
+
+
+def summarize_packed(model: nn.Module) -> QuantizationSummary:
+    """What ``model`` holds packed (any packed weight type) and which linears stayed float."""
+    packed = [w for m in model.modules() if _is_packed(w := m.__dict__.get("weight"))]
+    unique = list({id(w): w for w in packed}.values())
+    kept = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and isinstance(m.weight, torch.Tensor))
+    return QuantizationSummary(len(unique), kept, sum(w.nbytes for w in unique),
+                               sum(w.shape[0] * w.shape[1] * 4 for w in unique))
+
+
+def num_weights(model: nn.Module) -> int:
+    """Weights the model multiplies by, float parameters and packed weights alike."""
+    packed = {id(w): w for m in model.modules() if _is_packed(w := m.__dict__.get("weight"))}
+    return sum(p.numel() for p in model.parameters()) + sum(w.shape[0] * w.shape[1] for w in packed.values())
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
@@ -146,7 +191,7 @@ def resident_weight_bytes(model: nn.Module) -> int:
             total += t.numel() * t.element_size()
     for module in model.modules():
         w = module.__dict__.get("weight")
-        if w is not None and not isinstance(w, torch.Tensor) and hasattr(w, "nbytes") and id(w) not in seen:
+        if _is_packed(w) and id(w) not in seen:
             seen.add(id(w))
             total += w.nbytes
     return total

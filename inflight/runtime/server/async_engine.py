@@ -24,13 +24,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.protocol import EngineRequest
 from inflight.runtime.outputs import EngineFatalError, EngineStats, FailedSteps
@@ -75,7 +75,7 @@ class AsyncEngine(EngineClient):
     ) -> None:
         super().__init__(on_step, on_death, max_backlog)
         self._loader = loader
-        self._fault = parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._fault = parse_fault(env_vars.read_str(FAULT_ENV) or "")
         self._commands: queue.SimpleQueue[tuple[EngineFn, concurrent.futures.Future[Any] | None]]
         self._commands = queue.SimpleQueue()
         self._wakeup = threading.Event()

@@ -1,0 +1,168 @@
+"""Every ``INFLIGHT_*`` environment variable: one typed registry, small accessors, the doc table.
+
+Settings belong in ``EngineConfig`` (flags, CRD fields); what remains here is what has no
+flag: process-level knobs (threads, caches, tensor-parallel timeouts), the operator's own
+settings (the chart sets them), secrets kept off the command line, and test hooks (marked
+``test_only``). Code reads a variable through :func:`read_str`, :func:`read_int`,
+:func:`read_float` or :func:`read_bool`, which refuse an unregistered name, so a new
+variable cannot appear without a row here; ``tests/test_env_vars.py`` checks that every
+``INFLIGHT_*`` name in the tree is registered and that ``docs/environment.md`` is current
+(``python -m inflight.env_vars`` rewrites its table). Imports nothing but the standard
+library; knows nothing about what its readers do with a value.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DOC_BEGIN, DOC_END = "<!-- env-vars:begin -->", "<!-- env-vars:end -->"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """One variable: its type, its default (None: unset means "not given"), who reads it."""
+
+    name: str
+    type: type
+    default: object
+    readers: tuple[str, ...]  # the modules that read it
+    meaning: str  # one line
+    test_only: bool = False
+
+
+_R, _S, _TP, _OP = "inflight.runtime", "inflight.runtime.server", "inflight.runtime.distributed", "inflight.operator"
+VARIABLES: tuple[EnvVar, ...] = (
+    # -- the runtime process ----------------------------------------------------------------
+    EnvVar("INFLIGHT_API_KEY", str, None, (f"{_R}.cli",),
+           "the key /v1 requires when --api-key is not given (the operator sets it from a Secret)"),
+    EnvVar("INFLIGHT_ADMIN_API_KEY", str, None, (f"{_R}.cli",),
+           "enables /admin with this key when --admin-api-key is not given (the operator sets it)"),
+    EnvVar("INFLIGHT_SINGLE_PROCESS", bool, False, (f"{_R}.cli",),
+           "run the engine in the server's process (debugging); the --single-process default"),
+    EnvVar("INFLIGHT_STATS_LOG_INTERVAL_S", float, 10.0, (f"{_R}.stats_log",),
+           "seconds between the engine's stats log lines (values <= 0 or not numbers: the default)"),
+    EnvVar("INFLIGHT_KERNEL_BACKEND", str, None, ("inflight.kernels.dispatch",),
+           "overrides EngineConfig.kernel_backend (auto, torch, triton, cpu) for experiments; "
+           "logs a warning when it differs from the configured value"),
+    EnvVar("INFLIGHT_CPU_THREADS", int, None, (f"{_R}.model_runner",),
+           "intra-op threads of every CPU step (else OMP_NUM_THREADS, else cores - 1 / all cores)"),
+    EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.model_runner",),
+           "decode lanes on the CPU (0 or 1: off; unset: one per thread a big step may use)"),
+    EnvVar("INFLIGHT_CACHE_DIR", str, None, ("inflight.cache",),
+           "where built kernels and converted models are kept (else $XDG_CACHE_HOME/inflight)"),
+    EnvVar("INFLIGHT_TP_START_TIMEOUT_S", float, 1800.0, (f"{_TP}.launcher", f"{_TP}.worker"),
+           "seconds tensor-parallel start-up (every rank loading its shard) may take; read at import"),
+    EnvVar("INFLIGHT_TP_COLLECTIVE_TIMEOUT_S", float, 60.0, (f"{_TP}.launcher",),
+           "seconds one collective inside a tensor-parallel step may take; read at import"),
+    EnvVar("INFLIGHT_TP_INLINE_INTS", int, 8192, (f"{_TP}.comm",),
+           "int64s of a step message carried inline (larger steps take a second broadcast); read at import"),
+    EnvVar("INFLIGHT_TEST_ENGINE_FAULT", str, None, (f"{_S}.async_engine", f"{_R}.engine_core.core"),
+           "die-after-steps:N or stall-after-steps:N: an injected engine-thread failure", test_only=True),
+    # -- the operator (the chart sets these) --------------------------------------------------
+    EnvVar("INFLIGHT_OPERATOR_TICK_SECONDS", float, 5.0, (f"{_OP}.context",),
+           "how often the timer runs per resource (status, live config, autoscaling)"),
+    EnvVar("INFLIGHT_OPERATOR_POD_TIMEOUT_SECONDS", float, 3.0, (f"{_OP}.context",),
+           "timeout of one metrics scrape or admin call to a pod"),
+    EnvVar("INFLIGHT_OPERATOR_LEASE_NAME", str, "", (f"{_OP}.context",),
+           "the leader-election Lease's name (empty: no leader election)"),
+    EnvVar("INFLIGHT_OPERATOR_LEASE_SECONDS", float, 15.0, (f"{_OP}.context",),
+           "a leader that has not renewed the Lease for this long is replaced"),
+    EnvVar("INFLIGHT_OPERATOR_LIVENESS_PORT", int, 0, (f"{_OP}.context",),
+           "kopf's liveness port, answered while standing by (0: off)"),
+    EnvVar("INFLIGHT_OPERATOR_ROOT_SECRET", str, "inflight-operator-root-key", (f"{_OP}.context",),
+           "the Secret holding the root of the admin keys, in the operator's namespace"),
+    EnvVar("INFLIGHT_OPERATOR_METRICS_PORT", int, 0, (f"{_OP}.operator_metrics",),
+           "the operator's /metrics port (0 or empty: off)"),
+    EnvVar("INFLIGHT_LIVE_<FIELD>", str, None, (f"{_OP}.engine_args", f"{_OP}.pod_settings"),
+           "set by the operator in runtime pods: a live engine field (e.g. INFLIGHT_LIVE_MAX_NUM_SEQUENCES) "
+           "the pod template's args refer to; reserved, never set by a user"),
+    # -- installing and testing -----------------------------------------------------------------
+    EnvVar("INFLIGHT_TORCH", str, "auto", ("scripts.install_torch", "Makefile"),
+           "which torch build `make install` installs: auto, cpu or cuda"),
+    EnvVar("INFLIGHT_TORCH_CPU_INDEX", str, "https://download.pytorch.org/whl/cpu", ("scripts.install_torch",),
+           "the wheel index of the CPU build"),
+    EnvVar("INFLIGHT_MODELS_DIR", str, None, ("tests.realmodel.conftest",),
+           "where the real-model tests look for the fetched model package", test_only=True),
+    EnvVar("INFLIGHT_TP_REPORT", bool, False, ("tests.runtime.test_tensor_parallel",),
+           "print the measured worst-case TP=N vs TP=1 difference", test_only=True),
+)
+REGISTRY: dict[str, EnvVar] = {v.name: v for v in VARIABLES}
+# Families of names: INFLIGHT_LIVE_MAX_NUM_SEQUENCES is an INFLIGHT_LIVE_<FIELD>.
+PREFIXES: dict[str, EnvVar] = {v.name.partition("<")[0]: v for v in VARIABLES if v.name.endswith(">")}
+
+
+def lookup(name: str) -> EnvVar:
+    """The registry's row for ``name`` (a family's row for a member); ``KeyError`` if none."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    for prefix, var in PREFIXES.items():
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return var
+    raise KeyError(f"{name} is not a registered environment variable (add it to inflight/env_vars.py)")
+
+
+def read_str(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The raw value of ``name``, else its default as a string (None when it has none)."""
+    var = lookup(name)
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is not None:
+        return raw
+    return None if var.default is None else str(var.default)
+
+
+def _parse(name: str, kind: type, what: str, environ: Mapping[str, str] | None) -> object:
+    var = lookup(name)
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return var.default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be {what} (got {raw!r}).") from None
+
+
+def read_int(name: str, environ: Mapping[str, str] | None = None) -> int | None:
+    """``name`` as an int; its default when unset or empty; ``ValueError`` when not an int."""
+    return _parse(name, int, "an integer", environ)  # type: ignore[return-value]
+
+
+def read_float(name: str, environ: Mapping[str, str] | None = None) -> float | None:
+    """``name`` as a float; its default when unset or empty; ``ValueError`` when not a number."""
+    return _parse(name, float, "a number", environ)  # type: ignore[return-value]
+
+
+def read_bool(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``name`` is set to anything but ``""`` or ``"0"``."""
+    lookup(name)
+    return (os.environ if environ is None else environ).get(name, "") not in ("", "0")
+
+
+def markdown_table() -> str:
+    """The generated part of docs/environment.md."""
+    lines = ["Generated from `inflight/env_vars.py` (`python -m inflight.env_vars` rewrites it); a test "
+             "checks that every `INFLIGHT_*` name in the tree is here.", "",
+             "| variable | type | default | read by | meaning |", "|---|---|---|---|---|"]
+    for var in VARIABLES:
+        default = "unset" if var.default is None else f"`{var.default!r}`" if var.type is str else f"`{var.default}`"
+        meaning = ("**test only**: " if var.test_only else "") + var.meaning.replace("|", "\\|")
+        readers = ", ".join(f"`{r}`" for r in var.readers)
+        lines.append(f"| `{var.name}` | {var.type.__name__} | {default} | {readers} | {meaning} |")
+    return "\n".join(lines)
+
+
+def with_table(doc: str) -> str:
+    """``doc`` with the text between the markers replaced by :func:`markdown_table`."""
+    head, begin, rest = doc.partition(DOC_BEGIN)
+    _, end, tail = rest.partition(DOC_END)
+    if not begin or not end:
+        raise ValueError(f"the doc has no {DOC_BEGIN} ... {DOC_END} section")
+    return f"{head}{DOC_BEGIN}\n{markdown_table()}\n{DOC_END}{tail}"
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/environment.md")
+    path.write_text(with_table(path.read_text()))

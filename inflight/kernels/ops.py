@@ -1,0 +1,49 @@
+"""The kernel bundle type: ``KernelOps``, and ``TORCH_OPS``, the bundle of torch references.
+
+A leaf: imports only torch and :mod:`inflight.kernels.reference`, so the backends that build
+a bundle (:mod:`.cpu_native`, :mod:`.triton_ops`) and :mod:`.dispatch`, which picks one,
+all import it without importing each other. Knows nothing about which backend runs where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inflight.kernels import reference
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    """The kernels the model calls, all with the reference signatures."""
+
+    name: str
+    store_kv_cache: Callable[..., None]
+    paged_decode_attention: Callable[..., torch.Tensor]
+    paged_prefill_attention: Callable[..., torch.Tensor]
+    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary_embedding: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    linear: Callable[..., torch.Tensor]
+    silu_and_mul: Callable[..., torch.Tensor]
+    # The decode path never reads a tensor's value on the host (split plans come from
+    # shapes), so a decode step can be captured in a graph. The torch reference reads
+    # context lengths with .tolist() and is not.
+    graph_safe: bool = False
+    # Mixture-of-experts SwiGLU MLP over routed tokens. The torch reference unless a bundle
+    # brings its own; it reads expert counts on the host, so it cannot run inside a captured
+    # CUDA graph: the Triton bundle (graph-safe) brings one that can.
+    fused_moe: Callable[..., torch.Tensor] = reference.fused_moe
+
+
+TORCH_OPS = KernelOps(
+    name="torch",
+    store_kv_cache=reference.store_kv_cache,
+    paged_decode_attention=reference.paged_decode_attention,
+    paged_prefill_attention=reference.paged_prefill_attention,
+    rms_norm=reference.rms_norm,
+    rotary_embedding=reference.rotary_embedding,
+    linear=reference.linear,
+    silu_and_mul=reference.silu_and_mul,
+)
