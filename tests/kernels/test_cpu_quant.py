@@ -50,8 +50,11 @@ def test_native_dequantize_is_bit_identical(qtype: str) -> None:
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("num_rows", [1, 3, 4, 8, 9, 37])
 @pytest.mark.parametrize(("out_features", "in_features"), [(64, 32), (300, 576), (576, 1536)])
-def test_native_linear_matches_reference(qtype: str, num_rows: int, out_features: int, in_features: int) -> None:
+@pytest.mark.parametrize("whole_weight_bytes", [cpu_quant.WHOLE_WEIGHT_BYTES, 0], ids=["whole", "tiles"])
+def test_native_linear_matches_reference(qtype: str, num_rows: int, out_features: int, in_features: int,
+                                         whole_weight_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     _native()
+    monkeypatch.setattr(cpu_quant, "WHOLE_WEIGHT_BYTES", whole_weight_bytes)  # 0: every many-row call by tiles
     weight, _ = _packed(qtype, out_features, in_features, seed=num_rows)
     gen = torch.Generator().manual_seed(num_rows)
     x = torch.randn(num_rows, in_features, generator=gen)
