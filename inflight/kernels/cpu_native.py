@@ -5,8 +5,9 @@ tensors in the layouts the decoder produces (rows of heads contiguous, any token
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
 bigger matmuls), so results never depend on which one ran beyond float rounding.
 
-The library is compiled with the system C compiler (``$CC``, else ``cc``) into
-``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source, the flags and the CPU model, and written atomically so concurrent
+The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
+``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source and the headers it
+includes, the flags, the CPU model and the compiler, and written atomically so concurrent
 processes (tensor-parallel ranks, test workers) share one build. :func:`load_library`
 returns the reason instead of raising when no compiler is usable; the dispatcher decides
 what to do with it. Knows nothing about the model or the engine.

@@ -7,7 +7,9 @@ the device is CUDA and Triton imports; on the CPU the native kernels of :mod:`in
 when they build, else the torch reference with a warning saying why), ``"torch"`` (force the
 reference), ``"triton"`` or ``"cpu"`` (force one; a clear error if it cannot run here). The
 setting comes from ``EngineConfig.kernel_backend``; ``INFLIGHT_KERNEL_BACKEND`` overrides it
-for experiments, with a warning when the two differ.
+for experiments, with a warning when the two differ. :func:`with_quantized_linear` wraps a
+bundle's ``linear`` so it also takes packed weights, each type on the kernel
+:func:`packed_linear_backend` picks (the table in :func:`packed_linear_kernels`).
 """
 
 from __future__ import annotations

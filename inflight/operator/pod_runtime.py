@@ -35,9 +35,6 @@ class Probe:
     timeout_seconds: int = 5
     initial_delay_seconds: int = 0
 
-    def budget_seconds(self) -> int:
-        return self.initial_delay_seconds + self.period_seconds * self.failure_threshold
-
     def render(self) -> dict[str, Any]:
         probe: dict[str, Any] = {
             "httpGet": {"path": self.path, "port": "http"},

@@ -65,8 +65,9 @@ class TenantMeter:
         return label
 
     def count(self, tenant: str, num_prompt_tokens: int, num_generation_tokens: int) -> None:
-        """Add tokens computed for ``tenant``'s prompts (counted at a request's first output
-        token, as ``num_prompt_tokens`` is engine-wide) and tokens generated for it."""
+        """Add the prompt tokens of ``tenant``'s requests (counted at a request's first output
+        token, prefix-cache hits included, as the engine-wide ``num_prompt_tokens``) and the
+        tokens generated for it."""
         counts = self._counts[self.label(tenant)]
         counts[0] += num_prompt_tokens
         counts[1] += num_generation_tokens

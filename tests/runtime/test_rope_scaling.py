@@ -1,6 +1,7 @@
 """Our rotary tables equal transformers' for every rope type we accept (default, linear,
 llama3, yarn): cos and sin at every position, attention scaling included. The engine tests
-against transformers cover llama3 end to end (the demo llama uses it); this covers the rest."""
+against transformers cover llama3 end to end (the demo llama uses it), and
+``test_rope_scaling_matches_transformers.py`` runs linear, llama3 and yarn models end to end."""
 
 from __future__ import annotations
 
@@ -45,3 +46,4 @@ def test_a_config_without_rope_parameters_is_refused() -> None:
 
     with pytest.raises(ValueError, match="transformers >= 5"):
         rope_parameters(Old())
+

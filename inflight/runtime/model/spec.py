@@ -156,8 +156,9 @@ def _gemma3_spec(config: Any) -> ModelSpec:
         raise ValueError("Gemma 3 attn_logit_softcapping is not supported (the attention kernels do not cap scores).")
     if getattr(config, "use_bidirectional_attention", False):
         raise ValueError("Gemma 3 use_bidirectional_attention is not supported: inflight serves causal decoders.")
+    rope = _rope_parameters(config)  # per layer type: {"full_attention": {...}, "sliding_attention": {...}}
     for kind in ("full_attention", "sliding_attention"):
-        _check_rope(dict(config.rope_parameters.get(kind) or {}))
+        _check_rope(dict(rope.get(kind) or {}))
     window = config.sliding_window
     sliding_layers = _sliding_layers(config, window)
     return ModelSpec(

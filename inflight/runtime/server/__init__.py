@@ -10,7 +10,8 @@ One line per module:
 * ``async_engine`` the engine step loop in a thread of this process (--single-process, tests)
 * ``openai_api``   /v1/completions, /v1/chat/completions, /v1/models: bodies, prompts, chat template
 * ``tokenize_api`` /tokenize and /detokenize
-* ``request_features`` the output-shaping fields: structured outputs, tools, echo, logprobs
+* ``request_features`` the output-shaping fields: structured outputs, template flags, echo, logprobs
+* ``tool_requests`` the tools a chat request offers, forced-call schemas, tool calls in a history
 * ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``reasoning``  reading a chat reply
 * ``echo``         echo and prompt logprobs in completion bodies
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
@@ -23,7 +24,7 @@ One line per module:
 * ``state``        per-app settings and state (no module-level mutable state)
 * ``logs``         JSON log lines
 * ``transport``    the aiohttp runner: parse errors answered and logged without echo, keep-alive
-* ``faults``       test-only injected engine-thread death or stall (``INFLIGHT_TEST_ENGINE_FAULT``)
+* ``faults``       test-only injected death or stall of the engine's step loop (``INFLIGHT_TEST_ENGINE_FAULT``)
 """
 
 from inflight.runtime.server.app import create_app, drain

@@ -6,8 +6,11 @@ without one), refusing generation with 503 while loading, draining or after the 
 counting refused requests in the metrics, counting requests in flight, the access log (one
 line per request, refused ones included; ``AccessLog``), the engine watchdog (a step that does
 not return within the stall timeout kills the engine), and ``drain`` (wait for requests in
-flight up to a timeout, then answer the rest with a 503 or a stream error event). Knows nothing about request schemas (``protocol``), the engine thread
-(``async_engine``) or process signals (``serve``).
+flight up to a timeout, then answer the rest with a 503 or a stream error event). It picks the
+engine client (an engine-core process, :class:`~.engine_process.ProcessEngine`, for a
+``CoreLaunch``; a thread, :class:`~.async_engine.AsyncEngine`, for a loader) but knows
+nothing about how either runs the engine, request schemas (``protocol``) or process signals
+(``serve``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Test-only fault injection for the engine thread: a death or a stall on demand.
+"""Test-only fault injection for the engine's step loop: a death or a stall on demand.
 
-``INFLIGHT_TEST_ENGINE_FAULT=die-after-steps:N`` makes the engine thread die of a
+The step loop is the engine thread of ``async_engine`` (``--single-process``) or the
+engine-core process (:mod:`inflight.runtime.engine_core.core`); both read the variable.
+``INFLIGHT_TEST_ENGINE_FAULT=die-after-steps:N`` makes the loop die of a
 ``BaseException`` (not an ``Exception``, like ``SystemExit``) before step N+1;
 ``stall-after-steps:N`` makes step N+1 never return. The supervision tests use them to
 check that the server turns ``/health`` to 503, answers every client and exits non-zero.

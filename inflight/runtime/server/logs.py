@@ -1,4 +1,5 @@
-"""Process logging for ``inflight serve``: one JSON object (or one text line) per record on stderr.
+"""Process logging for ``inflight serve`` and the processes it starts (engine core, tensor-parallel
+workers): one JSON object (or one text line) per record on stderr.
 
 Owns the log line format (``ts``, ``level``, ``logger``, ``message``). The per-request line
 of ``generation`` carries its fields as a JSON message, which is merged into the line so a

@@ -40,7 +40,8 @@ _GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
 _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
     ("inflight:num_preemptions_total", "Requests preempted (freed, recomputed later).",
      lambda s: s.num_preemptions),
-    ("inflight:prompt_tokens_total", "Prompt tokens computed.", lambda s: s.num_prompt_tokens),
+    ("inflight:prompt_tokens_total", "Prompt tokens of requests that started generating (prefix-cache hits "
+     "included, as vLLM counts them).", lambda s: s.num_prompt_tokens),
     ("inflight:generation_tokens_total", "Tokens generated.", lambda s: s.num_generation_tokens),
     ("inflight:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
      lambda s: s.prefix_cache_queries),
@@ -91,7 +92,7 @@ _TENANT_METRICS: tuple[tuple[str, str, type[GaugeMetricFamily | CounterMetricFam
      GaugeMetricFamily, "num_running"),
     ("inflight:tenant_num_requests_waiting", "Requests waiting for admission, per tenant.",
      GaugeMetricFamily, "num_waiting"),
-    ("inflight:tenant_prompt_tokens_total", "Prompt tokens computed, per tenant.",
+    ("inflight:tenant_prompt_tokens_total", "Prompt tokens (prefix-cache hits included), per tenant.",
      CounterMetricFamily, "prompt_tokens"),
     ("inflight:tenant_generation_tokens_total", "Tokens generated, per tenant.",
      CounterMetricFamily, "generation_tokens"),

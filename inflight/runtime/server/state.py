@@ -3,7 +3,7 @@
 Owns the settings (served name, API keys, timeouts, body and buffer limits), the lifecycle
 flags (loading / ready / draining / dead), the in-flight request count used for graceful
 drain, the bounded worker pool that tokenizes and templates prompts off the event loop, and
-references to the async engine and the metrics. No module-level mutable state: each app
+references to the engine client and the metrics. No module-level mutable state: each app
 gets its own ``ServerState``. Knows nothing about the OpenAI schemas.
 """
 
