@@ -62,6 +62,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "int64s of a step message carried inline (larger steps take a second broadcast); read at import"),
     EnvVar("INFLIGHT_TEST_ENGINE_FAULT", str, None, (f"{_S}.async_engine", f"{_R}.engine_core.core"),
            "die-after-steps:N or stall-after-steps:N: an injected engine-thread failure", test_only=True),
+    EnvVar("INFLIGHT_TEST_GRAMMAR_FAULT", str, None, (f"{_R}.structured.faults",),
+           "slow-compile:MARKER or slow-mask:MARKER: the compile or the token masks of a constraint "
+           "containing MARKER stall until released", test_only=True),
     # -- the operator (the chart sets these) --------------------------------------------------
     EnvVar("INFLIGHT_OPERATOR_TICK_SECONDS", float, 5.0, (f"{_OP}.context",),
            "how often the timer runs per resource (status, live config, autoscaling)"),

@@ -2,8 +2,10 @@
 
 Applies, per row: ``logit_bias``, repetition / presence / frequency penalties, min_tokens
 (EOS and stop tokens masked until reached), the grammar's token mask for constrained rows
-(structured outputs; free rows of the same batch are untouched; the masks can be computed on a
-worker thread while the forward pass runs, see :meth:`Sampler.prepare_masks`), then greedy argmax or temperature + top_k + top_p + min_p and
+(structured outputs; free rows of the same batch are untouched; the masks are computed on
+worker threads while the forward pass runs, see :meth:`Sampler.prepare_masks`, and a row whose
+mask is later than ``mask_deadline_s`` has its grammar failed and may only end, so its request
+finishes with an error while the other rows go on), then greedy argmax or temperature + top_k + top_p + min_p and
 a draw from the request's own ``torch.Generator`` (so a seeded request gets the same tokens
 whatever else shares the batch). Log-probabilities (with top alternatives) come from the
 penalized distribution before temperature. Knows nothing about scheduling or the model.
@@ -12,15 +14,21 @@ penalized distribution before temperature. Knows nothing about scheduling or the
 from __future__ import annotations
 
 import concurrent.futures
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import llguidance.numpy as llnp
+import numpy as np
 import torch
 
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.structured.bitmask import apply_bitmask, fill_bitmask
+from inflight.runtime.structured.bitmask import MASK_DEADLINE_S, MAX_MASK_WORKERS, apply_bitmask, fill_row
 from inflight.runtime.structured.manager import RequestMatcher
+
+logger = logging.getLogger("inflight.sampler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +45,13 @@ class SamplingRow:
 
 @dataclass(frozen=True, slots=True)
 class PendingMasks:
-    """Grammar masks being filled for the constrained rows (their indices among the rows)."""
+    """Grammar masks being filled for the constrained rows (their indices among the rows):
+    ``bitmask`` row j is ``row_indices[j]``'s, ready when ``fills[j]`` is done."""
 
     row_indices: tuple[int, ...]
-    bitmask: concurrent.futures.Future  # of the numpy bitmask, one row per index
+    bitmask: np.ndarray  # [len(row_indices), ceil(vocab / 32)] int32
+    fills: tuple[concurrent.futures.Future, ...]
+    started: float  # time.monotonic() when the fills were submitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +69,22 @@ class Sampler:
 
     def __init__(self, device: torch.device, grammar_executor: Callable[[], object] | None = None) -> None:
         self.device = device
-        self._grammar_executor = grammar_executor
+        self._grammar_executor = grammar_executor  # kept for callers; rows are filled one per thread
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.mask_deadline_s = MASK_DEADLINE_S
 
     def prepare_masks(self, rows: list[SamplingRow], vocab_size: int) -> PendingMasks | None:
-        """Start filling the constrained rows' grammar masks on a worker thread (llguidance
-        drops the GIL), so the work overlaps the forward pass; pass the result to :meth:`sample`.
-        The matchers must not advance until then (they advance after sampling)."""
+        """Start filling the constrained rows' grammar masks, one row per worker thread
+        (llguidance drops the GIL), so the work overlaps the forward pass; pass the result to
+        :meth:`sample`. The matchers must not advance until then (they advance after sampling)."""
         constrained = [(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None and not r.matcher.failed]
         if not constrained:
             return None
         if self._mask_pool is None:
-            self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inflight-masks")
-        executor = self._grammar_executor() if self._grammar_executor is not None and len(constrained) > 1 else None
-        matchers = [m for _, m in constrained]
-        future = self._mask_pool.submit(fill_bitmask, matchers, vocab_size, executor)  # type: ignore[arg-type]
-        return PendingMasks(tuple(i for i, _ in constrained), future)
+            self._mask_pool = concurrent.futures.ThreadPoolExecutor(MAX_MASK_WORKERS, thread_name_prefix="inflight-masks")
+        bitmask = llnp.allocate_token_bitmask(len(constrained), vocab_size)
+        fills = tuple(self._mask_pool.submit(fill_row, m, bitmask, j) for j, (_, m) in enumerate(constrained))
+        return PendingMasks(tuple(i for i, _ in constrained), bitmask, fills, time.monotonic())
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None = None) -> SamplerOutput:
@@ -103,11 +114,33 @@ class Sampler:
         return SamplerOutput(token_ids, chosen)
 
     def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None) -> None:
+        """Mask each constrained row; a row whose mask is past the deadline gets its grammar
+        failed and may only end (EOS), so its request finishes with an error."""
         if masks is None:
             masks = self.prepare_masks(rows, logits.shape[-1])
             if masks is None:
                 return
-        apply_bitmask(logits, masks.row_indices, masks.bitmask.result())
+        timeout = max(0.0, masks.started + self.mask_deadline_s - time.monotonic())
+        concurrent.futures.wait(masks.fills, timeout=timeout)
+        ready = [j for j, f in enumerate(masks.fills) if f.done()]
+        for j, fill in enumerate(masks.fills):
+            if not fill.done():
+                self._end_late_row(logits, rows[masks.row_indices[j]], masks.row_indices[j])
+            elif fill.exception() is not None:
+                raise fill.exception()  # type: ignore[misc]
+        if ready:
+            apply_bitmask(logits, [masks.row_indices[j] for j in ready], masks.bitmask[ready])
+
+    def _end_late_row(self, logits: torch.Tensor, row: SamplingRow, index: int) -> None:
+        assert row.matcher is not None
+        row.matcher.fail(f"its structured-output constraint took longer than {self.mask_deadline_s:g} s to "
+                         "compute the allowed tokens for one step, the most one request may take; simplify it")
+        logger.warning("a grammar mask is past its %.3g s deadline; ending that request with an error",
+                       self.mask_deadline_s)
+        eos = list(row.eos_token_ids)
+        kept = logits[index, eos].clone()
+        logits[index] = float("-inf")
+        logits[index, eos] = kept
 
     def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
         dev = logits.device

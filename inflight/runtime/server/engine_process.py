@@ -51,8 +51,10 @@ class CoreView:
 
         self.summary = summary
         self.tokenizer = tokenizer
-        # Compiles (cached) to refuse a bad grammar with a 400 before the request is sent on.
-        self.structured = StructuredOutputManager(tokenizer, summary.vocab_size, summary.eos_token_ids)
+        # Compiles to refuse a bad or too slow grammar with a 400 before the request is sent on;
+        # keeps verdicts only (the core compiles again and holds the matchers).
+        self.structured = StructuredOutputManager(tokenizer, summary.vocab_size, summary.eos_token_ids,
+                                                  keep_compiled=False)
 
     @property
     def config(self) -> EngineConfig:

@@ -57,6 +57,14 @@ request_log = logging.getLogger("inflight.server.requests")
 logger = logging.getLogger("inflight.server")
 # Prompts x n of one request: a few-KB body must not fill the whole queue (default 1024).
 MAX_SEQUENCES_PER_REQUEST = 256
+# The most entries one response may hold, counted before any work: over every (prompt, choice),
+# max_tokens x (1 + logprobs) + prompt tokens x (1 + prompt_logprobs) when prompt logprobs (or a
+# completion's echo with logprobs) are asked for; an entry is a token or one of its alternatives.
+# vLLM bounds only the alternatives per position (--max-logprobs); a product of its limits (64
+# prompts x n=16 x 200 tokens x 21) is a 60 KB body asking for 4.3 million entries, built and
+# serialized while every other client waits. An entry is ~20-60 bytes of JSON (a chat
+# top_logprobs entry ~60), so 2**21 entries keep the largest response near 40-120 MiB.
+MAX_RESPONSE_ENTRIES = 2**21
 
 
 Decorate = Callable[[dict[str, Any], list[ChoiceState]], None]  # echo / prompt logprobs into a body
@@ -120,6 +128,7 @@ def plan(
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival, req.user or ""))
             choices[req_id] = ChoiceState(index, req_id)
+    _check_response_size(req, engine_requests)
     _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
     token_text = None
     if req.num_logprobs is not None:
@@ -139,6 +148,35 @@ def _check_fits_queue(num_requests: int, config: EngineConfig, param: str) -> No
             f"this request makes {num_requests} engine requests (prompts x n) but the server holds at "
             f"most {capacity} at once ({config.max_num_sequences} running + {config.max_queue_len} waiting); "
             "send fewer prompts or a smaller n", param, code="too_many_choices")
+
+
+def _check_response_size(req: GenerationRequest, engine_requests: list[EngineRequest]) -> None:
+    """400 naming the fields when the worst-case response holds more than
+    ``MAX_RESPONSE_ENTRIES`` tokens and logprob alternatives (see the constant)."""
+    out_entries = prompt_entries = num_prompt_tokens = 0
+    for r in engine_requests:
+        out_entries += r.params.max_tokens * (1 + (r.params.logprobs or 0))
+        if r.params.prompt_logprobs is not None:
+            num_prompt_tokens += len(r.prompt_token_ids)
+            prompt_entries += len(r.prompt_token_ids) * (1 + r.params.prompt_logprobs)
+    total = out_entries + prompt_entries
+    if total <= MAX_RESPONSE_ENTRIES:
+        return
+    params = req.params
+    k_name = "top_logprobs" if req.is_chat else "logprobs"
+    what = f"max_tokens={params.max_tokens} x (1 + {k_name}={params.logprobs or 0})"
+    if prompt_entries:
+        pk_name = "prompt_logprobs" if req.features.prompt_logprobs is not None else "echo"
+        what += f" + prompt tokens x (1 + prompt_logprobs={params.prompt_logprobs})"
+        param = pk_name if prompt_entries >= out_entries else k_name if params.logprobs else "max_tokens"
+    else:
+        param = k_name if params.logprobs else "max_tokens"
+    num_prompts = len(engine_requests) // req.n
+    raise bad_request(
+        f"this request could return {total:,} tokens and logprob alternatives: n={req.n} x {num_prompts} "
+        f"prompt(s) x ({what}), {num_prompt_tokens:,} prompt tokens in all; one response may hold at most "
+        f"{MAX_RESPONSE_ENTRIES:,}: lower n, max_tokens or the logprobs counts, or send fewer or shorter prompts",
+        param, code="response_too_large")
 
 
 def _fill_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:

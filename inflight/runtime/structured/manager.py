@@ -3,9 +3,16 @@
 Compilation (schema/regex/grammar -> llguidance grammar -> an ``LLMatcher`` with its lexer
 built against this model's tokenizer) runs in a small worker pool the server awaits before it
 adds a request, so the engine loop never waits on it; the engine only copies the compiled
-template (``deep_copy``, microseconds). The cache is bounded (least recently used out) and
-keyed by the canonical ``StructuredOutputsParams``. A cache miss on the engine thread (the
-offline ``LLM`` API, or an entry evicted between compile and add) compiles in place.
+template (``deep_copy``, microseconds). A compile that runs past ``compile_deadline_s``
+(measured from when a worker starts it, so a queue is not charged to it) fails its request
+with a ``CompileTimeoutError`` (a ``ValueError``: a 400 naming the constraint) and is
+remembered, so the same constraint is refused at once next time; llguidance cannot be
+interrupted, so the worker finishes it in the background and throws it away. The cache is
+keyed by the canonical ``StructuredOutputsParams`` and bounded by entries and by an estimate of
+bytes (``cache``). A cache miss on the engine thread (the offline ``LLM`` API, or an entry
+evicted between compile and add) compiles through the pool too, under the same deadline.
+A manager made with ``keep_compiled=False`` (the front end's, beside an engine-core process
+that compiles again) checks constraints and caches only its verdicts.
 
 The model's logits may be wider than the tokenizer's vocabulary (padded embedding rows): the
 llguidance tokenizer is built with the logits' width, so padding tokens are never allowed.
@@ -15,6 +22,7 @@ Knows nothing about scheduling, HTTP or sampling beyond the bitmask.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -23,10 +31,18 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
+from inflight.runtime.structured.cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, GrammarCache, estimate_bytes
+from inflight.runtime.structured.faults import STALL_CAP_S, GrammarFault, grammar_fault_from_env
 from inflight.runtime.structured.params import StructuredOutputsParams
 
-DEFAULT_CACHE_SIZE = 256
+DEFAULT_CACHE_SIZE = DEFAULT_MAX_ENTRIES
 DEFAULT_NUM_WORKERS = 2
+# A compile past this many seconds fails its request (a 400). The issue's 8000-property schema
+# (215 KB, under the 256 KiB limit) took ~6.5 s of CPU; the schemas real clients send compile
+# in milliseconds (tens for the largest tool sets), so 5 s refuses only the pathological.
+COMPILE_DEADLINE_S = 5.0
+MAX_REMEMBERED_TOO_SLOW = 4096  # digests of constraints that ran past the deadline
+VERDICT_BYTES = 256  # a verdict-only entry (keep_compiled=False), beside its key
 # Compact JSON (no free whitespace): fewer tokens, and a random or weak model cannot wander off
 # into endless whitespace between values.
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
@@ -50,14 +66,24 @@ def to_llguidance_grammar(params: StructuredOutputsParams) -> str:
         raise ValueError(f"invalid grammar: {exc}") from None
 
 
+class CompileTimeoutError(ValueError):
+    """A constraint whose compile ran past the deadline (the client's error: a 400)."""
+
+
 class RequestMatcher:
-    """One request's grammar state, advanced once per accepted output token."""
+    """One request's grammar state, advanced once per accepted output token.
 
-    __slots__ = ("matcher", "failed")
+    ``fail(reason)`` ends it from outside (a token mask past its deadline); after that the
+    llguidance matcher is never touched again from here (a worker may still be using it).
+    ``stall``: set by an injected ``slow-mask`` fault (tests only)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    __slots__ = ("matcher", "failed", "failure", "stall")
+
+    def __init__(self, matcher: llguidance.LLMatcher, stall: threading.Event | None = None) -> None:
         self.matcher = matcher
         self.failed = False
+        self.failure: str | None = None
+        self.stall = stall
 
     def accept(self, token_id: int) -> bool:
         """Advance past ``token_id``; False (and ``failed``) if the grammar refuses it."""
@@ -65,8 +91,15 @@ class RequestMatcher:
             self.failed = True
         return not self.failed
 
+    def fail(self, reason: str) -> None:
+        """End this grammar: the next ``accept`` refuses, ``error_message`` gives ``reason``."""
+        self.failed = True
+        self.failure = reason
+
     def error_message(self) -> str:
         """Why the grammar cannot go on (llguidance's words when it has some)."""
+        if self.failure is not None:
+            return self.failure
         detail = self.matcher.get_error() if self.matcher.is_error() else ""
         return _first_line(detail) if detail else "the model produced a token the grammar does not allow"
 
@@ -77,23 +110,35 @@ class RequestMatcher:
 
 
 class StructuredOutputManager:
-    """Per-engine compiler, cache and worker pool. Thread-safe."""
+    """Per-engine compiler, cache and worker pool. Thread-safe.
+
+    ``cache_bytes``: the bound on the cache's estimated bytes; ``compile_deadline_s``: how long
+    one compile may run; ``keep_compiled``: False to cache verdicts only (nothing to match with);
+    ``fault``: an injected stall (tests; else ``INFLIGHT_TEST_GRAMMAR_FAULT``)."""
 
     def __init__(
         self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...],
-        cache_size: int = DEFAULT_CACHE_SIZE, num_workers: int = DEFAULT_NUM_WORKERS,
+        cache_size: int = DEFAULT_CACHE_SIZE, num_workers: int = DEFAULT_NUM_WORKERS, *,
+        cache_bytes: int = DEFAULT_MAX_BYTES, compile_deadline_s: float = COMPILE_DEADLINE_S,
+        keep_compiled: bool = True, fault: GrammarFault | None = None,
     ) -> None:
         self._hf_tokenizer = tokenizer
         self.vocab_size = max(vocab_size, len(tokenizer))
         self._eos = list(eos_token_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-        self._cache_size = cache_size
-        self._cache: OrderedDict[StructuredOutputsParams, llguidance.LLMatcher] = OrderedDict()
+        self.cache: GrammarCache[StructuredOutputsParams, llguidance.LLMatcher | None] = GrammarCache(
+            cache_size, cache_bytes)
+        self.compile_deadline_s = compile_deadline_s
+        self.keep_compiled = keep_compiled
+        self._too_slow: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()  # the cache and the executor: held for microseconds
         self._tok_lock = threading.Lock()  # building the llguidance tokenizer: ~1 s for a real vocabulary
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="inflight-grammar")
+        self._fault = fault if fault is not None else grammar_fault_from_env()
+        self._released = threading.Event()  # ends injected stalls
         self.num_compiled = 0
+        self.num_timed_out = 0
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -117,36 +162,89 @@ class StructuredOutputManager:
                 self._executor = llguidance.LLExecutor()
             return self._executor
 
-    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """The compiled template for ``params`` (cached). ValueError names what is wrong."""
+    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher | None:
+        """The compiled template for ``params`` (cached; None when verdicts only). ValueError
+        names what is wrong; ``CompileTimeoutError`` when the compile runs past the deadline."""
         with self._lock:
-            template = self._cache.get(params)
-            if template is not None:
-                self._cache.move_to_end(params)
-                return template
-        template = self._build(params)
-        with self._lock:
-            self._cache[params] = template
-            self._cache.move_to_end(params)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-            self.num_compiled += 1
-        return template
+            if params in self.cache:
+                return self.cache.get(params)
+        return self.submit(params).result()
 
-    def submit(self, params: StructuredOutputsParams) -> concurrent.futures.Future[llguidance.LLMatcher]:
-        """Compile in the worker pool (await with ``asyncio.wrap_future``)."""
-        return self._pool.submit(self.compile, params)
+    def submit(self, params: StructuredOutputsParams) -> concurrent.futures.Future[llguidance.LLMatcher | None]:
+        """Compile in the worker pool (await with ``asyncio.wrap_future``; cancelling the future
+        before a worker starts skips the compile)."""
+        outer: concurrent.futures.Future[llguidance.LLMatcher | None] = concurrent.futures.Future()
+        with self._lock:
+            if params in self.cache:
+                outer.set_result(self.cache.get(params))
+                return outer
+            if _digest(params) in self._too_slow:
+                outer.set_exception(self._timeout_error(params))
+                return outer
+        self._pool.submit(self._compile_for, params, outer)
+        return outer
 
     def new_matcher(self, params: StructuredOutputsParams) -> RequestMatcher:
         """A fresh matcher for one request (a copy of the cached template)."""
-        return RequestMatcher(self.compile(params).deep_copy())
+        template = self.compile(params)
+        if template is None:
+            raise RuntimeError("this structured-output manager keeps verdicts only; it cannot match")
+        stall = self._released if self._fault is not None and self._fault.stalls("slow-mask", params) else None
+        return RequestMatcher(template.deep_copy(), stall)
+
+    def release_stalls(self) -> None:
+        """End every injected stall so far (tests); later ones stall again."""
+        released, self._released = self._released, threading.Event()
+        released.set()
 
     def close(self) -> None:
+        self._released.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _build(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        what = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex",
-                "choice": "choice list", "grammar": "grammar"}[params.kind]
+    def _compile_for(self, params: StructuredOutputsParams,
+                     outer: concurrent.futures.Future[llguidance.LLMatcher | None]) -> None:
+        """In a worker: compile under the deadline, settle ``outer``, cache the result."""
+        if not outer.set_running_or_notify_cancel():
+            return
+        timer = threading.Timer(self.compile_deadline_s, self._expire, (params, outer))
+        timer.daemon = True
+        timer.start()
+        try:
+            template = self._build(params)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+            timer.cancel()
+            _settle(outer, exc=exc)
+            return
+        timer.cancel()
+        with self._lock:  # settled under the lock, so the deadline cannot fire in between
+            if outer.done():  # expired: refused already, and remembered as too slow
+                return
+            kept = template.matcher if self.keep_compiled else None
+            charged = estimate_bytes(len(template.grammar)) if self.keep_compiled else VERDICT_BYTES
+            self.cache.put(params, kept, charged + len(params.spec))  # the key holds the spec
+            self.num_compiled += 1
+            _settle(outer, result=kept)
+
+    def _expire(self, params: StructuredOutputsParams,
+                outer: concurrent.futures.Future[llguidance.LLMatcher | None]) -> None:
+        with self._lock:
+            if outer.done():
+                return
+            self._too_slow[_digest(params)] = None
+            while len(self._too_slow) > MAX_REMEMBERED_TOO_SLOW:
+                self._too_slow.popitem(last=False)
+            self.num_timed_out += 1
+            _settle(outer, exc=self._timeout_error(params))
+
+    def _timeout_error(self, params: StructuredOutputsParams) -> CompileTimeoutError:
+        return CompileTimeoutError(
+            f"the {_WHAT[params.kind]} takes longer than {self.compile_deadline_s:g} s to compile, the most "
+            "one constraint may take here; simplify it (fewer optional properties, alternatives or nesting)")
+
+    def _build(self, params: StructuredOutputsParams) -> _Compiled:
+        what = _WHAT[params.kind]
+        if self._fault is not None and self._fault.stalls("slow-compile", params):
+            self._released.wait(STALL_CAP_S)
         try:
             grammar = to_llguidance_grammar(params)
         except ValueError as exc:
@@ -158,7 +256,34 @@ class StructuredOutputManager:
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"invalid {what}: {_first_line(matcher.get_error())}")
-        return matcher
+        return _Compiled(matcher, grammar)
+
+
+class _Compiled:
+    __slots__ = ("matcher", "grammar")
+
+    def __init__(self, matcher: llguidance.LLMatcher, grammar: str) -> None:
+        self.matcher = matcher
+        self.grammar = grammar
+
+
+_WHAT = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice list",
+         "grammar": "grammar"}
+
+
+def _digest(params: StructuredOutputsParams) -> bytes:
+    return hashlib.sha256(f"{params.kind}\0{params.spec}".encode("utf-8", "surrogatepass")).digest()
+
+
+def _settle(future: concurrent.futures.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+    """Set ``future``'s outcome unless the deadline (or a cancel) settled it first."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def _first_line(message: str, limit: int = 500) -> str:
