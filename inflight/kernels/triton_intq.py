@@ -42,15 +42,11 @@ import triton.language as tl
 
 from inflight.kernels.intq_reference import IntQuantWeight
 from inflight.kernels.triton_common import (
-    FLOAT_DTYPES,
     cdiv,
-    check_dtype,
-    check_ndim,
-    check_same_device,
     num_sms,
 )
 from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
-from inflight.kernels.triton_quant import REDUCE_BLOCK, _sum_splits_kernel, plan_quant_linear
+from inflight.kernels.triton_quant import REDUCE_BLOCK, _sum_splits_kernel, check_packed_linear, plan_quant_linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,26 +182,16 @@ def _intq_linear_kernel(
     tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def _check(x: torch.Tensor, weight: IntQuantWeight, bias: torch.Tensor | None) -> None:
-    check_ndim("x", x, 2, "[num_rows, in_features]")
-    check_dtype("x", x, FLOAT_DTYPES)
-    if x.shape[1] != weight.in_features:
-        raise ValueError(f"x has {x.shape[1]} features but the weight takes {weight.in_features}.")
-    tensors = {"x": x, "weight_packed": weight.weight_packed, "weight_scale": weight.weight_scale}
-    if weight.weight_zero_point is not None:
-        tensors["weight_zero_point"] = weight.weight_zero_point
-    check_same_device(**tensors, **({} if bias is None else {"bias": bias}))
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must be [out_features={weight.shape[0]}] (got {tuple(bias.shape)}).")
-
-
 def intq_linear(
     x: torch.Tensor,  # [num_rows, in_features]
     weight: IntQuantWeight,
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
     """``x @ dequantize(weight).T + bias`` in x's dtype (see :func:`intq_reference.intq_linear`)."""
-    _check(x, weight, bias)
+    tensors = {"weight_packed": weight.weight_packed, "weight_scale": weight.weight_scale}
+    if weight.weight_zero_point is not None:
+        tensors["weight_zero_point"] = weight.weight_zero_point
+    check_packed_linear(x, weight.shape, bias, **tensors)
     out_features, in_features = weight.shape
     plan = plan_intq_linear(x.shape[0], out_features, in_features, weight.group_size, num_sms(x.device))
     return _launch(x, weight, bias, plan)

@@ -215,14 +215,18 @@ def _sum_splits_kernel(
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+def check_packed_linear(x: torch.Tensor, shape: tuple[int, int], bias: torch.Tensor | None,
+                        **weight_tensors: torch.Tensor) -> None:
+    """The inputs of a packed-weight linear (this module's and :mod:`triton_intq`'s): ``x``
+    ``[num_rows, in]`` in a float dtype, ``bias`` ``[out]``, all on one device."""
+    out_features, in_features = shape
     check_ndim("x", x, 2, "[num_rows, in_features]")
     check_dtype("x", x, FLOAT_DTYPES)
-    if x.shape[1] != weight.in_features:
-        raise ValueError(f"x has {x.shape[1]} features but the weight takes {weight.in_features}.")
-    check_same_device(x=x, blocks=weight.blocks, **({} if bias is None else {"bias": bias}))
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must be [out_features={weight.shape[0]}] (got {tuple(bias.shape)}).")
+    if x.shape[1] != in_features:
+        raise ValueError(f"x has {x.shape[1]} features but the weight takes {in_features}.")
+    check_same_device(x=x, **weight_tensors, **({} if bias is None else {"bias": bias}))
+    if bias is not None and tuple(bias.shape) != (out_features,):
+        raise ValueError(f"bias must be [out_features={out_features}] (got {tuple(bias.shape)}).")
 
 
 def quant_linear(
@@ -231,7 +235,7 @@ def quant_linear(
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
     """``x @ dequantize(weight).T + bias`` in x's dtype (see :func:`quant_reference.quant_linear`)."""
-    _check(x, weight, bias)
+    check_packed_linear(x, weight.shape, bias, blocks=weight.blocks)
     if weight.qtype not in QTYPES:
         return quant_reference.quant_linear(x, weight, bias)
     num_rows, out_features = x.shape[0], weight.shape[0]
