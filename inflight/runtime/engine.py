@@ -1,16 +1,20 @@
 """LLMEngine: the step-level API (add, abort, step, stats) over scheduler, runner and sampler.
 
 Each :meth:`LLMEngine.step` schedules one iteration, runs one forward pass over the packed
-batch, samples one token for each sequence whose known tokens are all computed, applies the
-stop rules, and returns a :class:`RequestOutput` delta per request that produced a token or
-finished. Finished requests free their KV blocks in the same step, so waiting requests board
-at the next one. Single-threaded: callers serialize access (the server runs it in one thread).
+batch, samples one token for each sequence whose known tokens are all computed (or verifies a
+speculating sequence's drafts), and hands the tokens to its
+:class:`~inflight.runtime.output_processor.OutputProcessor`, which owns each request's output
+state, applies the stop rules and returns a :class:`RequestOutput` delta per request that
+produced a token or finished. Finished requests free their KV blocks in the same step, so
+waiting requests board at the next one. Single-threaded: callers serialize access (the server
+runs it in one thread). Which logits rows belong to whom is :mod:`inflight.runtime.logit_rows`.
 
 Requests are checked against the loaded model and the live config in :meth:`validate_request`
 before they are queued, so no request should make a step raise. If the forward pass or the
 sampler raises anyway, the step is retried request by request to find the culprits, which
 finish with ``finish_reason == "error"`` (their blocks freed) while the others go on; a
-forward pass that fails for every request alone raises :class:`EngineFatalError`.
+forward pass that fails for every request alone raises :class:`EngineFatalError`. The engine
+knows no request's output state (detokenizer, generator, grammar matcher, logprobs).
 """
 
 from __future__ import annotations
@@ -26,53 +30,30 @@ import torch
 
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
-from inflight.runtime.detokenizer import IncrementalDetokenizer
 from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_request, check_token_budget
 from inflight.runtime.kv_manager import KVCacheManager, release_window
+from inflight.runtime.logit_rows import split_logits
 from inflight.runtime.model_runner import ModelRunner
+from inflight.runtime.output_processor import OutputProcessor, SampledTokens
 from inflight.runtime.outputs import (
     EngineFatalError,
     EngineStats,
     QueueFullError,
     RequestOutput,
     RequestRejectedError,
-    RequestTimes,
-    TokenLogprob,
 )
-from inflight.runtime.prompt_logprobs import span_logprobs
-from inflight.runtime.request import Request, RequestStatus
-from inflight.runtime.sampler import Sampler, SamplingRow
+from inflight.runtime.request import Request
+from inflight.runtime.sampler import Sampler
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import ScheduledChunk, Scheduler
+from inflight.runtime.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from inflight.runtime.spec_verify import verify_greedy, verify_sampled
 from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
-from inflight.runtime.tenant_stats import TenantMeter
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("inflight.engine")
-# (chunk, the tokens it emits, their logprobs): one token, or a speculating chunk's accepted
-# drafts plus one.
-_Sampled = tuple[ScheduledChunk, tuple[int, ...], tuple["TokenLogprob | None", ...]]
-
-
-class _Live:
-    """Per-request engine-side state that is not scheduling state."""
-
-    __slots__ = ("detok", "generator", "pending_logprobs", "matcher", "prompt_logprobs", "prompt_logprobs_sent")
-
-    def __init__(
-        self, detok: IncrementalDetokenizer | None, generator: torch.Generator | None,
-        matcher: RequestMatcher | None = None,
-    ) -> None:
-        self.detok = detok
-        self.generator = generator
-        self.pending_logprobs: list[TokenLogprob] = []
-        self.matcher = matcher  # structured outputs: advanced once per accepted output token
-        self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (token 0 has no context)
-        self.prompt_logprobs_sent = False
 
 
 class LLMEngine:
@@ -80,9 +61,7 @@ class LLMEngine:
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True) -> None:
         self.runner = runner
-        # False in an engine-core process: outputs carry token ids only, and the front end
-        # detokenizes and applies stop strings (inflight.runtime.output_text).
-        self.detokenize = detokenize
+        self.detokenize = detokenize  # False in an engine-core process: see OutputProcessor
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
@@ -93,15 +72,14 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.kv)
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(runner.device, lambda: self.structured.executor)
-        self._requests: dict[str, Request] = {}
-        self._live: dict[str, _Live] = {}
+        self.output_processor = OutputProcessor(
+            tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
+            detokenize, count_tenants=config.scheduler_policy == "fair",
+        )
         self._arrivals = 0
-        self._num_prompt_tokens = 0
-        self._num_generation_tokens = 0
         self._num_tokens_last_step = 0
         self._num_steps = 0
         self._spec = SpecStats()
-        self._tenants = TenantMeter() if config.scheduler_policy == "fair" else None
 
     @classmethod
     def from_model_dir(
@@ -150,7 +128,7 @@ class LLMEngine:
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int = 0, arrival_time: float | None = None, tenant: str = "",
     ) -> None:
-        if req_id in self._requests:
+        if req_id in self.output_processor:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
         self.check_admission(1, tenant)
@@ -203,25 +181,17 @@ class LLMEngine:
             generator = torch.Generator(device=self.runner.device)
             seed = params.seed if params.seed is not None else hash((self.config.seed, req.arrival_seq))
             generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
-        matcher = None
+        matcher: RequestMatcher | None = None
         if params.structured is not None:
             try:  # compiled already (the server compiles before adding); else compiles here
                 matcher = self.structured.new_matcher(params.structured)
             except ValueError as exc:
                 raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop, skip) if self.detokenize else None
-        self._live[req_id] = _Live(detok, generator, matcher)
-        self._requests[req_id] = req
+        self.output_processor.add(req, generator, matcher)
         self.scheduler.add(req)
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
-        req = self._requests.get(req_id)
-        if req is None:
-            return None
-        self.scheduler.remove(req)
-        req.finish_reason = "abort"
-        return self._finish_output(req, (), "")
+        return self.output_processor.finish(req_id, "abort")
 
     def has_unfinished_requests(self) -> bool:
         """True while requests are in flight, or when a dead tensor-parallel worker awaits
@@ -231,41 +201,31 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the batch (forward + sample), process the tokens."""
         self.runner.check_health()
+        sched = self._schedule()
+        if sched.is_empty:
+            return []
+        ran, failed, sampled = self._forward_and_sample(sched.chunks)
+        for chunk in ran:
+            if not chunk.draft_token_ids:  # a speculating chunk advances once its tokens are in
+                self._advance(chunk, chunk.num_tokens)
+        return self.output_processor.process(sampled, failed, self._advance)
+
+    def _schedule(self) -> SchedulerOutput:
+        """The step's batch, with the step counted and first-scheduled times stamped."""
         sched = self.scheduler.schedule()
         self._num_steps += 1
         self._num_tokens_last_step = sched.num_batched_tokens
-        if sched.is_empty:
-            return []
         now = time.monotonic()
         for req in sched.admitted:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-        chunks, failed, sampled = self._forward_and_sample(sched.chunks)
-        for chunk in chunks:
-            if not chunk.draft_token_ids:  # a speculating chunk advances once its tokens are in
-                self._advance(chunk, chunk.num_tokens)
-        outputs = [self._fail(req) for req in failed]
-        now = time.monotonic()
-        for chunk, token_ids, logprobs in sampled:
-            try:
-                out = self._append_tokens(chunk.request, token_ids, logprobs, now)
-                if chunk.draft_token_ids and chunk.request.status is RequestStatus.RUNNING:
-                    # It computed its last token and the drafts it kept: one position per
-                    # token it emitted (the new one is computed next step).
-                    self._advance(chunk, len(token_ids))
-            except EngineFatalError:
-                raise
-            except Exception:
-                logger.exception("request %s failed while appending its token", chunk.request.req_id)
-                out = self._fail(chunk.request)
-            if out is not None:
-                outputs.append(out)
-        return outputs
+        return sched
 
     def _forward_and_sample(
         self, chunks: tuple[ScheduledChunk, ...]
-    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[_Sampled]]:
+    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[SampledTokens]]:
         """Run the batch: (chunks that ran, requests that made it fail, sampled tokens)."""
         try:
             return chunks, [], self._run_batch(chunks)
@@ -287,158 +247,46 @@ class LLMEngine:
         logger.error("failed request(s) %s; %d other(s) go on", [r.req_id for r in failed], len(ok))
         return tuple(ok), failed, sampled
 
-    def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[_Sampled]:
+    def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[SampledTokens]:
         """Forward + sample ``chunks`` without advancing them (a retry writes the same KV slots).
 
         A retry after a failed batch may draw a sampled request's random numbers again, so
         only a failed step can change what a seeded request in it generates."""
         batch = self.runner.prepare(chunks)
-        rows = [self._sampling_row(c.request) for c in batch.sampled_chunks]
+        rows = [self.output_processor.sampling_row(c.request) for c in batch.sampled_chunks]
         plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
         plain_rows = [rows[i] for i in plain]
         masks = self.sampler.prepare_masks(plain_rows, self.runner.spec.vocab_size)  # filled during the forward
-        logits = self.runner.execute(batch)
-        if batch.prompt_logprob_spans:
-            logits = self._collect_prompt_logprobs(batch, logits)
+        split = split_logits(self.runner.execute(batch), batch.sample_counts, batch.prompt_logprob_spans)
+        for chunk, first, span in split.prompt_spans:
+            self.output_processor.collect_prompt_logprobs(chunk.request, first, span)
+        logits = split.sampled
         if len(plain) == len(rows):  # no speculation this step: one row per chunk
             sampled = self.sampler.sample(logits, rows, masks)
-            return [(c, (t,), (lp,)) for c, t, lp in zip(batch.sampled_chunks, sampled.token_ids,
-                                                           sampled.logprobs, strict=True)]  # fmt: skip
-        starts = [0]
-        for count in batch.sample_counts:
-            starts.append(starts[-1] + count)
+            return [SampledTokens(c, (t,), (lp,)) for c, t, lp in zip(batch.sampled_chunks, sampled.token_ids,
+                                                                      sampled.logprobs, strict=True)]  # fmt: skip
+        starts = split.starts
         index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
         sampled = self.sampler.sample(logits[index], plain_rows, masks)
-        out: list[_Sampled] = []
+        out: list[SampledTokens] = []
         plain_out = iter(zip(sampled.token_ids, sampled.logprobs, strict=True))
         for i, chunk in enumerate(batch.sampled_chunks):
             if not chunk.draft_token_ids:
                 token_id, logprob = next(plain_out)
-                out.append((chunk, (token_id,), (logprob,)))
+                out.append(SampledTokens(chunk, (token_id,), (logprob,)))
                 continue
             block = logits[starts[i] : starts[i + 1]]
             verify = verify_greedy if rows[i].params.greedy else partial(verify_sampled, row=rows[i])
             tokens = tuple(verify(block, chunk.draft_token_ids))
             self._spec.record(len(chunk.draft_token_ids), len(tokens) - 1)
-            out.append((chunk, tokens, (None,) * len(tokens)))
+            out.append(SampledTokens(chunk, tokens, (None,) * len(tokens)))
         return out
-
-    def _collect_prompt_logprobs(self, batch: Any, logits: torch.Tensor) -> torch.Tensor:
-        """Record the prompt logprobs of ``batch``'s prompt rows; return the sampling rows.
-
-        Only positions not collected yet are kept, so a recompute (or a retried step) adds
-        nothing twice."""
-        row = sum(batch.sample_counts)
-        sampled_rows = row
-        for chunk, first, count in batch.prompt_logprob_spans:
-            req = chunk.request
-            collected = self._live[req.req_id].prompt_logprobs
-            if first + count > len(collected) >= first:
-                entries = span_logprobs(logits[row : row + count], req.prompt_token_ids, first,
-                                        req.params.prompt_logprobs or 0)
-                collected.extend(entries[len(collected) - first:])
-            row += count
-        return logits[:sampled_rows]
-
-    def _fail(self, req: Request) -> RequestOutput:
-        """Finish ``req`` with ``finish_reason == "error"`` and free its blocks."""
-        self.scheduler.remove(req)
-        req.finish_reason = "error"
-        return self._finish_output(req, (), "")
-
-    def _sampling_row(self, req: Request) -> SamplingRow:
-        return SamplingRow(
-            req.params, req.prompt_token_ids, req.output_token_ids,
-            self._live[req.req_id].generator, self.eos_token_ids, self._live[req.req_id].matcher,
-        )
 
     def _advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
         req = chunk.request
         req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
         self.kv.release_out_of_window(req)  # all-windowed models: blocks no query reads again
-
-    def _append_tokens(
-        self, req: Request, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob | None, ...], now: float
-    ) -> RequestOutput | None:
-        """Append the step's tokens (one, or a speculating request's accepted drafts plus one)
-        until one of them finishes the request; one output for all of them."""
-        live = self._live[req.req_id]
-        first = req.first_token_time is None
-        if first:
-            req.first_token_time = now
-            self._num_prompt_tokens += req.num_prompt_tokens
-        reason = error = None
-        new_ids: list[int] = []
-        for token_id, logprob in zip(token_ids, logprobs, strict=True):
-            req.append_token(token_id)
-            new_ids.append(token_id)
-            self._num_generation_tokens += 1
-            if logprob is not None:
-                live.pending_logprobs.append(logprob)
-            reason = self._stop_reason(req, token_id, live.detok is not None and live.detok.append(token_id))
-            if live.matcher is not None:
-                error = _grammar_error(req, live.matcher, token_id)
-                if error is not None:
-                    reason = "error"
-                elif live.matcher.is_finished:
-                    reason = "stop"
-            if reason is not None:
-                break
-        if self._tenants is not None:
-            self._tenants.count(req.tenant, req.num_prompt_tokens if first else 0, len(new_ids))
-        return self._output_after(req, live, tuple(new_ids), reason, error)
-
-    def _output_after(
-        self, req: Request, live: _Live, new_ids: tuple[int, ...], reason: str | None, error: str | None
-    ) -> RequestOutput:
-        if reason is None:
-            return self._delta(req, new_ids, live.detok.take_delta(False) if live.detok else "", False, None)
-        self.scheduler.remove(req)
-        req.finish_reason = reason
-        if live.detok is None:
-            return self._finish_output(req, new_ids, "", error)
-        live.detok.flush()
-        return self._finish_output(req, new_ids, live.detok.take_delta(True), error)
-
-    def _stop_reason(self, req: Request, token_id: int, hit_stop_string: bool) -> str | None:
-        p = req.params
-        if req.num_output_tokens >= p.min_tokens:
-            if not p.ignore_eos and token_id in self.eos_token_ids:
-                return "stop"
-            if token_id in p.stop_token_ids or hit_stop_string:
-                return "stop"
-        elif hit_stop_string:
-            return "stop"
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _delta(
-        self, req: Request, new_ids: tuple[int, ...], text: str, finished: bool,
-        reason: str | None, times: RequestTimes | None = None, error: str | None = None,
-    ) -> RequestOutput:
-        live = self._live[req.req_id]
-        logprobs = tuple(live.pending_logprobs) if req.params.logprobs is not None else None
-        live.pending_logprobs.clear()
-        prompt_logprobs = None
-        if req.params.prompt_logprobs is not None and not live.prompt_logprobs_sent and (new_ids or finished):
-            prompt_logprobs, live.prompt_logprobs_sent = tuple(live.prompt_logprobs), True
-        return RequestOutput(
-            req_id=req.req_id, new_token_ids=new_ids, new_text=text, finished=finished,
-            finish_reason=reason, num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
-            new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs, error=error,
-        )
-
-    def _finish_output(
-        self, req: Request, new_ids: tuple[int, ...], text: str, error: str | None = None
-    ) -> RequestOutput:
-        times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
-        out = self._delta(req, new_ids, text, True, req.finish_reason, times, error)
-        del self._requests[req.req_id]
-        del self._live[req.req_id]
-        return out
 
     # -- what the front end may know ----------------------------------------------------
     @property
@@ -458,6 +306,7 @@ class LLMEngine:
 
     # -- stats and live config ----------------------------------------------------------
     def stats(self) -> EngineStats:
+        out, tenants = self.output_processor, self.output_processor.tenants
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -466,8 +315,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
-            num_prompt_tokens=self._num_prompt_tokens,
-            num_generation_tokens=self._num_generation_tokens,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_generation_tokens=out.num_generation_tokens,
             num_tokens_last_step=self._num_tokens_last_step,
             num_steps=self._num_steps,
             max_num_sequences=self.config.max_num_sequences,
@@ -475,8 +324,8 @@ class LLMEngine:
             spec_num_draft_tokens=self._spec.num_draft_tokens,
             spec_num_accepted_tokens=self._spec.num_accepted_tokens,
             spec_accepted_per_position=tuple(self._spec.accepted_per_position),
-            tenants=(self._tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
-                     if self._tenants is not None else None),
+            tenants=(tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
+                     if tenants is not None else None),
         )
 
     def update_config(self, **changes: Any) -> EngineConfig:
@@ -496,26 +345,9 @@ class LLMEngine:
         """Run one tiny request through every stage so the first real one pays no start-up cost."""
         req_id = "__warmup__"
         self._add(req_id, self.encode_prompt("warm up"), SamplingParams(max_tokens=2, temperature=0.0), 0, None)
-        while req_id in self._requests:
+        while req_id in self.output_processor:
             self.step()
         self.pool.reset_prefix_cache()
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
-        self._num_prompt_tokens = self._num_generation_tokens = self._num_steps = 0
-        self._tenants = TenantMeter() if self._tenants is not None else None
-
-
-
-def _grammar_error(req: Request, matcher: RequestMatcher, token_id: int) -> str | None:
-    """Advance ``req``'s grammar past ``token_id``; why the request cannot go on, or None.
-
-    Called once per accepted token, never for tokens recomputed after a preemption. A token
-    the grammar refuses (the matcher hit an internal limit, e.g. llguidance's row limit on a
-    very large choice list, so no mask constrained the draw) ends the request with an error:
-    output that does not match the constraint must never finish as ``stop``.
-    """
-    if matcher.accept(token_id):
-        return None
-    message = matcher.error_message()
-    logger.warning("request %s: token %d does not match its grammar (%s); ending it with an error",
-                   req.req_id, token_id, message)
-    return f"the output could not follow its structured-output constraint: {message}"
+        self._num_steps = 0
+        self.output_processor.reset_counts()

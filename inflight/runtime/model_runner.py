@@ -29,6 +29,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.cpu_lanes import DecodeLanes
 from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.graph_backend import CudaGraphBackend, GraphBackend
+from inflight.runtime.logit_rows import PromptLogprobSpan, logit_row_order
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.quantization import LoadTarget, load_weights
@@ -115,14 +116,11 @@ class BatchInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_sampled] rows of the packed batch to compute logits for
-    sampled_chunks: tuple[ScheduledChunk, ...]  # in the order of sample_indices
-    # Rows of sample_indices per sampled chunk: 1, or 1 + drafts for a speculating chunk
-    # (its last known token and every draft position, for the verification).
-    sample_counts: tuple[int, ...] = ()
-    # Prompt logprobs: (chunk, first position, count) whose rows follow the sampled rows in
-    # sample_indices; the row at position p predicts prompt token p + 1.
-    prompt_logprob_spans: tuple[tuple[ScheduledChunk, int, int], ...] = ()
+    # Rows of the packed batch to compute logits for, laid out as inflight.runtime.logit_rows says.
+    sample_indices: torch.Tensor  # [num_logit_rows]
+    sampled_chunks: tuple[ScheduledChunk, ...]
+    sample_counts: tuple[int, ...] = ()  # rows per sampled chunk: 1, or 1 + its drafts
+    prompt_logprob_spans: tuple[PromptLogprobSpan, ...] = ()
 
 
 class ModelRunner:
@@ -270,7 +268,7 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         sampled: list[ScheduledChunk] = []
-        spans: list[tuple[ScheduledChunk, int, int]] = []
+        spans: list[PromptLogprobSpan] = []
         prompt_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
@@ -318,7 +316,7 @@ class ModelRunner:
             input_ids=up(ids, torch.int64),
             positions=up(pos, torch.int64),
             meta=meta,
-            sample_indices=up(sample_rows + prompt_rows, torch.int64),
+            sample_indices=up(logit_row_order(sample_rows, prompt_rows), torch.int64),
             sampled_chunks=tuple(sampled),
             sample_counts=tuple(counts),
             prompt_logprob_spans=tuple(spans),

@@ -5,7 +5,8 @@ prompt_logprobs``); this module turns those rows into one :class:`TokenLogprob` 
 token (from the second on: the first has no context) with its rank in the vocabulary (vLLM's:
 1 + the number of tokens scored strictly higher) and the top-k alternatives, from the raw
 distribution (no penalties, temperature or masks). Knows nothing about scheduling; the
-engine keeps what each request has collected so a recompute after preemption adds nothing twice.
+output processor keeps what each request has collected, so a recompute after preemption adds
+nothing twice.
 """
 
 from __future__ import annotations
