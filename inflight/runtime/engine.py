@@ -71,7 +71,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.pool, config.block_size, release_window(runner.spec))
         self.scheduler = Scheduler(self.config, self.kv)
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
-        self.sampler = Sampler(runner.device, lambda: self.structured.executor)
+        self.sampler = Sampler(runner.device)
         self.output_processor = OutputProcessor(
             tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
             detokenize, count_tenants=config.scheduler_policy == "fair",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import llguidance.numpy as llnp
@@ -61,15 +60,10 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless apart from the device; call :meth:`sample` once per step.
+    """Stateless apart from the device and its mask threads; call :meth:`sample` once per step."""
 
-    ``grammar_executor`` returns llguidance's executor for filling many masks in parallel
-    (created lazily by the engine's structured-output manager on first use).
-    """
-
-    def __init__(self, device: torch.device, grammar_executor: Callable[[], object] | None = None) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._grammar_executor = grammar_executor  # kept for callers; rows are filled one per thread
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.mask_deadline_s = MASK_DEADLINE_S
 

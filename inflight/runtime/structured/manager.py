@@ -130,10 +130,9 @@ class StructuredOutputManager:
         self.compile_deadline_s = compile_deadline_s
         self.keep_compiled = keep_compiled
         self._too_slow: OrderedDict[bytes, None] = OrderedDict()
-        self._lock = threading.Lock()  # the cache and the executor: held for microseconds
+        self._lock = threading.Lock()  # the cache: held for microseconds
         self._tok_lock = threading.Lock()  # building the llguidance tokenizer: ~1 s for a real vocabulary
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
-        self._executor: llguidance.LLExecutor | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="inflight-grammar")
         self._fault = fault if fault is not None else grammar_fault_from_env()
         self._released = threading.Event()  # ends injected stalls
@@ -153,14 +152,6 @@ class StructuredOutputManager:
                 except ValueError as exc:
                     raise ValueError(f"structured outputs need a fast (Rust) tokenizer: {exc}") from None
             return self._ll_tokenizer
-
-    @property
-    def executor(self) -> llguidance.LLExecutor:
-        """llguidance's thread pool for filling many rows' masks at once."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor()
-            return self._executor
 
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher | None:
         """The compiled template for ``params`` (cached; None when verdicts only). ValueError
