@@ -250,8 +250,7 @@ def quant_markdown(rows: Mapping[str, Mapping[str, stats.Spread]], facts: Mappin
           "in every round under whatever else was running, so the ratios are fairer than the absolute "
           "figures, which can move by tens of percent between runs. RSS after warm-up leaves out KV pages "
           "not yet written (inflight's zero-filled cache is only resident once used; llama.cpp clears its "
-          "cache at start), so the after-burst column is the fairer memory comparison. The kernels are "
-          "being changed while this is written; rerun before quoting.", ""]
+          "cache at start), so the after-burst column is the fairer memory comparison.", ""]
     return "\n".join(md)
 
 
