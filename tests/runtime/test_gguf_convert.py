@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.model.gguf_convert import check_supported, convert_gguf, unpermute_rows
+from inflight.runtime.model.gguf_convert import check_supported, convert_gguf, float_checkpoint_dir, unpermute_rows
 from inflight.runtime.model.gguf_source import model_dir_problem, resolve_model_dir
+from inflight.runtime.model.loader import checkpoint_tensors
 from inflight.runtime.tokenizer import load_tokenizer
 
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -128,9 +129,10 @@ def test_float32_gguf_round_trips_exactly(demo_unscaled_rope: Path, tmp_path: Pa
 def test_q8_0_dequantizes_within_one_step(demo_unscaled_rope: Path, tmp_path: Path) -> None:
     path = tmp_path / "demo-q8.gguf"
     write_gguf(demo_unscaled_rope, path, gguf.GGMLQuantizationType.Q8_0)
-    converted = {}
-    for shard in convert_gguf(path, tmp_path / "q8").glob("*.safetensors"):
-        converted.update(load_file(str(shard)))
+    out = convert_gguf(path, tmp_path / "q8")
+    written = {n for shard in out.glob("*.safetensors") for n in load_file(str(shard))}
+    converted = {name: part[:] for name, part in checkpoint_tensors(out)}
+    assert written and all(not n.endswith("proj.weight") for n in written)  # only the float (norm) tensors on disk
     for name, t in load_file(str(demo_unscaled_rope / "model.safetensors")).items():
         step = t.abs().max() / 127  # Q8_0: 8-bit per 32-value block, scale = block max / 127
         assert (converted[name] - t).abs().max() <= step, name
@@ -187,3 +189,18 @@ def test_a_quantized_file_is_served_packed_by_default(demo_unscaled_rope: Path, 
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     prompts = ["def fib(n):", "import os\n", "class A:"]
     assert [o.token_ids for o in packed.generate(prompts, params)] == [o.token_ids for o in dense.generate(prompts, params)]
+
+
+def test_a_float_reference_directory_for_transformers(demo_unscaled_rope: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "demo-q8.gguf"
+    write_gguf(demo_unscaled_rope, path, gguf.GGMLQuantizationType.Q8_0)
+    out = convert_gguf(path, tmp_path / "q8")
+    assert float_checkpoint_dir(demo_unscaled_rope) == demo_unscaled_rope  # a plain checkpoint is its own
+    ref = float_checkpoint_dir(out)
+    assert ref != out and float_checkpoint_dir(out) == ref  # made once
+    ours = {name: part[:] for name, part in checkpoint_tensors(out)}
+    theirs = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).state_dict()
+    for name, t in ours.items():
+        assert torch.equal(theirs[name], t), name

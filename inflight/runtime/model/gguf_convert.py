@@ -1,11 +1,13 @@
 """Converting a GGUF file (llama.cpp, Ollama) into a Hugging Face model directory.
 
-Reads the file with the ``gguf`` package's reader, dequantizes every tensor with its
-``gguf.quants`` helpers to float32, undoes the row permutation llama.cpp applies to the
-query and key projections, and writes a directory our loader reads like any checkpoint:
-``config.json``, ``generation_config.json``, safetensors shards (one per group of layers, so
-loading reports progress per group) with an index, and the tokenizer files built by
-:mod:`inflight.runtime.model.gguf_tokenizer`. The directory is written under a temporary
+Reads the file with the ``gguf`` package's reader and writes a directory our loader reads like
+any checkpoint: ``config.json``, ``generation_config.json``, the tokenizer files built by
+:mod:`inflight.runtime.model.gguf_tokenizer`, safetensors shards (one per group of layers) of
+the file's float tensors (F32/F16/BF16: norms and the like) and an index. The block-quantized
+tensors are not copied: the index names them (``gguf_tensors``) and the loader reads them from
+the file itself (the directory links to it as ``source.gguf``), packed or dequantized on the fly
+(:func:`gguf_float_tensors`: ``gguf.quants`` to float32, llama.cpp's q/k row permutation
+undone), so a 4 GB Q4_K_M file never becomes 30 GB of float32 on disk. The directory is written under a temporary
 name and renamed when complete, so an interrupted conversion never looks finished.
 
 Knows the GGUF tensor and metadata names of the Llama family only; anything else is refused
@@ -26,12 +28,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from inflight.runtime.model.gguf_source import link_source
 from inflight.runtime.model.gguf_tokenizer import write_tokenizer
 
 Progress = Callable[[str], None]
 
 # GGUF architecture -> the transformers architecture it converts to.
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+FLOAT_TYPES = ("F32", "F16", "BF16")  # written to safetensors; every other type stays in the file
 LAYERS_PER_SHARD = 5
 
 _LAYER_TENSORS = {
@@ -244,8 +248,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
         config = hf_config(reader, info)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_generation_config(config, tmp)
-        weight_map = _write_weights(reader, info, tmp, say)
-        index = {"metadata": {"source": gguf_path.name}, "weight_map": weight_map}
+        weight_map, in_gguf = _write_weights(reader, info, tmp, say)
+        link_source(tmp, gguf_path.resolve())  # the quantized tensors are read from the file
+        index = {"metadata": {"source": gguf_path.name}, "weight_map": weight_map, "gguf_tensors": in_gguf}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
@@ -256,24 +261,93 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
     return out_dir
 
 
-def _write_weights(reader: Any, info: GGUFModelInfo, out: Path, say: Progress) -> dict[str, str]:
+def _write_weights(reader: Any, info: GGUFModelInfo, out: Path, say: Progress) -> tuple[dict[str, str], dict[str, str]]:
+    """The float tensors into safetensors shards; returns (weight map, quantized hf name -> GGUF name)."""
     weight_map: dict[str, str] = {}
+    in_gguf: dict[str, str] = {}
     for i, num_shards, group in _shards(reader, info):
         name = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
         tensors: dict[str, torch.Tensor] = {}
         for tensor in group:
             hf_name = hf_tensor_name(tensor.name)
-            if hf_name is not None:
+            if hf_name is None:
+                continue
+            if tensor.tensor_type.name in FLOAT_TYPES:
                 tensors[hf_name] = dequantized(tensor, info)
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        size_mb = sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6
+            else:
+                in_gguf[hf_name] = tensor.name
+        if tensors:
+            save_file(tensors, str(out / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, name))
         first = i * LAYERS_PER_SHARD
         last = min(first + LAYERS_PER_SHARD, info.num_layers) - 1
-        say(f"converting: shard {i + 1}/{num_shards} (layers {first}-{last}, {size_mb:.0f} MB float32)")
-    return weight_map
+        say(f"converting: layers {first}-{last}: {len(tensors)} float tensors written, "
+            f"{len(group) - len(tensors)} quantized ones left in the file")
+    return weight_map, in_gguf
+
+
+class GGUFTensorPart:
+    """A GGUF tensor read like a safetensors slice (``part[:]``, ``part[a:b]``,
+    ``get_shape()``): dequantized to float32 in transformers' layout on first access."""
+
+    def __init__(self, tensor: Any, info: GGUFModelInfo) -> None:
+        self._tensor, self._info = tensor, info
+        self._value: torch.Tensor | None = None
+
+    def get_shape(self) -> list[int]:
+        return [int(d) for d in reversed(self._tensor.shape)]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if self._value is None:
+            self._value = dequantized(self._tensor, self._info)
+        return self._value[index]
+
+
+def gguf_float_tensors(gguf_path: str | Path, names: dict[str, str]) -> Iterator[tuple[str, GGUFTensorPart]]:
+    """``(hf name, lazily dequantized part)`` for the quantized tensors a converted directory
+    left in its GGUF file (``names``: hf name -> GGUF name, from the index)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    info = check_supported(reader)
+    by_name = {t.name: t for t in reader.tensors}
+    for hf_name, gguf_name in names.items():
+        if gguf_name not in by_name:
+            raise ValueError(f"{gguf_path} has no tensor {gguf_name!r}; the converted directory was made "
+                             "from another file: delete it to convert again.")
+        yield hf_name, GGUFTensorPart(by_name[gguf_name], info)
 
 
 def _write_generation_config(config: dict[str, Any], out: Path) -> None:
     gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def float_checkpoint_dir(model_dir: str | Path, progress: Progress | None = None) -> Path:
+    """``model_dir`` itself, or, for a converted GGUF directory that left its quantized tensors in
+    the file, a sibling ``<name>.float32`` directory holding every tensor as float32 safetensors
+    (made once): what transformers and lm-eval's ``hf`` backend need as a reference."""
+    from inflight.runtime.model.loader import checkpoint_tensors
+
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file() or not json.loads(index.read_text()).get("gguf_tensors"):
+        return model_dir
+    out = model_dir.with_name(model_dir.name + ".float32")
+    if (out / "model.safetensors").is_file():
+        return out
+    tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for f in model_dir.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != index.name and f.suffix != ".gguf":
+                shutil.copy(f, tmp / f.name)
+        tensors = {name: part[:].contiguous() for name, part in checkpoint_tensors(model_dir, progress)}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -61,8 +61,29 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"{model_dir} holds no safetensors weights (model.safetensors or an index).")
 
 
+def checkpoint_tensors(model_dir: str | Path, progress: Progress | None = None) -> Iterator[tuple[str, Any]]:
+    """``(name, slice)`` for every checkpoint tensor of ``model_dir``; a slice reads only the
+    part that is indexed (``part[:]``, ``part[a:b]``). A converted GGUF directory's quantized
+    tensors come from its GGUF file, dequantized when read."""
+    model_dir = Path(model_dir)
+    yield from _iter_tensors(_weight_files(model_dir), progress)
+    index = model_dir / "model.safetensors.index.json"
+    in_gguf = json.loads(index.read_text()).get("gguf_tensors") if index.is_file() else None
+    if in_gguf:
+        from inflight.runtime.model.gguf_convert import gguf_float_tensors
+        from inflight.runtime.model.gguf_source import SOURCE_LINK
+
+        source = model_dir / SOURCE_LINK
+        if not source.is_file():
+            raise ValueError(f"{model_dir} keeps {len(in_gguf)} quantized tensors in its GGUF file, but "
+                             f"{source} is missing or broken; convert the .gguf file again.")
+        if progress:
+            progress(f"loading weights: {len(in_gguf)} quantized tensors from {source.resolve().name}")
+        yield from gguf_float_tensors(source, in_gguf)
+
+
 def _iter_tensors(files: list[Path], progress: Progress | None) -> Iterator[tuple[str, Any]]:
-    """``(name, slice)`` for every tensor; a slice reads only the part that is indexed."""
+    """``(name, slice)`` for every tensor of the safetensors ``files``."""
     for i, path in enumerate(files):
         if progress:
             progress(f"loading weights: shard {i + 1}/{len(files)} ({path.name}, {path.stat().st_size / 1e6:.0f} MB)")
@@ -147,7 +168,7 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    tensors = _iter_tensors(_weight_files(model_dir), progress)
+    tensors = checkpoint_tensors(model_dir, progress)
     if mxfp4.is_mxfp4(config):  # gpt-oss's MXFP4 experts, dequantized as they stream past
         tensors = mxfp4.dequantized_tensors(tensors, dtype)
     for hf_name, part in tensors:
