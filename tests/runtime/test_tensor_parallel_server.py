@@ -4,7 +4,7 @@ Concurrent greedy completions (chunked context under a small token budget, a KV 
 enough to preempt, prompts sharing a prefix) return what the offline TP=1 engine returns;
 SIGTERM drains and leaves no worker behind; a SIGKILLed worker while clients wait makes
 ``/health`` and ``/ready`` say 503 and the server exit non-zero within 10 s with every client answered (an
-idle server exits too); and a worker whose engine process is SIGKILLed exits by itself.
+idle server exits too); and a SIGKILLed front end leaves neither its engine core nor a worker behind.
 """
 
 from __future__ import annotations
@@ -195,13 +195,23 @@ def test_killed_worker_of_an_idle_server_exits_it_within_10s(model_factory) -> N
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
-def test_worker_exits_when_its_engine_process_is_killed(model_factory) -> None:
+def test_a_killed_front_end_leaves_no_engine_core_and_no_worker(model_factory) -> None:
+    """SIGKILL the front end (no drain, no goodbye): the engine core dies with it
+    (``PR_SET_PDEATHSIG``) and the worker, re-parented, sees it and exits (it polls its
+    parent pid). Nothing is left behind; the wait is bounded, never a timing assertion."""
     server = _serve(model_factory("llama"))
     try:
         (worker,) = _worker_pids(server.proc.pid)
+        core = _processes()[worker][0]  # the workers hang under the engine core
+        assert core != server.proc.pid and _alive(core)
+        assert f"engine core (pid {core})" in server.log(), server.log()
+        started = _descendants(server.proc.pid)  # the core, the worker, multiprocessing's resource tracker
+        assert {core, worker} <= set(started)
         server.proc.kill()
         server.proc.wait(10)
-        assert wait_until(lambda: not _alive(worker), 10), "the worker outlived its engine process"
+        gone = wait_until(lambda: not any(_alive(pid) for pid in started), 30)
+        left = {pid: _processes().get(pid, (0, b""))[1][:80] for pid in started if _alive(pid)}
+        assert gone, f"left behind after the front end was SIGKILLed: {left} (core {core}, worker {worker})"
     finally:
         server.stop()
 
