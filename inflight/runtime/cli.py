@@ -117,6 +117,13 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--admin-api-key", default=None,
                         help=f"Enable /admin, with 'Authorization: Bearer KEY' (env {ADMIN_API_KEY_ENV}); "
                              "/admin is off without it and --api-key never grants it.")
+    server.add_argument("--priority-floor", type=int, default=None, metavar="N",
+                        help="The most urgent 'priority' a request may ask for without --priority-api-key "
+                             "(lower is served first; below N is a 400). Unset: any priority. Only "
+                             "--scheduler-policy priority and fair honour priorities at all.")
+    server.add_argument("--priority-api-key", default=None, metavar="KEY",
+                        help="The trusted caller's key: accepted wherever --api-key is, and its requests may "
+                             "ask for any priority (see --priority-floor).")
     server.add_argument("--engine-stall-timeout", type=float, default=_server_default("engine_stall_timeout_s"),
                         help="Seconds one engine step may run before the server declares the engine dead, "
                              "answers every client with 503 and exits non-zero.")
@@ -233,6 +240,8 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         max_logprobs=args.max_logprobs,
+        priority_floor=args.priority_floor,
+        priority_api_key=args.priority_api_key,
     )
 
 

@@ -5,7 +5,7 @@ tool call's ``arguments``, model output) makes ``json.loads`` raise ``RecursionE
 which is no ``ValueError`` and so escaped every handler as a 500. :func:`loads_limited`
 measures the nesting first, in linear time without recursion, and raises ``ValueError`` (a
 ``json.JSONDecodeError`` for malformed text, as ``json.loads`` does) for anything it will
-not parse. Knows nothing about HTTP.
+not parse (a ``MemoryError`` while parsing included). Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -33,11 +33,14 @@ def nesting_depth(text: str) -> int:
 
 
 def loads_limited(text: str, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads(text)``, but ``ValueError`` for nesting deeper than ``max_depth``."""
-    depth = nesting_depth(text)
-    if depth > max_depth:
-        raise ValueError(f"JSON nested {depth} levels deep (at most {max_depth})")
+    """``json.loads(text)``, but ``ValueError`` for nesting deeper than ``max_depth`` and for
+    text too large to parse in the memory left (a ``MemoryError``: the text's fault, not ours)."""
     try:
+        depth = nesting_depth(text)
+        if depth > max_depth:
+            raise ValueError(f"JSON nested {depth} levels deep (at most {max_depth})")
         return json.loads(text)
     except RecursionError:  # cannot happen below the limit; kept so no caller ever sees it
         raise ValueError(f"JSON nested too deeply (at most {max_depth} levels)") from None
+    except MemoryError:
+        raise ValueError(f"JSON of {len(text)} characters is too large to parse in the memory left") from None

@@ -12,7 +12,7 @@ One line per module:
 * ``tokenize_api`` /tokenize and /detokenize
 * ``request_features`` the output-shaping fields: structured outputs, template flags, echo, logprobs
 * ``tool_requests`` the tools a chat request offers, forced-call schemas, tool calls in a history
-* ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``reasoning``  reading a chat reply
+* ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``tool_stream`` / ``reasoning``  reading a chat reply
 * ``echo``         echo and prompt logprobs in completion bodies
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts

@@ -1,6 +1,9 @@
 """Who may call what: the API key on every route that runs the tokenizer, the template or the
 model; the admin key on ``/admin``; and the same check on ``Expect: 100-continue``, so a
-client without the key is refused before it sends its body.
+client without the key is refused before it sends its body. ``--priority-api-key`` is a second
+inference key, the trusted caller's: accepted wherever the API key is, and only a request
+carrying it may ask for a ``priority`` below ``--priority-floor`` (:func:`priority_refusal`; a
+400, never a silent clamp). The admin key stays off the inference routes.
 
 ``/health``, ``/ready``, ``/version`` and ``/metrics`` stay open (probes and scrapers carry no
 key). Keys are compared in constant time. Knows nothing about what the routes do.
@@ -16,6 +19,7 @@ from inflight.runtime.server.errors import (
     APIError,
     admin_disabled,
     admin_unauthorized,
+    bad_request,
     unauthorized,
 )
 from inflight.runtime.server.state import STATE, ServerSettings
@@ -31,9 +35,27 @@ def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
             return admin_disabled()
         if not bearer_matches(request, settings.admin_api_key):
             return admin_unauthorized()
-    elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not bearer_matches(request, settings.api_key):
+    elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not (
+            bearer_matches(request, settings.api_key) or is_trusted(request, settings)):
         return unauthorized()
     return None
+
+
+def is_trusted(request: web.Request, settings: ServerSettings) -> bool:
+    """Whether ``request`` carries ``--priority-api-key`` (the trusted caller's inference key)."""
+    return settings.priority_api_key is not None and bearer_matches(request, settings.priority_api_key)
+
+
+def priority_refusal(request: web.Request, settings: ServerSettings, priority: int) -> APIError | None:
+    """The 400 for a ``priority`` below ``settings.priority_floor`` (more urgent than untrusted
+    callers may ask for) from a request without ``--priority-api-key``, or None."""
+    floor = settings.priority_floor
+    if floor is None or priority >= floor or is_trusted(request, settings):
+        return None
+    return bad_request(
+        f"'priority' {priority} is more urgent than this server allows: lower values are served first, and "
+        f"requests not authenticated with its --priority-api-key may ask for {floor} or higher "
+        f"(--priority-floor)", "priority", code="priority_not_allowed")
 
 
 def bearer_matches(request: web.Request, key: str) -> bool:

@@ -4,8 +4,8 @@
 parse (a model family for ``tool_choice: auto``, ``required`` / ``named`` for forced calls).
 :func:`build_message` turns a finished choice's text into the non-streamed message;
 :class:`ChatStream` turns text deltas into OpenAI delta objects whose concatenation gives the
-same message (tool calls are sent whole as soon as each is complete; a named call streams its
-arguments as they come). Knows nothing about HTTP or the engine.
+same message (tool calls are sent whole as soon as each is complete, found incrementally by
+``tool_stream.ToolStream``; a named call streams its arguments as they come). Knows nothing about HTTP or the engine.
 """
 
 from __future__ import annotations
@@ -16,12 +16,8 @@ from typing import Any
 
 from inflight.runtime.json_text import loads_limited
 from inflight.runtime.server.reasoning import ReasoningStream, split_reasoning
-from inflight.runtime.server.tool_calls import (
-    MARKERS,
-    ToolCall,
-    parse_tool_calls,
-    partial_marker_len,
-)
+from inflight.runtime.server.tool_calls import ToolCall, parse_tool_calls
+from inflight.runtime.server.tool_stream import ToolStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,60 +58,13 @@ def build_message(plan: ChatOutputPlan, text: str, finish_reason: str | None) ->
     return message, finish_reason
 
 
-class _ToolStream:
-    """Content deltas and completed tool calls from streamed content text."""
-
-    def __init__(self, mode: str, name: str | None) -> None:
-        self.mode, self.name = mode, name
-        self.text = ""
-        self.sent = 0  # chars of text handed out (as content, or as named-call arguments)
-        self.in_tools = mode in ("named", "required")
-        self.num_calls = 0
-
-    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCall], str]:
-        """(content delta, newly completed calls, named-call argument delta)."""
-        self.text += delta
-        if self.mode == "named":
-            args, self.sent = self.text[self.sent:], len(self.text)
-            return "", [], args
-        content = "" if self.in_tools else self._content_until_tools(finished)
-        calls: list[ToolCall] = []
-        if self.in_tools:
-            parsed = parse_tool_calls(self.mode, self.text, self.name)
-            calls = list(parsed.tool_calls[self.num_calls:])
-            self.num_calls += len(calls)
-            if finished and self.num_calls == 0:  # not a tool call after all: it was content
-                content, self.sent = content + self.text[self.sent:], len(self.text)
-        return content, calls, ""
-
-    def _content_until_tools(self, finished: bool) -> str:
-        if self.mode == "llama3":
-            body = self.text.lstrip()
-            if body.startswith(("{", "<|python_tag|>")):
-                self.in_tools = True
-                return ""
-            if not finished and (not body or "<|python_tag|>".startswith(body)):
-                return ""
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out
-        marker = MARKERS[self.mode]
-        idx = self.text.find(marker, self.sent)
-        if idx >= 0:
-            out, self.sent, self.in_tools = self.text[self.sent:idx], idx, True
-            return out
-        hold = 0 if finished else partial_marker_len(self.text, marker)
-        end = len(self.text) - hold
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return out
-
-
 class ChatStream:
     """One streamed choice: feed text deltas, get OpenAI ``delta`` objects."""
 
     def __init__(self, plan: ChatOutputPlan) -> None:
         self.plan = plan
         self.reasoning = ReasoningStream(plan.starts_in_reasoning) if plan.reasoning else None
-        self.tools = _ToolStream(plan.tool_mode, plan.tool_name) if plan.tool_mode else None
+        self.tools = ToolStream(plan.tool_mode, plan.tool_name) if plan.tool_mode else None
         self.num_calls = 0
         self.named_id: str | None = None
 

@@ -123,6 +123,18 @@ def body_too_large(max_bytes: int) -> APIError:
     )
 
 
+def too_large_to_process(what: str, param: str | None = None) -> APIError:
+    """413 for client input that ran the server out of memory while it was parsed (a
+    ``MemoryError``): the client's input is the cause, so it is the client's error, not a 500."""
+    return APIError(
+        413,
+        f"{what} is too large to process in the memory this server has; send less",
+        "invalid_request_error",
+        param,
+        code="request_too_large",
+    )
+
+
 def queue_full(message: str) -> APIError:
     return APIError(
         429,

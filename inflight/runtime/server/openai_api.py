@@ -3,7 +3,9 @@ GET /v1/models/{id}.
 
 Owns reading the JSON body (400 malformed in any way: bad JSON, bad encoding, bad
 compression, nesting past ``MAX_JSON_DEPTH``, integers past Python's digit limit, strings
-that are not valid Unicode; 413 too large; 408 too slow), checking the model name, and
+that are not valid Unicode; 413 too large, or too large to parse in the memory left (a
+``MemoryError`` from parsing, tokenizing or planning what a client sent is its error, never a
+500); 408 too slow), checking the model name, and
 turning prompts or chat messages into token ids (``chat_support.render_chat``). For a body past ``INLINE_BODY_BYTES`` the parsing, tokenizing and planning
 run on the state's worker pool, so a huge prompt never blocks the event loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
 names or the server lifecycle.
@@ -27,6 +29,7 @@ from inflight.runtime.server.errors import (
     from_rejection,
     queue_full,
     request_timeout,
+    too_large_to_process,
 )
 from inflight.runtime.server.protocol import (
     check_model,
@@ -72,6 +75,8 @@ async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float
         raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise bad_request(f"the request body is not acceptable JSON: {str(exc)[:200]}") from None
+    except MemoryError:
+        raise too_large_to_process(f"the request body ({len(raw)} bytes of JSON)") from None
     _check_json_value(body)
     return body, len(raw)
 
@@ -118,9 +123,18 @@ async def _off_loop(state: ServerState, body_bytes: int, fn: Any) -> Any:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    try:
+        job = await _completion_job(request, state)
+    except MemoryError:  # parsing, tokenizing or planning what the client sent ran out of memory
+        raise too_large_to_process("the request") from None
+    return await generation.run(request, state, job)
+
+
+async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
     body, size = await _read_body(request, state)
     req = await _off_loop(state, size, lambda: parse_completion_request(body, state.settings.request_policy))
     check_model(req.model, state.settings.model_name)
+    _check_priority(request, state, req.priority)
     engine = state.engine.engine
 
     special = req.features.add_special_tokens is not False
@@ -135,23 +149,36 @@ async def completions(request: web.Request) -> web.StreamResponse:
     await chat_support.compile_constraint(engine, req)
     req = chat_support.expand_best_of(req)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
-    job = await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
-    return await generation.run(request, state, job)
+    return await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    try:
+        job = await _chat_job(request, state)
+    except MemoryError:  # parsing, templating or planning what the client sent ran out of memory
+        raise too_large_to_process("the request") from None
+    return await generation.run(request, state, job)
+
+
+async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
     body, size = await _read_body(request, state)
     req = await _off_loop(state, size, lambda: parse_chat_request(body, state.settings.request_policy))
     check_model(req.model, state.settings.model_name)
+    _check_priority(request, state, req.priority)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req)
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
-    job = await _off_loop(state, size, lambda: generation.plan(
+    return await _off_loop(state, size, lambda: generation.plan(
         state, req, prompt_ids, "chatcmpl", None if output.is_plain else output, decorate))
-    return await generation.run(request, state, job)
+
+
+def _check_priority(request: web.Request, state: ServerState, priority: int) -> None:
+    error = auth.priority_refusal(request, state.settings, priority)
+    if error is not None:
+        raise error
 
 
 async def _read_body(request: web.Request, state: ServerState) -> tuple[Any, int]:

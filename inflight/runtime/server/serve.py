@@ -87,6 +87,9 @@ def _log_request_defaults(settings: ServerSettings) -> None:
     level = logging.WARNING if defaults.ignored else logging.INFO
     logger.log(level, "sampling defaults for fields a request leaves out: %s; max logprobs %s",
                defaults.describe(), ceiling)
+    if settings.priority_floor is not None:
+        logger.info("requests without --priority-api-key may ask for priority %d or higher (lower is served "
+                    "first)", settings.priority_floor)
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -> None:

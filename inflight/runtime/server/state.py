@@ -47,7 +47,10 @@ class ServerSettings:
     ``sampling_defaults``: what requests get for the sampling fields they leave out (vLLM's
     ``--generation-config``); ``max_logprobs``: the most ``logprobs`` / ``top_logprobs`` /
     ``prompt_logprobs`` a request may ask for (-1: no ceiling but the vocabulary), vLLM's
-    ``--max-logprobs``.
+    ``--max-logprobs``. ``priority_floor``: the lowest (most urgent) ``priority`` a request may ask
+    for unless it carries ``priority_api_key`` (``None``: any; lower is served first), so that
+    under the ``priority`` and ``fair`` policies only trusted callers can jump the queue;
+    ``priority_api_key`` is an inference key too (accepted wherever ``api_key`` is).
     """
 
     model_name: str
@@ -66,6 +69,8 @@ class ServerSettings:
     tool_call_parser: str | None = None
     sampling_defaults: SamplingDefaults = SamplingDefaults()
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    priority_floor: int | None = None
+    priority_api_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -83,6 +88,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)}).")
         if self.admin_api_key is not None and self.admin_api_key == self.api_key:
             raise ValueError("the admin API key must differ from the inference --api-key.")
+        if self.priority_api_key is not None and self.priority_api_key in (self.api_key, self.admin_api_key):
+            raise ValueError("the --priority-api-key must differ from --api-key and --admin-api-key.")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser {self.tool_call_parser!r}: {tool_parser_choices()}")
         if self.max_logprobs < -1:

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.server import auth, chat_support
-from inflight.runtime.server.errors import APIError, bad_request
+from inflight.runtime.server.errors import APIError, bad_request, too_large_to_process
 from inflight.runtime.server.protocol import check_model, parse_chat_request
 from inflight.runtime.server.state import STATE
 
@@ -55,7 +55,10 @@ async def tokenize(request: web.Request) -> web.Response:
     tokenizer = engine.tokenizer
     want_strs = _flag(body, "return_token_strs", False)
     if "messages" in body:
-        req = parse_chat_request({"messages": body["messages"], **{k: body[k] for k in _CHAT_FIELDS if k in body}})
+        try:
+            req = parse_chat_request({"messages": body["messages"], **{k: body[k] for k in _CHAT_FIELDS if k in body}})
+        except MemoryError:
+            raise too_large_to_process("the messages", "messages") from None
 
         def run() -> Any:
             return chat_support.render_chat(tokenizer, req)
@@ -70,6 +73,8 @@ async def tokenize(request: web.Request) -> web.Response:
         ids = await asyncio.to_thread(run)
     except APIError:
         raise
+    except MemoryError:
+        raise too_large_to_process("the text to tokenize", "messages" if "messages" in body else "prompt") from None
     except Exception as exc:  # the chat template's own checks
         raise bad_request(f"could not tokenize: {exc}", "messages" if "messages" in body else "prompt") from None
     if ids and isinstance(ids[0], (list, tuple)):

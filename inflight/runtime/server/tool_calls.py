@@ -15,8 +15,8 @@ Plus two formats of our own for forced calls, whose output the grammar engine co
 ``required`` (a JSON array of ``{"name", "parameters"}``) and ``named`` (the arguments object
 alone). Text that does not parse as a call stays content: nothing the model wrote is dropped
 silently. Every parser runs in time linear in the text (plain string scans, no backtracking
-patterns) and never raises on what a model writes (JSON nested past ``MAX_DEPTH`` is text, not
-a call). Knows nothing about HTTP, the engine or tokenizers.
+patterns) and never raises on what a model writes (JSON nested past ``MAX_DEPTH``, or too large
+to parse in the memory left, is text, not a call). Knows nothing about HTTP, the engine or tokenizers.
 """
 
 from __future__ import annotations
@@ -114,17 +114,30 @@ def _loads(text: str) -> Any:
         return None
 
 
+def hermes_block_calls(body: str) -> list[ToolCall] | None:
+    """The calls in one ``<tool_call>`` block's stripped body (an object, or an array of them),
+    or None when it is not one."""
+    obj = _loads(body)
+    calls = [_call(o) for o in obj] if isinstance(obj, list) and obj else [_call(obj)]
+    return None if None in calls else [c for c in calls if c is not None]
+
+
 def parse_hermes(text: str) -> ParsedOutput:
     start = text.find("<tool_call>")
     if start < 0:
         return ParsedOutput(_content(text), ())
-    calls: list[ToolCall | None] = []
+    calls: list[ToolCall] = []
     for body in _hermes_blocks(text, start):
-        obj = _loads(body)
-        calls += [_call(o) for o in obj] if isinstance(obj, list) and obj else [_call(obj)]
-        if None in calls:
+        block = hermes_block_calls(body)
+        if block is None:
             return ParsedOutput(_content(text), ())
-    return ParsedOutput(_content(text[:start]), tuple(c for c in calls if c is not None))
+        calls += block
+    return ParsedOutput(_content(text[:start]), tuple(calls))
+
+
+def llama3_call(obj: Any) -> ToolCall | None:
+    """One decoded Llama 3 call (``parameters``, or ``arguments``), or None."""
+    return _call(obj, ("parameters", "arguments"))
 
 
 def parse_llama3(text: str) -> ParsedOutput:
@@ -140,7 +153,7 @@ def parse_llama3(text: str) -> ParsedOutput:
             obj, end = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
             return ParsedOutput(_content(text), ())
-        call = _call(obj, ("parameters", "arguments"))
+        call = llama3_call(obj)
         if call is None:
             return ParsedOutput(_content(text), ())
         calls.append(call)
@@ -180,13 +193,19 @@ def parse_mistral(text: str) -> ParsedOutput:
     return ParsedOutput(_content(text[:start]), tuple(calls))
 
 
-def parse_required(text: str) -> ParsedOutput:
-    """Our forced-call format: ``[{"name": ..., "parameters": {...}}, ...]``."""
+def required_calls(text: str) -> list[ToolCall] | None:
+    """The calls of our forced-call format, or None when ``text`` is not one."""
     objs = _loads(text)
     calls = [_call(o, ("parameters",)) for o in objs] if isinstance(objs, list) else [None]
     if not calls or any(c is None for c in calls):
-        return ParsedOutput(_content(text), ())
-    return ParsedOutput(None, tuple(c for c in calls if c is not None))
+        return None
+    return [c for c in calls if c is not None]
+
+
+def parse_required(text: str) -> ParsedOutput:
+    """Our forced-call format: ``[{"name": ..., "parameters": {...}}, ...]``."""
+    calls = required_calls(text)
+    return ParsedOutput(_content(text), ()) if calls is None else ParsedOutput(None, tuple(calls))
 
 
 def parse_named(text: str, name: str) -> ParsedOutput:
@@ -205,10 +224,13 @@ def parse_tool_calls(mode: str, text: str, name: str | None = None) -> ParsedOut
         if name is None:
             raise ValueError("the named mode needs the function name")
         return parse_named(text, name)
+    parser = _PARSERS.get(mode)
+    if parser is None:
+        raise ValueError(f"unknown tool-call format {mode!r}; one of {', '.join(_PARSERS)}, named")
     try:
-        return _PARSERS[mode](text)
-    except KeyError:
-        raise ValueError(f"unknown tool-call format {mode!r}; one of {', '.join(_PARSERS)}, named") from None
+        return parser(text)
+    except MemoryError:  # output too large to parse as calls in the memory left: it stays text
+        return ParsedOutput(_content(text), ())
 
 
 def partial_marker_len(text: str, marker: str) -> int:
