@@ -264,3 +264,113 @@ def poison_probes(key: str) -> list[Probe]:
     ]
     return [Probe(f"poison {sorted(b)}", http_request(C, _json({"model": MODEL, "prompt": "hi", "max_tokens": 4, **b}),
                                                    key=key), BAD_REQUEST) for b in bodies]
+
+
+# ---- costly work within the limits -----------------------------------------------------
+# Requests that are valid but expensive: each must end as a 200 (a success, or a stream that
+# ends with [DONE]) or a 400 in the OpenAI shape (a compile refused, a matcher that failed or
+# ran past its mask deadline), never a 5xx or a hang.
+SERVED = frozenset({200, 400})
+
+
+def _wide_schema(num_props: int, depth: int) -> dict[str, Any]:
+    """An object schema with ``num_props`` optional properties, nested ``depth`` levels."""
+    leaf: dict[str, Any] = {"type": "object", "properties": {
+        f"p{i}": ({"type": "integer"} if i % 3 else {"type": "string", "maxLength": 4}) for i in range(num_props)}}
+    for _ in range(depth):
+        leaf = {"type": "object", "properties": {"a": leaf, "b": {"type": "array", "items": leaf}}}
+    return leaf
+
+
+_AMBIGUOUS_GRAMMARS = (
+    'start: x\nx: x x x | x x | "a" | "b" | "c"\n',
+    'start: x\nx: x x x x | x x x | x x | "a" | "b" | "aa" | "ab"\n',
+    'start: s\ns: s s | "(" s ")" | "(" ")" | s "," s | "x"\n',
+)
+_AMBIGUOUS_REGEXES = ("(a|a)*b", "(a*)*b", "(a|ab|b)*c", "((a|b)*(a|b)*)*z", "([a-z]*[a-z]*)*x", "(x+x+)+y",
+                      "(.*a){12}", "[ab]*a[ab]{20}")
+
+
+def expensive_grammar_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    """(what, body): a large JSON schema (within 256 KiB), an ambiguous Lark grammar or an
+    ambiguous regex, on /v1/completions with a few tokens to generate."""
+    base = {"model": MODEL, "prompt": "x", "max_tokens": 24, "temperature": 1.0}
+    schemas = st.tuples(st.integers(50, 1500), st.integers(0, 3)).map(
+        lambda nd: (f"schema {nd[0]} props depth {nd[1]}", {**base, "guided_json": _wide_schema(*nd)}))
+    grammars = st.sampled_from(_AMBIGUOUS_GRAMMARS).map(lambda g: ("ambiguous grammar", {**base, "guided_grammar": g}))
+    regexes = st.sampled_from(_AMBIGUOUS_REGEXES).map(lambda r: (f"regex {r}", {**base, "guided_regex": r}))
+    return st.one_of(schemas, grammars, regexes)
+
+
+# Tool-call text the parsers once choked on (backtracking over whitespace, deep nesting,
+# unclosed strings, many calls), as regexes the constraint makes the model write.
+_TOOL_TEXT_REGEXES = (
+    "<tool_call>x {%d}y", "<tool_call>\\{\"name\": \"f\", \"arguments\": \\[{%d}", "\\[{%d}",
+    "\\{\"name\": \"f\", \"parameters\": \\{\"a\": \"[ ]{%d}", "(<tool_call>){%d}",
+    "\\[TOOL_CALLS\\]\\[\\{\"name\": \"f\", \"arguments\": \\{{%d}", "<\\|python_tag\\|>\\{{%d}",
+    "\\{\"name\": \"f\"[ \\n]{%d}\\}",
+)
+_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+    "type": "object", "properties": {"a": {"type": "string"}}}}}]
+
+
+def tool_output_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    """(what, chat body with ``tools``) whose regex steers the output into pathological tool-call text.
+
+    The tools make the tiny model's chat prompt ~200 tokens of its 256, so the text is short
+    here (its size, 100k characters, is the parser tests' and the isolation bench's part)."""
+    shapes = st.tuples(st.sampled_from(_TOOL_TEXT_REGEXES), st.integers(8, 44), st.booleans())
+    return shapes.map(lambda s: (f"tool text {s[0][:24]} x{s[1]}{' stream' if s[2] else ''}", {
+        "model": MODEL, "messages": [{"role": "user", "content": "call f"}], "tools": _TOOLS, "tool_choice": "auto",
+        "guided_regex": s[0] % s[1], "max_tokens": 54, "temperature": 0, "stream": s[2]}))
+
+
+def huge_logprob_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    """(what, body) asking for more logprob entries than the server will build at once.
+
+    On the suite's server (max_model_len 256, 8 running + 64 waiting) no request can pass the
+    2**21-entry response ceiling before the 72-sequence queue check refuses it, so every draw
+    asks for more sequences than that (with logprob products up to 64 x 16 x 200 x 21 entries,
+    the issue's example): a 400 built before any work, never a response."""
+    def body(d: tuple[int, int, int, int, int, bool]) -> tuple[str, dict[str, Any]]:
+        n, num_prompts, tokens, k, pk, echo = d
+        prompts = [[1 + (i + j) % (VOCAB - 1) for j in range(tokens)] for i in range(num_prompts)]
+        extra: dict[str, Any] = {"echo": True} if echo else {"prompt_logprobs": pk}
+        return (f"logprobs n={n} x {num_prompts} prompts x {tokens}", {
+            "model": MODEL, "prompt": prompts, "n": n, "max_tokens": 256 - tokens, "logprobs": k, **extra})
+    shapes = st.tuples(st.integers(5, 16), st.integers(1, 64), st.integers(8, 200), st.integers(0, 20),
+                       st.integers(0, 20), st.booleans()).filter(lambda d: d[0] * d[1] > 72)
+    return shapes.map(body)
+
+
+def costly_probes(key: str, max_examples: int) -> list[Probe]:
+    """A few draws of each costly class (their number grows slowly with ``max_examples``)."""
+    each = max(3, max_examples // 40)
+    probes = []
+    for what, body in draw(expensive_grammar_bodies(), each * 2):
+        probes.append(Probe(f"costly {what}", http_request(C, _json(body), key=key), SERVED))
+    for what, body in draw(tool_output_bodies(), each * 2):
+        probes.append(Probe(f"costly {what}", http_request(CHAT, _json(body), key=key), SERVED))
+    for what, body in draw(huge_logprob_bodies(), each):
+        probes.append(Probe(f"costly {what}", http_request(C, _json(body), key=key), BAD_REQUEST))
+    return probes
+
+
+# ---- the tokenizer routes without the key ----------------------------------------------
+
+def unauthenticated_tokenizer_probes(key: str, max_examples: int) -> list[Probe]:
+    """/tokenize and /detokenize without a key, with a wrong one or with ``Expect: 100-continue``:
+    a 401 before the body is read (never a ``100 Continue``, never the tokenizer's answer)."""
+    bodies = st.one_of(
+        st.text(max_size=40).map(lambda t: {"model": MODEL, "prompt": t}),
+        st.lists(st.integers(0, VOCAB - 1), max_size=20).map(lambda ids: {"model": MODEL, "tokens": ids}),
+        st.just({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 2000}]}))
+    auth = st.sampled_from([None, "Bearer nope", f"Bearer {key}x", f"Basic {key}", key])
+    shapes = st.tuples(st.sampled_from(["/tokenize", "/detokenize"]), auth, st.booleans(), bodies)
+    probes = []
+    for path, header, expect, body in draw(shapes, max(4, max_examples // 25)):
+        raw = (b"Authorization: " + header.encode() + b"\r\n") if header is not None else b""
+        raw += b"Expect: 100-continue\r\n" if expect else b""
+        probes.append(Probe(f"{path} auth {header and header[:6]!r}{' expect' if expect else ''}",
+                            http_request(path, _json(body), key=None, raw_headers=raw), frozenset({401})))
+    return probes

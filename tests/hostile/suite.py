@@ -22,11 +22,13 @@ import aiohttp
 from tests.hostile.strategies import (
     MODEL,
     Probe,
+    costly_probes,
     header_probes,
     http_request,
     poison_probes,
     raw_body_probes,
     schema_probes,
+    unauthenticated_tokenizer_probes,
 )
 
 REQUEST_TIMEOUT_S = 30.0
@@ -59,7 +61,7 @@ class Report:
     def lines(self) -> list[str]:
         return [
             f"malformed requests tried: {self.tried} ({len(self.distinct)} distinct)",
-            f"answered right (the expected 4xx; a close for half-sent heads): {self.right}",
+            f"answered right (the expected 4xx; a finished 200 for costly work; a close for half-sent heads): {self.right}",
             f"5xx answers: {self.server_errors}",
             f"hangs: {self.hangs}",
             f"leaked KV blocks after each phase: {self.leaked_blocks}",
@@ -111,12 +113,25 @@ async def run_probes(port: int, probes: list[Probe], report: Report) -> None:
         status, body = answer
         if status >= 500:
             report.server_errors += 1
-        if status in probe.expected and (status == 0 or _is_openai_error(body)):
+        if status in probe.expected and (status == 0 or _is_openai_error(body) or _is_success(status, body)):
             report.right += 1
         else:
             report.wrong.append((probe.name, status, body[:160].decode(errors="replace")))
 
     await asyncio.gather(*(one(p) for p in probes))
+
+
+def _is_success(status: int, body: bytes) -> bool:
+    """A 200 that finished: a JSON body with choices, or a stream that ends with [DONE] and
+    carries no error event."""
+    if status != 200:
+        return False
+    if body.lstrip().startswith(b"data:") or b"\ndata:" in body:
+        return b"data: [DONE]" in body and b'"error"' not in body
+    try:
+        return isinstance(json.loads(body)["choices"], list)
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _is_openai_error(body: bytes) -> bool:
@@ -246,7 +261,8 @@ async def run(url: str, port: int, key: str, max_examples: int = 150) -> Report:
         phases: list[tuple[str, list[Probe]]] = [
             ("raw bodies", raw_body_probes(key)),
             ("schema (hypothesis)", schema_probes(key, max_examples)),
-            ("headers and encodings", header_probes(key)),
+            ("headers and encodings", header_probes(key) + unauthenticated_tokenizer_probes(key, max_examples)),
+            ("costly work", costly_probes(key, max_examples)),
             ("engine poison", poison_probes(key)),
         ]
         for name, probes in phases:
