@@ -109,7 +109,7 @@ def _common_args(task_dir: Path, out_dir: Path) -> list[str]:
 
 def hf_command(lm_eval: str, model_dir: Path, task_dir: Path, out_dir: Path) -> list[str]:
     """lm-eval's own ``hf`` backend on the model directory (float32 on the CPU)."""
-    from inflight.runtime.model.gguf_convert import float_checkpoint_dir
+    from inflight.runtime.model.float_export import float_checkpoint_dir
 
     model_dir = float_checkpoint_dir(model_dir)  # transformers needs every tensor in safetensors
     return [lm_eval, "run", "--model", "hf", "--model_args", f"pretrained={model_dir},dtype=float32",

@@ -37,7 +37,7 @@ def load(model_dir: Path) -> tuple[Any, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tokenizer.padding_side = "left"
-    from inflight.runtime.model.gguf_convert import float_checkpoint_dir
+    from inflight.runtime.model.float_export import float_checkpoint_dir
 
     reference_dir = float_checkpoint_dir(model_dir)  # transformers needs every tensor in safetensors
     model = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32).eval()

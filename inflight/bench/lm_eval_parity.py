@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
             model_dir = make_demo_model(tmp_path / "model", arch=args.arch, size=args.size)
         write_task(tmp_path, args.num_docs)
-        from inflight.runtime.model.gguf_convert import float_checkpoint_dir
+        from inflight.runtime.model.float_export import float_checkpoint_dir
 
         reference_dir = float_checkpoint_dir(model_dir)  # transformers needs every tensor in safetensors
         hf, hf_s = evaluate("hf", f"pretrained={reference_dir},dtype=float32,device=cpu,add_bos_token=True", tmp_path)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from inflight.runtime.model.gguf_source import link_source
+from inflight.runtime.model.gguf_link import link_source
 from inflight.runtime.model.gguf_tokenizer import write_tokenizer
 
 Progress = Callable[[str], None]
@@ -321,33 +321,3 @@ def gguf_float_tensors(gguf_path: str | Path, names: dict[str, str]) -> Iterator
 def _write_generation_config(config: dict[str, Any], out: Path) -> None:
     gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-
-
-def float_checkpoint_dir(model_dir: str | Path, progress: Progress | None = None) -> Path:
-    """``model_dir`` itself, or, for a converted GGUF directory that left its quantized tensors in
-    the file, a sibling ``<name>.float32`` directory holding every tensor as float32 safetensors
-    (made once): what transformers and lm-eval's ``hf`` backend need as a reference."""
-    from inflight.runtime.model.loader import checkpoint_tensors
-
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if not index.is_file() or not json.loads(index.read_text()).get("gguf_tensors"):
-        return model_dir
-    out = model_dir.with_name(model_dir.name + ".float32")
-    if (out / "model.safetensors").is_file():
-        return out
-    tmp = out.with_name(out.name + f".partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        for f in model_dir.iterdir():
-            if f.is_file() and not f.name.endswith(".safetensors") and f.name != index.name and f.suffix != ".gguf":
-                shutil.copy(f, tmp / f.name)
-        tensors = {name: part[:].contiguous() for name, part in checkpoint_tensors(model_dir, progress)}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inflight.runtime.model.gguf_convert import convert_gguf
-from inflight.runtime.model.gguf_source import link_source
+from inflight.runtime.model.gguf_link import link_source
 
 Progress = Callable[[str], None]
 

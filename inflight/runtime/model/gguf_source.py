@@ -10,13 +10,12 @@ Knows nothing about weights or tokenizers beyond asking :mod:`gguf_convert` to c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from inflight.cache import cache_root
+from inflight.runtime.model.gguf_link import link_source
 
-SOURCE_LINK = "source.gguf"  # what inflight.runtime.model.quantization.GGUF_SOURCE_LINK reads
 Progress = Callable[[str], None]
 _GGUF_MAGIC = b"GGUF"
 
@@ -73,16 +72,3 @@ def resolve_model_dir(model: str | Path, progress: Progress | None = None) -> Pa
         target = convert_gguf(path, target, progress)
     link_source(target, path.resolve())
     return target
-
-
-def link_source(target: Path, gguf_path: Path) -> None:
-    """``target/source.gguf`` -> ``gguf_path`` (as given: absolute, or relative to ``target``),
-    so the engine can serve the file's packed tensors (``quantization=auto``); replaced
-    atomically, since the file may have moved."""
-    link = target / SOURCE_LINK
-    if link.is_symlink() and link.resolve() == (target / gguf_path).resolve():
-        return
-    tmp = target / f".{SOURCE_LINK}.{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(gguf_path)
-    os.replace(tmp, link)

@@ -71,7 +71,7 @@ def checkpoint_tensors(model_dir: str | Path, progress: Progress | None = None) 
     in_gguf = json.loads(index.read_text()).get("gguf_tensors") if index.is_file() else None
     if in_gguf:
         from inflight.runtime.model.gguf_convert import gguf_float_tensors
-        from inflight.runtime.model.gguf_source import SOURCE_LINK
+        from inflight.runtime.model.gguf_link import SOURCE_LINK
 
         source = model_dir / SOURCE_LINK
         if not source.is_file():

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inflight.runtime.model.gguf_source import SOURCE_LINK as GGUF_SOURCE_LINK
+from inflight.runtime.model.gguf_link import SOURCE_LINK as GGUF_SOURCE_LINK
 from inflight.runtime.model.spec import spec_from_hf_config
 
 if TYPE_CHECKING:
