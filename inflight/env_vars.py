@@ -61,7 +61,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_TP_INLINE_INTS", int, 8192, (f"{_TP}.comm",),
            "int64s of a step message carried inline (larger steps take a second broadcast); read at import"),
     EnvVar("INFLIGHT_TEST_ENGINE_FAULT", str, None, (f"{_S}.async_engine", f"{_R}.engine_core.core"),
-           "die-after-steps:N or stall-after-steps:N: an injected engine-thread failure", test_only=True),
+           "die-after-steps:N, stall-after-steps:N or slow-steps:MS: an injected engine-thread death, "
+           "stall, or MS milliseconds of sleep before every step", test_only=True),
     EnvVar("INFLIGHT_TEST_GRAMMAR_FAULT", str, None, (f"{_R}.structured.faults",),
            "slow-compile:MARKER or slow-mask:MARKER: the compile or the token masks of a constraint "
            "containing MARKER stall until released", test_only=True),

@@ -132,23 +132,26 @@ def test_no_circular_imports_even_deferred_outside_bench() -> None:
     assert cycle is None, "circular import through a deferred import: " + " -> ".join(cycle or [])
 
 
-def test_runtime_subpackages_are_layered() -> None:
+@pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "deferred-too"])
+def test_runtime_subpackages_are_layered(deferred: bool) -> None:
     """The subpackages of ``inflight.runtime`` (model, distributed, server, engine_core,
-    structured) depend on each other in one direction only, at module level: e.g. distributed
-    imports model, never the other way round."""
+    structured) depend on each other in one direction only, at module level and through
+    deferred imports alike: e.g. distributed imports model, never the other way round, and the
+    engine core never imports ``server`` (whose package imports the engine core); what both
+    need (logging setup, the engine's test faults) lives beside them in ``inflight.runtime``."""
     def subpackage(module: str) -> str | None:
         parts = module.split(".")
         is_package = module_paths()[module].name == "__init__.py"
         return parts[2] if parts[:2] == ["inflight", "runtime"] and len(parts) > (2 if is_package else 3) else None
 
     graph: dict[str, set[str]] = {}
-    for module, targets in import_graph().items():
+    for module, targets in import_graph(deferred).items():
         for target in targets:
             a, b = subpackage(module), subpackage(target)
             if a and b and a != b:
                 graph.setdefault(a, set()).add(b)
     cycle = find_cycle({k: frozenset(v) for k, v in graph.items()})
-    edges = [f"{m} -> {t}" for m, ts in import_graph().items() for t in ts
+    edges = [f"{m} -> {t}" for m, ts in import_graph(deferred).items() for t in ts
              if cycle and subpackage(m) in cycle and subpackage(t) in cycle and subpackage(m) != subpackage(t)]
     assert cycle is None, f"runtime subpackages in a circle {cycle}: {edges}"
 

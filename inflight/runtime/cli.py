@@ -246,7 +246,7 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 def access_log_from_args(args: argparse.Namespace) -> Any:
-    from inflight.runtime.server.logs import AccessLog
+    from inflight.runtime.logs import AccessLog
 
     exclude = frozenset(p.strip() for p in args.access_log_exclude.split(",") if p.strip())
     return AccessLog(enabled=args.access_log, exclude=exclude)
@@ -254,8 +254,8 @@ def access_log_from_args(args: argparse.Namespace) -> Any:
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
     from inflight.runtime.generation_defaults import load_sampling_defaults, source_problem
+    from inflight.runtime.logs import configure_logging
     from inflight.runtime.model.gguf_source import model_dir_problem
-    from inflight.runtime.server.logs import configure_logging
     from inflight.runtime.server.serve import serve
     from inflight.runtime.serving_dir import tokenizer_dir_problem
     from inflight.runtime.stats_log import start_stats_log

@@ -51,10 +51,14 @@ def test_unchunked_prompt_waits_for_a_whole_budget():
     eng = FakeEngine(max_num_tokens=64, num_kv_blocks=64, enable_chunked_context=False, max_model_len=64)
     eng.add("a", 40, 3, token=1)
     eng.add("b", 40, 3, token=2)
-    rec = eng.step()
-    assert rec.tokens == {"a": 40}, "b does not fit the rest of the budget and is not split"
-    rec = eng.step()
-    assert rec.tokens == {"a": 1, "b": 40} or rec.tokens == {"a": 1}
+    records = eng.run()
+    assert records[0].tokens == {"a": 40}, "b does not fit the rest of the budget and is not split"
+    assert records[0].admitted == ["a"]
+    # Step 2: a's decode leaves 63 tokens, so b boards with its whole prompt, not a piece of it.
+    assert records[1].tokens == {"a": 1, "b": 40}
+    assert records[1].admitted == ["b"]
+    b_chunks = [rec.tokens["b"] for rec in records if "b" in rec.tokens]
+    assert b_chunks == [40, 1, 1], "b's prompt is computed in one chunk, then decodes one token a step"
 
 
 def test_finished_request_makes_room_at_the_very_next_step():

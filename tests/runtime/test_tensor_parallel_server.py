@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from inflight.runtime.engine_faults import FAULT_ENV
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from tests.server.server_helpers import ServeProcess, http, is_idle, metrics, wait_until
@@ -28,6 +29,9 @@ openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu
 MODEL = "demo"
 ADMIN_KEY = "tp-admin-key"
 ENGINE_ARGS = ["--num-kv-blocks", "14", "--max-num-tokens", "32", "--max-num-sequences", "8", "--max-model-len", "224"]
+# Every step sleeps this long: requests stay in flight while a test samples /metrics or kills a
+# worker, however fast the engine is.
+SLOW_STEPS = "slow-steps:20"
 PROMPTS = [CORPUS[: 40 + 23 * i] for i in range(8)] + [CORPUS[:120] + tail for tail in ("x = 1", "def f():")]
 
 
@@ -69,9 +73,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _serve(model_dir: Path, *extra: str) -> ServeProcess:
+def _serve(model_dir: Path, *extra: str, fault: str = "") -> ServeProcess:
+    """A TP=2 server; ``fault`` (e.g. ``SLOW_STEPS``) is injected into its engine core."""
     server = ServeProcess(["--model", str(model_dir), "--served-model-name", MODEL, "--port", "0",
-                           "--tensor-parallel-size", "2", *ENGINE_ARGS, *extra])
+                           "--tensor-parallel-size", "2", *ENGINE_ARGS, *extra],
+                          env={FAULT_ENV: fault} if fault else None)
     try:
         server.wait_ready()
     except BaseException:
@@ -112,7 +118,7 @@ def test_served_tp2_matches_offline_tp1_and_sigterm_leaves_no_worker(model_facto
 def test_tp2_live_retune_and_one_kv_usage_for_the_engine(model_factory) -> None:
     """Under TP=2 the admin retune reaches the one scheduler (running never exceeds the new
     max_num_sequences) and /metrics reports one KV usage for the whole model, back to 0 after."""
-    server = _serve(model_factory("llama"), "--num-kv-blocks", "64", "--admin-api-key", ADMIN_KEY)
+    server = _serve(model_factory("llama"), "--num-kv-blocks", "64", "--admin-api-key", ADMIN_KEY, fault=SLOW_STEPS)
     try:
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         reply = http("POST", f"{server.url}/admin/config", {"max_num_sequences": 2}, headers=admin)
@@ -142,7 +148,7 @@ def test_tp2_live_retune_and_one_kv_usage_for_the_engine(model_factory) -> None:
 
 
 def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_factory) -> None:
-    server = _serve(model_factory("llama"), "--num-kv-blocks", "64")
+    server = _serve(model_factory("llama"), "--num-kv-blocks", "64", fault=SLOW_STEPS)  # 8 streams stay in flight
     try:
         (worker,) = _worker_pids(server.proc.pid)
         client = _client(server)

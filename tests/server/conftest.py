@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import MODEL_NAME, LiveServer
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
+from tests.server.server_helpers import MODEL_NAME, LiveServer
 
 API_KEY = "test-key-123"
 ADMIN_KEY = "admin-key-456"

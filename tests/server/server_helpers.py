@@ -1,5 +1,9 @@
 """Test helpers: an in-process server on 127.0.0.1 (its own event loop thread), a real
-``inflight serve`` subprocess, and small HTTP / metrics utilities. Every wait is bounded."""
+``inflight serve`` subprocess, and small HTTP / metrics utilities. Every wait is bounded.
+
+The one live-server harness of the test suite: the server, structured-output and hostile
+tests all import it as ``tests.server.server_helpers`` (never under a second module name,
+which would make a second copy of the module)."""
 
 from __future__ import annotations
 
@@ -16,19 +20,23 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_faults import FAULT_ENV
 from inflight.runtime.server import ServerSettings, create_app
 from inflight.runtime.server.state import STATE
 from inflight.runtime.server.transport import make_runner
 
+if TYPE_CHECKING:
+    from inflight.runtime.engine import LLMEngine
+
 MODEL_NAME = "demo"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 180.0
 
 
 class LiveServer:
@@ -36,14 +44,18 @@ class LiveServer:
 
     The engine runs in a thread of this process (tests can reach into it through ``app``), or
     with ``engine_process=True`` in an engine-core process, as ``inflight serve`` runs it.
+    ``fault`` is an ``INFLIGHT_TEST_ENGINE_FAULT`` value for this server's engine alone (e.g.
+    ``"slow-steps:20"`` for a test that needs requests to stay in flight): never a guess at
+    how fast the engine is.
     """
 
     def __init__(self, model_dir: Path, config: EngineConfig, settings: ServerSettings,
-                 engine_process: bool = False) -> None:
+                 engine_process: bool = False, fault: str = "") -> None:
         self.model_dir = model_dir
         self.config = config
         self.settings = settings
         self.engine_process = engine_process
+        self.fault = fault
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
         self.runner: web.AppRunner | None = None
@@ -51,7 +63,18 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(START_TIMEOUT_S)
+        # The engine (or the engine-core process it spawns) reads the fault while it starts;
+        # without ``fault`` the environment is left as the test set it.
+        saved = os.environ.get(FAULT_ENV)
+        if self.fault:
+            os.environ[FAULT_ENV] = self.fault
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(START_TIMEOUT_S)
+        finally:
+            if self.fault and saved is None:
+                del os.environ[FAULT_ENV]
+            elif self.fault and saved is not None:
+                os.environ[FAULT_ENV] = saved
         return self
 
     async def _start(self) -> None:
@@ -76,6 +99,12 @@ class LiveServer:
     def app(self) -> web.Application:
         assert self.runner is not None
         return self.runner.app
+
+    @property
+    def engine(self) -> LLMEngine:
+        """The in-process engine itself, for white-box checks (not with ``engine_process``)."""
+        assert not self.engine_process, "the engine runs in another process"
+        return self.app[STATE].engine.engine
 
     def stop(self) -> None:
         if self.runner is not None:

@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
-from server_helpers import MODEL_NAME, LiveServer, http
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from inflight.runtime.server import ServerSettings, create_app
-from inflight.runtime.server.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from inflight.runtime.server.state import STATE
 from inflight.runtime.serving_dir import serving_dir
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 KEY = "sekrit-key-1"
 serve = importlib.import_module("inflight.runtime.server.serve")  # the module (the package exports the function)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
 
-from conftest import ADMIN_AUTH, API_KEY, MODEL_NAME
-from server_helpers import LiveServer, burst, http, metrics
+import pytest
+from conftest import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.state import STATE
+from tests.server.server_helpers import LiveServer, burst, http, metrics
 
 AUTH = ADMIN_AUTH
 INFERENCE_AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -36,8 +40,19 @@ def test_post_unknown_field_is_named_unknown(keyed_server: LiveServer) -> None:
     assert reply.status == 400 and "cannot be changed while running" in reply.json()["error"]["message"]
 
 
-def test_post_changes_the_running_engine(keyed_server: LiveServer) -> None:
-    url = keyed_server.url
+@pytest.fixture(scope="module")
+def slow_keyed_server(demo_model_dir: Path) -> Iterator[LiveServer]:
+    """``keyed_server`` with every step slowed by an injected fault: a burst stays in flight
+    long enough for /metrics to see it, however fast the engine is."""
+    live = LiveServer(demo_model_dir, EngineConfig(max_num_sequences=4, num_kv_blocks=64, max_model_len=256),
+                      ServerSettings(model_name=MODEL_NAME, api_key=API_KEY, admin_api_key=ADMIN_KEY),
+                      fault="slow-steps:20").start()
+    yield live
+    live.stop()
+
+
+def test_post_changes_the_running_engine(slow_keyed_server: LiveServer) -> None:
+    url = slow_keyed_server.url
     reply = http("POST", f"{url}/admin/config", {"max_num_sequences": 2, "max_queue_len": 10}, AUTH)
     try:
         assert reply.status == 200, reply.text

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 from conftest import API_KEY, MODEL_NAME
-from server_helpers import LiveServer, http
+
+from tests.server.server_helpers import LiveServer, http
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TOKENIZE = {"model": MODEL_NAME, "prompt": "hello"}

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, http
 
 from inflight.runtime.server.errors import APIError
 from inflight.runtime.server.protocol import parse_chat_request, parse_completion_request
+from tests.server.server_helpers import LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

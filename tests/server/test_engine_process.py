@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from server_helpers import MODEL_NAME, ServeProcess, http, metrics, wait_until
 from test_supervision import _clients
 
-from inflight.runtime.server.faults import FAULT_ENV
+from inflight.runtime.engine_faults import FAULT_ENV
+from tests.server.server_helpers import MODEL_NAME, ServeProcess, http, metrics, wait_until
 
 BASE = ["--served-model-name", MODEL_NAME, "--port", "0", "--max-num-sequences", "2", "--num-kv-blocks", "64",
         "--max-model-len", "512"]  # fmt: skip

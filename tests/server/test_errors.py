@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import ADMIN_AUTH, API_KEY, MODEL_NAME
-from server_helpers import LiveServer, Reply, http
+
+from tests.server.server_helpers import LiveServer, Reply, http
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 OK_MSG = [{"role": "user", "content": "hi"}]

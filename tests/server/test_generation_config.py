@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http
 
 from inflight.runtime.cli import main
 from inflight.runtime.config import EngineConfig
@@ -24,6 +23,7 @@ from inflight.runtime.server.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
+from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http
 
 GENERATION_CONFIG = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": True, "temperature": 0.0, "top_p": 0.9,
                      "max_new_tokens": 7}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import API_KEY, MODEL_NAME
-from server_helpers import LiveServer, http, is_idle, metrics, post_bytes, raw_http, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
+from tests.server.server_helpers import LiveServer, http, is_idle, metrics, post_bytes, raw_http, wait_until
 
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from server_helpers import MODEL_NAME, LiveServer, is_idle, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings, create_app, drain, serve
 from inflight.runtime.server.state import STATE
+from tests.server.server_helpers import MODEL_NAME, LiveServer, is_idle, stream_error_code, wait_until
 
 
 async def _loading_scenario(loader: Callable[[], object], release: threading.Event) -> dict[str, object]:

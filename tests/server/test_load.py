@@ -13,16 +13,17 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import MODEL_NAME
-from server_helpers import LiveServer, burst, http, is_idle, metrics, wait_until
+from conftest import MAIN_CONFIG, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
+from tests.server.server_helpers import LiveServer, burst, http, is_idle, metrics, wait_until
 
 RUNNING = f'inflight:num_requests_running{{model_name="{MODEL_NAME}"}}'
 WAITING = f'inflight:num_requests_waiting{{model_name="{MODEL_NAME}"}}'
 KV = f'inflight:kv_cache_usage_perc{{model_name="{MODEL_NAME}"}}'
 GENERATED = f'inflight:generation_tokens_total{{model_name="{MODEL_NAME}"}}'
+SLOW_STEP_MS = 20  # the injected step time: what keeps requests in flight, not the engine's speed
 
 
 def body(max_tokens: int, stream: bool, prompt: str = "def fib(n):") -> dict[str, Any]:
@@ -30,14 +31,25 @@ def body(max_tokens: int, stream: bool, prompt: str = "def fib(n):") -> dict[str
             "ignore_eos": True, "stream": stream}
 
 
-def test_burst_respects_batch_limit_and_drains(server: LiveServer) -> None:
-    chunks, samples = asyncio.run(asyncio.wait_for(burst(server.url, 16, 48), 90))
+@pytest.fixture(scope="module")
+def slow_server(demo_model_dir: Path) -> Iterator[LiveServer]:
+    """The shared server's engine config with every step slowed by an injected fault, so that
+    requests stay in flight while the test samples /metrics or drops clients, however fast
+    the engine is."""
+    live = LiveServer(demo_model_dir, EngineConfig(**MAIN_CONFIG), ServerSettings(model_name=MODEL_NAME),
+                      fault=f"slow-steps:{SLOW_STEP_MS}").start()
+    yield live
+    live.stop()
+
+
+def test_burst_respects_batch_limit_and_drains(slow_server: LiveServer) -> None:
+    chunks, samples = asyncio.run(asyncio.wait_for(burst(slow_server.url, 16, 48), 90))
     assert all(c >= 1 for c in chunks)
     running = [s[RUNNING] for s in samples]
     assert max(running) <= 4  # max_num_sequences
     assert max(running) >= 1 and max(s[WAITING] for s in samples) > 0
     assert max(s[KV] for s in samples) > 0
-    assert wait_until(lambda: is_idle(server.url), 10)
+    assert wait_until(lambda: is_idle(slow_server.url), 10)
 
 
 async def _drop_after_first_chunk(session: aiohttp.ClientSession, url: str, i: int) -> None:
@@ -50,8 +62,8 @@ async def _drop_after_first_chunk(session: aiohttp.ClientSession, url: str, i: i
 
 
 async def _drop_before_answer(url: str, i: int) -> None:
-    # Two choices of 480 tokens each: about 1000 decode rows, which the tiny model needs well
-    # over 0.1 s for even alone (a single 400-token choice once finished inside 0.3 s).
+    # Two choices of 480 tokens each: 480 steps of at least SLOW_STEP_MS each (the injected
+    # fault), so the client's 0.1 s timeout always fires first, however fast the engine is.
     timeout = aiohttp.ClientTimeout(total=0.1)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
@@ -72,18 +84,19 @@ async def _drop_all(url: str) -> None:
 
 
 def test_dropped_clients_are_aborted_and_free_their_blocks(
-    server: LiveServer, caplog: pytest.LogCaptureFixture
+    slow_server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    generated_before = metrics(server.url)[GENERATED]
+    url = slow_server.url
+    generated_before = metrics(url)[GENERATED]
     with caplog.at_level(logging.INFO, logger="inflight.server.requests"):
-        asyncio.run(asyncio.wait_for(_drop_all(server.url), 90))
-        assert wait_until(lambda: is_idle(server.url), 15), metrics(server.url)
+        asyncio.run(asyncio.wait_for(_drop_all(url), 90))
+        assert wait_until(lambda: is_idle(url), 15), metrics(url)
     outcomes = [json.loads(r.getMessage())["outcome"] for r in caplog.records
                 if r.name == "inflight.server.requests"]
     assert outcomes.count("aborted") == 25, outcomes
     # 25 requests of 400-960 tokens would generate 12800 tokens if nobody aborted them.
-    assert metrics(server.url)[GENERATED] - generated_before < 2500
-    ok = http("POST", f"{server.url}/v1/completions", body(8, False))
+    assert metrics(url)[GENERATED] - generated_before < 2500
+    ok = http("POST", f"{url}/v1/completions", body(8, False))
     assert ok.status == 200 and ok.json()["usage"]["completion_tokens"] == 8
 
 
@@ -93,6 +106,7 @@ def small_queue_server(demo_model_dir: Path) -> Iterator[LiveServer]:
         demo_model_dir,
         EngineConfig(max_num_sequences=2, max_queue_len=2, num_kv_blocks=64, max_model_len=256),
         ServerSettings(model_name=MODEL_NAME),
+        fault=f"slow-steps:{SLOW_STEP_MS}",  # the queue fills however fast the engine drains it
     ).start()
     yield live
     live.stop()

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, http
 
 from inflight.runtime import json_text
 from inflight.runtime.server import openai_api, tool_calls
+from tests.server.server_helpers import LiveServer, http
 
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME
-from server_helpers import LiveServer, http
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
+from tests.server.server_helpers import LiveServer, http
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PRIORITY_KEY = "priority-key-789"

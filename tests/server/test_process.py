@@ -15,11 +15,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from server_helpers import MODEL_NAME, ServeProcess, http, metrics
 
-# Long enough that the streams are still running when SIGTERM lands and the 503 probe is
-# sent, short enough to finish well inside the drain timeout on a busy 2-core machine.
+from inflight.runtime.engine_faults import FAULT_ENV
+from tests.server.server_helpers import MODEL_NAME, ServeProcess, http, metrics
+
+# With every step slowed to SLOW_STEP_MS (an injected fault), 200 steps keep the streams
+# running when SIGTERM lands and the 503 probe is sent, however fast the engine is, and
+# finish (4 s of injected sleep) well inside the drain timeout.
 STREAM_TOKENS = 200
+SLOW_STEP_MS = 20
 DRAIN_TIMEOUT_S = 60.0
 README_BODY = {"model": "demo", "prompt": "def fib(n):", "max_tokens": 32}
 
@@ -99,7 +103,8 @@ def test_a_stop_signal_drains_streams_in_flight(demo_model_dir: Path, sig: signa
     drain_timeout = DRAIN_TIMEOUT_S
     server = ServeProcess(["--model", str(demo_model_dir), "--served-model-name", MODEL_NAME,
                            "--port", "0", "--max-num-sequences", "8", "--num-kv-blocks", "128",
-                           "--drain-timeout", str(drain_timeout)])
+                           "--drain-timeout", str(drain_timeout)],
+                          env={FAULT_ENV: f"slow-steps:{SLOW_STEP_MS}"})
     try:
         server.wait_ready()
         results, refused, signalled = asyncio.run(asyncio.wait_for(_drain_scenario(server, sig), 2 * DRAIN_TIMEOUT_S))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, http
 
 from inflight.runtime.prompt_logprobs import span_logprobs
+from tests.server.server_helpers import LiveServer, http
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 TOLERANCE = 1e-4  # our kernels against transformers' float32 forward

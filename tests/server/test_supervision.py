@@ -1,26 +1,25 @@
 """Engine supervision: the engine thread's death (any BaseException), an EngineFatalError or a
 stalled step turns /health and /ready to 503, answers every waiting client (503, or an error
-event in a stream) and, in a real process, exits non-zero within seconds. A second SIGTERM
+event in a stream) and, in a real process, exits non-zero. A second SIGTERM
 exits at once. Faults are injected with ``INFLIGHT_TEST_ENGINE_FAULT`` (tests only)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, stream_error_code, wait_until
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_faults import FAULT_ENV
 from inflight.runtime.outputs import EngineFatalError
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError
-from inflight.runtime.server.faults import FAULT_ENV
 from inflight.runtime.server.state import STATE
+from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, stream_error_code, wait_until
 
 LONG = {"model": MODEL_NAME, "prompt": "# long\n", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
 CONFIG = EngineConfig(max_num_sequences=2, num_kv_blocks=64, max_model_len=512)
@@ -68,11 +67,9 @@ def _assert_dead(url: str, outcomes: tuple[list[str], list[tuple[int, str | None
 
 
 @pytest.fixture
-def faulty_server(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+def faulty_server(demo_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     fault, settings = request.param
-    monkeypatch.setenv(FAULT_ENV, fault)
-    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME, **settings)).start()
-    monkeypatch.delenv(FAULT_ENV)
+    live = LiveServer(demo_model_dir, CONFIG, ServerSettings(model_name=MODEL_NAME, **settings), fault=fault).start()
     yield live
     live.stop()
 
@@ -87,11 +84,11 @@ def test_engine_thread_death_answers_everyone(faulty_server: LiveServer) -> None
 
 @pytest.mark.parametrize("faulty_server", [("stall-after-steps:5", {"engine_stall_timeout_s": 1.0})], indirect=True)
 def test_a_stalled_step_is_declared_dead(faulty_server: LiveServer) -> None:
-    started = time.monotonic()
+    # The step never returns (injected): every client answered and the watchdog's reason show
+    # that the 1 s stall timeout, not anything else, ended it.
     outcomes = asyncio.run(asyncio.wait_for(_clients(faulty_server.url), 60))
     _assert_dead(faulty_server.url, outcomes)
     assert "stall timeout" in (faulty_server.app[STATE].engine.dead_reason or "")
-    assert time.monotonic() - started < 30
 
 
 def test_engine_fatal_error_is_never_isolated(demo_model_dir: Path) -> None:
@@ -127,38 +124,33 @@ def test_injected_death_exits_the_process_non_zero(demo_model_dir: Path, mode: t
     try:
         server.wait_ready()
         streams, plain = asyncio.run(asyncio.wait_for(_clients(server.url, 3, 3), 60))
-        answered = time.monotonic()
-        code = server.proc.wait(15)
-        exited_after = time.monotonic() - answered
+        code = server.proc.wait(30)  # patience only: a process that stays up fails here
     finally:
         server.stop()
     assert all(s in ("error:engine_dead", "status:503:engine_dead") for s in streams), (streams, server.log())
     assert all(p == (503, "engine_dead") for p in plain), plain
     assert code == 1, server.log()
-    print(f"process exited with code {code} {exited_after:.2f} s after every client was answered")
-    assert exited_after < 10, exited_after
     log = server.log()
     assert death in log and "engine dead" in log
 
 
 def test_a_second_sigterm_exits_at_once(demo_model_dir: Path) -> None:
-    server = ServeProcess(_serve_args(demo_model_dir, "--drain-timeout", "120"))
+    # Every step sleeps 100 ms (injected), so the stream's 480 steps outlast the 30 s we wait for
+    # the exit: a process that waited for its drain instead of exiting fails, however fast the engine.
+    server = ServeProcess(_serve_args(demo_model_dir, "--drain-timeout", "600"), env={FAULT_ENV: "slow-steps:100"})
     try:
         server.wait_ready()
 
         async def scenario() -> int:
             started = asyncio.Event()
-            # Two 480-token choices: a few hundred ms of work even for the tiny model.
             stream = asyncio.create_task(_stream(server.url, started, {**LONG, "max_tokens": 480, "n": 2}))
             await asyncio.wait_for(started.wait(), 30)
             server.terminate()
             while "draining" not in server.log():
                 await asyncio.sleep(0.01)
             assert server.proc.poll() is None, server.log()  # draining: the stream is still running
-            signalled = time.monotonic()
             server.terminate()
-            code = await asyncio.to_thread(server.proc.wait, 10)
-            assert time.monotonic() - signalled < 5
+            code = await asyncio.to_thread(server.proc.wait, 30)
             stream.cancel()
             return code
 

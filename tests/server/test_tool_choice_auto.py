@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, http
 
 from inflight.runtime import chat_templates
 from inflight.runtime.cli import build_parser, server_settings_from_args
@@ -33,6 +32,7 @@ from inflight.runtime.server.chat_support import AUTO_OFF, output_plan
 from inflight.runtime.server.errors import APIError
 from inflight.runtime.server.protocol import parse_chat_request
 from inflight.runtime.serving_dir import read_chat_template, serving_dir
+from tests.server.server_helpers import LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

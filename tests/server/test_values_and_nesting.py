@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import MODEL_NAME
-from server_helpers import LiveServer, http
+
+from tests.server.server_helpers import LiveServer, http
 
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -31,6 +31,7 @@ from inflight.runtime.distributed.launcher import (
     backend_for,
     init_groups,
 )
+from inflight.runtime.logs import configure_logging
 
 PARENT_POLL_S = 0.5
 
@@ -59,8 +60,6 @@ def _configure_logging(rank: int, fmt: str, level: str) -> logging.Logger:
     """Log like the engine process: JSON lines (the logger name carries the rank) or text."""
     level = level if level in logging.getLevelNamesMapping() else "INFO"
     if fmt == "json":
-        from inflight.runtime.server.logs import configure_logging
-
         configure_logging(level, "json")
     else:
         logging.basicConfig(level=level, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")

@@ -33,6 +33,8 @@ from typing import Any
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
+from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
+from inflight.runtime.logs import configure_logging
 from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
 
 logger = logging.getLogger("inflight.engine_core")
@@ -66,8 +68,6 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     """The process entry point (see module docstring). ``step_clock``: a shared double."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop (Ctrl-C)
-    from inflight.runtime.server.logs import configure_logging
-
     configure_logging(launch.log_level, launch.log_format)
     try:
         engine = _load(launch)
@@ -110,8 +110,6 @@ class EngineCore:
     """The loop of one engine-core process over one engine and one pipe."""
 
     def __init__(self, engine: Any, conn: Connection, step_clock: Any) -> None:
-        from inflight.runtime.server.faults import FAULT_ENV, parse_fault
-
         self.engine = engine
         self.conn = conn
         self.step_clock = step_clock

@@ -22,9 +22,7 @@ One line per module:
 * ``metrics``      Prometheus metrics in a per-app registry
 * ``admin``        GET/POST /admin/config (live retuning)
 * ``state``        per-app settings and state (no module-level mutable state)
-* ``logs``         JSON log lines
 * ``transport``    the aiohttp runner: parse errors answered and logged without echo, keep-alive
-* ``faults``       test-only injected death or stall of the engine's step loop (``INFLIGHT_TEST_ENGINE_FAULT``)
 """
 
 from inflight.runtime.server.app import create_app, drain

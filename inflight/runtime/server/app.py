@@ -26,6 +26,7 @@ from aiohttp import web
 
 from inflight import __version__
 from inflight.runtime.engine_core.core import CoreLaunch
+from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.server import admin, auth, openai_api, tokenize_api
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
 from inflight.runtime.server.engine_client import EngineClient
@@ -38,7 +39,6 @@ from inflight.runtime.server.errors import (
     rejection_reason,
     unavailable,
 )
-from inflight.runtime.server.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
 

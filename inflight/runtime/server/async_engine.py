@@ -14,7 +14,8 @@ thread, or :meth:`declare_dead` (the server's stall watchdog) makes the engine *
 does not return. The default server runs the engine in a process of its own instead
 (:mod:`.engine_process`); the event-loop side is shared (:mod:`.engine_client`).
 
-Tests inject a death or a stall of this thread through ``faults`` (an env var).
+Tests inject a death, a stall or slow steps into this thread through
+:mod:`inflight.runtime.engine_faults` (an env var).
 Knows nothing about HTTP or the OpenAI API.
 """
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.protocol import EngineRequest
+from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
 from inflight.runtime.outputs import EngineFatalError, EngineStats, FailedSteps
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
@@ -44,7 +46,6 @@ from inflight.runtime.server.engine_client import (
     RequestGroup,
     RequestsCutError,
 )
-from inflight.runtime.server.faults import FAULT_ENV, parse_fault
 
 if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine

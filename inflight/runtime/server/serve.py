@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from inflight.runtime.engine_core.core import CoreLaunch
+from inflight.runtime.logs import AccessLog
 from inflight.runtime.server.app import create_app, drain
 from inflight.runtime.server.engine_process import ProcessEngine
-from inflight.runtime.server.logs import AccessLog
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 

@@ -7,7 +7,8 @@ log pipeline gets flat fields; a record may also bring them as ``extra={"fields"
 beside a readable message (the access log does). Owns the access log's settings and its line
 (:func:`access_record`): method, path without the query, status, latency, the request id when
 there is one; never a body or a header's value besides that id. Knows nothing about the
-server itself.
+server itself: it sits beside the engine, not in ``server/``, because the engine core and the
+tensor-parallel workers set up their logging with it too (and must not import the server).
 """
 
 from __future__ import annotations
