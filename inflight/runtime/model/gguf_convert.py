@@ -21,6 +21,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -286,36 +287,52 @@ def _write_weights(reader: Any, info: GGUFModelInfo, out: Path, say: Progress) -
     return weight_map, in_gguf
 
 
+class _GGUFFile:
+    """A GGUF file opened on first use: a loader that serves every quantized tensor packed
+    (installed before loading) never reads the file here a second time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @cached_property
+    def tensors(self) -> tuple[GGUFModelInfo, dict[str, Any]]:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(self.path))
+        return check_supported(reader), {t.name: t for t in reader.tensors}
+
+    def tensor(self, gguf_name: str) -> tuple[Any, GGUFModelInfo]:
+        info, by_name = self.tensors
+        if gguf_name not in by_name:
+            raise ValueError(f"{self.path} has no tensor {gguf_name!r}; the converted directory was made "
+                             "from another file: delete it to convert again.")
+        return by_name[gguf_name], info
+
+
 class GGUFTensorPart:
     """A GGUF tensor read like a safetensors slice (``part[:]``, ``part[a:b]``,
     ``get_shape()``): dequantized to float32 in transformers' layout on first access."""
 
-    def __init__(self, tensor: Any, info: GGUFModelInfo) -> None:
-        self._tensor, self._info = tensor, info
+    def __init__(self, file: _GGUFFile, gguf_name: str) -> None:
+        self._file, self._name = file, gguf_name
         self._value: torch.Tensor | None = None
 
     def get_shape(self) -> list[int]:
-        return [int(d) for d in reversed(self._tensor.shape)]
+        return [int(d) for d in reversed(self._file.tensor(self._name)[0].shape)]
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         if self._value is None:
-            self._value = dequantized(self._tensor, self._info)
+            self._value = dequantized(*self._file.tensor(self._name))
         return self._value[index]
 
 
 def gguf_float_tensors(gguf_path: str | Path, names: dict[str, str]) -> Iterator[tuple[str, GGUFTensorPart]]:
     """``(hf name, lazily dequantized part)`` for the quantized tensors a converted directory
-    left in its GGUF file (``names``: hf name -> GGUF name, from the index)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_path))
-    info = check_supported(reader)
-    by_name = {t.name: t for t in reader.tensors}
+    left in its GGUF file (``names``: hf name -> GGUF name, from the index); the file is opened
+    only when a part is read."""
+    file = _GGUFFile(Path(gguf_path))
     for hf_name, gguf_name in names.items():
-        if gguf_name not in by_name:
-            raise ValueError(f"{gguf_path} has no tensor {gguf_name!r}; the converted directory was made "
-                             "from another file: delete it to convert again.")
-        yield hf_name, GGUFTensorPart(by_name[gguf_name], info)
+        yield hf_name, GGUFTensorPart(file, gguf_name)
 
 
 def _write_generation_config(config: dict[str, Any], out: Path) -> None:

@@ -78,7 +78,7 @@ def checkpoint_tensors(model_dir: str | Path, progress: Progress | None = None) 
             raise ValueError(f"{model_dir} keeps {len(in_gguf)} quantized tensors in its GGUF file, but "
                              f"{source} is missing or broken; convert the .gguf file again.")
         if progress:
-            progress(f"loading weights: {len(in_gguf)} quantized tensors from {source.resolve().name}")
+            progress(f"loading weights: {len(in_gguf)} quantized tensors kept in {source.resolve().name}")
         yield from gguf_float_tensors(source, in_gguf)
 
 
