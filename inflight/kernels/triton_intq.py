@@ -46,7 +46,7 @@ from inflight.kernels.triton_common import (
     num_sms,
 )
 from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
-from inflight.kernels.triton_quant import REDUCE_BLOCK, _sum_splits_kernel, check_packed_linear, plan_quant_linear
+from inflight.kernels.triton_quant import check_packed_linear, plan_quant_linear, split_target, sum_splits
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +210,7 @@ def _launch(x: torch.Tensor, weight: IntQuantWeight, bias: torch.Tensor | None, 
     num_steps = cdiv(in_features, plan.block_k)
     split_k = min(plan.split_k, num_steps)
     steps_per_split = cdiv(num_steps, split_k)
-    target = out if split_k == 1 else torch.empty((split_k, num_rows, out_features), dtype=torch.float32, device=x.device)
+    target = split_target(out, split_k)
     grid = (cdiv(num_rows, plan.block_m), cdiv(out_features, plan.block_n), split_k)
     _intq_linear_kernel[grid](
         x, packed, scale, zero, out if bias is None else bias, target,
@@ -223,9 +223,4 @@ def _launch(x: torch.Tensor, weight: IntQuantWeight, bias: torch.Tensor | None, 
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )  # fmt: skip
-    if split_k > 1:
-        _sum_splits_kernel[(cdiv(out.numel(), REDUCE_BLOCK),)](
-            target, out if bias is None else bias, out, out.numel(), out_features, split_k,
-            HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
-        )  # fmt: skip
-    return out
+    return sum_splits(target, out, bias, split_k)

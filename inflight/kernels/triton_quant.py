@@ -256,7 +256,7 @@ def _launch(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None,
     num_blocks = weight.in_features // BLOCK_SIZE
     split_k = min(plan.split_k, num_blocks)
     blocks_per_split = cdiv(num_blocks, split_k)
-    target = out if split_k == 1 else torch.empty((split_k, num_rows, out_features), dtype=torch.float32, device=x.device)
+    target = split_target(out, split_k)
     grid = (cdiv(num_rows, plan.block_m), cdiv(out_features, plan.block_n), split_k)
     _quant_linear_kernel[grid](
         x, quants, quants.view(torch.float16), out if bias is None else bias, target,
@@ -266,9 +266,19 @@ def _launch(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None,
         PRECISION=dot_precision(x.dtype), UPCAST=needs_upcast(x.device),
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )  # fmt: skip
+    return sum_splits(target, out, bias, split_k)
+
+
+def split_target(out: torch.Tensor, split_k: int) -> torch.Tensor:
+    """Where a GEMM launch writes: ``out`` itself, or ``[split_k, *out.shape]`` fp32 partials."""
+    return out if split_k == 1 else torch.empty((split_k, *out.shape), dtype=torch.float32, device=out.device)
+
+
+def sum_splits(target: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None, split_k: int) -> torch.Tensor:
+    """``out`` with the split-K partials in ``target`` summed (and ``bias`` added) once."""
     if split_k > 1:
         _sum_splits_kernel[(cdiv(out.numel(), REDUCE_BLOCK),)](
-            target, out if bias is None else bias, out, out.numel(), out_features, split_k,
+            target, out if bias is None else bias, out, out.numel(), out.shape[1], split_k,
             HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
         )  # fmt: skip
     return out
