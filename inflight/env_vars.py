@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from inflight.generated_docs import replace_section
+
 DOC_BEGIN, DOC_END = "<!-- env-vars:begin -->", "<!-- env-vars:end -->"
 
 
@@ -160,11 +162,7 @@ def markdown_table() -> str:
 
 def with_table(doc: str) -> str:
     """``doc`` with the text between the markers replaced by :func:`markdown_table`."""
-    head, begin, rest = doc.partition(DOC_BEGIN)
-    _, end, tail = rest.partition(DOC_END)
-    if not begin or not end:
-        raise ValueError(f"the doc has no {DOC_BEGIN} ... {DOC_END} section")
-    return f"{head}{DOC_BEGIN}\n{markdown_table()}\n{DOC_END}{tail}"
+    return replace_section(doc, DOC_BEGIN, DOC_END, markdown_table())
 
 
 if __name__ == "__main__":

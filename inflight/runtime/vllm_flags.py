@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from inflight.generated_docs import replace_section
 from inflight.runtime.vllm_flag_kinds import ALIAS, NOTICE, ONLY, REFUSED, VALUE_ALIASES, VllmFlag
 from inflight.runtime.vllm_flag_rows import FLAGS, LEGACY, SECTIONS, VLLM_RELEASE
 
@@ -64,11 +65,7 @@ def markdown_tables() -> str:
 
 def with_tables(doc: str) -> str:
     """``doc`` with the text between the markers replaced by :func:`markdown_tables`."""
-    head, begin, rest = doc.partition(DOC_BEGIN)
-    _, end, tail = rest.partition(DOC_END)
-    if not begin or not end:
-        raise ValueError(f"the doc has no {DOC_BEGIN} ... {DOC_END} section")
-    return f"{head}{DOC_BEGIN}\n{markdown_tables()}\n{DOC_END}{tail}"
+    return replace_section(doc, DOC_BEGIN, DOC_END, markdown_tables())
 
 
 if __name__ == "__main__":
