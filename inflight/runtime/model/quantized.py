@@ -8,9 +8,10 @@ the blocks move whole). :func:`quantize_model` swaps them into a loaded :class:`
 q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` (rows concatenated, when the parts
 share a type), ``o_proj``, ``down_proj``, the LM head, and the token embedding (a
 :class:`QuantizedEmbedding` that dequantizes the rows it looks up). A module whose tensor is
-another type (F32, F16, IQ*) keeps its float weight. :func:`quantize_runner` does that
-to a model runner and gives it kernels whose ``linear`` takes quantized weights; the decoder
-code is unchanged (it passes ``module.weight`` to ``ops.linear``).
+another type (F32, F16, IQ*) keeps its float weight. :func:`install_gguf_linears` does that
+to a model still on the meta device, before its float weights load; kernels whose ``linear``
+takes quantized weights (``with_quantized_linear``) run it, and the decoder code is unchanged
+(it passes ``module.weight`` to ``ops.linear``).
 
 :mod:`inflight.runtime.model.quantization` decides when (``EngineConfig.quantization``).
 Single-rank dense models only. Knows nothing about serving.
@@ -27,7 +28,6 @@ import torch
 from torch import nn
 
 from inflight.kernels import cpu_quant, quant_reference
-from inflight.kernels.dispatch import with_quantized_linear
 from inflight.kernels.quant_reference import BLOCK_BYTES, QuantizedWeight
 from inflight.runtime.model.gguf_convert import check_supported, hf_tensor_name, unpermute_rows
 
@@ -131,14 +131,6 @@ def quantize_model(model: Any, weights: dict[str, QuantizedWeight],
     return QuantizationSummary(summary["n"], tuple(summary["kept"]), summary["bytes"], summary["f32"])
 
 
-def quantize_runner(runner: Any, gguf_path: str | Path) -> QuantizationSummary:
-    """Swap the GGUF file's packed weights into ``runner``'s loaded model and give it kernels
-    that take them (tests; serving installs them before loading: :func:`install_gguf_linears`)."""
-    summary = quantize_model(runner.model, read_quantized_weights(gguf_path, runner.device), runner.dtype)
-    runner.ops = with_quantized_linear(runner.ops)
-    return summary
-
-
 def install_gguf_linears(model: Any, gguf_path: str | Path, device: torch.device,
                          dtype: torch.dtype) -> frozenset[str]:
     """Put the GGUF file's packed weights into ``model`` while it is on the meta device, so
@@ -165,33 +157,27 @@ def _is_packed(weight: object) -> bool:
     return weight is not None and not isinstance(weight, torch.Tensor) and hasattr(weight, "nbytes")
 
 
+def packed_weights(model: nn.Module) -> list[Any]:
+    """Every packed weight ``model`` holds (GGUF blocks, compressed-tensors words), each once
+    (a tied embedding and head share one)."""
+    found = {id(w): w for m in model.modules() if _is_packed(w := m.__dict__.get("weight"))}
+    return list(found.values())
+
+
 def summarize_packed(model: nn.Module) -> QuantizationSummary:
     """What ``model`` holds packed (any packed weight type) and which linears stayed float."""
-    packed = [w for m in model.modules() if _is_packed(w := m.__dict__.get("weight"))]
-    unique = list({id(w): w for w in packed}.values())
+    packed = packed_weights(model)
     kept = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and isinstance(m.weight, torch.Tensor))
-    return QuantizationSummary(len(unique), kept, sum(w.nbytes for w in unique),
-                               sum(w.shape[0] * w.shape[1] * 4 for w in unique))
+    return QuantizationSummary(len(packed), kept, sum(w.nbytes for w in packed),
+                               sum(w.shape[0] * w.shape[1] * 4 for w in packed))
 
 
 def num_weights(model: nn.Module) -> int:
     """Weights the model multiplies by, float parameters and packed weights alike."""
-    packed = {id(w): w for m in model.modules() if _is_packed(w := m.__dict__.get("weight"))}
-    return sum(p.numel() for p in model.parameters()) + sum(w.shape[0] * w.shape[1] for w in packed.values())
+    return sum(p.numel() for p in model.parameters()) + sum(w.shape[0] * w.shape[1] for w in packed_weights(model))
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer plus every packed weight (GGUF blocks,
-    compressed-tensors words) the model holds."""
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    for module in model.modules():
-        w = module.__dict__.get("weight")
-        if _is_packed(w) and id(w) not in seen:
-            seen.add(id(w))
-            total += w.nbytes
-    return total
+    """Bytes of every parameter and buffer plus every packed weight the model holds."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values()) + sum(w.nbytes for w in packed_weights(model))
