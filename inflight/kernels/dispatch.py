@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 
 from inflight import env_vars
+from inflight.kernels.backends import KERNEL_BACKENDS
 from inflight.kernels.ops import TORCH_OPS, KernelOps
 
 __all__ = ["KERNEL_BACKENDS", "TORCH_OPS", "KernelOps", "get_kernel_ops", "packed_linear_backend",
@@ -30,7 +31,6 @@ __all__ = ["KERNEL_BACKENDS", "TORCH_OPS", "KernelOps", "get_kernel_ops", "packe
 logger = logging.getLogger(__name__)
 
 
-KERNEL_BACKENDS = ("auto", "torch", "triton", "cpu")
 
 
 def triton_available() -> bool:

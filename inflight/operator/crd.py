@@ -1,7 +1,9 @@
 """Builds the InferenceDeployment CRD (apiextensions.k8s.io/v1) from Python values.
 
 Owns the CRD's schema: the engine properties are generated from EngineConfig (types, help
-texts, choices), so the CRD can never drift from the runtime's knobs. ``crds/`` holds the
+texts, choices), so the CRD can never drift from the runtime's knobs, and the other fields'
+defaults are read from the operator's spec dataclasses (:mod:`.spec`), which the parsers read
+too (``tests/operator/test_crd_defaults.py`` checks they agree). ``crds/`` holds the
 rendered YAML (the single source the chart copies); a test fails when the file and
 ``build_crd()`` differ. Regenerate with ``python -m inflight.operator.crd > crds/...yaml``.
 Knows nothing about Kubernetes I/O.
@@ -14,9 +16,17 @@ from typing import Any
 
 import yaml
 
-from inflight.operator import crd_parts, engine_args
+from inflight.operator import crd_parts, engine_args, fields
 from inflight.operator.render import API_GROUP, API_VERSION, KIND
-from inflight.operator.spec import RUNTIME_IMAGE, SERVICE_TYPES
+from inflight.operator.spec import (
+    RUNTIME_IMAGE,
+    SERVICE_TYPES,
+    Autoscaling,
+    InferenceSpec,
+    Resources,
+    SecretRef,
+    ServiceSpec,
+)
 from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, QUANTIZATIONS, SCHEDULER_POLICIES
 
 PLURAL = "inferencedeployments"
@@ -56,7 +66,11 @@ def _speculative_property() -> dict[str, Any]:
         "description": "Speculative decoding, with vLLM's --speculative-config keys (rendered as that "
                        "flag's JSON). Off when unset.",
         "properties": {
-            "method": {"type": "string", "enum": list(METHODS), "description": "ngram: prompt lookup."},
+            "method": {"type": "string", "enum": list(METHODS),
+                       "description": "ngram: prompt lookup; draft_model: a small model (model) proposes."},
+            "model": {"type": "string", "description": "draft_model: the draft model's directory in the runtime "
+                                                       "container (mount it beside the model); it must share the "
+                                                       "served model's tokenizer."},
             "num_speculative_tokens": count("Draft tokens proposed per step.", 16),
             "prompt_lookup_max": count("Longest n-gram looked up."),
             "prompt_lookup_min": count("Shortest n-gram looked up."),
@@ -144,21 +158,24 @@ def _autoscaling_schema() -> dict[str, Any]:
             prop["exclusiveMinimum"] = True
         return prop
 
-    kv = num("Target KV-cache usage per pod, a fraction in (0, 1].", 0.8, 0, True)
+    d = Autoscaling()
+    kv = num("Target KV-cache usage per pod, a fraction in (0, 1].", d.target_kv_cache_usage, 0, True)
     kv["maximum"] = 1
     kv["x-kubernetes-validations"] = [_FRACTION_RULE]
     return {
         "type": "object",
         "description": "Replicas from KV-cache usage and queue depth (the operator owns replicas when enabled).",
         "properties": {
-            "enabled": {"type": "boolean", "default": False, "description": "Turn autoscaling on."},
-            "minReplicas": _int("Fewest replicas.", 1, 1),
-            "maxReplicas": _int("Most replicas.", 1, 4),
+            "enabled": {"type": "boolean", "default": d.enabled, "description": "Turn autoscaling on."},
+            "minReplicas": _int("Fewest replicas.", 1, d.min_replicas),
+            "maxReplicas": _int("Most replicas.", 1, d.max_replicas),
             "targetKvCacheUsage": kv,
-            "targetQueueDepth": num("Target waiting requests per ready pod.", 4, 0, True),
-            "scaleUpStabilizationSeconds": num("Scale up to the lowest recommendation of this window.", 0, 0, False),
-            "scaleDownStabilizationSeconds": num("Scale down to the highest recommendation of this window.", 300, 0, False),
-            "intervalSeconds": num("Seconds between metric scrapes and decisions.", 15, 0, True),
+            "targetQueueDepth": num("Target waiting requests per ready pod.", d.target_queue_depth, 0, True),
+            "scaleUpStabilizationSeconds": num("Scale up to the lowest recommendation of this window.",
+                                               d.scale_up_stabilization_seconds, 0, False),
+            "scaleDownStabilizationSeconds": num("Scale down to the highest recommendation of this window.",
+                                                 d.scale_down_stabilization_seconds, 0, False),
+            "intervalSeconds": num("Seconds between metric scrapes and decisions.", d.interval_seconds, 0, True),
         },
         "x-kubernetes-validations": [
             {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must not exceed maxReplicas"}
@@ -180,7 +197,7 @@ def _spec_schema() -> dict[str, Any]:
                 "description": "Per-pod resources.",
                 "properties": {
                     "gpus": _int("GPUs per pod (resource gpuResourceName); also the tensor-parallel size "
-                                 "unless engine.tensorParallelSize is set.", 0, 1),
+                                 "unless engine.tensorParallelSize is set.", 0, Resources().gpus),
                     "cpu": {"x-kubernetes-int-or-string": True, "description": "CPU request, e.g. 4."},
                     "memory": {"x-kubernetes-int-or-string": True, "description": "Memory request and limit, e.g. 32Gi."},
                     **crd_parts.resources_extra(),
@@ -190,13 +207,14 @@ def _spec_schema() -> dict[str, Any]:
             "tolerations": {"type": "array", "items": dict(preserve)},
             "affinity": dict(preserve),
             "priorityClassName": _str("PriorityClass of the pods."),
-            "replicas": _int("Replicas when autoscaling is off (the scale subresource).", 0, 1),
+            "replicas": _int("Replicas when autoscaling is off (the scale subresource).", 0,
+                             fields.default(InferenceSpec, "replicas")),
             "autoscaling": _autoscaling_schema(),
             "service": {
                 "type": "object",
                 "properties": {
-                    "type": _str("Service type.", default="ClusterIP", enum=list(SERVICE_TYPES)),
-                    "port": _int("Service port.", 1, 8000, maximum=65535),
+                    "type": _str("Service type.", default=ServiceSpec().type, enum=list(SERVICE_TYPES)),
+                    "port": _int("Service port.", 1, ServiceSpec().port, maximum=65535),
                     "annotations": {"type": "object", "additionalProperties": {"type": "string"},
                                     "description": "Service annotations, e.g. an internal load balancer "
                                                    "(networking.gke.io/load-balancer-type: Internal, "
@@ -207,9 +225,11 @@ def _spec_schema() -> dict[str, Any]:
                 "type": "object",
                 "description": "Secret with the API key clients (and the operator) must send.",
                 "required": ["name"],
-                "properties": {"name": _str("Secret name."), "key": _str("Key in the Secret.", default="api-key")},
+                "properties": {"name": _str("Secret name."),
+                               "key": _str("Key in the Secret.", default=fields.default(SecretRef, "key"))},
             },
-            "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0, 30),
+            "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0,
+                                        fields.default(InferenceSpec, "drain_timeout_seconds")),
             **crd_parts.pod_properties(),
         },
         "x-kubernetes-validations": [{

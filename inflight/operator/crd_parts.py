@@ -1,7 +1,7 @@
 """CRD schema pieces for the model sources, the pod passthrough, the rollout and the InferencePool.
 
-Owns the OpenAPI (structural) schema and CEL rules of those ``spec`` fields; ``crd`` puts
-them together. What the schema cannot check (names the operator reserves, volumes a mount
+Owns the OpenAPI (structural) schema and CEL rules of those ``spec`` fields, whose defaults
+are read from the spec dataclasses the parsers read them from; ``crd`` puts them together. What the schema cannot check (names the operator reserves, volumes a mount
 refers to) ``pod_settings`` and ``model_source`` check and report as a Degraded condition.
 Knows nothing about I/O.
 """
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS
+from inflight.operator import fields
+from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS, HfSource
 from inflight.operator.pod_runtime import PROBE_KEYS
-from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES
-from inflight.operator.spec import EPP_IMAGE, FAILURE_MODES
+from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, Rollout
+from inflight.operator.spec import FAILURE_MODES, InferencePoolSpec
 
 PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 INT_OR_STRING = {"x-kubernetes-int-or-string": True}
@@ -37,7 +38,8 @@ def hf_schema() -> dict[str, Any]:
         "required": ["repoId"],
         "properties": {
             "repoId": _str("Repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct."),
-            "revision": _str("Branch, tag or commit (pin a commit for reproducible pods).", default="main"),
+            "revision": _str("Branch, tag or commit (pin a commit for reproducible pods).",
+                             default=fields.default(HfSource, "revision")),
             "tokenSecretRef": {
                 "type": "object",
                 "description": "Secret holding a Hub token (gated or private repos).",
@@ -141,7 +143,7 @@ def rollout_schema() -> dict[str, Any]:
         "description": "How a pod-template change rolls out. Recreate stops old pods first (a full GPU pool "
                        "cannot fit a surge pod); RollingUpdate defaults to maxSurge 1, maxUnavailable 0.",
         "properties": {
-            "strategy": _str("RollingUpdate or Recreate.", default="RollingUpdate", enum=list(ROLLOUT_TYPES)),
+            "strategy": _str("RollingUpdate or Recreate.", default=Rollout().type, enum=list(ROLLOUT_TYPES)),
             "maxSurge": {**INT_OR_STRING, "description": "Extra pods during a RollingUpdate (int or percent)."},
             "maxUnavailable": {**INT_OR_STRING, "description": "Pods that may be down during a RollingUpdate."},
         },
@@ -154,23 +156,24 @@ def rollout_schema() -> dict[str, Any]:
 
 
 def inference_pool_schema() -> dict[str, Any]:
+    d = InferencePoolSpec()
     return {
         "type": "object",
         "description": "Render an InferencePool (inference.networking.k8s.io/v1) over the runtime pods and its "
                        "endpoint picker, so a Gateway routes by prefix affinity, queue depth and KV usage.",
         "properties": {
-            "enabled": {"type": "boolean", "default": False, "description": "Render the InferencePool."},
+            "enabled": {"type": "boolean", "default": d.enabled, "description": "Render the InferencePool."},
             "endpointPicker": {
                 "type": "object",
                 "properties": {
-                    "create": {"type": "boolean", "default": True,
+                    "create": {"type": "boolean", "default": d.create_picker,
                                "description": "Render the picker's Deployment and Service (<name>-epp)."},
                     "serviceName": _str("An existing picker Service (with create: false)."),
-                    "image": _str("Endpoint picker image.", default=EPP_IMAGE),
-                    "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 9002,
+                    "image": _str("Endpoint picker image.", default=d.picker_image),
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": d.picker_port,
                              "description": "The picker's gRPC (ext-proc) port."},
                     "failureMode": _str("What the Gateway does when the picker does not answer.",
-                                        default="FailClose", enum=list(FAILURE_MODES)),
+                                        default=d.failure_mode, enum=list(FAILURE_MODES)),
                     "serviceAccountName": _str("ServiceAccount of the picker (needs the RBAC in docs/kubernetes.md)."),
                 },
             },

@@ -40,6 +40,7 @@ EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "device": "pods get a GPU; 'auto' picks it",
     "seed": "a per-request concern, not a deployment one",
     "kernel_backend": "'auto' picks Triton on CUDA; override with extraArgs for debugging",
+    "long_prefill_token_threshold": "scheduler fine-tuning whose default follows schedulerPolicy; extraArgs sets it",
 }
 
 

@@ -2,11 +2,14 @@
 the field (``prefix.key``) and what would be accepted.
 
 Owns the primitive checks (string, int, number, object, list, name patterns, quantities,
-int-or-percent) shared by the spec parsers. Knows nothing about what the fields mean.
+int-or-percent) shared by the spec parsers, and :func:`default` (a spec dataclass's field
+default: the one copy the parsers and the CRD builder read). Knows nothing about what the
+fields mean.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -17,6 +20,18 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 PERCENT = re.compile(r"^[0-9]{1,3}%$")
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (``KeyError`` when it has none)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise KeyError(f"{cls.__name__}.{name} has no default")
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
 
 
 def obj(raw: dict[str, Any], key: str, prefix: str, required: bool = False) -> dict[str, Any]:

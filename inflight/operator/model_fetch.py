@@ -24,6 +24,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inflight.operator import fields
+from inflight.operator.model_source import HfSource
+
 MARKER = ".inflight-fetch.json"
 
 
@@ -80,7 +83,7 @@ def _listing(dest: pathlib.Path) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inflight.operator.model_fetch", description=__doc__.split("\n")[0])
     parser.add_argument("--repo-id", required=True)
-    parser.add_argument("--revision", default="main")
+    parser.add_argument("--revision", default=fields.default(HfSource, "revision"))
     parser.add_argument("--dest", required=True, type=pathlib.Path)
     parser.add_argument("--allow-pattern", action="append", dest="allow_patterns", required=True)
     args = parser.parse_args(argv)

@@ -106,7 +106,8 @@ def _parse_hf(raw: dict) -> HfSource:
     p = "spec.model.hf"
     repo_id = fields.matching(fields.string(raw, "repoId", None, p), HF_REPO_ID, f"{p}.repoId",
                               "HuggingFaceTB/SmolLM2-135M-Instruct")
-    revision = fields.matching(fields.string(raw, "revision", "main", p), HF_REVISION, f"{p}.revision",
+    revision = fields.matching(fields.string(raw, "revision", fields.default(HfSource, "revision"), p),
+                               HF_REVISION, f"{p}.revision",
                                "main or a 40-character commit hash")
     if ".." in revision.split("/"):
         raise ValueError(f"{p}.revision must not contain '..' (got {revision!r}).")

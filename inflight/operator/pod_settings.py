@@ -136,16 +136,16 @@ def _mounts(spec: dict[str, Any], volume_names: set[str]) -> tuple[dict[str, Any
 
 
 def parse_rollout(raw: dict[str, Any]) -> Rollout:
-    p = "spec.rollout"
-    kind = fields.string(raw, "strategy", "RollingUpdate", p)
+    p, d = "spec.rollout", Rollout()
+    kind = fields.string(raw, "strategy", d.type, p)
     if kind not in ROLLOUT_TYPES:
         raise ValueError(f"{p}.strategy must be one of {', '.join(ROLLOUT_TYPES)} (got {kind!r}).")
     if kind == "Recreate":
         if "maxSurge" in raw or "maxUnavailable" in raw:
             raise ValueError(f"{p}.maxSurge/maxUnavailable apply to RollingUpdate only (strategy is Recreate).")
         return Rollout(type="Recreate")
-    surge = fields.int_or_percent(raw, "maxSurge", 1, p)
-    unavailable = fields.int_or_percent(raw, "maxUnavailable", 0, p)
+    surge = fields.int_or_percent(raw, "maxSurge", d.max_surge, p)
+    unavailable = fields.int_or_percent(raw, "maxUnavailable", d.max_unavailable, p)
     if not fields.positive_or_zero(surge) and not fields.positive_or_zero(unavailable):
         raise ValueError(f"{p}: maxSurge and maxUnavailable cannot both be 0 (the rollout could never move).")
     return Rollout(type="RollingUpdate", max_surge=surge, max_unavailable=unavailable)

@@ -4,7 +4,8 @@ Owns: the shape of ``spec`` as Python values (model sources in ``model_source``,
 passthrough and rollout in ``pod_settings``), ``resources.gpus`` -> tensor-parallel size, the operator-side defaults that are not
 engine knobs (engine defaults live in EngineConfig only), and the validation a CR must
 pass before anything is rendered (``parse_spec`` raises ``ValueError`` with a message
-naming the field). Knows nothing about Kubernetes I/O or manifests.
+naming the field). Each default is written once, on its dataclass field: the parsers and the
+CRD builder (:mod:`.crd`) read it from there. Knows nothing about Kubernetes I/O or manifests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from inflight.operator import engine_args, fields
 from inflight.operator.model_source import ModelSource, parse_model
 from inflight.operator.pod_runtime import KERNEL_CACHE_ENV, PodRuntime, parse_pod_runtime
 from inflight.operator.pod_settings import PodSettings, Rollout, parse_pod_settings, parse_rollout
+from inflight.runtime.config import DRAIN_TIMEOUT_S
 
 RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
@@ -87,7 +89,7 @@ class InferenceSpec:
     autoscaling: Autoscaling = Autoscaling()
     service: ServiceSpec = ServiceSpec()
     api_key_secret_ref: SecretRef | None = None
-    drain_timeout_seconds: int = 30
+    drain_timeout_seconds: int = DRAIN_TIMEOUT_S  # the server's --drain-timeout default
     pod: PodSettings = PodSettings()
     runtime: PodRuntime = PodRuntime()
     rollout: Rollout = Rollout()
@@ -102,7 +104,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
     extra_args = engine_raw.pop("extraArgs", None) or []
     if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
         raise ValueError("spec.engine.extraArgs must be a list of strings.")
-    replicas = _int(spec, "replicas", 1, minimum=0)
+    replicas = _int(spec, "replicas", fields.default(InferenceSpec, "replicas"), minimum=0)
     resources_raw = _obj(spec, "resources")
     resources = _parse_resources(resources_raw)
     pod = parse_pod_settings(spec, resources_raw)
@@ -127,7 +129,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         autoscaling=_parse_autoscaling(_obj(spec, "autoscaling")),
         service=_parse_service(_obj(spec, "service")),
         api_key_secret_ref=_parse_secret_ref(spec.get("apiKeySecretRef")),
-        drain_timeout_seconds=_int(spec, "drainTimeoutSeconds", 30, minimum=0),
+        drain_timeout_seconds=_int(spec, "drainTimeoutSeconds", fields.default(InferenceSpec, "drain_timeout_seconds"),
+                                   minimum=0),
         pod=pod,
         runtime=runtime,
         rollout=parse_rollout(_obj(spec, "rollout")),
@@ -154,19 +157,19 @@ def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
 
 
 def _parse_inference_pool(raw: dict[str, Any]) -> InferencePoolSpec:
-    p = "spec.inferencePool"
-    enabled = raw.get("enabled", False)
+    p, d = "spec.inferencePool", InferencePoolSpec()
+    enabled = raw.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
         raise ValueError(f"{p}.enabled must be true or false (got {enabled!r}).")
     picker = _obj(raw, "endpointPicker", prefix=p)
     pp = f"{p}.endpointPicker"
-    create = picker.get("create", True)
+    create = picker.get("create", d.create_picker)
     if not isinstance(create, bool):
         raise ValueError(f"{pp}.create must be true or false (got {create!r}).")
-    mode = _str(picker, "failureMode", "FailClose", prefix=pp)
+    mode = _str(picker, "failureMode", d.failure_mode, prefix=pp)
     if mode not in FAILURE_MODES:
         raise ValueError(f"{pp}.failureMode must be one of {', '.join(FAILURE_MODES)} (got {mode!r}).")
-    port = _int(picker, "port", 9002, minimum=1, prefix=pp)
+    port = _int(picker, "port", d.picker_port, minimum=1, prefix=pp)
     if port > 65535:
         raise ValueError(f"{pp}.port must be <= 65535 (got {port}).")
     service = fields.optional_string(picker, "serviceName", pp)
@@ -175,7 +178,7 @@ def _parse_inference_pool(raw: dict[str, Any]) -> InferencePoolSpec:
     if not create and service is None:
         raise ValueError(f"{pp}.serviceName is required with create: false (the picker's Service).")
     return InferencePoolSpec(
-        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", EPP_IMAGE, prefix=pp),
+        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", d.picker_image, prefix=pp),
         picker_port=port, failure_mode=mode,
         picker_service_account=fields.optional_string(picker, "serviceAccountName", pp),
         picker_service=service,
@@ -188,26 +191,28 @@ def _parse_resources(raw: dict[str, Any]) -> Resources:
         return None if value is None else str(value)
 
     return Resources(
-        gpus=_int(raw, "gpus", 1, minimum=0, prefix="spec.resources"),
+        gpus=_int(raw, "gpus", Resources().gpus, minimum=0, prefix="spec.resources"),
         cpu=quantity("cpu"),
         memory=quantity("memory"),
     )
 
 
 def _parse_autoscaling(raw: dict[str, Any]) -> Autoscaling:
-    p = "spec.autoscaling"
-    enabled = raw.get("enabled", False)
+    p, d = "spec.autoscaling", Autoscaling()
+    enabled = raw.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
         raise ValueError(f"{p}.enabled must be true or false (got {enabled!r}).")
     scaling = Autoscaling(
         enabled=enabled,
-        min_replicas=_int(raw, "minReplicas", 1, minimum=1, prefix=p),
-        max_replicas=_int(raw, "maxReplicas", 4, minimum=1, prefix=p),
-        target_kv_cache_usage=_num(raw, "targetKvCacheUsage", 0.8, p),
-        target_queue_depth=_num(raw, "targetQueueDepth", 4.0, p),
-        scale_up_stabilization_seconds=_num(raw, "scaleUpStabilizationSeconds", 0.0, p, zero=True),
-        scale_down_stabilization_seconds=_num(raw, "scaleDownStabilizationSeconds", 300.0, p, zero=True),
-        interval_seconds=_num(raw, "intervalSeconds", 15.0, p),
+        min_replicas=_int(raw, "minReplicas", d.min_replicas, minimum=1, prefix=p),
+        max_replicas=_int(raw, "maxReplicas", d.max_replicas, minimum=1, prefix=p),
+        target_kv_cache_usage=_num(raw, "targetKvCacheUsage", d.target_kv_cache_usage, p),
+        target_queue_depth=_num(raw, "targetQueueDepth", d.target_queue_depth, p),
+        scale_up_stabilization_seconds=_num(raw, "scaleUpStabilizationSeconds", d.scale_up_stabilization_seconds,
+                                            p, zero=True),
+        scale_down_stabilization_seconds=_num(raw, "scaleDownStabilizationSeconds",
+                                              d.scale_down_stabilization_seconds, p, zero=True),
+        interval_seconds=_num(raw, "intervalSeconds", d.interval_seconds, p),
     )
     if scaling.min_replicas > scaling.max_replicas:
         raise ValueError(
@@ -220,10 +225,11 @@ def _parse_autoscaling(raw: dict[str, Any]) -> Autoscaling:
 
 
 def _parse_service(raw: dict[str, Any]) -> ServiceSpec:
-    svc_type = _str(raw, "type", "ClusterIP", prefix="spec.service")
+    d = ServiceSpec()
+    svc_type = _str(raw, "type", d.type, prefix="spec.service")
     if svc_type not in SERVICE_TYPES:
         raise ValueError(f"spec.service.type must be one of {', '.join(SERVICE_TYPES)} (got {svc_type!r}).")
-    port = _int(raw, "port", 8000, minimum=1, prefix="spec.service")
+    port = _int(raw, "port", d.port, minimum=1, prefix="spec.service")
     if port > 65535:
         raise ValueError(f"spec.service.port must be <= 65535 (got {port}).")
     return ServiceSpec(type=svc_type, port=port, annotations=fields.string_map(raw, "annotations", "spec.service"))
@@ -235,7 +241,8 @@ def _parse_secret_ref(raw: Any) -> SecretRef | None:
     if not isinstance(raw, dict):
         raise ValueError("spec.apiKeySecretRef must be an object with name (and key).")
     p = "spec.apiKeySecretRef"
-    return SecretRef(name=_str(raw, "name", None, prefix=p), key=_str(raw, "key", "api-key", prefix=p))
+    return SecretRef(name=_str(raw, "name", None, prefix=p),
+                     key=_str(raw, "key", fields.default(SecretRef, "key"), prefix=p))
 
 
 def _obj(raw: dict[str, Any], key: str, required: bool = False, prefix: str = "spec") -> dict[str, Any]:

@@ -11,7 +11,7 @@ import sys as _sys
 # passively (sleep, not spin) or every op stalls on a descheduled thread. libgomp reads this
 # once, when torch loads it, so it is set here, before anything of ours imports torch; a
 # process that imported torch first keeps its policy (and the engine then keeps one core
-# free: see inflight.runtime.model_runner.cpu_thread_counts).
+# free: see inflight.runtime.device_setup.cpu_thread_counts).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

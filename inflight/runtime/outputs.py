@@ -153,7 +153,7 @@ class EngineStats:
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative prompt tokens looked up
     prefix_cache_hits: int  # cumulative prompt tokens found cached
-    num_prompt_tokens: int  # cumulative prompt tokens computed
+    num_prompt_tokens: int  # cumulative whole prompts (cache hits included) of requests at their first token
     num_generation_tokens: int  # cumulative tokens generated
     num_tokens_last_step: int
     num_steps: int

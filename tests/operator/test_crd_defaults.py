@@ -43,3 +43,14 @@ def test_defaulting_fills_what_the_schema_declares() -> None:
     assert defaulted["service"] == {"type": "ClusterIP", "port": 8000}
     assert defaulted["image"].startswith("ghcr.io/inflight-dev/inflight-runtime:")
     assert "engine" in defaulted and "apiKeySecretRef" not in defaulted  # no default invents an object
+
+
+def test_the_drain_timeout_default_is_the_servers() -> None:
+    """One home (``inflight.runtime.config.DRAIN_TIMEOUT_S``): the CR's default, the parser's and
+    the server's ``--drain-timeout`` default are the same number."""
+    from inflight.operator import fields
+    from inflight.runtime.server.state import ServerSettings
+
+    server = fields.default(ServerSettings, "drain_timeout_s")
+    assert parse_spec("demo", "ns", MINIMAL).drain_timeout_seconds == server
+    assert _defaulted(MINIMAL)["drainTimeoutSeconds"] == server

@@ -17,16 +17,22 @@ import torch
 import torch.distributed as dist
 
 from inflight import env_vars
-from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.distributed import wire
+from inflight.runtime.model.batch import AttentionMetadata, StepInputs
 
-# A step message is one fixed-size broadcast: a header (command, num_tokens,
-# num_decode_tokens, num_prefills, decode table width, prefill table width, num_sampled)
-# and the payload inline when it fits (a decode step of 64 sequences with 2k-token contexts
-# does); a larger payload follows in a second broadcast.
-_HEADER_LEN = 7
+# A step message is one fixed-size broadcast: a prefix (command, header length, payload
+# length), the header :mod:`.wire` derives from StepInputs' fields (scalars, tensor dtypes and
+# shapes), and the payload inline when it fits (a decode step of 64 sequences with 2k-token
+# contexts does); a larger payload follows in a second broadcast.
 _INLINE_LEN: int = env_vars.read_int("INFLIGHT_TP_INLINE_INTS")  # type: ignore[assignment]  # int64s: 64 KiB
+STEP_CODEC = wire.RecordCodec(StepInputs)
 CMD_STOP, CMD_STEP = 0, 1
+# The runner's forward arguments (input_ids, positions, meta, sample_indices): StepInputs' fields.
 StepTensors = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
+
+
+def _message_len() -> int:
+    return wire.PREFIX_LEN + STEP_CODEC.header_capacity + _INLINE_LEN
 
 
 class TensorParallel:
@@ -63,52 +69,26 @@ class TensorParallel:
         return torch.cat(parts, dim=-1)
 
     # -- the step channel (rank 0 -> others) ------------------------------------------------
-    def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                  sample_indices: torch.Tensor) -> None:
-        """Rank 0: broadcast one step's packed inputs (one gloo broadcast, two when large)."""
-        parts = [input_ids, positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                 meta.prefill_block_tables, meta.prefill_query_start_loc, meta.prefill_context_lens,
-                 sample_indices]
-        header = [CMD_STEP, input_ids.numel(), meta.num_decode_tokens, meta.num_prefills,
-                  meta.decode_block_tables.shape[1], meta.prefill_block_tables.shape[1], sample_indices.numel()]
-        payload = torch.cat([p.reshape(-1).to("cpu", torch.int64) for p in parts])
-        message = torch.zeros(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
-        message[:_HEADER_LEN] = torch.tensor(header, dtype=torch.int64)
-        inline = payload.numel() <= _INLINE_LEN
-        if inline:
-            message[_HEADER_LEN : _HEADER_LEN + payload.numel()] = payload
+    def send_step(self, step: StepInputs) -> None:
+        """Rank 0: broadcast one step's inputs (one gloo broadcast, two when large)."""
+        header, payload = STEP_CODEC.encode(step)
+        message, inline = wire.frame(CMD_STEP, header, payload, _message_len())
         dist.broadcast(message, src=0, group=self.control_group)
         if not inline:
             dist.broadcast(payload, src=0, group=self.control_group)
 
     def send_stop(self) -> None:
-        message = torch.zeros(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
-        message[0] = CMD_STOP
+        message, _ = wire.frame(CMD_STOP, [], torch.empty(0, dtype=torch.int64), _message_len())
         dist.broadcast(message, src=0, group=self.control_group)
 
-    def receive_step(self, device: torch.device) -> StepTensors | None:
+    def receive_step(self, device: torch.device) -> StepInputs | None:
         """Ranks 1..N-1: wait for the next step's inputs; None when rank 0 says stop."""
-        message = torch.empty(_HEADER_LEN + _INLINE_LEN, dtype=torch.int64)
+        message = torch.empty(_message_len(), dtype=torch.int64)
         dist.broadcast(message, src=0, group=self.control_group)
-        cmd, n, nd, np_, wd, wp, ns = message[:_HEADER_LEN].tolist()
+        cmd, header, payload_len, payload = wire.unframe(message)
         if cmd == CMD_STOP:
             return None
-        sizes = [n, n, n, nd * wd, nd, np_ * wp, np_ + 1, np_, ns]  # decodes are one token each
-        total = sum(sizes)
-        if total <= _INLINE_LEN:
-            payload = message[_HEADER_LEN : _HEADER_LEN + total]
-        else:
-            payload = torch.empty(total, dtype=torch.int64)
+        if payload is None:
+            payload = torch.empty(payload_len, dtype=torch.int64)
             dist.broadcast(payload, src=0, group=self.control_group)
-        ids, pos, slots, dtab, dctx, ptab, qsl, pctx, sample = payload.to(device).split(sizes)
-        meta = AttentionMetadata(
-            slot_mapping=slots,
-            num_decode_tokens=nd,
-            decode_block_tables=dtab.reshape(nd, wd).to(torch.int32),
-            decode_context_lens=dctx.to(torch.int32),
-            prefill_block_tables=ptab.reshape(np_, wp).to(torch.int32),
-            prefill_query_start_loc=qsl.to(torch.int32),
-            prefill_context_lens=pctx.to(torch.int32),
-            num_prefills=np_,
-        )
-        return ids, pos, meta, sample
+        return STEP_CODEC.decode(header, payload.to(device))

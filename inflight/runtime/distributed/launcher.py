@@ -33,6 +33,7 @@ import torch.distributed as dist
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.distributed.comm import StepTensors, TensorParallel
+from inflight.runtime.model.batch import StepInputs
 from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
@@ -170,7 +171,7 @@ class WorkerGroup:
         self.check()
         assert self.tp is not None
         try:
-            self.tp.send_step(*step)
+            self.tp.send_step(StepInputs(*step))
             return forward()
         except Exception as exc:
             time.sleep(MONITOR_S)  # let a dying worker's exit status land, for the message

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logger.info("loaded its shard: %d KV blocks on %s", runner.num_kv_blocks, runner.device)
     while (step := tp.receive_step(runner.device)) is not None:
-        runner.execute_received(step)
+        runner.execute_received((step.input_ids, step.positions, step.meta, step.sample_indices))
     logging.shutdown()
     os._exit(0)  # nothing to clean up; interpreter and process-group teardown take seconds
 

@@ -1,9 +1,11 @@
-"""The packed batch's attention metadata: where each token reads and writes the paged KV cache.
+"""The packed batch every rank runs: its tokens and where each reads and writes the paged KV cache.
 
-A leaf (imports only torch): the decoder reads it, the model runner and the CPU lanes build
-it, CUDA-graph capture keeps persistent copies of it, and the tensor-parallel step channel
-(:mod:`inflight.runtime.distributed.comm`) carries it to the other ranks, all without
-importing one another. Knows nothing about the model, scheduling or processes.
+A leaf (imports only torch): the decoder reads :class:`AttentionMetadata`, the model runner
+and the CPU lanes build it, CUDA-graph capture keeps persistent copies of it, and the
+tensor-parallel step channel carries a :class:`StepInputs` to the other ranks, all without
+importing one another. The channel's wire format is derived from these dataclasses' fields
+(:mod:`inflight.runtime.distributed.wire`), so a field added here travels with the step or
+fails loudly when its type cannot. Knows nothing about the model, scheduling or processes.
 """
 
 from __future__ import annotations
@@ -25,3 +27,22 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32, relative to the prefill part
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     num_prefills: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What every tensor-parallel rank needs to run one step's forward: rank 0 broadcasts it.
+
+    The model runner's ``BatchInputs`` is these fields plus :data:`RANK0_ONLY_BATCH_FIELDS`
+    (which requests the rows belong to, for sampling: only rank 0 samples);
+    ``tests/runtime/test_step_wire.py`` fails when a ``BatchInputs`` field is in neither.
+    """
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # [num_logit_rows] int64, laid out as inflight.runtime.logit_rows says
+
+
+# ``BatchInputs`` fields that stay in rank 0 (the engine process) and never cross the wire.
+RANK0_ONLY_BATCH_FIELDS = ("sampled_chunks", "sample_counts", "prompt_logprob_spans")

@@ -13,20 +13,16 @@ Knows nothing about scheduling or sampling.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout, shard_layout
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from inflight.runtime.distributed.comm import TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +34,7 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     def __init__(
-        self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None, window: int | None = None
+        self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None, window: int | None = None
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -105,7 +101,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None) -> None:
         super().__init__()
         self.tp = tp
         self.intermediate_size = layout.intermediate_size
@@ -121,7 +117,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None, index: int) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(spec, layout, tp, spec.layer_window(index))
         self.self_attn.rope_table = spec.layer_rope_table(index)
@@ -158,7 +154,7 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and the LM head (this rank's shard of each)."""
 
-    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None) -> None:
+    def __init__(self, spec: ModelSpec, tp: Collectives | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.tp = tp

@@ -17,18 +17,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from inflight.runtime.model import compressed_tensors, moe_weights, mxfp4
+from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
-
-if TYPE_CHECKING:
-    from inflight.runtime.distributed.comm import TensorParallel
 
 Progress = Callable[[str], None]
 
@@ -146,7 +144,7 @@ def load_model(
     device: torch.device,
     progress: Progress | None = None,
     config: Any | None = None,
-    tp: TensorParallel | None = None,
+    tp: Collectives | None = None,
     install_packed: Callable[[CausalLM], frozenset[str]] | None = None,
 ) -> tuple[CausalLM, Any]:
     """Our decoder (this rank's shard under ``tp``) on ``device`` in ``dtype``; and the HF config.

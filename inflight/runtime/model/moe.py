@@ -24,18 +24,14 @@ rank 0 only (zeros elsewhere), so the all-reduce adds it once (the loader sees t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from inflight.kernels.ops import KernelOps
 from inflight.kernels.reference import ClampedSwiglu
+from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from inflight.runtime.distributed.comm import TensorParallel
 
 
 def select_experts(
@@ -78,7 +74,7 @@ class Experts(nn.Module):
 class SparseMoe(nn.Module):
     """A decoder layer's MLP when it is an expert layer: route, run the experts, all-reduce."""
 
-    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: TensorParallel | None) -> None:
+    def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None) -> None:
         super().__init__()
         moe = spec.moe
         if moe is None:
