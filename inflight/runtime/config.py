@@ -11,14 +11,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.kernels.backends import KERNEL_BACKENDS  # the --kernel-backend choices (a leaf, no torch)
+
 SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-KERNEL_BACKENDS = ("auto", "triton", "torch", "cpu")  # as inflight.kernels.dispatch accepts
 QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
 LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
+# Seconds requests in flight may take to finish after SIGTERM. Not an engine knob, but its one
+# home: the server's --drain-timeout (ServerSettings.drain_timeout_s) and the CR's
+# drainTimeoutSeconds both default to it, and the operator imports this module, no server one.
+DRAIN_TIMEOUT_S = 30
 
 
 def _help(text: str) -> dict[str, str]:
@@ -73,6 +78,16 @@ class EngineConfig:
             "by tokens served) | static (naive baseline: admit a batch, wait for all of it)."
         ),
     )
+    long_prefill_token_threshold: int | None = field(
+        default=None,
+        metadata=_help(
+            "Most prompt tokens one request puts into one step (vLLM's name; 0: no cap but "
+            "max_num_tokens). Under the fair policy it caps one tenant's prompt tokens per step, "
+            "all its requests together, so a tenant arriving behind another's long prompts waits "
+            "for a short step. Default: max_num_tokens / 8 under fair, no cap otherwise. Applies "
+            "to chunked prompts only."
+        ),
+    )
     max_queue_len: int = field(
         default=1024, metadata=_help("Most requests waiting for admission; more are rejected (HTTP 429).")
     )
@@ -107,7 +122,8 @@ class EngineConfig:
         metadata=_help(
             'Speculative decoding as vLLM configures it, a JSON object: {"method": "ngram", '
             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
-            '"disable_by_batch_size": 8}. Off when unset.'
+            '"disable_by_batch_size": 8}, or a small draft model that shares the tokenizer: '
+            '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}. Off when unset.'
         ),
     )
     enforce_eager: bool = field(
@@ -137,6 +153,8 @@ class EngineConfig:
             _check_int(self, "max_model_len", 1)
         if self.max_tokens_in_paged_kv_cache is not None:
             _check_int(self, "max_tokens_in_paged_kv_cache", self.block_size)
+        if self.long_prefill_token_threshold is not None:
+            _check_int(self, "long_prefill_token_threshold", 0)
         _check_int(self, "max_queue_len", 0)
         _check_int(self, "tensor_parallel_size", 1)
         _check_int(self, "seed", 0)
@@ -150,7 +168,10 @@ class EngineConfig:
                 raise ValueError("speculative_config must be a JSON object given as text.")
             from inflight.runtime.speculative import parse_speculative_config
 
-            parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
+            spec = parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
+            if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
+                raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
+                                 "is not split across devices yet); use method ngram with tensor parallelism")
         for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
@@ -161,6 +182,12 @@ class EngineConfig:
         if unknown:
             raise ValueError(f"unknown engine config field(s): {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)
+
+    def prefill_token_cap(self) -> int | None:
+        """The ``long_prefill_token_threshold`` in force (its default resolved); None: no cap."""
+        if self.long_prefill_token_threshold is None:
+            return max(1, self.max_num_tokens // 8) if self.scheduler_policy == "fair" else None
+        return self.long_prefill_token_threshold or None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -2,7 +2,7 @@
 
 On a few CPU cores a decode step is ~100 small ops (norms, activations, attention, and
 matmuls of a few rows); with an OpenMP team per op every op pays a fork and a join, and with
-passive waits (which the server needs, see ``model_runner.cpu_thread_counts``) each join
+passive waits (which the server needs, see ``device_setup.cpu_thread_counts``) each join
 wakes a sleeping thread. Decode rows do not interact inside a step, so the batch can be cut
 in two (or more) lanes that each run the whole model on their rows in a thread of their own,
 single-threaded: one join per step instead of one per op. torch and the native kernels drop

@@ -5,7 +5,10 @@ the anonymous tenant ""). Each tenant has a service count: every token the sched
 its requests (prompt chunks and decodes), so a tenant with long prompts pays for them. The
 waiting request of the tenant with the least service boards first (priorities, then arrival,
 order requests within a tenant); a tenant that becomes active starts at the least service of
-the active tenants, so an idle spell earns no burst credit (start-time fair queuing). When
+the active tenants before the step in flight charged them (start-time fair queuing: the start
+tag of the work in service), so an idle spell earns no burst credit and the newcomer goes
+ahead of the tenants whose step is running now. While a tenant's request can board, the more
+served tenants' prompt tokens sit that step out (:meth:`FairShare.yielding`). When
 every slot is taken, a tenant below its share of slots (``max_num_sequences`` / active
 tenants) may take one from the tenant furthest above its share (its newest request is
 preempted and recomputed later). The waiting queue is shared the same way: a tenant holding
@@ -27,12 +30,17 @@ class FairShare:
     def __init__(self) -> None:
         self.served: dict[str, int] = {}  # active tenants only: memory bounded by the queue
         self.active: Counter[str] = Counter()  # unfinished requests per tenant
+        self._step_charged: Counter[str] = Counter()  # charged since the last begin_step
+
+    def begin_step(self) -> None:
+        """A step is being scheduled: its charges are the work in service until the next."""
+        self._step_charged.clear()
 
     def add(self, tenant: str) -> None:
         """A request of ``tenant`` arrived; a tenant becoming active starts at the least
-        service of the active ones."""
+        service of the active ones before the step in flight."""
         if self.active[tenant] == 0:
-            self.served[tenant] = min(self.served.values(), default=0)
+            self.served[tenant] = min((s - self._step_charged[t] for t, s in self.served.items()), default=0)
         self.active[tenant] += 1
 
     def remove(self, tenant: str) -> None:
@@ -41,14 +49,22 @@ class FairShare:
         if self.active[tenant] <= 0:
             del self.active[tenant]
             self.served.pop(tenant, None)
+            self._step_charged.pop(tenant, None)
 
     def charge(self, tenant: str, num_tokens: int) -> None:
         if tenant in self.served:
             self.served[tenant] += num_tokens
+            self._step_charged[tenant] += num_tokens
 
     def order_key(self, req: Request) -> tuple[int, int, int]:
         """Least-served tenant first; then priority; then arrival."""
         return (self.served.get(req.tenant, 0), req.priority, req.arrival_seq)
+
+    def yielding(self, head: Request) -> frozenset[str]:
+        """Tenants served more than ``head``'s (the waiting request that boards first): their
+        prompt tokens sit out a step in which ``head`` can board, so its step stays short."""
+        least = self.served.get(head.tenant, 0)
+        return frozenset(t for t, s in self.served.items() if s > least)
 
     @staticmethod
     def slot_victim(candidate: Request, running: list[Request], max_num_sequences: int,

@@ -35,15 +35,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def release_window(spec: ModelSpec) -> int | None:
+def release_window(*specs: ModelSpec) -> int | None:
     """The window (tokens) beyond which a request's blocks may be released, or None.
 
-    The model's ``sliding_window`` when every layer is windowed; None when any layer attends
-    to the whole context (it may read every block, and the block table is shared by all layers).
+    The models' (the served one's, and a draft model's that reads the same blocks) largest
+    ``sliding_window`` when every layer of each is windowed; None when any layer attends to
+    the whole context (it may read every block, and the block table is shared by all layers).
     """
-    if spec.sliding_window is None or set(spec.sliding_layers) != set(range(spec.num_layers)):
-        return None
-    return spec.sliding_window
+    windows = []
+    for spec in specs:
+        if spec.sliding_window is None or set(spec.sliding_layers) != set(range(spec.num_layers)):
+            return None
+        windows.append(spec.sliding_window)
+    return max(windows, default=None)
 
 
 class KVCacheManager:
@@ -139,10 +143,11 @@ class KVCacheManager:
         self.prefix_cache_hits += num_hit_tokens
 
     def cache_computed_blocks(self, req: Request) -> None:
-        """Register the blocks that are now full of computed tokens in the prefix cache."""
+        """Register the blocks that are now full of computed tokens in the prefix cache (with a
+        draft model, only once its KV fills them too: ``Request.draft_kv_lag``)."""
         if not self.pool.enable_prefix_caching:
             return
-        num_full = req.num_computed_tokens // self.block_size
+        num_full = (req.num_computed_tokens - req.draft_kv_lag) // self.block_size
         if num_full <= req.num_cached_blocks:
             return
         bs = self.block_size

@@ -1,7 +1,7 @@
 """What ``inflight serve`` checks before anything heavy, each problem one line: the host and port
 (range, resolution, in use), the model directory (a GGUF file converted once; an overlay for
 ``--tokenizer`` / ``--chat-template``), its tokenizer and template, ``--max-model-len`` against
-the model's, and a KV cache smaller than one full-length sequence (also after the engine
+the model's, a draft model against it (``draft_checks``), and a KV cache smaller than one full-length sequence (also after the engine
 loads, in the engine-core process). Knows nothing about argparse beyond reading ``args``.
 """
 
@@ -88,6 +88,10 @@ def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Call
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ValueError(f"--max-model-len {config.max_model_len} is longer than the model supports ({limit}, "
                          f"its max_position_embeddings in {model_dir}/config.json); lower it or leave it unset")
+    from inflight.runtime.draft_checks import check_draft_model, draft_model_dir
+
+    if draft_model_dir(config) is not None:  # speculation with a draft model: it must match this one
+        check_draft_model(served, config)
     if config.num_kv_blocks is not None:
         known = SimpleNamespace(config=config, max_model_len=config.max_model_len or limit)
         refusal = kv_cache_problem(known)

@@ -114,13 +114,6 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
-    def speculable(self) -> bool:
-        """Proposals can be verified for this request: nothing but temperature and the top-k /
-        top-p / min-p filters shapes its distribution (no penalties, bias, grammar, logprobs)."""
-        return (not self.needs_penalties and not self.logit_bias and self.structured is None
-                and self.logprobs is None)
-
-    @property
     def needs_penalties(self) -> bool:
         return (
             self.presence_penalty != 0.0

@@ -1,27 +1,36 @@
 """The iteration-level scheduler: which requests run in the next step, and how many tokens each.
 
 Every step gets a token budget (``max_num_tokens``). Running requests go first (a decode
-costs one token, an unfinished prompt its next chunk), then waiting requests in policy
+costs one token, an unfinished prompt its next chunk; a request parked while its grammar's
+token mask is filled sits out), then waiting requests in policy
 order while the budget, ``max_num_sequences`` and free KV blocks allow. When blocks run
 out, running requests are preempted by recompute: the most recently admitted first, or under
 ``priority`` the lowest priority (highest ``priority`` value) first. ``fair`` shares slots
 and admissions between tenants by tokens served (:mod:`inflight.runtime.fairness`).
 ``static`` is the naive baseline: it admits a batch only when nothing is running.
 
+A chunked prompt puts at most ``long_prefill_token_threshold`` tokens into one step (vLLM's
+knob; off by default). Under ``fair`` the cap is per tenant (all its prompt chunks of the step
+together; by default an eighth of the budget): a tenant with many long prompts cannot fill a
+step, so one arriving behind it waits for a short step and boards with its prompt beside at
+most that much of the other's.
+
 On a model whose every layer is windowed, each step first gives back the running requests'
 blocks that fell wholly outside the window (:meth:`KVCacheManager.release_out_of_window`), so
 they are free for this step's allocations and admissions.
 
 With speculative decoding on, a decoding request whose parameters allow it (and while fewer
-than ``disable_by_batch_size`` requests run) gets n-gram proposals: its chunk is its last
-token plus up to ``num_speculative_tokens`` draft tokens, each costing one token of the
-budget and a KV slot; the engine keeps what the model agrees with.
+than ``disable_by_batch_size`` requests run) speculates: its chunk is its last token plus up
+to ``num_speculative_tokens`` draft tokens, each costing one token of the budget and a KV
+slot; the engine keeps what the model agrees with. N-gram drafts are proposed here; a draft
+model's are proposed by the engine just before the forward (the chunk says how many).
 
 Imports no torch; knows nothing about the model or sampling.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from inflight.runtime.config import EngineConfig
@@ -39,6 +48,14 @@ class ScheduledChunk:
     num_tokens: int
     sample: bool  # this chunk completes the known tokens, so a new token is sampled
     draft_token_ids: tuple[int, ...] = ()  # proposals after the last known token (num_tokens = 1 + len)
+    # Draft-model speculation: how many drafts the engine has the draft model propose before
+    # the forward (num_tokens = 1 + this); draft_token_ids is empty until it fills them in.
+    num_model_drafts: int = 0
+
+    @property
+    def speculative(self) -> bool:
+        """The request's last token plus drafts (the chunk advances once its tokens are verified)."""
+        return bool(self.draft_token_ids) or self.num_model_drafts > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +82,9 @@ class Scheduler:
         self._admissions = 0
         self.spec = parse_speculative_config(config.speculative_config)
         self.fair = FairShare() if config.scheduler_policy == "fair" else None
+        self._prefill_cap: int | None = None  # the long-prefill cap of this step
+        self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant
+        self._yielding: frozenset[str] = frozenset()  # fair: tenants whose prompts sit this step out
 
     # -- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -105,11 +125,17 @@ class Scheduler:
     # -- one step -----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_tokens
+        self._prefill_cap = self.config.prefill_token_cap()  # the config is live-tunable
+        self._step_prefill.clear()
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
         for req in self.running:
             self.kv.release_out_of_window(req)
-        yielded = self._rebalance_slots() if self.fair is not None else []
+        yielded: list[Request] = []
+        if self.fair is not None:
+            self.fair.begin_step()
+            yielded = self._rebalance_slots()
+        self._yielding = self._fair_yielding()
         budget = self._schedule_running(budget, chunks, preempted)
         admitted: list[Request] = []
         if not preempted and self._may_admit():
@@ -138,30 +164,51 @@ class Scheduler:
         return yielded
 
     def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
-        """Tokens of ``req`` to run now: all ``remaining``, or a chunk when chunking applies; 0 = wait."""
+        """Tokens of ``req`` to run now: all ``remaining``, or a chunk when chunking applies (no
+        more than the long-prefill cap leaves); 0 = wait."""
         # Recompute after preemption is always chunked: it resumes work already accepted.
+        if remaining > 1 and req.tenant in self._yielding:
+            return 0
         if self.config.enable_chunked_context or req.num_preemptions > 0:
-            return min(remaining, budget)
+            room = self._prefill_room(req) if remaining > 1 else budget
+            return max(0, min(remaining, budget, room))
         return remaining if remaining <= budget else 0
+
+    def _may_prefill(self, req: Request) -> bool:
+        """Whether ``req``'s tenant may put prompt tokens into this step (fair: it does not
+        yield, and it has room left under the long-prefill cap when its prompt is chunked)."""
+        if req.tenant in self._yielding:
+            return False
+        chunked = self.config.enable_chunked_context or req.num_preemptions > 0
+        return not chunked or self._prefill_room(req) > 0
+
+    def _prefill_room(self, req: Request) -> int:
+        """Prompt tokens ``req`` may still put into this step: the long-prefill cap, or under
+        the fair policy what its tenant has left of it (the budget when there is no cap)."""
+        cap = self._prefill_cap
+        if cap is None:
+            return self.config.max_num_tokens
+        return cap - self._step_prefill[req.tenant] if self.fair is not None else cap
 
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
         speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
-        yield_below = self._fair_yield_threshold()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.parked:  # its grammar's mask is not ready: it sits this step out
+                i += 1
+                continue
             num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
-            if num_new == 0 or (num_new > 1 and yield_below is not None
-                                and self.fair.served.get(req.tenant, 0) > yield_below):  # type: ignore[union-attr]
-                i += 1  # fair: this prompt chunk waits while a less-served tenant boards
+            if num_new == 0:  # no room, or (fair) its prompt waits while a less-served tenant boards
+                i += 1
                 continue
             if speculate and num_new == 1:
-                drafts = self._propose(req, budget - 1)
-                if drafts and self.kv.allocate_slots(req, 1 + len(drafts)):
-                    chunks.append(ScheduledChunk(req, 1 + len(drafts), True, tuple(drafts)))
-                    budget -= 1 + len(drafts)
+                drafted = self._speculative_chunk(req, budget - 1)
+                if drafted is not None and self.kv.allocate_slots(req, drafted.num_tokens):
+                    chunks.append(drafted)
+                    budget -= drafted.num_tokens
                     i += 1
                     continue
             while not self.kv.allocate_slots(req, num_new):
@@ -177,30 +224,38 @@ class Scheduler:
             i += 1
         return budget
 
-    def _fair_yield_threshold(self) -> int | None:
-        """Fair policy: the service of the least-served waiting tenant when it can board this
-        step (a slot is free); running prompt chunks of more-served tenants then leave it the
-        step's budget. None when nothing should yield."""
-        if self.fair is None or not self.waiting or len(self.running) >= self.config.max_num_sequences:
-            return None
-        return min(self.fair.served.get(r.tenant, 0) for r in self.waiting)
+    def _fair_yielding(self) -> frozenset[str]:
+        """Fair policy: the tenants whose prompt tokens (running chunks and admissions) sit
+        this step out because a less-served tenant's request can board (a slot and a block are
+        free): it boards ahead of them in a short step."""
+        fair = self.fair
+        if fair is None or not self.waiting or len(self.running) >= self.config.max_num_sequences:
+            return frozenset()
+        head = min(self.waiting, key=fair.order_key)
+        if self.kv.blocks_needed(head, 1) > self.kv.pool.num_free_blocks:
+            return frozenset()  # it cannot board now: yielding would only stall the others
+        return fair.yielding(head)
 
-    def _propose(self, req: Request, room: int) -> list[int]:
-        """N-gram drafts for a decoding request, never more than could be emitted (each step
-        emits the accepted drafts plus one token) or fit its context."""
+    def _speculative_chunk(self, req: Request, room: int) -> ScheduledChunk | None:
+        """A decoding request's last token plus drafts (n-gram proposals, or room for the draft
+        model's), never more than could be emitted (each step emits the accepted drafts plus
+        one token) or fit its context; None when it does not speculate this step."""
         spec = self.spec
         assert spec is not None
         p = req.params
-        if not p.speculable or req.num_output_tokens < p.min_tokens:
-            return []
+        if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
+            return None
         max_len = self.config.max_model_len or 0
         k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1,
                 max_len - req.num_tokens)  # fmt: skip
         if k <= 0:
-            return []
+            return None
+        if spec.method == "draft_model":
+            return ScheduledChunk(req, 1 + k, True, num_model_drafts=k)
         if req.ngram is None:
             req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        return req.ngram.propose(req.token_ids, k)
+        drafts = req.ngram.propose(req.token_ids, k)
+        return ScheduledChunk(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """A request not yet scheduled this step: the newest, or the lowest priority."""
@@ -230,7 +285,10 @@ class Scheduler:
         self.waiting.sort(key=self._policy_key)
         while self.waiting and len(self.running) < self.config.max_num_sequences:
             if self.fair is not None:  # service changes as requests board: pick again each time
-                head = min(self.waiting, key=self._policy_key)
+                # (among tenants with room left under the long-prefill cap)
+                head = min(filter(self._may_prefill, self.waiting), key=self._policy_key, default=None)
+                if head is None:
+                    break
                 self.waiting.remove(head)
                 self.waiting.insert(0, head)
             if budget == 0 and not static:
@@ -262,6 +320,7 @@ class Scheduler:
                     self.fair.charge(req.tenant, num_new)
         return budget
 
-    @staticmethod
-    def _chunk(req: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
+        if req.num_tokens - req.num_computed_tokens > 1:  # a prompt chunk (or a recompute)
+            self._step_prefill[req.tenant] += num_new
         return ScheduledChunk(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)

@@ -1,13 +1,16 @@
 """Speculative decoding: the config (vLLM's ``--speculative-config``) and the n-gram proposer.
 
-Prompt lookup (``"method": "ngram"``): the last ``n`` tokens of a sequence (``n`` from
-``prompt_lookup_max`` down to ``prompt_lookup_min``) are looked up in the sequence's own
-earlier tokens, and the ``num_speculative_tokens`` tokens that followed the latest earlier
-occurrence are proposed. The proposals ride in the normal batch as extra query tokens of the
-sequence (see the scheduler) and the engine keeps the longest prefix the target model agrees
-with (``inflight.runtime.spec_verify``). Each sequence keeps an index from every n-gram to
+Two methods propose the drafts. Prompt lookup (``"method": "ngram"``): the last ``n`` tokens
+of a sequence (``n`` from ``prompt_lookup_max`` down to ``prompt_lookup_min``) are looked up
+in the sequence's own earlier tokens, and the ``num_speculative_tokens`` tokens that followed
+the latest earlier occurrence are proposed; each sequence keeps an index from every n-gram to
 where its latest earlier occurrence continues, updated as tokens are added, so a proposal
-costs a few dictionary lookups. Imports no torch; knows nothing about the model.
+costs a few dictionary lookups. A draft model (``"method": "draft_model"``, ``"model": DIR``;
+as in vLLM, ``"model"`` without ``"method"`` means a draft model): a small model sharing the
+target's vocabulary proposes them (:mod:`inflight.runtime.draft_proposer`). Either way the
+proposals ride in the normal batch as extra query tokens of the sequence (see the scheduler)
+and the engine keeps what the target model agrees with (:mod:`inflight.runtime.spec_verify`).
+Imports no torch; knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
+NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spelling of n-gram as a "model"
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 
 
@@ -31,11 +35,18 @@ class SpeculativeConfig:
     # Speculation pays while decode is bound by reading the weights; with this many running
     # sequences or more the batch already amortizes them, and a step speculates for none.
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    model: str | None = None  # draft_model: the draft model's directory (it shares the target's tokenizer)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {', '.join(METHODS)} (got {self.method!r}); "
-                             "a draft model is not supported yet")
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)} (got {self.method!r}).")
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError('speculative method "draft_model" needs "model": the directory of a draft model '
+                             "that shares the target's tokenizer, e.g. "
+                             '{"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 4}')
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError(f'speculative "model" ({self.model!r}) names a draft model, which method "ngram" '
+                             'does not use; use "method": "draft_model" or leave "model" out')
         for name, low in (("num_speculative_tokens", 1), ("prompt_lookup_min", 1), ("disable_by_batch_size", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -63,6 +74,10 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"unknown speculative_config key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if raw.get("model") in NGRAM_MODEL_NAMES and raw.get("method", "ngram") == "ngram":
+        raw = {**raw, "method": "ngram", "model": None}
+    elif "method" not in raw and raw.get("model") is not None:  # vLLM: a model without a method is a draft
+        raw = {**raw, "method": "draft_model"}
     return SpeculativeConfig(**raw)
 
 

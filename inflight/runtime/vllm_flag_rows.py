@@ -8,6 +8,7 @@ kinds of answer are ``vllm_flag_kinds``; queries and the doc table are ``vllm_fl
 
 from __future__ import annotations
 
+from inflight.runtime.config import KERNEL_BACKENDS
 from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.vllm_flag_kinds import (
             VllmFlag,
@@ -29,7 +30,7 @@ MOE = ("mixture-of-experts layers shard each expert's intermediate dimension ove
 MAMBA = "no Mamba or hybrid models here"
 MM = "no multi-modal inputs here"
 LORA = "no LoRA adapters here"
-KERNELS = "inflight runs its own kernels (--kernel-backend auto|triton|torch|cpu)"
+KERNELS = f"inflight runs its own kernels (--kernel-backend {'|'.join(KERNEL_BACKENDS)})"
 GRAPHS = ("no torch.compile; decode steps run as CUDA graphs of inflight's own batch sizes "
           "(--enforce-eager turns them off; docs/gpu.md)")
 TLS = "no TLS in the server: terminate it at a proxy or the Kubernetes ingress"
@@ -322,7 +323,9 @@ SCHEDULER_FLAGS: tuple[VllmFlag, ...] = (
     alias("--max-num-seqs", "--max-num-sequences", "Live-tunable."),
     notice("--max-num-partial-prefills", SCHEDULER),
     notice("--max-long-partial-prefills", SCHEDULER),
-    notice("--long-prefill-token-threshold", SCHEDULER),
+    alias("--long-prefill-token-threshold", "--long-prefill-token-threshold",
+          "Caps a chunked prompt's tokens per step; 0 turns the cap off. Under --scheduler-policy fair it caps "
+          "one tenant's prompt tokens per step and defaults to --max-num-tokens / 8."),
     alias("--scheduling-policy", "--scheduler-policy", "inflight also has fair and static; a request's "
           "priority is refused (400) under fcfs and static."),
     alias("--enable-chunked-prefill", "--enable-chunked-context", "On by default.", 0, negatable=True),
@@ -345,9 +348,9 @@ COMPILATION: tuple[VllmFlag, ...] = (
 
 ENGINE: tuple[VllmFlag, ...] = (
     alias(("--speculative-config", "-sc"), "--speculative-config",
-          "n-gram (prompt lookup) only; a draft model is refused."),
-    refused("--spec-method", "use --speculative-config '{\"method\": \"ngram\", ...}'"),
-    refused("--spec-model", "use --speculative-config; a draft model is not supported"),
+          "n-gram (prompt lookup), or a draft model that shares the tokenizer (method draft_model)."),
+    refused("--spec-method", "use --speculative-config '{\"method\": \"ngram\" or \"draft_model\", ...}'"),
+    refused("--spec-model", "use --speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'"),
     refused("--spec-tokens", "use --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": N}'"),
     refused("--kv-transfer-config", DISAGG),
     refused("--kv-events-config", DISAGG),

@@ -40,8 +40,10 @@ class FakeEngine:
         self.seq = 0
         self.requests: dict[str, Request] = {}
 
-    def add(self, req_id: str, prompt_len: int, max_tokens: int, priority: int = 0, token: int = 5) -> Request:
-        req = Request(req_id, [token] * prompt_len, SamplingParams(max_tokens=max_tokens), priority, 0.0, self.seq)
+    def add(self, req_id: str, prompt_len: int, max_tokens: int, priority: int = 0, token: int = 5,
+            tenant: str = "") -> Request:
+        req = Request(req_id, [token] * prompt_len, SamplingParams(max_tokens=max_tokens), priority, 0.0, self.seq,
+                      tenant)
         self.seq += 1
         self.requests[req_id] = req
         self.scheduler.add(req)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inflight.runtime import model_runner
+from inflight.runtime import device_setup
 
 
 @pytest.fixture
@@ -21,20 +21,20 @@ def four_cores(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_passive_waits_use_every_core_for_big_steps(four_cores: pytest.MonkeyPatch) -> None:
     four_cores.setenv("OMP_WAIT_POLICY", "passive")
-    assert model_runner.cpu_thread_counts() == (3, 4)
-    assert model_runner.cpu_threads() == 3
+    assert device_setup.cpu_thread_counts() == (3, 4)
+    assert device_setup.cpu_threads() == 3
 
 
 def test_spinning_waits_keep_a_core_free(four_cores: pytest.MonkeyPatch) -> None:
-    assert model_runner.cpu_thread_counts() == (3, 3)
+    assert device_setup.cpu_thread_counts() == (3, 3)
     four_cores.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert model_runner.cpu_thread_counts() == (3, 3)
+    assert device_setup.cpu_thread_counts() == (3, 3)
 
 
 def test_explicit_thread_count_wins(four_cores: pytest.MonkeyPatch) -> None:
     four_cores.setenv("OMP_WAIT_POLICY", "PASSIVE")
     four_cores.setenv("INFLIGHT_CPU_THREADS", "2")
-    assert model_runner.cpu_thread_counts() == (2, 2)
+    assert device_setup.cpu_thread_counts() == (2, 2)
 
 
 def test_runtime_import_sets_passive_waits_before_torch_loads() -> None:

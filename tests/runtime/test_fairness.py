@@ -87,7 +87,15 @@ def test_least_served_tenant_first_then_priority() -> None:
     fair.charge("b", 800)
     fair.remove("c")
     fair.add("c")
-    assert fair.served["c"] == 500
+    assert fair.served["c"] == 0  # the step in flight charged a and b: c starts where it began
+    fair.begin_step()
+    fair.remove("c")
+    fair.add("c")
+    assert fair.served["c"] == 500  # nothing charged since: the least service of the active
+    fair.charge("a", 300)  # a's chunk of the step now running
+    fair.remove("c")
+    fair.add("c")
+    assert fair.served["c"] == 500 and fair.served["a"] == 800  # c goes ahead of a's next chunk
 
 
 def test_slot_victim_is_the_newest_of_the_heaviest_tenant() -> None:

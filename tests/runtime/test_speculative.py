@@ -14,6 +14,7 @@ import torch
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
+from inflight.runtime.engine_core.protocol import EngineRequest
 from inflight.runtime.sampler import SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_verify import verify_greedy, verify_sampled
@@ -27,8 +28,12 @@ SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_looku
 
 @pytest.mark.parametrize(("text", "error"), [
     ('{"method": "ngram"}', None),
-    ('{"method": "draft_model", "model": "x"}', "unknown speculative_config key"),
-    ('{"method": "draft_model"}', "a draft model is not supported yet"),
+    ('{"method": "draft_model", "model": "/models/small"}', None),
+    ('{"model": "/models/small"}', None),  # vLLM: a model without a method is a draft model
+    ('{"method": "draft_model"}', 'method "draft_model" needs "model"'),
+    ('{"method": "ngram", "model": "/models/small"}', 'which method "ngram" does not use'),
+    ('{"method": "eagle", "model": "/models/small"}', "speculative method must be one of ngram, draft_model"),
+    ('{"method": "draft_model", "model": "x", "draft_tensor_parallel_size": 2}', "unknown speculative_config key"),
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
     ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max must be an integer >= prompt_lookup_min"),
     ("[1]", "must be a JSON object"),
@@ -92,6 +97,11 @@ def test_rejection_sampling_keeps_the_target_distribution() -> None:
         assert chi2 < 20.5, (drafts, chi2, counts.tolist(), expected.tolist())  # p = 0.001 at 4 dof
 
 
+# Engine knobs that force chunked prompts, preemption and prefix-cache hits.
+CASE_KNOBS = {"chunked": dict(max_num_tokens=24), "preemption": dict(num_kv_blocks=14, enable_prefix_caching=False),
+              "prefix-cache": dict(enable_prefix_caching=True)}  # fmt: skip
+
+
 def _engine(model_dir, spec: str | None, **knobs) -> LLMEngine:
     config = dict(device="cpu", dtype="float32", num_kv_blocks=128, max_num_tokens=256, speculative_config=spec)
     return LLMEngine.from_model_dir(model_dir, EngineConfig(**{**config, **knobs}))
@@ -139,8 +149,7 @@ def test_greedy_output_is_identical_with_speculation_on_and_off(model_factory, a
 @pytest.mark.parametrize("case", ["chunked", "preemption", "prefix-cache"])
 def test_greedy_identity_holds_with_chunking_preemption_and_prefix_hits(model_factory, case: str) -> None:
     model_dir = model_factory("llama")
-    knobs = {"chunked": dict(max_num_tokens=24), "preemption": dict(num_kv_blocks=14, enable_prefix_caching=False),
-             "prefix-cache": dict(enable_prefix_caching=True)}[case]  # fmt: skip
+    knobs = CASE_KNOBS[case]
     requests = _requests(1000)
     off_engine = _engine(model_dir, None, **knobs)
     on_engine = _engine(model_dir, SPEC, **knobs)
@@ -162,7 +171,7 @@ def test_stop_strings_eos_max_tokens_and_grammars_beside_speculation(model_facto
         (base[0][0], SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)),
         (base[1][0], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])),
         (base[2][0], SamplingParams(max_tokens=30, temperature=0.0)),  # may stop at EOS
-        (base[2][0], SamplingParams(max_tokens=12, temperature=0.0, structured=schema)),  # not speculated
+        (base[2][0], SamplingParams(max_tokens=12, temperature=0.0, structured=schema)),  # speculates under its masks
     ]
     off = _run(_engine(model_dir, None), requests)
     spec_engine = _engine(model_dir, SPEC)
@@ -218,25 +227,28 @@ def _spy_drafts(engine: LLMEngine) -> set[str]:
     def spy():  # noqa: ANN202 (the scheduler's own return type)
         out = schedule()
         drafted.clear()
-        drafted.update(c.request.req_id for c in out.chunks if c.draft_token_ids)
+        drafted.update(c.request.req_id for c in out.chunks if c.speculative)
         return out
 
     engine.scheduler.schedule = spy  # type: ignore[method-assign]
     return drafted
 
 
-def test_an_abort_while_speculating_leaks_nothing_and_leaves_the_others_alone(model_factory) -> None:
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_an_abort_while_speculating_leaks_nothing_and_leaves_the_others_alone(model_factory, method: str) -> None:
     """The victim shares its prompt's cached blocks with another request, holds KV slots of
     rejected drafts when aborted, and the others' greedy tokens stay those of a run without
     speculation and without the victim; a later request that reuses the victim's cached
-    prefix still gets the right tokens."""
+    prefix still gets the right tokens (with a draft model: the target as its own draft)."""
     model_dir = model_factory("llama")
+    spec = SPEC if method == "ngram" else json.dumps({"method": "draft_model", "model": str(model_dir),
+                                                      "num_speculative_tokens": 4, "disable_by_batch_size": 64})
     requests = _requests(1000)[:4]
     long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     knobs = dict(enable_prefix_caching=True)
     expected = _run(_engine(model_dir, None, **knobs), requests)
     after = _run(_engine(model_dir, None, **knobs), [(requests[1][0], long)])["0"]
-    engine = _engine(model_dir, SPEC, **knobs)
+    engine = _engine(model_dir, spec, **knobs)
     drafted = _spy_drafts(engine)
     engine.add_request("victim", requests[1][0], long)
     got: dict[str, list[int]] = {}
@@ -265,26 +277,28 @@ def test_n_choices_of_one_request_speculate_to_the_same_greedy_tokens(model_fact
     """A request with ``n`` choices is ``n`` engine requests added as one group: greedy, every
     choice equals the others and the run without speculation; seeded sampled choices each
     finish their length; nothing leaks."""
-    from inflight.runtime.engine_core.protocol import EngineRequest
 
     model_dir = model_factory("qwen3")
     prompt = _requests(1000)[2][0]
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     sampled = [SamplingParams(max_tokens=20, temperature=0.8, seed=7 + c, ignore_eos=True) for c in range(3)]
 
-    def run(spec: str | None) -> tuple[dict[str, tuple[int, ...]], LLMEngine]:
-        engine = _engine(model_dir, spec, enable_prefix_caching=True)
-        engine.add_requests([EngineRequest(f"g{c}", list(prompt), greedy) for c in range(4)])
-        engine.add_requests([EngineRequest(f"s{c}", list(prompt), p) for c, p in enumerate(sampled)])
-        tokens: dict[str, list[int]] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
-        assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-        return {k: tuple(v) for k, v in tokens.items()}, engine
-
-    off, _ = run(None)
-    on, engine = run(SPEC)
+    off, _ = run_choices(_engine(model_dir, None, enable_prefix_caching=True), prompt, greedy, sampled)
+    on, engine = run_choices(_engine(model_dir, SPEC, enable_prefix_caching=True), prompt, greedy, sampled)
     assert {on[f"g{c}"] for c in range(4)} == {off["g0"]} and len(off["g0"]) == 24
     assert all(len(on[f"s{c}"]) == 20 for c in range(3))
     assert engine.stats().spec_num_drafts > 0 and engine.stats().spec_num_accepted_tokens > 0
+
+
+def run_choices(engine: LLMEngine, prompt: list[int], greedy: SamplingParams,
+                sampled: list[SamplingParams]) -> tuple[dict[str, tuple[int, ...]], LLMEngine]:
+    """Four greedy choices (``g0``..) and the ``sampled`` ones (``s0``..) of one prompt, run to
+    the end: each choice's tokens, and the engine (its blocks checked for leaks)."""
+    engine.add_requests([EngineRequest(f"g{c}", list(prompt), greedy) for c in range(4)])
+    engine.add_requests([EngineRequest(f"s{c}", list(prompt), p) for c, p in enumerate(sampled)])
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
+    assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
+    return {k: tuple(v) for k, v in tokens.items()}, engine
