@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch
 
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+from inflight.runtime.draft_proposer import DraftProposer, load_runners
 from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_request, check_token_budget
@@ -44,11 +44,13 @@ from inflight.runtime.outputs import (
     RequestOutput,
     RequestRejectedError,
 )
+from inflight.runtime.parked import ParkedRequests
 from inflight.runtime.request import Request
 from inflight.runtime.sampler import Sampler
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from inflight.runtime.spec_verify import verify_greedy, verify_sampled
+from inflight.runtime.spec_grammar import plain_when_grammar_busy
+from inflight.runtime.spec_verify import verify_chunk
 from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
@@ -59,8 +61,10 @@ logger = logging.getLogger("inflight.engine")
 class LLMEngine:
     """See module docstring. Build with :meth:`from_model_dir`."""
 
-    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True,
+                 drafter: DraftProposer | None = None) -> None:
         self.runner = runner
+        self.drafter = drafter  # draft-model speculation: its proposer (runner and KV cache)
         self.detokenize = detokenize  # False in an engine-core process: see OutputProcessor
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
@@ -68,7 +72,8 @@ class LLMEngine:
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
         self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
-        self.kv = KVCacheManager(self.pool, config.block_size, release_window(runner.spec))
+        self.kv = KVCacheManager(self.pool, config.block_size,  # a draft model reads the same blocks
+                                 release_window(runner.spec, *([drafter.spec] if drafter else [])))
         self.scheduler = Scheduler(self.config, self.kv)
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(runner.device)
@@ -80,6 +85,7 @@ class LLMEngine:
         self._num_tokens_last_step = 0
         self._num_steps = 0
         self._spec = SpecStats()
+        self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
 
     @classmethod
     def from_model_dir(
@@ -100,10 +106,10 @@ class LLMEngine:
                 progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
             workers = WorkerGroup.start(model_dir, config)
         try:
-            runner = ModelRunner(model_dir, config, progress, tp=workers.tp if workers else None, workers=workers,
-                                 graph_backend=graph_backend)
+            runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
+                                           graph_backend)  # fmt: skip
             tokenizer = load_tokenizer(model_dir)
-            engine = cls(runner, tokenizer, config, detokenize)
+            engine = cls(runner, tokenizer, config, detokenize, drafter)
         except BaseException:
             if workers is not None:
                 workers.close()
@@ -113,8 +119,11 @@ class LLMEngine:
         return engine
 
     def close(self) -> None:
-        """Release what outlives the Python objects (tensor-parallel worker processes)."""
+        """Release what outlives the Python objects (tensor-parallel worker processes, mask threads)."""
+        self.sampler.masks.close()
         self.runner.close()
+        if self.drafter is not None:
+            self.drafter.close()
 
     # -- requests ---------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -191,6 +200,7 @@ class LLMEngine:
         self.scheduler.add(req)
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
+        self.parked.discard(req_id)
         return self.output_processor.finish(req_id, "abort")
 
     def has_unfinished_requests(self) -> bool:
@@ -201,20 +211,36 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the batch (forward + sample), process the tokens."""
+        """One iteration: schedule, run the batch (forward + sample), process the tokens.
+
+        A row whose grammar mask is late gets no token: its request is parked (it computed
+        all but its last position, which is recomputed once the mask is ready)."""
         self.runner.check_health()
+        settled = self.parked.settle()
         sched = self._schedule()
         if sched.is_empty:
-            return []
+            if not settled:
+                self.parked.wait()  # only parked requests are left: wait for a mask, briefly
+            return settled
         ran, failed, sampled = self._forward_and_sample(sched.chunks)
+        deferred = {id(s.chunk) for s in sampled if not s.token_ids}
         for chunk in ran:
-            if not chunk.draft_token_ids:  # a speculating chunk advances once its tokens are in
+            if chunk.speculative:  # a speculating chunk advances once its tokens are in
+                continue
+            if id(chunk) in deferred:
+                self._advance(chunk, chunk.num_tokens - 1)
+                self.parked.park(chunk.request, self.output_processor.matcher_of(chunk.request))
+            else:
                 self._advance(chunk, chunk.num_tokens)
-        return self.output_processor.process(sampled, failed, self._advance)
+        if deferred:
+            sampled = [s for s in sampled if s.token_ids]
+        outputs = self.output_processor.process(sampled, failed, self._advance)
+        self.parked.park_slow_grammars(s.chunk.request for s in sampled)
+        return settled + outputs
 
     def _schedule(self) -> SchedulerOutput:
-        """The step's batch, with the step counted and first-scheduled times stamped."""
-        sched = self.scheduler.schedule()
+        """The step's batch (a busy grammar's chunk without drafts), the step counted, times stamped."""
+        sched = plain_when_grammar_busy(self.scheduler.schedule(), self.output_processor.matcher_of)
         self._num_steps += 1
         self._num_tokens_last_step = sched.num_batched_tokens
         now = time.monotonic()
@@ -252,7 +278,8 @@ class LLMEngine:
 
         A retry after a failed batch may draw a sampled request's random numbers again, so
         only a failed step can change what a seeded request in it generates."""
-        batch = self.runner.prepare(chunks)
+        proposal = self.drafter.propose(chunks, self.output_processor.sampling_row) if self.drafter else None
+        batch = self.runner.prepare(proposal.chunks if proposal else chunks)
         rows = [self.output_processor.sampling_row(c.request) for c in batch.sampled_chunks]
         plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
         plain_rows = [rows[i] for i in plain]
@@ -263,23 +290,24 @@ class LLMEngine:
         logits = split.sampled
         if len(plain) == len(rows):  # no speculation this step: one row per chunk
             sampled = self.sampler.sample(logits, rows, masks)
-            return [SampledTokens(c, (t,), (lp,)) for c, t, lp in zip(batch.sampled_chunks, sampled.token_ids,
-                                                                      sampled.logprobs, strict=True)]  # fmt: skip
+            return [SampledTokens(c, (t,), (lp,)) if i not in sampled.deferred else SampledTokens(c, (), ())
+                    for i, (c, t, lp) in enumerate(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs,
+                                                       strict=True))]  # fmt: skip
         starts = split.starts
         index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
         sampled = self.sampler.sample(logits[index], plain_rows, masks)
         out: list[SampledTokens] = []
-        plain_out = iter(zip(sampled.token_ids, sampled.logprobs, strict=True))
+        plain_out = iter(enumerate(zip(sampled.token_ids, sampled.logprobs, strict=True)))
         for i, chunk in enumerate(batch.sampled_chunks):
             if not chunk.draft_token_ids:
-                token_id, logprob = next(plain_out)
-                out.append(SampledTokens(chunk, (token_id,), (logprob,)))
+                j, (token_id, logprob) = next(plain_out)
+                out.append(SampledTokens(chunk, (token_id,), (logprob,)) if j not in sampled.deferred
+                           else SampledTokens(chunk, (), ()))
                 continue
             block = logits[starts[i] : starts[i + 1]]
-            verify = verify_greedy if rows[i].params.greedy else partial(verify_sampled, row=rows[i])
-            tokens = tuple(verify(block, chunk.draft_token_ids))
+            tokens, logprobs = verify_chunk(block, chunk, rows[i], proposal.probs_of(chunk) if proposal else None)
             self._spec.record(len(chunk.draft_token_ids), len(tokens) - 1)
-            out.append(SampledTokens(chunk, tokens, (None,) * len(tokens)))
+            out.append(SampledTokens(chunk, tokens, logprobs))
         return out
 
     def _advance(self, chunk: ScheduledChunk, num_computed: int) -> None:

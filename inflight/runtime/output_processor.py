@@ -31,6 +31,7 @@ from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.sampler import SamplingRow
 from inflight.runtime.scheduler import ScheduledChunk
 from inflight.runtime.structured.manager import RequestMatcher
+from inflight.runtime.structured.mask_fills import MIN_GRACE_S as SLOW_ADVANCE_S
 from inflight.runtime.tenant_stats import TenantMeter
 
 logger = logging.getLogger("inflight.engine")
@@ -39,7 +40,7 @@ logger = logging.getLogger("inflight.engine")
 @dataclass(frozen=True, slots=True)
 class SampledTokens:
     """What one chunk emitted this step: one token, or a speculating chunk's accepted drafts
-    plus one (those carry no logprobs)."""
+    plus one, each with its logprob entry (None when the request asks for none)."""
 
     chunk: ScheduledChunk
     token_ids: tuple[int, ...]
@@ -116,10 +117,21 @@ class OutputProcessor:
             entries = span_logprobs(logits, req.prompt_token_ids, first, req.params.prompt_logprobs or 0)
             collected.extend(entries[len(collected) - first :])
 
-    def finish(self, req_id: str, reason: str) -> RequestOutput | None:
-        """Finish a live request now (``abort``, ``error``): its last output, or None if unknown."""
+    def finish(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
+        """Finish a live request now (``abort``, ``error`` with its message): its last output,
+        or None if unknown."""
         state = self._states.get(req_id)
-        return None if state is None else self._finish(state, reason, (), "")
+        return None if state is None else self._finish(state, reason, (), "", error)
+
+    def end(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
+        """End a live request between steps (its grammar completed, failed or ran out of
+        time) with the text its detokenizer still holds; None if unknown."""
+        state = self._states.get(req_id)
+        return None if state is None else self._output_after(state, (), reason, error)
+
+    def matcher_of(self, req: Request) -> RequestMatcher | None:
+        """``req``'s grammar state (None for a free request)."""
+        return self._states[req.req_id].matcher
 
     # -- one step ---------------------------------------------------------------------
     def process(
@@ -165,7 +177,9 @@ class OutputProcessor:
             if logprob is not None:
                 state.pending_logprobs.append(logprob)
             reason = self._stop_reason(req, token_id, state.detok is not None and state.detok.append(token_id))
-            if state.matcher is not None:
+            if state.matcher is not None and state.matcher.slow and reason is None and len(token_ids) == 1:
+                state.matcher.pending_token = token_id  # a slow grammar advances off the step, in its next fill
+            elif state.matcher is not None:
                 error = _grammar_error(req, state.matcher, token_id)
                 if error is not None:
                     reason = "error"
@@ -242,7 +256,11 @@ def _grammar_error(req: Request, matcher: RequestMatcher, token_id: int) -> str 
     very large choice list, so no mask constrained the draw) ends the request with an error:
     output that does not match the constraint must never finish as ``stop``.
     """
-    if matcher.accept(token_id):
+    started = time.thread_time()
+    accepted = matcher.accept(token_id)
+    if time.thread_time() - started > SLOW_ADVANCE_S:
+        matcher.slow = True  # later tokens advance it off the step (mask_fills)
+    if accepted:
         return None
     message = matcher.error_message()
     logger.warning("request %s: token %d does not match its grammar (%s); ending it with an error",

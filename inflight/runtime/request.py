@@ -58,6 +58,10 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.ngram: NgramIndex | None = None  # speculative decoding: this sequence's n-gram index
+        # Draft-model speculation: trailing computed positions whose draft-model KV is not written
+        # yet (0, or 1 after a step kept every draft); the next draft pass writes them.
+        self.draft_kv_lag = 0
+        self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,32 +2,31 @@
 
 Applies, per row: ``logit_bias``, repetition / presence / frequency penalties, min_tokens
 (EOS and stop tokens masked until reached), the grammar's token mask for constrained rows
-(structured outputs; free rows of the same batch are untouched; the masks are computed on
-worker threads while the forward pass runs, see :meth:`Sampler.prepare_masks`, and a row whose
-mask is later than ``mask_deadline_s`` has its grammar failed and may only end, so its request
-finishes with an error while the other rows go on), then greedy argmax or temperature + top_k + top_p + min_p and
-a draw from the request's own ``torch.Generator`` (so a seeded request gets the same tokens
-whatever else shares the batch). Log-probabilities (with top alternatives) come from the
-penalized distribution before temperature. Knows nothing about scheduling or the model.
-"""
+(structured outputs; free rows of the same batch are untouched), then greedy argmax or
+temperature + top_k + top_p + min_p and a draw from the request's own ``torch.Generator`` (so
+a seeded request gets the same tokens whatever else shares the batch). Log-probabilities
+(with top alternatives) come from the penalized distribution before temperature.
+
+Grammar masks are filled on worker threads while the forward pass runs
+(:meth:`Sampler.prepare_masks`, :mod:`inflight.runtime.structured.mask_fills`). The sampler
+waits a short grace for quick grammars' masks and never for a slow grammar's: a row whose mask
+is not ready is *deferred* (no token, no random draw), and the engine parks its request until
+the mask is. Knows nothing about scheduling or the model."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import llguidance.numpy as llnp
 import numpy as np
 import torch
 
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.structured.bitmask import MASK_DEADLINE_S, MAX_MASK_WORKERS, apply_bitmask, fill_row
+from inflight.runtime.structured.bitmask import apply_bitmask
 from inflight.runtime.structured.manager import RequestMatcher
-
-logger = logging.getLogger("inflight.sampler")
+from inflight.runtime.structured.mask_fills import MaskFill, MaskFiller, grace_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,19 +43,22 @@ class SamplingRow:
 
 @dataclass(frozen=True, slots=True)
 class PendingMasks:
-    """Grammar masks being filled for the constrained rows (their indices among the rows):
-    ``bitmask`` row j is ``row_indices[j]``'s, ready when ``fills[j]`` is done."""
+    """Grammar masks being filled for the constrained rows: ``fills[j]`` is row
+    ``row_indices[j]``'s. ``wait``: False to wait for each until it is done (no deferral)."""
 
     row_indices: tuple[int, ...]
-    bitmask: np.ndarray  # [len(row_indices), ceil(vocab / 32)] int32
-    fills: tuple[concurrent.futures.Future, ...]
-    started: float  # time.monotonic() when the fills were submitted
+    fills: tuple[MaskFill, ...]
+    started: float  # time.monotonic() when the fills were started (the forward pass began)
+    wait: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class SamplerOutput:
+    """``token_ids[i]`` is -1 for a row in ``deferred`` (its grammar mask was not ready)."""
+
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+    deferred: frozenset[int] = field(default_factory=frozenset)
 
 
 class Sampler:
@@ -64,40 +66,38 @@ class Sampler:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.mask_deadline_s = MASK_DEADLINE_S
+        self.masks = MaskFiller()
 
     def prepare_masks(self, rows: list[SamplingRow], vocab_size: int) -> PendingMasks | None:
-        """Start filling the constrained rows' grammar masks, one row per worker thread
-        (llguidance drops the GIL), so the work overlaps the forward pass; pass the result to
+        """Start filling the constrained rows' grammar masks (or keep the fills already under
+        way for them), so the work overlaps the forward pass; pass the result to
         :meth:`sample`. The matchers must not advance until then (they advance after sampling)."""
         constrained = [(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None and not r.matcher.failed]
         if not constrained:
             return None
-        if self._mask_pool is None:
-            self._mask_pool = concurrent.futures.ThreadPoolExecutor(MAX_MASK_WORKERS, thread_name_prefix="inflight-masks")
-        bitmask = llnp.allocate_token_bitmask(len(constrained), vocab_size)
-        fills = tuple(self._mask_pool.submit(fill_row, m, bitmask, j) for j, (_, m) in enumerate(constrained))
-        return PendingMasks(tuple(i for i, _ in constrained), bitmask, fills, time.monotonic())
+        fills = tuple(self.masks.fill(m, vocab_size) for _, m in constrained)
+        return PendingMasks(tuple(i for i, _ in constrained), fills, time.monotonic())
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None = None) -> SamplerOutput:
         """``logits``: ``[num_rows, vocab]`` float32, modified in place. ``masks``: from
-        :meth:`prepare_masks` for these rows (else the masks are computed here)."""
+        :meth:`prepare_masks` for these rows; rows whose mask is late are deferred. Without
+        ``masks`` the masks are computed here and waited for."""
         if not rows:
             return SamplerOutput([], [])
-        for i, row in enumerate(rows):
-            if row.params.logit_bias:
-                _apply_logit_bias(logits[i], row.params.logit_bias)
-            if row.params.needs_penalties:
-                _apply_penalties(logits[i], row)
-            if row.params.min_tokens and len(row.output_token_ids) < row.params.min_tokens:
-                banned = list(row.params.stop_token_ids)
-                if not row.params.ignore_eos:
-                    banned.extend(row.eos_token_ids)
-                if banned:
-                    logits[i, banned] = float("-inf")
-        self._apply_grammars(logits, rows, masks)
+        shape_logits(logits, rows)
+        deferred = self._apply_grammars(logits, rows, masks)
+        if deferred:
+            keep = [i for i in range(len(rows)) if i not in deferred]
+            part = self._draw(logits[keep], [rows[i] for i in keep]) if keep else SamplerOutput([], [])
+            token_ids: list[int] = [-1] * len(rows)
+            chosen: list[TokenLogprob | None] = [None] * len(rows)
+            for i, token_id, logprob in zip(keep, part.token_ids, part.logprobs, strict=True):
+                token_ids[i], chosen[i] = token_id, logprob
+            return SamplerOutput(token_ids, chosen, frozenset(deferred))
+        return self._draw(logits, rows)
+
+    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         logprobs = _logprobs(logits, rows)
         greedy = [r.params.greedy for r in rows]
         if all(greedy):
@@ -107,34 +107,36 @@ class Sampler:
         chosen = _chosen_logprobs(logprobs, token_ids)
         return SamplerOutput(token_ids, chosen)
 
-    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None) -> None:
-        """Mask each constrained row; a row whose mask is past the deadline gets its grammar
-        failed and may only end (EOS), so its request finishes with an error."""
+    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None) -> set[int]:
+        """Mask each constrained row whose mask is ready; the rows whose mask is not: deferred."""
         if masks is None:
             masks = self.prepare_masks(rows, logits.shape[-1])
             if masks is None:
-                return
-        timeout = max(0.0, masks.started + self.mask_deadline_s - time.monotonic())
-        concurrent.futures.wait(masks.fills, timeout=timeout)
-        ready = [j for j, f in enumerate(masks.fills) if f.done()]
+                return set()
+            masks = PendingMasks(masks.row_indices, masks.fills, masks.started, wait=True)
+        awaited = [f.future for f in masks.fills if not f.done and (masks.wait or not f.matcher.slow)]
+        if awaited:  # a slow grammar's mask is never waited for
+            timeout = None if masks.wait else grace_s(time.monotonic() - masks.started)
+            concurrent.futures.wait(awaited, timeout=timeout)
+        deferred: set[int] = set()
+        ready: list[int] = []
         for j, fill in enumerate(masks.fills):
-            if not fill.done():
-                self._end_late_row(logits, rows[masks.row_indices[j]], masks.row_indices[j])
-            elif fill.exception() is not None:
-                raise fill.exception()  # type: ignore[misc]
+            if not fill.done:
+                self.masks.late(fill)
+                deferred.add(masks.row_indices[j])
+                continue
+            exc = fill.future.exception()
+            if exc is not None:
+                raise exc
+            if fill.outcome != "ok":  # the grammar ended while advancing: the engine ends the request
+                deferred.add(masks.row_indices[j])
+                continue
+            self.masks.consume(fill)
+            ready.append(j)
         if ready:
-            apply_bitmask(logits, [masks.row_indices[j] for j in ready], masks.bitmask[ready])
-
-    def _end_late_row(self, logits: torch.Tensor, row: SamplingRow, index: int) -> None:
-        assert row.matcher is not None
-        row.matcher.fail(f"its structured-output constraint took longer than {self.mask_deadline_s:g} s to "
-                         "compute the allowed tokens for one step, the most one request may take; simplify it")
-        logger.warning("a grammar mask is past its %.3g s deadline; ending that request with an error",
-                       self.mask_deadline_s)
-        eos = list(row.eos_token_ids)
-        kept = logits[index, eos].clone()
-        logits[index] = float("-inf")
-        logits[index, eos] = kept
+            bitmask = np.concatenate([masks.fills[j].bitmask for j in ready])
+            apply_bitmask(logits, [masks.row_indices[j] for j in ready], bitmask)
+        return deferred
 
     def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
         dev = logits.device
@@ -151,6 +153,29 @@ class Sampler:
         argmax = logits.argmax(dim=-1)
         pick_greedy = torch.tensor(greedy, device=dev)
         return torch.where(pick_greedy, argmax, sampled).tolist()
+
+
+def shape_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Apply each row's ``logit_bias``, penalties (against its ``output_token_ids``) and
+    min_tokens ban to ``logits`` ``[len(rows), vocab]``, in place: the distribution the
+    logprobs are taken from, before grammar masks and temperature."""
+    for i, row in enumerate(rows):
+        if row.params.logit_bias:
+            _apply_logit_bias(logits[i], row.params.logit_bias)
+        if row.params.needs_penalties:
+            _apply_penalties(logits[i], row)
+        if row.params.min_tokens and len(row.output_token_ids) < row.params.min_tokens:
+            banned = list(row.params.stop_token_ids)
+            if not row.params.ignore_eos:
+                banned.extend(row.eos_token_ids)
+            if banned:
+                logits[i, banned] = float("-inf")
+
+
+def token_logprobs(logits: torch.Tensor, rows: list[SamplingRow], token_ids: list[int]) -> list[TokenLogprob | None]:
+    """The logprob entries (chosen token plus top alternatives) of ``token_ids[i]`` under
+    ``logits[i]`` (shaped and masked, before temperature), for the rows that ask for them."""
+    return _chosen_logprobs(_logprobs(logits, rows), token_ids)
 
 
 def _argmax(logits: torch.Tensor) -> list[int]:

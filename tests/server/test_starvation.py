@@ -1,4 +1,4 @@
-"""One client cannot starve the others: huge prompts are tokenized on a worker pool while
+"""One client cannot starve the others: huge bodies are decoded and their prompts tokenized on a worker pool while
 /health and small requests keep answering (checked by holding three 3.5 MiB prompts in the
 pool, never by timing the answers: how fast /health answers belongs to the benchmarks), and
 a client that stops reading its stream loses it and frees its KV blocks."""

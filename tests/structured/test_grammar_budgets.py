@@ -128,7 +128,7 @@ def test_a_late_mask_ends_its_request_and_the_batch_goes_on(model_dir: Path) -> 
     expected = _run(LLMEngine.from_model_dir(model_dir, config), requests)
     engine = LLMEngine.from_model_dir(model_dir, config)
     engine.structured._fault = GrammarFault("slow-mask", SLOW)  # noqa: SLF001 - the injected fault
-    engine.sampler.mask_deadline_s = 0.05
+    engine.parked.deadline_s = 0.05
     slow = SamplingParams(max_tokens=12, temperature=0.0, structured=StructuredOutputsParams.regex(f"{SLOW}x*"))
     try:
         got = _run(engine, {**requests, "slow": slow})
@@ -137,7 +137,7 @@ def test_a_late_mask_ends_its_request_and_the_batch_goes_on(model_dir: Path) -> 
     assert got["free"] == expected["free"] and got["constrained"] == expected["constrained"]
     slow_tokens, reason, error = got["slow"]
     assert reason == "error" and "took longer than 0.05 s" in (error or "")
-    assert len(slow_tokens) <= 1  # at most the EOS it was forced to
+    assert slow_tokens == []  # parked from its first token until the deadline ended it
     assert engine.scheduler.has_unfinished() is False and engine.stats().kv_cache_usage == 0
 
 
@@ -148,7 +148,7 @@ def test_the_server_refuses_a_slow_compile_and_a_late_mask_as_the_clients_error(
     client = openai.OpenAI(base_url=f"{llama_server.url}/v1", api_key="unused", max_retries=0)
     engine = llama_server.engine
     monkeypatch.setattr(engine.structured, "compile_deadline_s", 0.05)
-    monkeypatch.setattr(engine.sampler, "mask_deadline_s", 0.05)
+    monkeypatch.setattr(engine.parked, "deadline_s", 0.05)
     try:
         monkeypatch.setattr(engine.structured, "_fault", GrammarFault("slow-compile", SLOW))
         with pytest.raises(openai.BadRequestError) as info:

@@ -14,6 +14,7 @@ One line per module:
 * ``tool_requests`` the tools a chat request offers, forced-call schemas, tool calls in a history
 * ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``tool_stream`` / ``reasoning``  reading a chat reply
 * ``echo``         echo and prompt logprobs in completion bodies
+* ``compile_budget`` each client's allowance of grammar compile work (429 over it)
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
 * ``responses``    OpenAI response bodies, stream chunks, usage and logprobs layouts

@@ -9,13 +9,13 @@ Knows the engine only through ``engine.structured`` (the grammar compiler) and i
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inflight.runtime.server import echo
 from inflight.runtime.server.chat_output import ChatOutputPlan
+from inflight.runtime.server.compile_budget import CompileBudget
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.protocol import GenerationRequest
 from inflight.runtime.server.reasoning import THINK_START
@@ -61,14 +61,16 @@ def render_chat(tokenizer: Any, req: GenerationRequest) -> list[int]:
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=bool(features.add_special_tokens))]
 
 
-async def compile_constraint(engine: Any, req: GenerationRequest) -> None:
+async def compile_constraint(engine: Any, req: GenerationRequest, budget: CompileBudget, client: str) -> None:
     """Compile the request's grammar in the compiler's worker pool (cached), so adding the
-    request later costs the engine loop a copy only. 400 naming the field when it is invalid."""
+    request later costs the engine loop a copy only. 400 naming the field when it is invalid;
+    429 when ``client`` is over its compile allowance (``budget``)."""
     structured = req.params.structured
     if structured is None:
         return
     try:
-        await asyncio.wrap_future(engine.structured.submit(structured))
+        await budget.compile(client, lambda: engine.structured.submit(structured),
+                             lambda: engine.structured.known(structured))
     except ValueError as exc:
         raise bad_request(str(exc), req.features.constraint_param) from None
 

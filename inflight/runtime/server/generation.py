@@ -65,6 +65,7 @@ MAX_SEQUENCES_PER_REQUEST = 256
 # serialized while every other client waits. An entry is ~20-60 bytes of JSON (a chat
 # top_logprobs entry ~60), so 2**21 entries keep the largest response near 40-120 MiB.
 MAX_RESPONSE_ENTRIES = 2**21
+INLINE_RESPONSE_TOKENS = 4096  # a non-streamed answer with more tokens is built off the event loop
 
 
 Decorate = Callable[[dict[str, Any], list[ChoiceState]], None]  # echo / prompt logprobs into a body
@@ -201,7 +202,7 @@ async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamR
                 return await _stream(request, state, job, group)
             async for out in group:
                 _record(state, job, out)
-            return web.json_response(_body(job))
+            return await _json_response(state, job)
     except RequestRejectedError as exc:
         job.outcome = "rejected"
         raise from_rejection(exc, "messages" if job.req.is_chat else "prompt") from None
@@ -326,6 +327,18 @@ def _record(state: ServerState, job: Job, out: RequestOutput) -> None:
     if out.finished:
         times = out.times or RequestTimes(arrival=job.arrival, first_token=job.first_token_at, finished=now)
         state.metrics.observe_finished(out.finish_reason or "abort", out.num_output_tokens, times)
+
+
+async def _json_response(state: ServerState, job: Job) -> web.Response:
+    """The non-streamed answer, built and serialized on the worker pool when it is large (many
+    tokens, or any logprobs), so a big response does not hold up the event loop's other clients."""
+    params = job.engine_requests[0].params if job.engine_requests else None
+    tokens = sum(c.num_output_tokens for c in job.choices.values())
+    if (params is None or (params.logprobs is None and params.prompt_logprobs is None)) \
+            and tokens <= INLINE_RESPONSE_TOKENS:
+        return web.json_response(_body(job))
+    text = await state.in_pool(lambda: json.dumps(_body(job)))
+    return web.Response(text=text, content_type="application/json")
 
 
 def _body(job: Job) -> dict[str, Any]:

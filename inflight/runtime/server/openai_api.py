@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
@@ -23,6 +24,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.server import auth, chat_support, generation
+from inflight.runtime.server.compile_budget import client_key
 from inflight.runtime.server.errors import (
     bad_request,
     body_too_large,
@@ -43,15 +45,20 @@ MAX_JSON_DEPTH = 64
 # millisecond per KiB); bigger ones go to the worker pool, so they neither block the loop nor
 # make small requests queue behind them.
 INLINE_BODY_BYTES = 16 * 1024
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
-async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.0) -> Any:
+async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.0,
+                    offload: Offload | None = None) -> Any:
     """The request body as JSON: 413 past ``max_bytes``, 408 past ``timeout_s``, else 400
-    for anything that is not a JSON document of valid Unicode nested at most ``MAX_JSON_DEPTH``."""
-    return (await read_json_sized(request, max_bytes, timeout_s))[0]
+    for anything that is not a JSON document of valid Unicode nested at most ``MAX_JSON_DEPTH``.
+    ``offload(fn)``: run the decoding of a body over ``INLINE_BODY_BYTES`` there (a worker
+    pool), not on the event loop."""
+    return (await read_json_sized(request, max_bytes, timeout_s, offload))[0]
 
 
-async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float) -> tuple[Any, int]:
+async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float,
+                          offload: Offload | None = None) -> tuple[Any, int]:
     """:func:`read_json` plus the body's size in bytes."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise body_too_large(max_bytes)
@@ -67,6 +74,12 @@ async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float
                           f"(check Content-Encoding and Transfer-Encoding)") from None
     if len(raw) > max_bytes:
         raise body_too_large(max_bytes)
+    if offload is not None and len(raw) > INLINE_BODY_BYTES:
+        return await offload(lambda: _decode_json(raw)), len(raw)
+    return _decode_json(raw), len(raw)
+
+
+def _decode_json(raw: bytes) -> Any:
     try:
         body = json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259); json.loads(bytes) would guess
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -78,7 +91,7 @@ async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float
     except MemoryError:
         raise too_large_to_process(f"the request body ({len(raw)} bytes of JSON)") from None
     _check_json_value(body)
-    return body, len(raw)
+    return body
 
 
 def _check_json_value(body: Any) -> None:
@@ -146,7 +159,7 @@ async def _completion_job(request: web.Request, state: ServerState) -> generatio
         prompt_ids = await _off_loop(state, size, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
-    await chat_support.compile_constraint(engine, req)
+    await chat_support.compile_constraint(engine, req, state.compile_budget, client_key(request))
     req = chat_support.expand_best_of(req)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
@@ -168,7 +181,7 @@ async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
     _check_priority(request, state, req.priority)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
-    await chat_support.compile_constraint(engine, req)
+    await chat_support.compile_constraint(engine, req, state.compile_budget, client_key(request))
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await _off_loop(state, size, lambda: generation.plan(
@@ -182,7 +195,8 @@ def _check_priority(request: web.Request, state: ServerState, priority: int) -> 
 
 
 async def _read_body(request: web.Request, state: ServerState) -> tuple[Any, int]:
-    return await read_json_sized(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
+    return await read_json_sized(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s,
+                                 lambda fn: _off_loop(state, INLINE_BODY_BYTES + 1, fn))
 
 
 def _encode(engine: Any, prompt: str, add_special_tokens: bool) -> list[int]:

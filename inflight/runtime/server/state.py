@@ -19,8 +19,10 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from inflight.runtime.config import DRAIN_TIMEOUT_S
 from inflight.runtime.generation_defaults import SamplingDefaults
-from inflight.runtime.server.engine_client import EngineClient
+from inflight.runtime.server.compile_budget import CompileBudget
+from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineClient
 from inflight.runtime.server.metrics import ServerMetrics
 from inflight.runtime.server.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
 from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
@@ -55,14 +57,14 @@ class ServerSettings:
 
     model_name: str
     api_key: str | None = None
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = float(DRAIN_TIMEOUT_S)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     admin_api_key: str | None = None
     engine_stall_timeout_s: float = 300.0
     keepalive_timeout_s: float = 75.0
     request_read_timeout_s: float = 60.0
     stream_write_timeout_s: float = 60.0
-    max_stream_backlog: int = 4096
+    max_stream_backlog: int = DEFAULT_MAX_BACKLOG
     tokenizer_workers: int = 2
     max_pending_tokenizations: int = 64
     enable_auto_tool_choice: bool | None = None
@@ -109,6 +111,7 @@ class ServerState:
         self.settings = settings
         self.engine = engine
         self.metrics = metrics
+        self.compile_budget = CompileBudget()  # each client's allowance of grammar compile time
         self.draining = False
         self.num_in_flight = 0
         self.tasks: set[asyncio.Task[object]] = set()  # handlers in flight, cancelled at drain timeout

@@ -32,7 +32,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     from inflight.runtime.server.openai_api import read_json
 
     state = request.app[STATE]
-    body = await read_json(request, state.settings.max_body_bytes)
+    body = await read_json(request, state.settings.max_body_bytes, offload=state.in_pool)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")

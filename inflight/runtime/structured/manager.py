@@ -75,15 +75,21 @@ class RequestMatcher:
 
     ``fail(reason)`` ends it from outside (a token mask past its deadline); after that the
     llguidance matcher is never touched again from here (a worker may still be using it).
-    ``stall``: set by an injected ``slow-mask`` fault (tests only)."""
+    ``stall``: set by an injected ``slow-mask`` fault (tests only). ``fill``: the token mask
+    being filled for the next position; ``slow``: its last mask was late or an advance was
+    costly; ``pending_token``: a slow grammar's sampled token, consumed by its next fill, off
+    the step (all three kept by :mod:`inflight.runtime.structured.mask_fills`)."""
 
-    __slots__ = ("matcher", "failed", "failure", "stall")
+    __slots__ = ("matcher", "failed", "failure", "stall", "fill", "slow", "pending_token")
 
     def __init__(self, matcher: llguidance.LLMatcher, stall: threading.Event | None = None) -> None:
         self.matcher = matcher
         self.failed = False
         self.failure: str | None = None
         self.stall = stall
+        self.fill: object | None = None
+        self.slow = False
+        self.pending_token: int | None = None
 
     def accept(self, token_id: int) -> bool:
         """Advance past ``token_id``; False (and ``failed``) if the grammar refuses it."""
@@ -160,6 +166,11 @@ class StructuredOutputManager:
             if params in self.cache:
                 return self.cache.get(params)
         return self.submit(params).result()
+
+    def known(self, params: StructuredOutputsParams) -> bool:
+        """Whether ``submit`` would answer at once (compiled, or remembered as too slow)."""
+        with self._lock:
+            return params in self.cache or _digest(params) in self._too_slow
 
     def submit(self, params: StructuredOutputsParams) -> concurrent.futures.Future[llguidance.LLMatcher | None]:
         """Compile in the worker pool (await with ``asyncio.wrap_future``; cancelling the future
