@@ -48,12 +48,14 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_STATS_LOG_INTERVAL_S", float, 10.0, (f"{_R}.stats_log",),
            "seconds between the engine's stats log lines (values <= 0 or not numbers: the default)"),
     EnvVar("INFLIGHT_KERNEL_BACKEND", str, None, ("inflight.kernels.dispatch",),
-           "overrides EngineConfig.kernel_backend (auto, torch, triton, cpu) for experiments; "
+           "overrides EngineConfig.kernel_backend (same choices as --kernel-backend) for experiments; "
            "logs a warning when it differs from the configured value"),
-    EnvVar("INFLIGHT_CPU_THREADS", int, None, (f"{_R}.model_runner",),
+    EnvVar("INFLIGHT_CPU_THREADS", int, None, (f"{_R}.device_setup",),
            "intra-op threads of every CPU step (else OMP_NUM_THREADS, else cores - 1 / all cores)"),
-    EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.model_runner",),
+    EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.device_setup",),
            "decode lanes on the CPU (0 or 1: off; unset: one per thread a big step may use)"),
+    EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
+           "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's GEMM)"),
     EnvVar("INFLIGHT_CACHE_DIR", str, None, ("inflight.cache",),
            "where built kernels and converted models are kept (else $XDG_CACHE_HOME/inflight)"),
     EnvVar("INFLIGHT_TP_START_TIMEOUT_S", float, 1800.0, (f"{_TP}.launcher", f"{_TP}.worker"),

@@ -18,4 +18,8 @@ compile of every kernel for a GPU target, without a GPU).
 
 ``tensor_parallel`` (``python -m inflight.bench.tensor_parallel --model DIR``) times decode
 steps at TP=N against TP=1 in one process (a script, not part of ``all``).
+``cpu_step`` (``python -m inflight.bench.cpu_step``) times CPU decode steps of the bench models
+with kernel and weight-format variants side by side in one process, with a per-kernel profile;
+``cpu_attention`` times the native decode attention alone against another build (scripts, not
+part of ``all``).
 """

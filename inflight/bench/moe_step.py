@@ -80,11 +80,10 @@ def build_models(root: Path, shape: Shape, seed: int) -> tuple[Path, Path]:
 
 def parameter_counts(engine: LLMEngine, shape: Shape) -> dict[str, int]:
     """Total parameters held, and those one token uses (``top_k`` of the experts' weights)."""
-    total = expert = 0
-    for name, param in engine.runner.model.named_parameters():
-        total += param.numel()
-        if ".experts." in name:
-            expert += param.numel()
+    from inflight.runtime.model.quantized import num_weights
+
+    total = num_weights(engine.runner.model)  # prepacked linear weights are not parameters
+    expert = sum(p.numel() for name, p in engine.runner.model.named_parameters() if ".experts." in name)
     active = total - expert + expert * shape.top_k // shape.experts
     return {"total": total, "active": active, "expert": expert}
 

@@ -3,7 +3,8 @@
 ``CPU_OPS`` has the reference signatures. Each wrapper runs the C kernel for float32
 tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
-bigger matmuls), so results never depend on which one ran beyond float rounding.
+bigger matmuls), so results never depend on which one ran beyond float rounding. ``linear``
+also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count.
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
 ``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source and the headers it
@@ -24,7 +25,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ import torch
 
 from inflight.cache import cache_root
 from inflight.kernels import reference
+from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
 from inflight.kernels.ops import KernelOps
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -46,6 +49,7 @@ _SIGNATURES = {
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inflight_silu_and_mul_f32": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
 }
 # Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
 # 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
@@ -63,13 +67,13 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, source: Path, target: Path, libs: tuple[str, ...]) -> str | None:
+def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path, libs: tuple[str, ...]) -> str | None:
     """Compile ``source`` into ``target`` atomically; the compiler's complaint on failure."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler, *CFLAGS, str(source), "-o", tmp, *libs],
+        proc = subprocess.run([compiler, *flags, str(source), "-o", tmp, *libs],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             return f"{compiler} failed: {(proc.stderr or proc.stdout).strip()[-400:]}"
@@ -81,9 +85,12 @@ def _build(compiler: str, source: Path, target: Path, libs: tuple[str, ...]) -> 
 
 
 def compile_library(source: Path, stem: str, signatures: dict[str, tuple[Any, list[Any]]],
-                    libs: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+                    libs: tuple[str, ...] = (), extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
     """``source`` compiled once per source, flags, CPU model and compiler into the cache
-    (``<stem>-<machine>-<key>.so``) and loaded with ``signatures`` set; or ``(None, why not)``."""
+    (``<stem>-<machine>-<key>.so``) and loaded with ``signatures`` set; or ``(None, why not)``.
+    ``extra_flags`` follow :data:`CFLAGS` (the tests build the 8-wide attention with
+    ``-mno-avx512f``)."""
+    flags = CFLAGS + extra_flags
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler found (install gcc, or set CC)"
@@ -91,13 +98,13 @@ def compile_library(source: Path, stem: str, signatures: dict[str, tuple[Any, li
     headers = b"".join((source.parent / h.decode()).read_bytes()
                        for h in re.findall(rb'#include "([^"]+)"', text))  # a header edit rebuilds too
     key = hashlib.sha256(
-        text + headers + " ".join(CFLAGS).encode() + _cpu_model().encode() + compiler.encode()
+        text + headers + " ".join(flags).encode() + _cpu_model().encode() + compiler.encode()
     ).hexdigest()[:16]
     target = cache_root() / "kernels" / f"{stem}-{platform.machine()}-{key}.so"
     with _LOCK:
         if not target.exists():
             try:
-                error = _build(compiler, source, target, libs)
+                error = _build(compiler, flags, source, target, libs)
             except (OSError, subprocess.SubprocessError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             if error is not None:
@@ -141,6 +148,26 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    return _decode_attention(_lib().inflight_paged_decode_attention_f32, query, k_cache, v_cache, block_tables,
+                             context_lens, scale, sliding_window, sinks)
+
+
+def decode_attention_from(source: Path, extra_flags: tuple[str, ...] = ()) -> Callable[..., torch.Tensor]:
+    """``paged_decode_attention`` running the ``inflight_paged_decode_attention_f32`` of another
+    build: ``source`` (same signature) and/or other flags. For A/B benchmarks and the tests."""
+    name = "inflight_paged_decode_attention_f32"
+    stem = f"decode_attention_{source.stem}" + "".join(f.strip("-").replace("=", "_") for f in extra_flags)
+    lib, where = compile_library(source, stem, {name: _SIGNATURES[name]}, ("-lm",), extra_flags)
+    if lib is None:
+        raise RuntimeError(f"cannot build {source} with {extra_flags}: {where}")
+    return partial(_decode_attention, getattr(lib, name))
+
+
+def _decode_attention(
+    kernel: Callable[..., int], query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if not (query.dtype == k_cache.dtype == v_cache.dtype == torch.float32
@@ -158,7 +185,7 @@ def paged_decode_attention(
         return out
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
-    status = _lib().inflight_paged_decode_attention_f32(
+    status = kernel(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, tables.shape[1],
         scale, torch.get_num_threads(), sliding_window or 0, None if sinks is None else sinks.data_ptr(),
@@ -232,11 +259,28 @@ def rotary_embedding(
     return outs[0], outs[1]
 
 
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
+    """SwiGLU ``silu(gate) * up`` of ``gate_up`` [num_tokens, 2 * d] (gate, then up) in one pass."""
+    if not (gate_up.dim() == 2 and gate_up.dtype == torch.float32 and gate_up.stride(1) == 1
+            and gate_up.shape[1] % 2 == 0 and gate_up.device.type == "cpu"):
+        return reference.silu_and_mul(gate_up)
+    num_tokens, d = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((num_tokens, d), dtype=torch.float32)
+    if num_tokens and d:
+        _lib().inflight_silu_and_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), num_tokens, d,
+                                         torch.get_num_threads())
+    return out
+
+
 def linear(
     x: torch.Tensor,  # [num_rows, in_features]
-    weight: torch.Tensor,  # [out_features, in_features]
+    weight: torch.Tensor | PackedLinearWeight,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
+    """A weight prepacked at load (:mod:`.cpu_packed`) takes MKL's packed GEMM at every row
+    count; a float weight takes the few-row kernel up to the row limits, else ``F.linear``."""
+    if isinstance(weight, PackedLinearWeight):
+        return packed_linear(x, weight, bias)
     threads = torch.get_num_threads()
     limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
     if not (x.dim() == 2 and x.shape[0] <= limit and x.dtype == weight.dtype == torch.float32
@@ -262,6 +306,6 @@ CPU_OPS = KernelOps(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     linear=linear,
-    silu_and_mul=reference.silu_and_mul,
+    silu_and_mul=silu_and_mul,
     graph_safe=True,
 )

@@ -112,3 +112,17 @@ def make_paged_cache() -> Callable[..., PagedCache]:
         return PagedCache(k.to(device), v.to(device), table.int().to(device), lens.to(device))
 
     return make
+
+
+@pytest.fixture
+def native_built() -> None:
+    """Skip without a C compiler; else the native CPU kernels must build (modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("native_built")``)."""
+    import shutil
+
+    from inflight.kernels import cpu_native
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    lib, where = cpu_native.load_library()
+    assert lib is not None, where

@@ -184,7 +184,9 @@ def test_in_features_must_fill_super_blocks() -> None:
     assert QuantizedWeight("Q5_K", torch.zeros(2, 352, dtype=torch.uint8), 512).shape == (2, 512)
 
 
-def test_engine_with_k_quant_weights_decodes_as_its_dequantized_twin(tmp_path: Path) -> None:
+def test_engine_with_k_quant_weights_decodes_as_its_dequantized_twin(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFLIGHT_CPU_PREPACK", "0")  # both models' weights are replaced below: keep them float
     from inflight.kernels.dispatch import with_quantized_linear
     from inflight.runtime import LLM, SamplingParams
     from inflight.runtime.demo_model import make_demo_model

@@ -6,9 +6,10 @@ directory links back to it as ``source.gguf``) keeps its block-quantized tensors
 the model and machine have packed kernels for them (one rank, dense MLP, a native or Triton
 linear kernel for the device; otherwise the weights are dequantized and the start-up log says
 why); a compressed-tensors ``pack-quantized`` directory keeps its int4/int8 weights; anything
-else is served in the float ``dtype``. ``none`` dequantizes everything (as before packed
-weights existed); ``gguf`` and ``compressed-tensors`` insist, and fail with the reason when
-they cannot apply. A checkpoint quantized some other way is refused naming what is supported.
+else is served in the float ``dtype`` (in float32 on the native CPU kernels, with its linear
+weights prepacked once for MKL's GEMM: :mod:`inflight.kernels.cpu_packed`). ``none``
+dequantizes everything (as before packed weights existed); ``gguf`` and ``compressed-tensors``
+insist, and fail with the reason when they cannot apply. A checkpoint quantized some other way is refused naming what is supported.
 
 Knows the checkpoint formats only through :mod:`~inflight.runtime.model.quantized` (GGUF) and
 :mod:`~inflight.runtime.model.compressed_tensors`; knows nothing about scheduling or serving.
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.gguf_link import SOURCE_LINK as GGUF_SOURCE_LINK
 from inflight.runtime.model.spec import spec_from_hf_config
 
@@ -115,7 +117,7 @@ def resolve_quantization(requested: str, target: LoadTarget) -> QuantizationChoi
     return QuantizationChoice("none", f"GGUF tensors dequantized: {blocker}")
 
 
-def load_weights(requested: str, target: LoadTarget, tp: Any = None,
+def load_weights(requested: str, target: LoadTarget, tp: Collectives | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[Any, Any, QuantizationChoice, KernelOps]:
     """The model loaded as ``requested`` resolves for ``target`` (packed weights put in place
     on the meta device, so their float copies never exist), the HF config, the choice, and the
@@ -143,6 +145,10 @@ def load_weights(requested: str, target: LoadTarget, tp: Any = None,
         ops = with_quantized_linear(ops)
         detail = (f": {summary.num_quantized} linears, {summary.quantized_bytes / 2**20:.0f} MiB packed "
                   f"({summary.float32_bytes / 2**20:.0f} MiB as float32)")
+    else:  # float32 on the native CPU kernels: linear weights prepacked for MKL's GEMM (cpu_packed)
+        from inflight.kernels.cpu_packed import prepack_detail
+
+        detail = prepack_detail(model, ops.name, target.device, target.dtype)
     if progress:
         progress(f"weights: quantization={choice.method} ({choice.why}){detail}")
     return model, hf_config, choice, ops

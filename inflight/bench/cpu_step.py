@@ -1,0 +1,273 @@
+"""CPU decode step A/B: ms per step of N decodes on the bench models, variants side by side in one process.
+
+    python -m inflight.bench.cpu_step [--models small medium] [--variants default unpacked]
+        [--rounds 5] [--batch 64] [--steps 10] [--alt-attention FILE] [--profile] [--json FILE]
+
+Each variant is an in-process engine on ``models/bench-<size>`` (made on first use), loaded
+once, float32, native CPU kernels, the engine's own thread and lane choices. A variant is
+``default`` or modifiers joined by ``+``:
+
+* ``unpacked``: loaded with ``INFLIGHT_CPU_PREPACK=0`` (float linear weights: ``F.linear`` and
+  the few-row kernel) instead of MKL-packed ones;
+* ``alt-attn``: decode attention from ``--alt-attention FILE``, a C file with the same
+  ``inflight_paged_decode_attention_f32`` (e.g. an older ``cpu_kernels.c``: ``git show
+  REV:inflight/kernels/cpu_kernels.c > FILE``), built beside the current one;
+* ``no-lanes``: loaded with ``INFLIGHT_CPU_LANES=0``;
+* ``one-thread``: loaded with ``INFLIGHT_CPU_THREADS=1`` (one core does everything: no lanes,
+  and the figure moves less when another process holds the other cores).
+
+A run: ``batch`` sequences with random ``--prompt-len``-token prompts are prefilled, one
+decode step runs untimed, then ``steps`` decode steps are timed one by one (``LLMEngine.step``,
+detokenization off); its figure is the median step. Every round runs every model and variant,
+variants in a rotated order; the report gives the median (min-max) over rounds and each
+variant's ratio to the first (the median of the per-round ratios). ``--profile`` adds one run
+per variant with every ``KernelOps`` call timed: milliseconds per step per op (linears split by
+layer), summed over the threads that ran them and divided by the decode lanes; "rest" is the
+step minus the ops (embedding, residual adds, Python, scheduling, sampling). The machine is
+shared and noisy: read the ratios, not the absolute figures. Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inflight.runtime.config import EngineConfig  # inflight.runtime sets passive OpenMP waits before torch loads
+from inflight.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from inflight.runtime.engine import LLMEngine
+
+MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread")
+OP_FIELDS = ("linear", "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary_embedding",
+             "store_kv_cache", "silu_and_mul")
+LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+
+
+def parse_variant(name: str) -> frozenset[str]:
+    mods = frozenset() if name == "default" else frozenset(name.split("+"))
+    unknown = mods - set(MODIFIERS)
+    if unknown:
+        raise ValueError(f"unknown variant modifier(s) {sorted(unknown)}; use default or {'+'.join(MODIFIERS)}")
+    return mods
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def alt_attention(source: Path) -> Callable[..., torch.Tensor]:
+    """``paged_decode_attention`` running ``source``'s C kernel (same signature as the current one)."""
+    from inflight.kernels import cpu_native
+
+    return cpu_native.decode_attention_from(source)
+
+
+def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
+                alt: Callable[..., torch.Tensor] | None) -> LLMEngine:
+    from inflight.runtime.engine import LLMEngine
+
+    env = {}
+    if "unpacked" in mods:
+        env["INFLIGHT_CPU_PREPACK"] = "0"
+    if "no-lanes" in mods:
+        env["INFLIGHT_CPU_LANES"] = "0"
+    if "one-thread" in mods:
+        env["INFLIGHT_CPU_THREADS"] = "1"
+    config = EngineConfig(max_num_sequences=batch, max_model_len=max_len, block_size=16, dtype="float32",
+                          num_kv_blocks=batch * -(-max_len // 16) + 8, device="cpu", kernel_backend="auto")
+    with _env(env):
+        engine = LLMEngine.from_model_dir(model_dir, config, detokenize=False)
+    if "alt-attn" in mods:
+        if alt is None:
+            raise ValueError("variant alt-attn needs --alt-attention FILE")
+        engine.runner.ops = dataclasses.replace(engine.runner.ops, paged_decode_attention=alt)
+    engine.warmup()
+    return engine
+
+
+class OpTimer:
+    """Wraps an engine's kernel bundle to sum the seconds spent in each op (and linear layer)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.seconds: dict[str, float] = {}
+        self.threads: set[int] = set()
+        self._lock = threading.Lock()
+        self._engine = engine
+        self._original = engine.runner.ops
+        names = {}
+        for name, module in engine.runner.model.named_modules():
+            if name.rsplit(".", 1)[-1] in LINEAR_NAMES:
+                names[id(module.weight)] = "linear." + name.rsplit(".", 1)[-1]
+        wrapped = {f: self._wrap(f, getattr(self._original, f), names if f == "linear" else None) for f in OP_FIELDS}
+        engine.runner.ops = dataclasses.replace(self._original, **wrapped)
+
+    def _wrap(self, field: str, fn: Callable[..., Any], names: dict[int, str] | None) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = names.get(id(args[1]), "linear.other") if names is not None else field
+                with self._lock:
+                    self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+                    self.threads.add(threading.get_ident())
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds, self.threads = {}, set()
+
+    def close(self) -> None:
+        self._engine.runner.ops = self._original
+
+
+def time_decode(engine: LLMEngine, prompts: list[list[int]], steps: int, tag: str,
+                timer: OpTimer | None = None) -> dict[str, Any]:
+    """Prefill ``prompts``, one untimed decode step, then ``steps`` timed decode steps."""
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for req_id, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(req_id, list(prompt), params)
+    sched = engine.scheduler
+    while sched.num_waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
+        engine.step()
+    engine.step()
+    times: list[float] = []
+    ops: list[dict[str, float]] = []
+    for _ in range(steps):
+        if timer is not None:
+            timer.reset()
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+        if timer is not None:
+            lanes = max(1, len(timer.threads))
+            ops.append({k: 1e3 * v / lanes for k, v in timer.seconds.items()})
+    if sched.num_running != len(prompts):
+        raise RuntimeError(f"expected {len(prompts)} running sequences, had {sched.num_running}")
+    for req_id in ids:
+        engine.abort_request(req_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    out: dict[str, Any] = {"step_ms": 1e3 * statistics.median(times)}
+    if ops:
+        keys = sorted({k for o in ops for k in o})
+        out["ops_ms"] = {k: statistics.median([o.get(k, 0.0) for o in ops]) for k in keys}
+        out["ops_ms"]["rest"] = out["step_ms"] - sum(out["ops_ms"].values())
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _fmt(s: dict[str, float], digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def profile_table(profiles: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown rows: one op per row, one variant per column (ms per step)."""
+    variants = list(profiles)
+    keys = sorted({k for p in profiles.values() for k in p if k not in ("rest", "step")}, key=lambda k: (k[:6] != "linear", k))
+    lines = ["| ms per step | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for key in [*keys, "rest", "step"]:
+        lines.append(f"| {key} | " + " | ".join(f"{profiles[v].get(key, 0.0):.2f}" for v in variants) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["small", "medium"], choices=["small", "medium"])
+    parser.add_argument("--variants", nargs="+", default=["default", "unpacked"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--alt-attention", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--models-dir", type=Path, default=Path("models"))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    from inflight.bench.suite import SuiteOptions, bench_model
+
+    mods = {v: parse_variant(v) for v in args.variants}
+    alt = alt_attention(args.alt_attention) if args.alt_attention else None
+    load_start, start = os.getloadavg()[0], time.perf_counter()
+    max_len = args.prompt_len + args.steps + 32
+    engines: dict[tuple[str, str], LLMEngine] = {}
+    prompts: dict[str, list[list[int]]] = {}
+    for size in args.models:
+        model_dir = bench_model(SuiteOptions(models_dir=args.models_dir), size)
+        for variant in args.variants:
+            engines[(size, variant)] = load_engine(model_dir, mods[variant], args.batch, max_len, alt)
+        vocab = engines[(size, args.variants[0])].runner.spec.vocab_size
+        rng = random.Random(size)
+        prompts[size] = [[rng.randrange(8, vocab) for _ in range(args.prompt_len)] for _ in range(args.batch)]
+    print(f"{len(engines)} engines loaded ({time.perf_counter() - start:.0f} s); threads {torch.get_num_threads()}, "
+          f"cores {len(os.sched_getaffinity(0))}, load average {load_start:.2f}", flush=True)
+    runs: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    for rnd in range(args.rounds):
+        for size in args.models:
+            shift = rnd % len(args.variants)
+            for variant in args.variants[shift:] + args.variants[:shift]:
+                res = time_decode(engines[(size, variant)], prompts[size], args.steps, f"r{rnd}")
+                runs[(size, variant)].append(res["step_ms"])
+                print(f"round {rnd + 1} {size} {variant}: {res['step_ms']:.2f} ms/step", flush=True)
+    report: dict[str, Any] = {"batch": args.batch, "steps": args.steps, "prompt_len": args.prompt_len,
+                              "rounds": args.rounds, "loadavg_start": load_start, "results": {}}
+    print(f"\n{args.batch} decodes, ms per step, median (min-max) of {args.rounds} rounds; ratio = first variant / this")
+    for size in args.models:
+        base = runs[(size, args.variants[0])]
+        for variant in args.variants:
+            ms = runs[(size, variant)]
+            ratio = _spread([b / m for b, m in zip(base, ms, strict=True)])
+            report["results"][f"{size}/{variant}"] = {"step_ms": _spread(ms), "speedup_vs_first": ratio, "runs": ms}
+            print(f"  {size:6s} {variant:24s} {_fmt(_spread(ms), 2):>22s}   x{_fmt(ratio, 2)}")
+    if args.profile:
+        for size in args.models:
+            profiles = {}
+            for variant in args.variants:
+                timer = OpTimer(engines[(size, variant)])
+                res = time_decode(engines[(size, variant)], prompts[size], args.steps, "profile", timer)
+                timer.close()
+                profiles[variant] = {**res["ops_ms"], "step": res["step_ms"]}
+            report["results"][f"{size}/profile"] = profiles
+            print(f"\nprofile, {size} model, {args.batch} decodes (ops summed over lanes / lanes)")
+            print("\n".join(profile_table(profiles)))
+    report["loadavg_end"] = os.getloadavg()[0]
+    report["elapsed_s"] = time.perf_counter() - start
+    print(f"\nload average {load_start:.2f} -> {report['loadavg_end']:.2f}, {report['elapsed_s']:.0f} s")
+    for engine in engines.values():
+        engine.runner.close()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

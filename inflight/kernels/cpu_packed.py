@@ -1,0 +1,190 @@
+"""Float32 linear weights prepacked once, at load, for MKL's packed GEMM on the CPU.
+
+The op is stock torch: ``torch.ops.mkl._mkl_reorder_linear_weight`` packs a weight
+(``cblas_sgemm_pack``) and ``torch.ops.mkl._mkl_linear`` multiplies by it
+(``cblas_sgemm_compute``); Inductor's freezing pass uses the pair for float32 linears on x86.
+Chosen over oneDNN's ``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``
+(what vLLM's ``create_onednn_mm`` amounts to) because it is faster at every row count the
+engine runs. All of a model's linears (distinct weights, as a step reads them), one thread,
+against the unpacked path (the few-row kernel of :mod:`.cpu_native`, else ``F.linear``), at
+1 / 8 / 32 / 64 / 512 rows: bench-medium MKL 1.13 / 1.56 / 1.25 / 1.18 / 1.11x, oneDNN 0.93 /
+1.50 / 1.14 / 1.06 / 1.01x; bench-small MKL 1.31 / 1.33 / 1.25 / 1.16 / 1.08x, oneDNN 0.91 /
+0.90 / 1.03 / 1.01 / 1.02x. So a packed weight takes this path at every row count. Both stay
+float32: on this AMX/AVX-512-BF16 CPU their error against a float64 product is ~5e-7
+relative, as ``F.linear``'s is (bfloat16 would be ~3e-3); :func:`pack_linear_weight` checks
+each packed weight against ``F.linear`` and the tests check the error bound.
+
+Batch size: MKL's pack call takes the row count ``m`` of the product, and ``_mkl_linear`` runs
+the packed GEMM only when the input's rows equal the ``batch_size`` it is given (else it falls
+back to ``F.linear`` on its ``ORI_W`` argument). The packed weight (matrix B) is valid for any
+``m``: its size does not depend on ``m``, and PaddlePaddle packs its GRU weights with ``m = 1``
+and multiplies any batch by them. So each weight is packed once, for :data:`PACK_ROWS` rows
+(the blocking MKL picks follows that ``m``; see the constant), and every call passes its own
+row count, so every step size takes the packed path. That is checked, not assumed: each
+packed weight's product is compared with ``F.linear`` at several row counts when it is packed,
+and a weight that disagrees stays float (with a warning).
+
+Memory: ``_mkl_linear`` reads only the shape and dtype of ``ORI_W`` on the packed path, so a
+one-float stand-in expanded to the weight's shape takes its place and the float weight is freed:
+the packed buffer is resident at about the float weight's size (+0.1 MiB per weight), so
+packing does not double the weights (a bench-medium engine: 675 MiB resident packed, 666 MiB
+unpacked). A weight another module also holds (a tied LM head,
+whose table the embedding lookup needs) stays float: packing it would keep two copies, for
+under 1% of a step (the head of bench-medium is 0.6 of ~72 ms at 64 decodes). MKL also reserves
+~8 MiB of address space per packed weight that it never touches (``cblas_sgemm_pack_get_size``
+is generous): virtual, never resident (+0.6 GiB of address space for bench-medium's 72).
+
+Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
+weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
+the weights unpacked).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight import env_vars
+
+logger = logging.getLogger(__name__)
+
+# The row count weights are packed for. MKL's packed layout is valid for any row count, but its
+# blocking follows this one: packed for 8 or 32-37 rows, 64-row products ran 1.1-1.6x slower
+# than F.linear (bench-medium's gate_up, one thread); packed for 256-2048 rows, every count
+# from 1 to 512 ran at or near its best (bench-medium's linears: 1.1x F.linear at 1 row,
+# 1.4-1.6x at 2-8, 1.2x at 32-64, 1.1x at 512).
+PACK_ROWS = 512
+# Row counts every packed weight is checked at (one row, a few, more than a vector's width).
+PROBE_ROWS = (1, 3, 37)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLinearWeight:
+    """A ``[out_features, in_features]`` float32 weight in MKL's packed GEMM layout."""
+
+    packed: torch.Tensor  # opaque (layout torch._mkldnn), made by _mkl_reorder_linear_weight
+    stand_in: torch.Tensor  # one float expanded to [out_features, in_features]: the op's ORI_W
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.stand_in.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes: the packed buffer is the float weight's size (see module docstring)."""
+        return self.shape[0] * self.shape[1] * 4
+
+
+@dataclass(frozen=True, slots=True)
+class PackSummary:
+    """What :func:`prepack_linears` did, for the load log line."""
+
+    num_packed: int
+    packed_bytes: int
+    shared: tuple[str, ...]  # linears whose weight another module holds too (a tied LM head): float
+    disagreed: tuple[str, ...]  # linears whose packed product disagreed with F.linear: float
+
+    def describe(self) -> str:
+        text = f"{self.num_packed} linears prepacked for MKL ({self.packed_bytes / 2**20:.0f} MiB, float copies freed"
+        if self.shared:
+            text += f"; {', '.join(self.shared)} kept float (shared)"
+        if self.disagreed:
+            text += f"; {len(self.disagreed)} kept float (packed product disagreed)"
+        return text + ")"
+
+
+def mkl_packing_available() -> bool:
+    """torch was built with MKL and has the packed-linear ops."""
+    return (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
+
+
+def packed_linear(
+    x: torch.Tensor,  # [num_rows, in_features] float32
+    weight: PackedLinearWeight,
+    bias: torch.Tensor | None = None,  # [out_features] float32
+) -> torch.Tensor:  # [num_rows, out_features]
+    """``x @ weight.T + bias`` on the packed weight (the spec: ``reference.linear`` on the
+    float weight it was packed from)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"a prepacked linear takes float32 CPU input (got {x.dtype} on {x.device.type}).")
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return torch.ops.mkl._mkl_linear(x, weight.packed, weight.stand_in, bias, rows)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> PackedLinearWeight | None:
+    """``weight`` packed for MKL, or ``None`` when its packed product does not match
+    ``F.linear`` at :data:`PROBE_ROWS` rows (the float weight should then be kept)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"only 2-D float32 CPU weights are packed (got {weight.dtype}, {tuple(weight.shape)}).")
+    with torch.no_grad():
+        w = weight.detach().contiguous()
+        out_features, in_features = w.shape
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
+        result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features))
+        gen = torch.Generator().manual_seed(out_features * 31 + in_features)
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, in_features, generator=gen)
+            want = F.linear(x, w)
+            scale = float(want.abs().max()) + 1e-30
+            if float((packed_linear(x, result) - want).abs().max()) > 1e-4 * scale:
+                return None
+    return result
+
+
+def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Prepack ``model``'s linears when it runs in float32 on the native CPU kernels with MKL
+    (and ``INFLIGHT_CPU_PREPACK`` is not 0); what was done, for the load log line ("" if nothing)."""
+    if not (ops_name.startswith("cpu-native") and device.type == "cpu" and dtype == torch.float32):
+        return ""
+    if (env_vars.read_int("INFLIGHT_CPU_PREPACK") or 0) == 0:
+        return "; linear weights unpacked (INFLIGHT_CPU_PREPACK=0)"
+    if not mkl_packing_available():
+        return "; linear weights unpacked (torch has no MKL packed GEMM)"
+    return "; " + prepack_linears(model).describe()
+
+
+def prepack_linears(model: nn.Module) -> PackSummary:
+    """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) that no other module
+    holds for its packed form, in place; the float weights are freed."""
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for param in module._parameters.values():  # noqa: SLF001 - who else holds each tensor
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+    num = packed_bytes = 0
+    shared: list[str] = []
+    disagreed: list[str] = []
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight") if isinstance(module, nn.Linear) else None  # noqa: SLF001
+        if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+                and weight.device.type == "cpu" and weight.dim() == 2):
+            continue
+        if holders.get(id(weight), 0) > 1:
+            shared.append(name)
+            continue
+        packed = pack_linear_weight(weight)
+        if packed is None:
+            disagreed.append(name)
+            continue
+        num += 1
+        packed_bytes += packed.nbytes
+        del module.weight  # the Parameter goes; a plain attribute the decoder passes to ops.linear
+        module.weight = packed  # type: ignore[assignment]
+    if disagreed:
+        logger.warning("MKL's packed product disagreed with F.linear for %s; those weights stay float", disagreed)
+    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed))

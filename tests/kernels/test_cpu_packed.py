@@ -1,0 +1,124 @@
+"""Linear weights prepacked for MKL (inflight/kernels/cpu_packed.py) against the torch reference,
+and their installation in a loaded model: which weights are packed, what stays float, and that
+the float copies are gone."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from inflight.kernels import cpu_native, cpu_packed, reference
+from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear, prepack_linears
+
+pytestmark = pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")
+
+
+def _with_threads(threads: int, fn, *args):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("pack_threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_every_row_count_matches_reference(pack_threads: int, threads: int, with_bias: bool) -> None:
+    """One packed weight serves every batch size (MKL packs for one; the call passes its own),
+    packed with one thread count and run with another (decode lanes run on one thread)."""
+    gen = torch.Generator().manual_seed(threads * 10 + pack_threads)
+    weight = torch.randn(1000, 200, generator=gen) * 0.05  # in_features not a multiple of the vector width
+    bias = torch.randn(1000, generator=gen) if with_bias else None
+    packed = _with_threads(pack_threads, pack_linear_weight, weight)
+    assert packed is not None and packed.shape == weight.shape and packed.nbytes == weight.numel() * 4
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 32, 37, 64, 100, 512):
+        x = torch.randn(rows, 200, generator=gen)
+        got = _with_threads(threads, packed_linear, x, packed, bias)
+        torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        assert torch.equal(got, _with_threads(threads, cpu_native.linear, x, packed, bias))  # the native bundle's linear
+
+
+def test_odd_shapes_empty_batches_and_strided_input() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(37, 53, generator=gen)
+    packed = pack_linear_weight(weight)
+    assert packed is not None
+    x = torch.randn(7, 106, generator=gen)[:, ::2]  # not contiguous
+    torch.testing.assert_close(packed_linear(x, packed), reference.linear(x, weight), atol=1e-5, rtol=1e-5)
+    assert packed_linear(torch.empty(0, 53), packed).shape == (0, 37)
+
+
+def test_packing_stays_float32_and_refuses_other_inputs() -> None:
+    """oneDNN/MKL may use bfloat16 (AMX) for float32 when told to; the packed product must keep
+    float32's error (~1e-6 relative), far below bfloat16's (~1e-3)."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(512, 1536, generator=gen) * 0.05
+    x = torch.randn(64, 1536, generator=gen)
+    exact = x.double() @ weight.double().T
+    packed = pack_linear_weight(weight)
+    assert packed is not None
+    error = float((packed_linear(x, packed).double() - exact).abs().max() / exact.abs().max())
+    assert error < 1e-5
+    with pytest.raises(ValueError, match="float32 CPU input"):
+        packed_linear(x.bfloat16(), packed)
+    with pytest.raises(ValueError, match="float32 CPU weights"):
+        pack_linear_weight(weight.bfloat16())
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.proj = nn.Linear(16, 24, bias=True)
+        self.down = nn.Linear(24, 16, bias=False)
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.narrow = nn.Linear(16, 8).to(torch.bfloat16)
+
+
+def test_prepack_linears_swaps_float_weights_and_keeps_shared_ones() -> None:
+    torch.manual_seed(0)
+    model = _Tiny()
+    weights = {name: model.get_submodule(name).weight.detach().clone() for name in ("proj", "down")}
+    summary = prepack_linears(model)
+    assert summary.num_packed == 2 and summary.shared == ("head",) and summary.disagreed == ()
+    assert summary.packed_bytes == (24 * 16 + 16 * 24) * 4
+    for name, weight in weights.items():
+        module = model.get_submodule(name)
+        assert isinstance(module.weight, PackedLinearWeight) and "weight" not in module._parameters
+        x = torch.randn(5, weight.shape[1])
+        torch.testing.assert_close(cpu_native.linear(x, module.weight, module.bias),
+                                   reference.linear(x, weight, module.bias), atol=1e-5, rtol=1e-5)
+    assert model.head.weight is model.embed.weight  # the tied head stays the embedding's table
+    assert isinstance(model.narrow.weight, nn.Parameter)  # bfloat16: not packed
+    assert "2 linears prepacked" in summary.describe() and "head kept float (shared)" in summary.describe()
+
+
+def test_a_weight_whose_packed_product_disagrees_stays_float(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(cpu_packed, "packed_linear", lambda x, w, bias=None: torch.zeros(x.shape[0], w.shape[0]))
+    model = nn.Sequential(nn.Linear(8, 8))
+    with caplog.at_level(logging.WARNING, logger="inflight.kernels.cpu_packed"):
+        summary = prepack_linears(model)
+    assert summary.num_packed == 0 and summary.disagreed == ("0",)
+    assert isinstance(model[0].weight, nn.Parameter) and "disagreed" in caplog.text
+
+
+def test_engine_runs_on_packed_weights_unless_switched_off(tiny_model_dir, monkeypatch) -> None:
+    from inflight.runtime.config import EngineConfig
+    from inflight.runtime.engine import LLMEngine
+
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=32, max_num_sequences=4)
+    runners = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("INFLIGHT_CPU_PREPACK", setting)
+        runners[setting] = LLMEngine.from_model_dir(tiny_model_dir, config).runner
+    packed, plain = runners["1"], runners["0"]
+    assert isinstance(packed.model.layers[0].self_attn.qkv_proj.weight, PackedLinearWeight)
+    assert isinstance(packed.model.layers[0].mlp.down_proj.weight, PackedLinearWeight)
+    assert isinstance(plain.model.layers[0].self_attn.qkv_proj.weight, nn.Parameter)
+    assert packed._num_params == plain._num_params  # the step-size thresholds see the same model
