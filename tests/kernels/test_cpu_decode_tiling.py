@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_native, reference
+from tests.kernels.threads import with_threads
 
 F32 = torch.float32
 CPU = torch.device("cpu")
@@ -52,12 +53,7 @@ def _poisoned(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor
 
 
 def _run(threads: int, *args, **kwargs) -> torch.Tensor:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return cpu_native.paged_decode_attention(*args, **kwargs)
-    finally:
-        torch.set_num_threads(previous)
+    return with_threads(threads, cpu_native.paged_decode_attention, *args, **kwargs)
 
 
 @pytest.mark.parametrize("case", TILING_CASES, ids=lambda c: f"bs{c[0]}-d{c[1]}-g{c[2] // c[3]}")

@@ -12,17 +12,9 @@ from torch import nn
 
 from inflight.kernels import cpu_native, cpu_packed, reference
 from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear, prepack_linears
+from tests.kernels.threads import with_threads
 
 pytestmark = pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")
-
-
-def _with_threads(threads: int, fn, *args):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("pack_threads", [1, 2])
@@ -34,13 +26,13 @@ def test_every_row_count_matches_reference(pack_threads: int, threads: int, with
     gen = torch.Generator().manual_seed(threads * 10 + pack_threads)
     weight = torch.randn(1000, 200, generator=gen) * 0.05  # in_features not a multiple of the vector width
     bias = torch.randn(1000, generator=gen) if with_bias else None
-    packed = _with_threads(pack_threads, pack_linear_weight, weight)
+    packed = with_threads(pack_threads, pack_linear_weight, weight)
     assert packed is not None and packed.shape == weight.shape and packed.nbytes == weight.numel() * 4
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 32, 37, 64, 100, 512):
         x = torch.randn(rows, 200, generator=gen)
-        got = _with_threads(threads, packed_linear, x, packed, bias)
+        got = with_threads(threads, packed_linear, x, packed, bias)
         torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
-        assert torch.equal(got, _with_threads(threads, cpu_native.linear, x, packed, bias))  # the native bundle's linear
+        assert torch.equal(got, with_threads(threads, cpu_native.linear, x, packed, bias))  # the native bundle's linear
 
 
 def test_odd_shapes_empty_batches_and_strided_input() -> None:

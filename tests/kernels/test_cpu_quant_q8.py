@@ -16,6 +16,7 @@ import torch
 
 from inflight.kernels import cpu_quant_q8, quant_reference
 from inflight.kernels.quant_reference import QuantizedWeight
+from tests.kernels.threads import with_threads
 
 gguf_quants = pytest.importorskip("gguf.quants")
 QTYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -101,14 +102,8 @@ def test_zero_activation_gives_the_bias_and_threads_agree(qtype: str) -> None:
     bias = torch.randn(301)
     assert torch.equal(cpu_quant_q8.quant_linear_q8(torch.zeros(3, 576), weight, bias), bias.expand(3, 301))
     x = _activations(8, 576, seed=4)
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = cpu_quant_q8.quant_linear_q8(x, weight, bias)
-        torch.set_num_threads(2)
-        two = cpu_quant_q8.quant_linear_q8(x, weight, bias)
-    finally:
-        torch.set_num_threads(previous)
+    one = with_threads(1, cpu_quant_q8.quant_linear_q8, x, weight, bias)
+    two = with_threads(2, cpu_quant_q8.quant_linear_q8, x, weight, bias)
     assert torch.equal(one, two)  # each output is summed by one thread, in one order
 
 

@@ -9,21 +9,13 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_native, reference
+from tests.kernels.threads import with_threads
 
 pytestmark = pytest.mark.usefixtures("native_built")
 
 # A few ulp of float32 (the polynomial exp is within ~2 ulp, torch's within ~1); the absolute
 # floor covers gates near -88.7, where silu is ~1e-36 and torch's exp overflows a hair apart.
 RTOL, ATOL = 1e-6, 1e-35
-
-
-def _with_threads(threads: int, fn, *args):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("num_rows", [1, 3, 64])
@@ -41,7 +33,7 @@ def test_silu_and_mul_big_enough_to_thread_and_strided_rows(threads: int, poison
     gen = torch.Generator().manual_seed(threads)
     wide = torch.randn(256, 2 * 1000 + 24, generator=gen) * 4  # past the size that takes threads
     gate_up = wide[:, 5:2005]  # rows 2024 floats apart, gate then up in the middle
-    got = _with_threads(threads, cpu_native.silu_and_mul, gate_up)
+    got = with_threads(threads, cpu_native.silu_and_mul, gate_up)
     torch.testing.assert_close(got, reference.silu_and_mul(gate_up), rtol=RTOL, atol=ATOL)
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from inflight.kernels import reference
+from tests.kernels.threads import with_threads
 
 F32, BF16 = torch.float32, torch.bfloat16
 CPU = torch.device("cpu")
@@ -87,12 +88,7 @@ def test_native_cpu_decode_matches_reference(case, threads, make_paged_cache, po
     paged = make_paged_cache(lens, block_size, num_kv_heads, head_dim, F32, CPU)
     query = torch.randn(len(lens), num_heads, head_dim, generator=torch.Generator().manual_seed(head_dim))
     args = (query, paged.k_cache, paged.v_cache, paged.block_tables, paged.context_lens, head_dim**-0.5)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = cpu_native.paged_decode_attention(*args, window)
-    finally:
-        torch.set_num_threads(previous)
+    got = with_threads(threads, cpu_native.paged_decode_attention, *args, window)
     expected = reference.paged_decode_attention(*args, window)
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-5)
 
