@@ -3,8 +3,8 @@
 Starts ``inflight serve`` on a generated ~0.5B Llama model (no reachable EOS, so every
 request generates exactly ``max_tokens``), sends a burst of streaming completions at once,
 and samples NVML's GPU utilization (the fraction of time a kernel was running, per ~100 ms
-sample) from the first request to the last answer. Reports output tok/s, TTFT/TPOT and the
-busy fraction. In a dry run (no GPU) a tiny model on the CPU serves a handful of requests and
+sample) from the first request to the last answer, once synchronously and once with
+``--async-scheduling``. Reports output tok/s, TTFT/TPOT and the busy fraction of each. In a dry run (no GPU) a tiny model on the CPU serves a handful of requests and
 the busy fraction is ``None``. Knows the server only through its HTTP API.
 """
 
@@ -59,17 +59,28 @@ def _prompts(n: int, words: int, seed: int = 0) -> list[str]:
 
 
 def run_burst(work_dir: Path, quick: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """Serve one burst; returns the figures and a one-line summary."""
+    """Serve the burst synchronously, then with ``--async-scheduling``; returns the async run's
+    figures (the configuration the busy target is for), the synchronous run's under ``"sync"``,
+    and a one-line summary of both."""
     from inflight.runtime.demo_model import make_demo_model
 
     size = "tiny" if dry_run else "0.5b"
-    num, words, max_tokens = (6, 12, 8) if dry_run else ((256, 100, 128) if quick else (512, 100, 256))
     model_dir = make_demo_model(work_dir / f"burst-{size}", "llama", size, eos=False)
+    sync = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, ())
+    report = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, ("--async-scheduling",))
+    report["sync"] = sync
+    report["summary"] = f"async scheduling: {report['summary']}; synchronous: {sync['summary']}"
+    return report
+
+
+def _one_burst(work_dir: Path, model_dir: Path, size: str, quick: bool, dry_run: bool,
+               extra: tuple[str, ...]) -> dict[str, Any]:
+    num, words, max_tokens = (6, 12, 8) if dry_run else ((256, 100, 128) if quick else (512, 100, 256))
     flags = ("--device", "cpu", "--num-kv-blocks", "256") if dry_run else (
         "--device", "cuda", "--max-num-sequences", "256", "--max-num-tokens", "8192")
-    spec = SystemSpec("inflight", "inflight", flags=flags)
+    spec = SystemSpec("inflight", "inflight", flags=flags + extra)
     specs = [RequestSpec(p, max_tokens) for p in _prompts(num, words)]
-    with RunningServer(spec, Path(model_dir), work_dir / "burst-server.log") as server:
+    with RunningServer(spec, model_dir, work_dir / "burst-server.log") as server:
         sampler = None if dry_run else BusySampler()
         if sampler:
             sampler.start()

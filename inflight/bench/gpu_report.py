@@ -64,6 +64,24 @@ def _breakdown(data: dict[str, Any]) -> list[str]:
 
 
 def _burst(data: dict[str, Any]) -> list[str]:
+    if "sync" not in data:  # a report from before the burst ran both ways
+        return _burst_line(data)
+    lines = ["", "### Served burst", "", f"{data['requests']} streaming requests of {data['max_tokens']} tokens at "
+             f"once on {data['model']}:", "",
+             "| scheduling | output tok/s | TTFT p50 s | TPOT p50 ms | GPU busy | NVML samples | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, run in (("synchronous", data.get("sync")), ("async", data)):
+        if not run:
+            continue
+        busy = run.get("gpu_busy_fraction")
+        lines.append(f"| {name} | {run['output_tok_per_s']:.0f} | {_fmt(run.get('ttft_p50_s'), '.3f')} | "
+                     f"{_fmt(1e3 * run['tpot_p50_s'] if run.get('tpot_p50_s') else None, '.1f')} | "
+                     f"{'n/a' if busy is None else f'{100 * busy:.0f}%'} | {run.get('busy_samples', 0)} | "
+                     f"{run['num_errors']} |")
+    return lines
+
+
+def _burst_line(data: dict[str, Any]) -> list[str]:
     busy = data.get("gpu_busy_fraction")
     return ["", "### Served burst", "",
             f"{data['requests']} streaming requests of {data['max_tokens']} tokens at once on {data['model']}: "
@@ -91,7 +109,7 @@ def _targets(payload: dict[str, Any]) -> list[str]:
                          f"{t['x_roofline']:.2f}x", t["met"]))
     burst = data.get("served burst", {})
     if burst.get("busy_target") is not None and burst.get("gpu_busy_fraction") is not None:
-        rows.append(("GPU busy in the served burst", f">= {100 * burst['busy_target']:.0f}%",
+        rows.append(("GPU busy in the served burst" + (" (async scheduling)" if "sync" in burst else ""), f">= {100 * burst['busy_target']:.0f}%",
                      f"{100 * burst['gpu_busy_fraction']:.0f}%", burst["gpu_busy_fraction"] >= burst["busy_target"]))
     if not rows:
         return []

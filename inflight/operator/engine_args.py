@@ -30,6 +30,7 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "max_queue_len",
     "tensor_parallel_size",
     "enforce_eager",
+    "async_scheduling",
     "quantization",
     "speculative_config",  # an object in the CR (vLLM's keys), JSON text on the command line
     "max_tokens_in_paged_kv_cache",

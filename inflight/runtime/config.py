@@ -133,6 +133,14 @@ class EngineConfig:
             "is always eager)."
         ),
     )
+    async_scheduling: bool = field(
+        default=False,
+        metadata=_help(
+            "Prepare step N+1 on the host while step N runs (forward passes and sampling on a "
+            "worker thread): finished requests leave one step later, tokens are unchanged "
+            "(docs/gpu.md). Not with speculative decoding or tensor parallelism."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_int(self, "max_num_sequences", 1)
@@ -172,9 +180,15 @@ class EngineConfig:
             if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
                 raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
                                  "is not split across devices yet); use method ngram with tensor parallelism")
-        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
+
+        if self.async_scheduling is True and (self.speculative_config is not None or self.tensor_parallel_size > 1):
+            raise ValueError("async_scheduling cannot be combined with "
+                             + ("speculative decoding" if self.speculative_config is not None
+                                else "tensor parallelism (tensor_parallel_size > 1)")
+                             + " yet; turn one of them off.")
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with ``changes`` applied; unknown names raise ``ValueError``."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from inflight.runtime.async_steps import StepPipeline
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.draft_proposer import DraftProposer, load_runners
@@ -86,6 +87,7 @@ class LLMEngine:
         self._num_steps = 0
         self._spec = SpecStats()
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
+        self.pipeline = StepPipeline(self) if config.async_scheduling else None
 
     @classmethod
     def from_model_dir(
@@ -120,6 +122,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release what outlives the Python objects (tensor-parallel worker processes, mask threads)."""
+        if self.pipeline is not None:
+            self.pipeline.close()
         self.sampler.masks.close()
         self.runner.close()
         if self.drafter is not None:
@@ -207,6 +211,8 @@ class LLMEngine:
         """True while requests are in flight, or when a dead tensor-parallel worker awaits
         the next :meth:`step` to raise ``EngineFatalError``."""
         workers = self.runner.workers
+        if self.pipeline is not None and self.pipeline.busy:
+            return True
         return self.scheduler.has_unfinished() or (workers is not None and workers.failure is not None)
 
     # -- the step ---------------------------------------------------------------------
@@ -214,31 +220,38 @@ class LLMEngine:
         """One iteration: schedule, run the batch (forward + sample), process the tokens.
 
         A row whose grammar mask is late gets no token: its request is parked (it computed
-        all but its last position, which is recomputed once the mask is ready)."""
+        all but its last position, which is recomputed once the mask is ready). Under async
+        scheduling the outputs are the previous step's (:mod:`inflight.runtime.async_steps`)."""
         self.runner.check_health()
+        if self.pipeline is not None:
+            return self.pipeline.step()
         settled = self.parked.settle()
-        sched = self._schedule()
+        sched = self.schedule()
         if sched.is_empty:
             if not settled:
                 self.parked.wait()  # only parked requests are left: wait for a mask, briefly
             return settled
-        ran, failed, sampled = self._forward_and_sample(sched.chunks)
+        return settled + self.run_scheduled(sched.chunks)
+
+    def run_scheduled(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
+        """Run scheduled chunks now and process their tokens (the synchronous step's body)."""
+        ran, failed, sampled = self._forward_and_sample(chunks)
         deferred = {id(s.chunk) for s in sampled if not s.token_ids}
         for chunk in ran:
             if chunk.speculative:  # a speculating chunk advances once its tokens are in
                 continue
             if id(chunk) in deferred:
-                self._advance(chunk, chunk.num_tokens - 1)
+                self.advance(chunk, chunk.num_tokens - 1)
                 self.parked.park(chunk.request, self.output_processor.matcher_of(chunk.request))
             else:
-                self._advance(chunk, chunk.num_tokens)
+                self.advance(chunk, chunk.num_tokens)
         if deferred:
             sampled = [s for s in sampled if s.token_ids]
-        outputs = self.output_processor.process(sampled, failed, self._advance)
+        outputs = self.output_processor.process(sampled, failed, self.advance)
         self.parked.park_slow_grammars(s.chunk.request for s in sampled)
-        return settled + outputs
+        return outputs
 
-    def _schedule(self) -> SchedulerOutput:
+    def schedule(self) -> SchedulerOutput:
         """The step's batch (a busy grammar's chunk without drafts), the step counted, times stamped."""
         sched = plain_when_grammar_busy(self.scheduler.schedule(), self.output_processor.matcher_of)
         self._num_steps += 1
@@ -310,7 +323,8 @@ class LLMEngine:
             out.append(SampledTokens(chunk, tokens, logprobs))
         return out
 
-    def _advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
+    def advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
+        """``chunk`` computed ``num_computed`` more positions: count them, cache full blocks."""
         req = chunk.request
         req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
@@ -373,7 +387,7 @@ class LLMEngine:
         """Run one tiny request through every stage so the first real one pays no start-up cost."""
         req_id = "__warmup__"
         self._add(req_id, self.encode_prompt("warm up"), SamplingParams(max_tokens=2, temperature=0.0), 0, None)
-        while req_id in self.output_processor:
+        while req_id in self.output_processor or self.has_unfinished_requests():  # async: the step after too
             self.step()
         self.pool.reset_prefix_cache()
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0

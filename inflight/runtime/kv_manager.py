@@ -142,12 +142,15 @@ class KVCacheManager:
         self.prefix_cache_queries += num_prompt_tokens
         self.prefix_cache_hits += num_hit_tokens
 
-    def cache_computed_blocks(self, req: Request) -> None:
+    def cache_computed_blocks(self, req: Request, num_computed: int | None = None) -> None:
         """Register the blocks that are now full of computed tokens in the prefix cache (with a
-        draft model, only once its KV fills them too: ``Request.draft_kv_lag``)."""
+        draft model, only once its KV fills them too: ``Request.draft_kv_lag``). ``num_computed``:
+        count only this many (async scheduling: the tokens of steps that have run, not of the
+        step still in flight)."""
         if not self.pool.enable_prefix_caching:
             return
-        num_full = (req.num_computed_tokens - req.draft_kv_lag) // self.block_size
+        computed = req.num_computed_tokens if num_computed is None else min(num_computed, req.num_computed_tokens)
+        num_full = (computed - req.draft_kv_lag) // self.block_size
         if num_full <= req.num_cached_blocks:
             return
         bs = self.block_size

@@ -80,6 +80,11 @@ class Request:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
+    def awaits_token(self) -> bool:
+        """Async scheduling: its last token is a placeholder for one the step in flight samples."""
+        return bool(self.token_ids) and self.token_ids[-1] < 0
+
+    @property
     def num_held_blocks(self) -> int:
         """Blocks this request holds a reference on (its table less the released placeholders)."""
         return len(self.block_ids) - self.num_released_blocks

@@ -53,6 +53,16 @@ class PendingMasks:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledMasks:
+    """The masks decided on (:meth:`Sampler.settle_masks`): ``bitmask`` (one row per entry of
+    ``row_indices``, None when no row is masked) and the rows ``deferred``."""
+
+    row_indices: tuple[int, ...]
+    bitmask: np.ndarray | None
+    deferred: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
 class SamplerOutput:
     """``token_ids[i]`` is -1 for a row in ``deferred`` (its grammar mask was not ready)."""
 
@@ -79,10 +89,12 @@ class Sampler:
         return PendingMasks(tuple(i for i, _ in constrained), fills, time.monotonic())
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None = None) -> SamplerOutput:
+    def sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | SettledMasks | None = None
+    ) -> SamplerOutput:
         """``logits``: ``[num_rows, vocab]`` float32, modified in place. ``masks``: from
-        :meth:`prepare_masks` for these rows; rows whose mask is late are deferred. Without
-        ``masks`` the masks are computed here and waited for."""
+        :meth:`prepare_masks` for these rows (rows whose mask is late are deferred), or already
+        settled (:meth:`settle_masks`). Without ``masks`` they are computed here and waited for."""
         if not rows:
             return SamplerOutput([], [])
         shape_logits(logits, rows)
@@ -107,12 +119,24 @@ class Sampler:
         chosen = _chosen_logprobs(logprobs, token_ids)
         return SamplerOutput(token_ids, chosen)
 
-    def _apply_grammars(self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | None) -> set[int]:
+    def _apply_grammars(
+        self, logits: torch.Tensor, rows: list[SamplingRow], masks: PendingMasks | SettledMasks | None
+    ) -> frozenset[int]:
         """Mask each constrained row whose mask is ready; the rows whose mask is not: deferred."""
+        settled = masks if isinstance(masks, SettledMasks) else self.settle_masks(rows, masks, logits.shape[-1])
+        if settled.bitmask is not None:
+            apply_bitmask(logits, list(settled.row_indices), settled.bitmask)
+        return settled.deferred
+
+    def settle_masks(self, rows: list[SamplingRow], masks: PendingMasks | None, vocab_size: int) -> SettledMasks:
+        """Wait for the masks :meth:`sample` may wait for (a quick grammar's, for its grace) and
+        decide: the ready rows' bitmask, and the rows deferred. The engine thread calls this
+        itself under async scheduling, so it knows which rows are deferred before the sampling
+        runs; :meth:`sample` takes the result in place of ``masks``."""
         if masks is None:
-            masks = self.prepare_masks(rows, logits.shape[-1])
+            masks = self.prepare_masks(rows, vocab_size)
             if masks is None:
-                return set()
+                return SettledMasks((), None, frozenset())
             masks = PendingMasks(masks.row_indices, masks.fills, masks.started, wait=True)
         awaited = [f.future for f in masks.fills if not f.done and (masks.wait or not f.matcher.slow)]
         if awaited:  # a slow grammar's mask is never waited for
@@ -133,10 +157,8 @@ class Sampler:
                 continue
             self.masks.consume(fill)
             ready.append(j)
-        if ready:
-            bitmask = np.concatenate([masks.fills[j].bitmask for j in ready])
-            apply_bitmask(logits, [masks.row_indices[j] for j in ready], bitmask)
-        return deferred
+        bitmask = np.concatenate([masks.fills[j].bitmask for j in ready]) if ready else None
+        return SettledMasks(tuple(masks.row_indices[j] for j in ready), bitmask, frozenset(deferred))
 
     def _random_sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> list[int]:
         dev = logits.device

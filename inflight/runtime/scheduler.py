@@ -2,7 +2,8 @@
 
 Every step gets a token budget (``max_num_tokens``). Running requests go first (a decode
 costs one token, an unfinished prompt its next chunk; a request parked while its grammar's
-token mask is filled sits out), then waiting requests in policy
+token mask is filled sits out, and so does one whose last token the step in flight samples
+under async scheduling), then waiting requests in policy
 order while the budget, ``max_num_sequences`` and free KV blocks allow. When blocks run
 out, running requests are preempted by recompute: the most recently admitted first, or under
 ``priority`` the lowest priority (highest ``priority`` value) first. ``fair`` shares slots
@@ -197,7 +198,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.parked:  # its grammar's mask is not ready: it sits this step out
+            if req.parked or self._ends_in_flight(req):
                 i += 1
                 continue
             num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
@@ -223,6 +224,14 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _ends_in_flight(self, req: Request) -> bool:
+        """Async scheduling: the token the step in flight samples for ``req`` is its last one
+        (``max_tokens`` or the context length), so it sits this step out and finishes then."""
+        if not req.awaits_token:
+            return False
+        max_len = self.config.max_model_len
+        return req.num_output_tokens >= req.params.max_tokens or (max_len is not None and req.num_tokens >= max_len)
 
     def _fair_yielding(self) -> frozenset[str]:
         """Fair policy: the tenants whose prompt tokens (running chunks and admissions) sit

@@ -333,7 +333,8 @@ SCHEDULER_FLAGS: tuple[VllmFlag, ...] = (
     refused("--scheduler-cls", PLUGINS),
     switch("--scheduler-reserve-full-isl", SCHEDULER),
     switch("--disable-hybrid-kv-cache-manager", "one kind of KV cache here"),
-    switch("--async-scheduling", "the engine's own step loop"),
+    alias("--async-scheduling", "--async-scheduling", "Prepare step N+1 while step N runs (docs/gpu.md).", 0,
+          negatable=True),
     only("--stream-interval", ("1",), "streams send every step's tokens", "streams send every step's tokens"),
 )
 

@@ -38,7 +38,7 @@ def test_crd_engine_properties_are_exactly_the_engine_knobs() -> None:
     issue_list = {"maxNumSequences", "maxNumTokens", "kvCacheFreeGpuMemFraction", "blockSize",
                   "enableChunkedContext", "enablePrefixCaching", "maxModelLen", "dtype",
                   "schedulerPolicy", "maxQueueLen", "tensorParallelSize",
-                  "enforceEager", "quantization", "speculativeConfig", "maxTokensInPagedKvCache"}
+                  "enforceEager", "asyncScheduling", "quantization", "speculativeConfig", "maxTokensInPagedKvCache"}
     assert engine_props - {"extraArgs"} == issue_list
 
 

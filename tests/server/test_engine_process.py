@@ -133,10 +133,11 @@ def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, st
 
 def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: Path) -> None:
     """The engine core sends token ids only; the front end detokenizes and ends a request at its
-    stop string (aborting it in the core). Same text, finish reason and usage as one process."""
+    stop string (aborting it in the core). Same text, finish reason and usage as one process,
+    and with async scheduling (the abort reaches the core while a step is in flight)."""
     body = {"model": MODEL_NAME, "prompt": "def fib(n):", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     results = []
-    for mode in ((), ("--single-process",)):
+    for mode in ((), ("--single-process",), ("--async-scheduling",)):
         server = _serve(demo_model_dir, *mode)
         try:
             server.wait_ready()
@@ -151,4 +152,4 @@ def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: 
             assert wait_until(lambda s=server: metrics(s.url)["inflight:kv_cache_usage_perc"] == 0, 10)
         finally:
             server.stop()
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]

@@ -68,18 +68,20 @@ class _Run:
         raise AssertionError(f"not done after {max_steps} steps: {self.finished_at}")
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("slow_regex", ["(xy|z)+", "(ab|cd){3}"], ids=["open-ended", "completes"])
 def test_a_stalled_mask_parks_only_its_request_and_its_output_is_unchanged(
-    model_dir: Path, slow_regex: str, monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, slow_regex: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After the stall the grammar stays slow (no fill is cheap enough to make it quick again
     here), so each later token advances it off the step, with its request parked (and
     ``(ab|cd){3}`` completes there): the output must still be the reference's."""
     monkeypatch.setattr(mask_fills, "QUICK_AGAIN_S", 0.0)
-    reference = _Run(LLMEngine.from_model_dir(model_dir, CONFIG), _requests(slow_regex))
+    config = CONFIG.replace(async_scheduling=async_scheduling)  # async: the one-step lag changes nothing here
+    reference = _Run(LLMEngine.from_model_dir(model_dir, config), _requests(slow_regex))
     reference.until(lambda: not reference.engine.has_unfinished_requests())
 
-    engine = LLMEngine.from_model_dir(model_dir, CONFIG)
+    engine = LLMEngine.from_model_dir(model_dir, config)
     engine.structured._fault = GrammarFault("slow-mask", SLOW)  # noqa: SLF001 - the injected fault
     engine.parked.deadline_s = 60.0
     run = _Run(engine, _requests(slow_regex))
@@ -101,8 +103,9 @@ def test_a_stalled_mask_parks_only_its_request_and_its_output_is_unchanged(
     assert len(engine.parked) == 0 and engine.stats().num_used_kv_blocks == 0
 
 
-def test_an_abort_while_parked_frees_everything(model_dir: Path) -> None:
-    engine = LLMEngine.from_model_dir(model_dir, CONFIG)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_abort_while_parked_frees_everything(model_dir: Path, async_scheduling: bool) -> None:
+    engine = LLMEngine.from_model_dir(model_dir, CONFIG.replace(async_scheduling=async_scheduling))
     engine.structured._fault = GrammarFault("slow-mask", SLOW)  # noqa: SLF001
     engine.parked.deadline_s = 60.0
     requests = {k: v for k, v in _requests().items() if k in ("free", "slow")}
