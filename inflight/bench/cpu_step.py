@@ -14,7 +14,9 @@ once, float32, native CPU kernels, the engine's own thread and lane choices. A v
   REV:inflight/kernels/cpu_kernels.c > FILE``), built beside the current one;
 * ``no-lanes``: loaded with ``INFLIGHT_CPU_LANES=0``;
 * ``one-thread``: loaded with ``INFLIGHT_CPU_THREADS=1`` (one core does everything: no lanes,
-  and the figure moves less when another process holds the other cores).
+  and the figure moves less when another process holds the other cores);
+* ``split-attn``: the decode attention block as separate kernel calls (split, rotary, KV store,
+  attention) instead of the one call of :mod:`inflight.kernels.decode_block`.
 
 A run: ``batch`` sequences with random ``--prompt-len``-token prompts are prefilled, one
 decode step runs untimed, then ``steps`` decode steps are timed one by one (``LLMEngine.step``,
@@ -23,8 +25,13 @@ variants in a rotated order; the report gives the median (min-max) over rounds a
 variant's ratio to the first (the median of the per-round ratios). ``--profile`` adds one run
 per variant with every ``KernelOps`` call timed: milliseconds per step per op (linears split by
 layer), summed over the threads that ran them and divided by the decode lanes; "rest" is the
-step minus the ops (embedding, residual adds, Python, scheduling, sampling). The machine is
-shared and noisy: read the ratios, not the absolute figures. Nothing here is asserted.
+step minus the ops (embedding, residual adds, Python, scheduling, sampling). With decode lanes
+it also replays one lane of a step alone on the main thread (``lane alone`` columns: what each
+op costs without the other lane holding the GIL and sharing the caches; its "rest" has no
+scheduling or sampling) and counts the Python-level calls per decoder layer of a lane (Python
+functions, and C functions called from Python: each torch op or allocation among them is a
+point where a lane drops the GIL and may wait to get it back). The machine is shared and
+noisy: read the ratios, not the absolute figures. Nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,9 +58,9 @@ if TYPE_CHECKING:
 
     from inflight.runtime.engine import LLMEngine
 
-MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread")
+MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn")
 OP_FIELDS = ("linear", "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary_embedding",
-             "store_kv_cache", "silu_and_mul")
+             "store_kv_cache", "silu_and_mul", "decode_attention_block")
 LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 
 
@@ -104,6 +112,8 @@ def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
         if alt is None:
             raise ValueError("variant alt-attn needs --alt-attention FILE")
         engine.runner.ops = dataclasses.replace(engine.runner.ops, paged_decode_attention=alt)
+    if "split-attn" in mods:
+        engine.runner.ops = dataclasses.replace(engine.runner.ops, decode_attention_block=None)
     engine.warmup()
     return engine
 
@@ -121,7 +131,8 @@ class OpTimer:
         for name, module in engine.runner.model.named_modules():
             if name.rsplit(".", 1)[-1] in LINEAR_NAMES:
                 names[id(module.weight)] = "linear." + name.rsplit(".", 1)[-1]
-        wrapped = {f: self._wrap(f, getattr(self._original, f), names if f == "linear" else None) for f in OP_FIELDS}
+        wrapped = {f: self._wrap(f, getattr(self._original, f), names if f == "linear" else None)
+                   for f in OP_FIELDS if getattr(self._original, f) is not None}
         engine.runner.ops = dataclasses.replace(self._original, **wrapped)
 
     def _wrap(self, field: str, fn: Callable[..., Any], names: dict[int, str] | None) -> Callable[..., Any]:
@@ -177,6 +188,75 @@ def time_decode(engine: LLMEngine, prompts: list[list[int]], steps: int, tag: st
         keys = sorted({k for o in ops for k in o})
         out["ops_ms"] = {k: statistics.median([o.get(k, 0.0) for o in ops]) for k in keys}
         out["ops_ms"]["rest"] = out["step_ms"] - sum(out["ops_ms"].values())
+    return out
+
+
+def lane_alone(engine: LLMEngine, prompts: list[list[int]], reps: int) -> dict[str, Any] | None:
+    """One lane of a real decode step replayed alone on this thread, inside that step (so its
+    KV is live; the replay rewrites the lane's slots with the same values): ms per op, "rest"
+    and "step" (medians of ``reps``), and "calls", the Python-level calls per decoder layer
+    (the lane's calls / layers). None when the engine runs no decode lanes."""
+    from inflight.runtime.cpu_lanes import lane_meta
+
+    lanes = getattr(engine.runner, "_lanes", None)  # the runner's DecodeLanes, when it runs lanes
+    if lanes is None:
+        return None
+    found: list[dict[str, Any]] = []
+    forward = lanes.forward
+
+    def replay(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, sample_indices: torch.Tensor,
+               logits_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        if not found:
+            rows = lanes.lane_rows(meta.num_decode_tokens)[0]
+            args = (input_ids[rows], positions[rows], lane_meta(meta, rows))
+            found.append(_time_lane(engine, logits_fn, args, reps))
+        return forward(input_ids, positions, meta, sample_indices, logits_fn)
+
+    lanes.forward = replay
+    try:
+        time_decode(engine, prompts, 1, "lane-alone")
+    finally:
+        del lanes.forward  # the instance attribute goes; the method is back
+    return found[0] if found else None
+
+
+def _time_lane(engine: LLMEngine, logits_fn: Callable[..., torch.Tensor], args: tuple[Any, ...],
+               reps: int) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs: list[dict[str, float]] = []
+    try:
+        with torch.inference_mode():
+            logits_fn(*args)
+            calls = {"python": 0, "c": 0}
+
+            def count(frame: Any, event: str, arg: Any) -> None:
+                if event in ("call", "c_call"):
+                    calls["python" if event == "call" else "c"] += 1
+
+            sys.setprofile(count)
+            try:
+                logits_fn(*args)
+            finally:
+                sys.setprofile(None)
+            timer = OpTimer(engine)
+            try:
+                for _ in range(reps):
+                    timer.reset()
+                    t0 = time.perf_counter()
+                    logits_fn(*args)
+                    step = 1e3 * (time.perf_counter() - t0)
+                    ops = {k: 1e3 * v for k, v in timer.seconds.items()}
+                    runs.append({**ops, "rest": step - sum(ops.values()), "step": step})
+            finally:
+                timer.close()
+    finally:
+        torch.set_num_threads(threads)
+    out: dict[str, Any] = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
+    layers = engine.runner.spec.num_layers
+    out["calls"] = {k: v / layers for k, v in calls.items()}
     return out
 
 
@@ -250,15 +330,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {size:6s} {variant:24s} {_fmt(_spread(ms), 2):>22s}   x{_fmt(ratio, 2)}")
     if args.profile:
         for size in args.models:
-            profiles = {}
+            profiles, calls = {}, {}
             for variant in args.variants:
+                alone = lane_alone(engines[(size, variant)], prompts[size], args.steps)
                 timer = OpTimer(engines[(size, variant)])
                 res = time_decode(engines[(size, variant)], prompts[size], args.steps, "profile", timer)
                 timer.close()
                 profiles[variant] = {**res["ops_ms"], "step": res["step_ms"]}
+                if alone is not None:
+                    calls[variant] = alone.pop("calls")
+                    profiles[f"{variant}, lane alone"] = alone
             report["results"][f"{size}/profile"] = profiles
+            report["results"][f"{size}/calls_per_layer"] = calls
             print(f"\nprofile, {size} model, {args.batch} decodes (ops summed over lanes / lanes)")
             print("\n".join(profile_table(profiles)))
+            for variant, c in calls.items():
+                print(f"  {variant}: per decoder layer of a lane, {c['python']:.1f} Python function calls, "
+                      f"{c['c']:.1f} C function calls")
     report["loadavg_end"] = os.getloadavg()[0]
     report["elapsed_s"] = time.perf_counter() - start
     print(f"\nload average {load_start:.2f} -> {report['loadavg_end']:.2f}, {report['elapsed_s']:.0f} s")

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from inflight.cache import cache_root
-from inflight.kernels import reference
+from inflight.kernels import decode_block, reference
 from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
 from inflight.kernels.ops import KernelOps
 
@@ -50,6 +50,9 @@ _SIGNATURES = {
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_silu_and_mul_f32": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
+    "inflight_decode_attention_block_f32": (
+        ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
+        + [_f32, _int, _i64, _ptr]),
 }
 # Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
 # 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
@@ -195,6 +198,53 @@ def _decode_attention(
     return out
 
 
+def decode_attention_block(
+    qkv: torch.Tensor,  # [num_seqs, (num_heads + 2 * num_kv_heads) * head_dim]
+    rows: decode_block.DecodeRows,
+    cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim], fp32
+    kv_cache: tuple[torch.Tensor, torch.Tensor],  # [num_blocks, block_size, num_kv_heads, head_dim] each
+    layer: decode_block.AttentionLayer,
+) -> torch.Tensor:  # [num_seqs, num_heads * head_dim]
+    """:func:`inflight.kernels.decode_block.decode_attention_block` as one native call (one
+    allocation, one GIL release): float32 rows with features packed, any row stride."""
+    k_cache, v_cache = kv_cache
+    num_seqs, num_heads, head_dim = qkv.shape[0], layer.num_heads, layer.head_dim
+    q_size, kv_size = num_heads * head_dim, layer.num_kv_heads * head_dim
+    rot_dim = cos_sin_cache.shape[-1]
+    q_norm, k_norm = layer.q_norm, layer.k_norm
+    if not (qkv.dim() == 2 and qkv.shape[1] == q_size + 2 * kv_size and qkv.stride(1) == 1
+            and qkv.dtype == k_cache.dtype == v_cache.dtype == cos_sin_cache.dtype == torch.float32
+            and qkv.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and cos_sin_cache.is_contiguous() and rot_dim % 2 == 0 and rot_dim <= head_dim
+            and (q_norm is None) == (k_norm is None)
+            and (q_norm is None or _vector_ok(q_norm, head_dim) and _vector_ok(k_norm, head_dim))):
+        return decode_block.decode_attention_block(qkv, rows, cos_sin_cache, kv_cache, layer)
+    sinks = layer.sinks
+    if sinks is not None:
+        sinks = decode_block.contiguous_as(sinks, torch.float32)
+        if sinks.shape != (num_heads,):
+            raise ValueError(f"sinks must be [num_heads] = [{num_heads}] (got {tuple(sinks.shape)}).")
+    out = torch.empty((num_seqs, q_size), dtype=torch.float32)
+    if num_seqs == 0:
+        return out
+    tables = rows.block_tables
+    status = _lib().inflight_decode_attention_block_f32(
+        qkv.data_ptr(), qkv.stride(0), rows.positions.data_ptr(), cos_sin_cache.data_ptr(), rot_dim,
+        None if q_norm is None else q_norm.data_ptr(), None if k_norm is None else k_norm.data_ptr(),
+        layer.norm_eps, k_cache.data_ptr(), v_cache.data_ptr(), rows.slot_mapping.data_ptr(), tables.data_ptr(),
+        rows.context_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, layer.num_kv_heads, head_dim,
+        k_cache.shape[1], tables.shape[1], layer.scale, torch.get_num_threads(), layer.sliding_window or 0,
+        None if sinks is None else sinks.data_ptr(),
+    )
+    if status != 0:
+        raise MemoryError("decode_attention_block: no memory for the per-thread scratch")
+    return out
+
+
+def _vector_ok(w: torch.Tensor | None, size: int) -> bool:
+    return w is not None and w.dtype == torch.float32 and w.is_contiguous() and w.shape == (size,)
+
+
 def store_kv_cache(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -308,4 +358,5 @@ CPU_OPS = KernelOps(
     linear=linear,
     silu_and_mul=silu_and_mul,
     graph_safe=True,
+    decode_attention_block=decode_attention_block,
 )

@@ -1,8 +1,9 @@
 """The kernel bundle type: ``KernelOps``, and ``TORCH_OPS``, the bundle of torch references.
 
-A leaf: imports only torch and :mod:`inflight.kernels.reference`, so the backends that build
-a bundle (:mod:`.cpu_native`, :mod:`.triton_ops`) and :mod:`.dispatch`, which picks one,
-all import it without importing each other. Knows nothing about which backend runs where.
+A leaf: imports only torch, :mod:`inflight.kernels.reference` and :mod:`.decode_block`, so the
+backends that build a bundle (:mod:`.cpu_native`, :mod:`.triton_ops`) and :mod:`.dispatch`,
+which picks one, all import it without importing each other. Knows nothing about which
+backend runs where.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.kernels import reference
+from inflight.kernels import decode_block, reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class KernelOps:
     # brings its own; it reads expert counts on the host, so it cannot run inside a captured
     # CUDA graph: the Triton bundle (graph-safe) brings one that can.
     fused_moe: Callable[..., torch.Tensor] = reference.fused_moe
+    # A pure-decode step's attention block in one call (:mod:`.decode_block`): q/k/v split,
+    # qk-norm, rotary, KV store, decode attention. None: the decoder calls those ops one by one.
+    decode_attention_block: Callable[..., torch.Tensor] | None = None
 
 
 TORCH_OPS = KernelOps(
@@ -46,4 +50,5 @@ TORCH_OPS = KernelOps(
     rotary_embedding=reference.rotary_embedding,
     linear=reference.linear,
     silu_and_mul=reference.silu_and_mul,
+    decode_attention_block=decode_block.decode_attention_block,
 )

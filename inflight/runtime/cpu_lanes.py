@@ -6,8 +6,10 @@ passive waits (which the server needs, see ``device_setup.cpu_thread_counts``) e
 wakes a sleeping thread. Decode rows do not interact inside a step, so the batch can be cut
 in two (or more) lanes that each run the whole model on their rows in a thread of their own,
 single-threaded: one join per step instead of one per op. torch and the native kernels drop
-the GIL while they compute, so the lanes run in parallel. Each lane writes only its own
-sequences' KV slots. Knows nothing about scheduling; the model call is handed in.
+the GIL while they compute, so the lanes run in parallel; between calls a lane holds the GIL
+for its Python and may wait for the other lane's, so fewer Python-level calls per layer pay
+(the decoder runs a pure-decode step's attention block as one call,
+:mod:`inflight.kernels.decode_block`). Each lane writes only its own sequences' KV slots. Knows nothing about scheduling; the model call is handed in.
 """
 
 from __future__ import annotations
@@ -48,25 +50,30 @@ class DecodeLanes:
         sample_indices: torch.Tensor, logits_fn: LogitsFn,
     ) -> torch.Tensor:
         """Logits ``[num_sampled, vocab]`` of the step, each lane computing its own rows."""
-        n = meta.num_decode_tokens
-        bounds = [n * i // self.num_lanes for i in range(self.num_lanes + 1)]
-        lanes = [slice(bounds[i], bounds[i + 1]) for i in range(self.num_lanes)]
+        lanes = self.lane_rows(meta.num_decode_tokens)
 
         def run(rows: slice) -> torch.Tensor:
             if torch.get_num_threads() != 1:
                 torch.set_num_threads(1)
             with torch.inference_mode():
-                return logits_fn(input_ids[rows], positions[rows], _lane_meta(meta, rows))
+                return logits_fn(input_ids[rows], positions[rows], lane_meta(meta, rows))
 
         futures = [self._pool.submit(run, rows) for rows in lanes[1:]]
         logits = [run(lanes[0]), *(f.result() for f in futures)]
         return torch.cat(logits)[sample_indices]
 
+    def lane_rows(self, num_decode_tokens: int) -> list[slice]:
+        """The rows of each lane: ``num_lanes`` contiguous slices, as even as they go."""
+        n = num_decode_tokens
+        bounds = [n * i // self.num_lanes for i in range(self.num_lanes + 1)]
+        return [slice(bounds[i], bounds[i + 1]) for i in range(self.num_lanes)]
+
     def close(self) -> None:
         self._pool.shutdown(wait=False)
 
 
-def _lane_meta(meta: AttentionMetadata, rows: slice) -> AttentionMetadata:
+def lane_meta(meta: AttentionMetadata, rows: slice) -> AttentionMetadata:
+    """The attention metadata of one lane's rows of a pure-decode step."""
     return AttentionMetadata(
         slot_mapping=meta.slot_mapping[rows], num_decode_tokens=rows.stop - rows.start,
         decode_block_tables=meta.decode_block_tables[rows], decode_context_lens=meta.decode_context_lens[rows],

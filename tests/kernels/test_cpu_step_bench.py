@@ -15,6 +15,7 @@ from inflight.kernels import cpu_native
 def test_variants_parse_and_unknown_modifiers_are_refused() -> None:
     assert cpu_step.parse_variant("default") == frozenset()
     assert cpu_step.parse_variant("one-thread+unpacked+alt-attn") == {"one-thread", "unpacked", "alt-attn"}
+    assert cpu_step.parse_variant("split-attn") == {"split-attn"}
     with pytest.raises(ValueError, match="unknown variant modifier"):
         cpu_step.parse_variant("unpacked+fast")
 
@@ -36,7 +37,32 @@ def test_a_profiled_run_splits_the_step_by_kernel(tiny_model_dir) -> None:
     result = cpu_step.time_decode(engine, prompts, steps=2, tag="t", timer=timer)
     timer.close()
     ops = result["ops_ms"]
-    assert result["step_ms"] > 0 and {"linear.qkv_proj", "linear.down_proj", "paged_decode_attention"} <= set(ops)
+    assert result["step_ms"] > 0 and {"linear.qkv_proj", "linear.down_proj", "decode_attention_block"} <= set(ops)
     assert abs(sum(ops.values()) - result["step_ms"]) < 1e-6  # "rest" closes the sum
     assert engine.runner.ops is timer._original and not engine.has_unfinished_requests()
     assert "| linear.qkv_proj |" in "\n".join(cpu_step.profile_table({"v": {**ops, "step": result["step_ms"]}}))
+    assert cpu_step.lane_alone(engine, prompts, reps=1) is None  # no decode lanes: nothing to replay
+
+
+def test_split_attn_runs_the_attention_block_op_by_op(tiny_model_dir) -> None:
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes", "split-attn"}), batch=4, max_len=64, alt=None)
+    assert engine.runner.ops.decode_attention_block is None
+    timer = cpu_step.OpTimer(engine)
+    ops = cpu_step.time_decode(engine, [[5 + i, 9, 11] for i in range(4)], steps=1, tag="s", timer=timer)["ops_ms"]
+    timer.close()
+    assert {"rotary_embedding", "store_kv_cache", "paged_decode_attention"} <= set(ops)
+
+
+def test_one_lane_replays_alone_with_its_ops_and_calls_counted(tiny_model_dir, monkeypatch) -> None:
+    from inflight.runtime import cpu_lanes
+
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
+    monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)  # a tiny model's step is worth lanes here
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset(), batch=8, max_len=64, alt=None)
+    try:
+        alone = cpu_step.lane_alone(engine, [[5 + i, 9, 11] for i in range(8)], reps=2)
+        assert alone is not None and alone["step"] > 0 and "decode_attention_block" in alone
+        assert alone["calls"]["python"] > 0 and alone["calls"]["c"] > 0
+        assert not engine.has_unfinished_requests() and "forward" not in vars(engine.runner._lanes)
+    finally:
+        engine.runner.close()

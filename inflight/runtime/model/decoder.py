@@ -8,7 +8,9 @@ dense MLP's place (:mod:`.moe`); Gemma 3's layers (sandwich norms, GELU-tanh MLP
 embeddings) take the other path of :meth:`CausalLM.forward`. A layer's sliding window and rope
 table come from the spec; gpt-oss's attention sinks (``self_attn.sinks``, one logit per query
 head, this rank's heads under tensor parallelism) go to the attention kernels as ``sinks``.
-Knows nothing about scheduling or sampling.
+In a pure-decode step each layer's attention block (q/k/v split through decode attention) is one
+kernel call when the bundle has one (:mod:`inflight.kernels.decode_block`), with the step's rows
+converted once for every layer. Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
@@ -60,10 +63,15 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         ops: KernelOps,
+        rows: DecodeRows | None = None,  # a pure-decode step's rows: the block in one call
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = x.shape[0]
         qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        if rows is not None and ops.decode_attention_block is not None:
+            out = ops.decode_attention_block(qkv, rows, cos_sin[self.rope_table], kv_cache, self._layer())
+            out = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+            return out if self.tp is None else self.tp.all_reduce(out)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, spec.head_dim)
@@ -99,6 +107,14 @@ class Attention(nn.Module):
         out = ops.linear(out.reshape(num_tokens, self.q_size), self.o_proj.weight, self.o_proj.bias)
         return out if self.tp is None else self.tp.all_reduce(out)
 
+    def _layer(self) -> AttentionLayer:
+        qk_norm = self.q_norm is not None and self.k_norm is not None
+        return AttentionLayer(
+            self.num_heads, self.num_kv_heads, self.spec.head_dim, self.scale, self.window, self.sinks,
+            self.q_norm.weight if qk_norm else None, self.k_norm.weight if qk_norm else None,
+            self.q_norm.eps if qk_norm else 1e-6,
+        )  # fmt: skip
+
 
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None) -> None:
@@ -132,17 +148,26 @@ class DecoderLayer(nn.Module):
     def sandwich_forward(
         self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps,
+        rows: DecodeRows | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Gemma 3's layer: a norm before and after attention and before and after the MLP,
         each block's normed output added to the residual stream."""
         x = ops.rms_norm(hidden, self.input_layernorm.weight, self.input_layernorm.eps)[0]
-        x = self.self_attn(x, positions, cos_sin, kv_cache, meta, ops)
+        x = self.self_attn(x, positions, cos_sin, kv_cache, meta, ops, rows)
         x = ops.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)[0]
         norm = self.pre_feedforward_layernorm
         x, hidden = ops.rms_norm(x, norm.weight, norm.eps, hidden)  # hidden += x; x = norm(hidden)
         x = self.mlp(x, ops)
         x = ops.rms_norm(x, self.post_feedforward_layernorm.weight, self.post_feedforward_layernorm.eps)[0]
         return hidden + x
+
+
+def decode_rows(positions: torch.Tensor, meta: AttentionMetadata, ops: KernelOps) -> DecodeRows | None:
+    """A pure-decode step's rows for the one-call attention block, converted once for every layer;
+    None when the step has prompt chunks or the bundle has no such block."""
+    if meta.num_prefills or ops.decode_attention_block is None:
+        return None
+    return DecodeRows.of(positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
@@ -179,15 +204,16 @@ class CausalLM(nn.Module):
         hidden = self.embed(input_ids)
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
+        rows = decode_rows(positions, meta, ops)
         if self.spec.sandwich_norms:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops)
+                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops, rows)
             return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)[0]
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
-            x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops)
+            x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops, rows)
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
             hidden = layer.mlp(x, ops)
