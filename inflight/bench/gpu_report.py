@@ -44,7 +44,7 @@ def _engine(data: dict[str, Any]) -> list[str]:
     lines = ["", "### Engine decode step vs its roofline ((weights + K/V) / copy bandwidth)", "",
              "| batch | mode | step ms | roofline ms | x roofline |", "|---:|---|---:|---:|---:|"]  # fmt: skip
     for r in data.get("rows", []):
-        mode = "CUDA graphs" if r.get("graphs") else "eager"
+        mode = ("CUDA graphs" if r.get("graphs") else "eager") + (" + async scheduling" if r.get("async") else "")
         lines.append(f"| {r['batch']} | {mode} | {r['step_ms']:.2f} | {r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
     return lines
 

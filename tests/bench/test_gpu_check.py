@@ -39,6 +39,7 @@ def test_dry_run_exercises_every_step(tmp_path: Path) -> None:
     engine = steps["engine step"]["data"]
     modes = {(r["batch"], r["graphs"]) for r in engine["rows"]}
     assert modes == {(1, False), (2, False), (1, True), (2, True)}  # eager and the stand-in graphs
+    assert {r["batch"] for r in engine["rows"] if r["async"] and r["graphs"]} == {1, 2}  # and overlapped
     burst = steps["served burst"]["data"]
     assert burst["num_errors"] == 0 and burst["sync"]["num_errors"] == 0  # async scheduling, then synchronous
     assert burst["gpu_busy_fraction"] is None  # no GPU, no busy figure
