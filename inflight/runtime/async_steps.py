@@ -43,7 +43,7 @@ import dataclasses
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,7 +89,6 @@ class Launched:
     sample: Future[Sampled] | None = None
     rows: tuple[int, ...] = ()  # batch rows sampled (their requests get a placeholder)
     deferred: tuple[int, ...] = ()  # batch rows whose grammar mask was late: no token
-    unsampled: set[int] = field(default_factory=set)  # rows whose request ended before sampling
 
 
 class StepPipeline:
@@ -129,7 +128,11 @@ class StepPipeline:
             if not ok:
                 launched = None  # rolled back: its requests are scheduled again next step
         if launched is not None:
-            self._start_sampling(launched)
+            try:
+                self._start_sampling(launched)
+            except Exception:  # noqa: BLE001 - the synchronous retry isolates the cause
+                self.inflight = None
+                return settled + outputs + self._run_now(launched)
         self.inflight = launched
         if previous is None and launched is None and not settled:
             eng.parked.wait()  # only parked requests are left: wait for a mask, briefly
@@ -170,24 +173,23 @@ class StepPipeline:
         return self.engine.runner.execute(batch)
 
     def _start_sampling(self, launched: Launched) -> None:
-        """Decide the step's sampling on the host and submit it; placeholders for its tokens."""
+        """Decide the step's sampling on the host and submit it; placeholders for its tokens.
+        Everything that can raise (grammar masks) runs before any request's state changes."""
         eng = self.engine
         live: list[int] = []
+        slow: list[int] = []  # parked after N's token: a slow grammar advances off the step (parked.py)
         for i, chunk in enumerate(launched.sampled_chunks):
             req = chunk.request
-            if req.status is not RequestStatus.RUNNING:  # it ended while the step ran
-                launched.unsampled.add(i)
-            elif req.parked:  # a slow grammar: its token advances it off the step (parked.py)
-                req.num_computed_tokens -= 1
-                launched.unsampled.add(i)
-            else:
-                live.append(i)
+            if req.status is RequestStatus.RUNNING:  # else it ended while the step ran
+                (slow if req.parked else live).append(i)
         rows = [eng.output_processor.sampling_row(launched.sampled_chunks[i].request) for i in live]
         pending = eng.sampler.prepare_masks(rows, eng.vocab_size)
         if pending is not None:  # the grace counts from the forward pass's launch
             pending = dataclasses.replace(pending, started=launched.launched_at)
         settled = eng.sampler.settle_masks(rows, pending, eng.vocab_size)
         deferred = tuple(live[j] for j in sorted(settled.deferred))
+        for i in slow:
+            launched.sampled_chunks[i].request.num_computed_tokens -= 1  # recomputed once unparked
         for i in deferred:
             req = launched.sampled_chunks[i].request
             req.num_computed_tokens -= 1  # its last position is recomputed once the mask is ready
@@ -197,6 +199,16 @@ class StepPipeline:
         for i in live:
             if i not in deferred:
                 launched.sampled_chunks[i].request.token_ids.append(placeholder(i))
+
+    def _run_now(self, launched: Launched) -> list[RequestOutput]:
+        """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
+        engine's retry fails only the requests that cause it."""
+        logger.exception("deciding an async step's sampling failed; running it again synchronously")
+        self.num_drains += 1
+        _settle_quietly(launched.forward)
+        _roll_back(launched)
+        live = tuple(c for c in launched.chunks if c.request.status is RequestStatus.RUNNING)
+        return self.engine.run_scheduled(live) if live else []
 
     def _sample_job(self, launched: Launched, rows: list[SamplingRow], settled: object) -> Sampled:
         """On the worker: sample the rows the host decided on."""
