@@ -187,17 +187,31 @@ def test_a_grammar_request_gets_the_same_tokens(llama_dir) -> None:
     assert got[True]["g"][1] == "stop"
 
 
-def test_a_failing_step_fails_only_its_request(llama_dir, monkeypatch) -> None:
+@pytest.mark.parametrize("stage", ["forward", "sampling decision"])
+def test_a_failing_step_fails_only_its_request(llama_dir, monkeypatch, stage: str) -> None:
+    """A forward pass that raises on the worker, or a sampling decision (grammar masks) that
+    raises on the host after the forward pass was submitted: the step runs again synchronously
+    and only the request that causes it fails."""
     engine = _engine(llama_dir, True)
     reference = _engine(llama_dir, False)
-    execute = engine.runner.execute
+    if stage == "forward":
+        execute = engine.runner.execute
 
-    def failing(batch):
-        if any(c.request.req_id == "poison" for c in batch.sampled_chunks) and len(batch.sampled_chunks) > 0:
-            raise RuntimeError("injected kernel failure")
-        return execute(batch)
+        def failing(batch):
+            if any(c.request.req_id == "poison" for c in batch.sampled_chunks):
+                raise RuntimeError("injected kernel failure")
+            return execute(batch)
 
-    monkeypatch.setattr(engine.runner, "execute", failing)
+        monkeypatch.setattr(engine.runner, "execute", failing)
+    else:
+        settle = engine.sampler.settle_masks
+
+        def failing_settle(rows, masks, vocab_size):
+            if any(r.params.max_tokens == 4 for r in rows):  # the poison request's rows
+                raise RuntimeError("injected grammar failure")
+            return settle(rows, masks, vocab_size)
+
+        monkeypatch.setattr(engine.sampler, "settle_masks", failing_settle)
     for e in (engine, reference):
         e.add_request("ok", e.encode_prompt("def f(x):"), SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True))
     first = engine.step() + engine.step()  # "ok" is in flight when the poison arrives
@@ -234,31 +248,3 @@ def test_prompt_logprobs_drain_the_pipeline(llama_dir) -> None:
 def test_refused_beside_speculation_and_tensor_parallelism(other) -> None:
     with pytest.raises(ValueError, match="async_scheduling cannot be combined"):
         EngineConfig(async_scheduling=True, **other)
-
-
-def test_a_failure_deciding_the_sampling_fails_only_its_request(llama_dir, monkeypatch) -> None:
-    """The host decides a step's sampling (grammar masks) after its forward pass is submitted;
-    if that raises for one request, the step runs again synchronously and only it fails."""
-    engine = _engine(llama_dir, True)
-    reference = _engine(llama_dir, False)
-    settle = engine.sampler.settle_masks
-
-    def failing(rows, masks, vocab_size):
-        if any(r.params.max_tokens == 4 for r in rows):  # the poison request's rows
-            raise RuntimeError("injected grammar failure")
-        return settle(rows, masks, vocab_size)
-
-    monkeypatch.setattr(engine.sampler, "settle_masks", failing)
-    for e in (engine, reference):
-        e.add_request("ok", e.encode_prompt("def f(x):"), SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True))
-    first = engine.step() + engine.step()
-    engine.add_request("poison", engine.encode_prompt("hello"), SamplingParams(max_tokens=4, temperature=0.0))
-    results: Results = {}
-    for out in first:
-        results.setdefault(out.req_id, ([], None, []))[0].extend(out.new_token_ids)
-    results = _drain(engine, results)
-    expected = _drain(reference)
-    engine.close()
-    assert results["poison"][1] == "error"
-    assert results["ok"][:2] == expected["ok"][:2]
-    assert engine.pipeline is not None and engine.pipeline.num_drains >= 1
