@@ -16,7 +16,9 @@ once, float32, native CPU kernels, the engine's own thread and lane choices. A v
 * ``one-thread``: loaded with ``INFLIGHT_CPU_THREADS=1`` (one core does everything: no lanes,
   and the figure moves less when another process holds the other cores);
 * ``split-attn``: the decode attention block as separate kernel calls (split, rotary, KV store,
-  attention) instead of the one call of :mod:`inflight.kernels.decode_block`.
+  attention) instead of the one call of :mod:`inflight.kernels.decode_block`;
+* ``per-layer``: a pure-decode step's layers op by op (eight calls a layer) instead of the whole
+  stack in one call (:mod:`inflight.kernels.decode_stack`).
 
 A run: ``batch`` sequences with random ``--prompt-len``-token prompts are prefilled, one
 decode step runs untimed, then ``steps`` decode steps are timed one by one (``LLMEngine.step``,
@@ -58,9 +60,9 @@ if TYPE_CHECKING:
 
     from inflight.runtime.engine import LLMEngine
 
-MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn")
+MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer")
 OP_FIELDS = ("linear", "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary_embedding",
-             "store_kv_cache", "silu_and_mul", "decode_attention_block")
+             "store_kv_cache", "silu_and_mul", "decode_attention_block", "decode_layer_stack")
 LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 
 
@@ -114,6 +116,8 @@ def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
         engine.runner.ops = dataclasses.replace(engine.runner.ops, paged_decode_attention=alt)
     if "split-attn" in mods:
         engine.runner.ops = dataclasses.replace(engine.runner.ops, decode_attention_block=None)
+    if "per-layer" in mods:
+        engine.runner.ops = dataclasses.replace(engine.runner.ops, decode_layer_stack=None)
     engine.warmup()
     return engine
 

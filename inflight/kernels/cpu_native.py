@@ -4,7 +4,8 @@
 tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
 bigger matmuls), so results never depend on which one ran beyond float rounding. ``linear``
-also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count.
+also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count;
+a pure-decode step's whole layer stack over such weights is one call (:mod:`.cpu_stack`).
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
 ``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source and the headers it
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from inflight.cache import cache_root
-from inflight.kernels import decode_block, reference
+from inflight.kernels import cpu_stack, decode_block, decode_stack, reference
 from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
 from inflight.kernels.ops import KernelOps
 
@@ -53,6 +54,7 @@ _SIGNATURES = {
     "inflight_decode_attention_block_f32": (
         ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
         + [_f32, _int, _i64, _ptr]),
+    **cpu_stack.SIGNATURES,
 }
 # Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
 # 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
@@ -241,6 +243,13 @@ def decode_attention_block(
     return out
 
 
+def decode_layer_stack(
+    hidden: torch.Tensor, rows: decode_block.DecodeRows, stack: decode_stack.DecodeStack
+) -> torch.Tensor | None:  # [num_seqs, hidden], final-normed; None: not taken
+    """A pure-decode step's whole layer stack as one native call (:mod:`.cpu_stack`)."""
+    return cpu_stack.decode_layer_stack(_lib(), hidden, rows, stack)
+
+
 def _vector_ok(w: torch.Tensor | None, size: int) -> bool:
     return w is not None and w.dtype == torch.float32 and w.is_contiguous() and w.shape == (size,)
 
@@ -359,4 +368,5 @@ CPU_OPS = KernelOps(
     silu_and_mul=silu_and_mul,
     graph_safe=True,
     decode_attention_block=decode_attention_block,
+    decode_layer_stack=decode_layer_stack,
 )

@@ -39,6 +39,10 @@ class KernelOps:
     # A pure-decode step's attention block in one call (:mod:`.decode_block`): q/k/v split,
     # qk-norm, rotary, KV store, decode attention. None: the decoder calls those ops one by one.
     decode_attention_block: Callable[..., torch.Tensor] | None = None
+    # A pure-decode step's whole decoder-layer stack and final norm in one call
+    # (:mod:`.decode_stack`), over MKL-packed dense layers; it answers None for a step it does
+    # not take. None: the decoder runs its layers op by op.
+    decode_layer_stack: Callable[..., torch.Tensor | None] | None = None
 
 
 TORCH_OPS = KernelOps(

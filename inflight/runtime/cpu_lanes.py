@@ -7,9 +7,11 @@ wakes a sleeping thread. Decode rows do not interact inside a step, so the batch
 in two (or more) lanes that each run the whole model on their rows in a thread of their own,
 single-threaded: one join per step instead of one per op. torch and the native kernels drop
 the GIL while they compute, so the lanes run in parallel; between calls a lane holds the GIL
-for its Python and may wait for the other lane's, so fewer Python-level calls per layer pay
-(the decoder runs a pure-decode step's attention block as one call,
-:mod:`inflight.kernels.decode_block`). Each lane writes only its own sequences' KV slots. Knows nothing about scheduling; the model call is handed in.
+for its Python and may wait for the other lane's, so fewer Python-level calls pay: on the native
+CPU kernels with MKL-packed dense layers a lane's whole layer stack is one call
+(:mod:`inflight.kernels.decode_stack`: one GIL release per lane and step), else each layer's
+attention block is (:mod:`inflight.kernels.decode_block`). Each lane writes only its own
+sequences' KV slots. Knows nothing about scheduling; the model call is handed in.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ def test_variants_parse_and_unknown_modifiers_are_refused() -> None:
     assert cpu_step.parse_variant("default") == frozenset()
     assert cpu_step.parse_variant("one-thread+unpacked+alt-attn") == {"one-thread", "unpacked", "alt-attn"}
     assert cpu_step.parse_variant("split-attn") == {"split-attn"}
+    assert cpu_step.parse_variant("per-layer") == {"per-layer"}
     with pytest.raises(ValueError, match="unknown variant modifier"):
         cpu_step.parse_variant("unpacked+fast")
 
@@ -31,7 +32,7 @@ def test_attention_from_another_source_file_is_the_same_kernel(make_paged_cache)
 
 
 def test_a_profiled_run_splits_the_step_by_kernel(tiny_model_dir) -> None:
-    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes"}), batch=4, max_len=64, alt=None)
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes", "per-layer"}), batch=4, max_len=64, alt=None)
     timer = cpu_step.OpTimer(engine)
     prompts = [[5 + i, 9, 11, 13] for i in range(4)]
     result = cpu_step.time_decode(engine, prompts, steps=2, tag="t", timer=timer)
@@ -45,7 +46,8 @@ def test_a_profiled_run_splits_the_step_by_kernel(tiny_model_dir) -> None:
 
 
 def test_split_attn_runs_the_attention_block_op_by_op(tiny_model_dir) -> None:
-    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes", "split-attn"}), batch=4, max_len=64, alt=None)
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes", "split-attn", "per-layer"}), batch=4,
+                                  max_len=64, alt=None)
     assert engine.runner.ops.decode_attention_block is None
     timer = cpu_step.OpTimer(engine)
     ops = cpu_step.time_decode(engine, [[5 + i, 9, 11] for i in range(4)], steps=1, tag="s", timer=timer)["ops_ms"]
@@ -61,8 +63,17 @@ def test_one_lane_replays_alone_with_its_ops_and_calls_counted(tiny_model_dir, m
     engine = cpu_step.load_engine(tiny_model_dir, frozenset(), batch=8, max_len=64, alt=None)
     try:
         alone = cpu_step.lane_alone(engine, [[5 + i, 9, 11] for i in range(8)], reps=2)
-        assert alone is not None and alone["step"] > 0 and "decode_attention_block" in alone
+        assert alone is not None and alone["step"] > 0 and "decode_layer_stack" in alone  # the stack: one call
         assert alone["calls"]["python"] > 0 and alone["calls"]["c"] > 0
         assert not engine.has_unfinished_requests() and "forward" not in vars(engine.runner._lanes)
     finally:
         engine.runner.close()
+
+
+def test_the_default_runs_the_layer_stack_in_one_call(tiny_model_dir) -> None:
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset({"no-lanes"}), batch=4, max_len=64, alt=None)
+    timer = cpu_step.OpTimer(engine)
+    ops = cpu_step.time_decode(engine, [[5 + i, 9, 11] for i in range(4)], steps=1, tag="d", timer=timer)["ops_ms"]
+    timer.close()
+    assert "decode_layer_stack" in ops and "linear.lm_head" in ops
+    assert not {"linear.qkv_proj", "rms_norm", "decode_attention_block"} & set(ops)

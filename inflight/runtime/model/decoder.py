@@ -10,7 +10,11 @@ table come from the spec; gpt-oss's attention sinks (``self_attn.sinks``, one lo
 head, this rank's heads under tensor parallelism) go to the attention kernels as ``sinks``.
 In a pure-decode step each layer's attention block (q/k/v split through decode attention) is one
 kernel call when the bundle has one (:mod:`inflight.kernels.decode_block`), with the step's rows
-converted once for every layer. Knows nothing about scheduling or sampling.
+converted once for every layer; and when the bundle has a one-call layer stack
+(:mod:`inflight.kernels.decode_stack`) and every layer is a dense Llama-family one with
+MKL-packed weights, no tensor parallelism, the whole stack and the final norm are one call (the
+stack's weights gathered once and kept while the KV cache and rope tables stay the same
+objects); anything else runs op by op. Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
+from inflight.kernels.decode_stack import DecodeStack, StackLayer
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
@@ -170,6 +175,26 @@ def decode_rows(positions: torch.Tensor, meta: AttentionMetadata, ops: KernelOps
     return DecodeRows.of(positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
 
 
+def decode_stack_of(model: CausalLM, cos_sin: torch.Tensor,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DecodeStack | None:
+    """``model``'s layers as the one-call stack takes them; None unless every layer is dense
+    (SwiGLU, no sandwich norms) and unsharded (the weights' own checks: DecodeStack.build)."""
+    if model.tp is not None or model.spec.sandwich_norms or len(kv_caches) != len(model.layers):
+        return None
+    layers = []
+    for layer, kv_cache in zip(model.layers, kv_caches, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(mlp, MLP) or mlp.gelu:
+            return None
+        pre, post = layer.input_layernorm, layer.post_attention_layernorm
+        layers.append(StackLayer(
+            pre.weight, pre.eps, attn.qkv_proj.weight, attn.qkv_proj.bias, attn._layer(), cos_sin[attn.rope_table],
+            kv_cache, attn.o_proj.weight, attn.o_proj.bias, post.weight, post.eps, mlp.gate_up_proj.weight,
+            mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+        ))  # fmt: skip
+    return DecodeStack.build(layers, model.norm.weight, model.norm.eps)
+
+
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
     """GeGLU (Gemma): ``gelu_tanh(gate) * up`` for ``gate_up`` [num_tokens, 2 * d] (gate, then up)."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -191,6 +216,9 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # The one-call decode stack and what it was built from (KV caches, rope tables, the first
+        # q/k/v weight, which prepacking replaces): rebuilt when any of them is another object.
+        self._stack: tuple[object, object, object, DecodeStack | None] | None = None
 
     def forward(
         self,
@@ -205,6 +233,11 @@ class CausalLM(nn.Module):
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
         rows = decode_rows(positions, meta, ops)
+        if rows is not None and ops.decode_layer_stack is not None:
+            stack = self._decode_stack(cos_sin, kv_caches)
+            out = None if stack is None else ops.decode_layer_stack(hidden, rows, stack)
+            if out is not None:
+                return out
         if self.spec.sandwich_norms:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops, rows)
@@ -218,6 +251,14 @@ class CausalLM(nn.Module):
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
             hidden = layer.mlp(x, ops)
         return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
+
+    def _decode_stack(self, cos_sin: torch.Tensor,
+                      kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DecodeStack | None:  # fmt: skip
+        weight = self.layers[0].self_attn.qkv_proj.weight if len(self.layers) else None
+        cached = self._stack
+        if cached is None or cached[0] is not kv_caches or cached[1] is not cos_sin or cached[2] is not weight:
+            cached = self._stack = (kv_caches, cos_sin, weight, decode_stack_of(self, cos_sin, kv_caches))
+        return cached[3]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.tp is None:

@@ -1,0 +1,88 @@
+/* The decoder-layer stack of a pure-decode step in one call, included at the end of cpu_kernels.c
+ * after cpu_decode_block.h (it composes that file's norm, SiLU-and-mul and attention block); not
+ * a header to include anywhere else. */
+
+/* MKL's cblas_sgemm_compute, as libtorch_cpu exports it (LP64: MKL_INT and the CBLAS enums are
+ * ints); the pointer comes from Python (inflight/kernels/cpu_stack.py), so this file links
+ * nothing. */
+typedef void (*inflight_sgemm_compute_fn)(int layout, int transa, int transb, int m, int n, int k,
+                                          const float *a, int lda, const float *b, int ldb, float beta,
+                                          float *c, int ldc);
+enum { INFLIGHT_ROW_MAJOR = 101, INFLIGHT_NO_TRANS = 111, INFLIGHT_PACKED = 151 };
+
+/* One decoder layer's weights and shape. Linear weights are MKL-packed B matrices (torch's
+ * _mkl_reorder_linear_weight: cblas_sgemm_pack of the [out, in] weight, transposed); biases,
+ * q_norm/k_norm and sinks may be NULL. Field order matches cpu_stack.StackLayerC. */
+typedef struct {
+    const float *input_norm, *post_norm;
+    const float *qkv_w, *qkv_b, *o_w, *o_b, *gate_up_w, *gate_up_b, *down_w, *down_b;
+    const float *q_norm, *k_norm, *sinks, *cos_sin;
+    float *k_cache, *v_cache;
+    int64_t num_heads, num_kv_heads, head_dim, rot_dim, block_size, window, intermediate;
+    float input_eps, post_eps, qk_eps, scale;
+} inflight_stack_layer;
+
+/* out[m, n] = a[m, k] . W^T (+ bias) on a packed W, exactly as torch's _mkl_linear computes it:
+ * the bias copied into every row, then the packed product added (beta 1), else beta 0. */
+void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, const float *packed,
+                              const float *bias, float *out, int64_t m, int64_t n, int64_t k) {
+    if (bias != NULL)
+        for (int64_t r = 0; r < m; ++r) memcpy(out + r * n, bias, sizeof(float) * n);
+    gemm(INFLIGHT_ROW_MAJOR, INFLIGHT_NO_TRANS, INFLIGHT_PACKED, (int)m, (int)n, (int)k, a, (int)k, packed,
+         (int)k, bias != NULL ? 1.0f : 0.0f, out, (int)n);
+}
+
+/* Every layer of a pure-decode step, then the final norm, as the decoder's per-op path runs them
+ * (inflight/kernels/decode_stack.py is the specification): per layer, RMSNorm with the residual,
+ * the q/k/v product, the attention block (inflight_decode_attention_block_f32), the output
+ * product, RMSNorm with the residual, the gate/up product, SiLU-and-mul and the down product.
+ * hidden_in: [num_seqs, hidden] (the embeddings, not written); out: [num_seqs, hidden], the
+ * final-normed hidden states. One scratch allocation per call. Returns 0, -1 when scratch cannot
+ * be allocated, or the attention block's failure. */
+int inflight_decode_stack_f32(
+    const inflight_stack_layer *layers, int64_t num_layers, inflight_sgemm_compute_fn gemm,
+    const float *hidden_in, float *out, const float *final_norm, float final_eps, const int64_t *positions,
+    const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
+    int64_t hidden, int64_t max_blocks, int num_threads) {
+    int64_t wide = 0, narrow = 0;  /* the widest qkv / gate_up row, the widest attention / act row */
+    for (int64_t i = 0; i < num_layers; ++i) {
+        const inflight_stack_layer *L = layers + i;
+        const int64_t q = L->num_heads * L->head_dim, qkv = q + 2 * L->num_kv_heads * L->head_dim;
+        wide = qkv > wide ? qkv : wide;
+        wide = 2 * L->intermediate > wide ? 2 * L->intermediate : wide;
+        narrow = q > narrow ? q : narrow;
+        narrow = L->intermediate > narrow ? L->intermediate : narrow;
+    }
+    float *scratch = malloc(sizeof(float) * num_seqs * (3 * hidden + wide + narrow));
+    if (scratch == NULL) return -1;
+    float *res = scratch, *x = res + num_seqs * hidden, *h = x + num_seqs * hidden;
+    float *w = h + num_seqs * hidden, *nw = w + num_seqs * wide;
+    memcpy(res, hidden_in, sizeof(float) * num_seqs * hidden);
+    int status = 0;
+    for (int64_t i = 0; i < num_layers && status == 0; ++i) {
+        const inflight_stack_layer *L = layers + i;
+        const int64_t q = L->num_heads * L->head_dim, qkv = q + 2 * L->num_kv_heads * L->head_dim;
+        if (i == 0)
+            inflight_rms_norm_f32(res, hidden, NULL, 0, L->input_norm, x, NULL, num_seqs, hidden, L->input_eps,
+                                  num_threads);
+        else  /* res += h; x = norm(res) */
+            inflight_rms_norm_f32(h, hidden, res, hidden, L->input_norm, x, res, num_seqs, hidden, L->input_eps,
+                                  num_threads);
+        inflight_packed_gemm_f32(gemm, x, L->qkv_w, L->qkv_b, w, num_seqs, qkv, hidden);
+        status = inflight_decode_attention_block_f32(
+            w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->k_cache, L->v_cache,
+            slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads, L->num_kv_heads, L->head_dim,
+            L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
+        inflight_packed_gemm_f32(gemm, nw, L->o_w, L->o_b, h, num_seqs, hidden, q);
+        inflight_rms_norm_f32(h, hidden, res, hidden, L->post_norm, x, res, num_seqs, hidden, L->post_eps,
+                              num_threads);
+        inflight_packed_gemm_f32(gemm, x, L->gate_up_w, L->gate_up_b, w, num_seqs, 2 * L->intermediate, hidden);
+        inflight_silu_and_mul_f32(w, 2 * L->intermediate, nw, num_seqs, L->intermediate, num_threads);
+        inflight_packed_gemm_f32(gemm, nw, L->down_w, L->down_b, h, num_seqs, hidden, L->intermediate);
+    }
+    if (status == 0)
+        inflight_rms_norm_f32(h, hidden, res, hidden, final_norm, out, res, num_seqs, hidden, final_eps,
+                              num_threads);
+    free(scratch);
+    return status;
+}
