@@ -68,19 +68,9 @@ int inflight_decode_attention_block_f32(
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (failed) continue;
-#define SEQ(D)                                                                                    \
-    decode_sequence(out + s * q_size, k_cache, v_cache, block_tables + s * max_blocks,            \
-                    context_lens[s],                                                              \
-                    window > 0 && context_lens[s] > window ? context_lens[s] - window : 0,        \
-                    out + s * q_size, num_heads, num_kv_heads, D, block_size, scale, sinks, acc,  \
-                    m, m + num_heads, m + 2 * num_heads, p)
-            switch (head_dim) {
-                case 32: SEQ(32); break;
-                case 64: SEQ(64); break;
-                case 128: SEQ(128); break;
-                default: SEQ(head_dim);
-            }
-#undef SEQ
+            attend_sequence(out + s * q_size, k_cache, v_cache, block_tables + s * max_blocks, context_lens[s],
+                            window, out + s * q_size, num_heads, num_kv_heads, head_dim, block_size, scale, sinks,
+                            acc, m, p);
         }
         free(acc);
         free(m);

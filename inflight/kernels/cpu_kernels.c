@@ -182,6 +182,27 @@ static inline __attribute__((always_inline)) void decode_sequence(
     }
 }
 
+/* One sequence's decode attention (see decode_sequence), the common head sizes as constants (the
+ * feature loops unrolled, the accumulators in registers); window > 0: only the last `window`
+ * rows of its context. Scratch: acc [num_heads * head_dim], m [3 * num_heads] (m, l, mb),
+ * p [num_heads * (block_size + TILE)]. */
+static inline __attribute__((always_inline)) void attend_sequence(
+    const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t ctx,
+    int64_t window, float *o, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+    float scale, const float *sinks, float *acc, float *m, float *p) {
+    const int64_t first = window > 0 && ctx > window ? ctx - window : 0;
+#define SEQ(D)                                                                                          \
+    decode_sequence(q, k_cache, v_cache, table, ctx, first, o, num_heads, num_kv_heads, D, block_size, \
+                    scale, sinks, acc, m, m + num_heads, m + 2 * num_heads, p)
+    switch (head_dim) {
+        case 32: SEQ(32); break;
+        case 64: SEQ(64); break;
+        case 128: SEQ(128); break;
+        default: SEQ(head_dim);
+    }
+#undef SEQ
+}
+
 /* q [num_seqs, num_heads, head_dim] contiguous; caches [num_blocks, block_size,
  * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks] int32;
  * context_lens [num_seqs] int32; out like q; window > 0: each query sees only the last
@@ -204,19 +225,9 @@ int inflight_paged_decode_attention_f32(
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (failed) continue;
-#define SEQ(D)                                                                                    \
-    decode_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks, \
-                    context_lens[s],                                                              \
-                    window > 0 && context_lens[s] > window ? context_lens[s] - window : 0,        \
-                    out + s * num_heads * head_dim, num_heads, num_kv_heads, D, block_size, scale, \
-                    sinks, acc, m, m + num_heads, m + 2 * num_heads, p)
-            switch (head_dim) {
-                case 32: SEQ(32); break;
-                case 64: SEQ(64); break;
-                case 128: SEQ(128); break;
-                default: SEQ(head_dim);
-            }
-#undef SEQ
+            attend_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks,
+                            context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
+                            head_dim, block_size, scale, sinks, acc, m, p);
         }
         free(acc);
         free(m);
