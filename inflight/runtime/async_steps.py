@@ -51,7 +51,7 @@ import torch
 from inflight.runtime.batch_inputs import BatchInputs
 from inflight.runtime.output_processor import SampledTokens
 from inflight.runtime.outputs import RequestOutput
-from inflight.runtime.request import RequestStatus
+from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.sampler import SamplerOutput, SamplingRow
 from inflight.runtime.scheduler import ScheduledChunk
 from inflight.runtime.step_worker import StepWorker
@@ -115,12 +115,10 @@ class StepPipeline:
         previous = self.inflight
         if sched.chunks and not self._pipelinable(sched.chunks):
             self.inflight = None
-            self.num_drains += 1
             outputs, ok = self._resolve(previous, None) if previous else ([], True)
             if not ok:  # the step before failed and ran again: this one is scheduled anew
                 return settled + outputs
-            live = tuple(c for c in sched.chunks if c.request.status is RequestStatus.RUNNING)
-            return settled + outputs + (eng.run_scheduled(live) if live else [])
+            return settled + outputs + self._run_sync(sched.chunks)
         launched = self._launch(sched.chunks) if sched.chunks else None
         outputs: list[RequestOutput] = []
         if previous is not None:
@@ -204,10 +202,13 @@ class StepPipeline:
         """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
         engine's retry fails only the requests that cause it."""
         logger.exception("deciding an async step's sampling failed; running it again synchronously")
+        _undo(launched)
+        return self._run_sync(launched.chunks)
+
+    def _run_sync(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
+        """Run the still-running ``chunks`` now, synchronously (a drain of the pipeline)."""
         self.num_drains += 1
-        _settle_quietly(launched.forward)
-        _roll_back(launched)
-        live = tuple(c for c in launched.chunks if c.request.status is RequestStatus.RUNNING)
+        live = tuple(c for c in chunks if c.request.status is RequestStatus.RUNNING)
         return self.engine.run_scheduled(live) if live else []
 
     def _sample_job(self, launched: Launched, rows: list[SamplingRow], settled: object) -> Sampled:
@@ -243,8 +244,7 @@ class StepPipeline:
                 continue
             chunk = launched.sampled_chunks[i]
             req = chunk.request
-            if req.token_ids and req.token_ids[-1] == placeholder(i):
-                req.token_ids.pop()
+            _drop_placeholder(req, i)
             if req.status is not RequestStatus.FINISHED:  # else aborted after its sampling started
                 items.append(SampledTokens(chunk, (sampled.output.token_ids[j],), (sampled.output.logprobs[j],)))
         outputs = eng.output_processor.process(items, [], eng.advance)
@@ -254,19 +254,14 @@ class StepPipeline:
     def _recover(self, failed: Launched, after: Launched | None) -> list[RequestOutput]:
         """``failed`` raised on the worker: undo ``after`` and ``failed``, then run ``failed``'s
         chunks synchronously (the engine's retry fails only the requests that cause it)."""
-        self.num_drains += 1
         if after is not None:
-            _settle_quietly(after.forward)
-            _roll_back(after)
+            _undo(after)
         for i in failed.rows:
-            req = failed.sampled_chunks[i].request
-            if req.token_ids and req.token_ids[-1] == placeholder(i):
-                req.token_ids.pop()
+            _drop_placeholder(failed.sampled_chunks[i].request, i)
         for i in failed.deferred:
             self.engine.parked.discard(failed.sampled_chunks[i].request.req_id)
         _roll_back(failed)
-        live = tuple(c for c in failed.chunks if c.request.status is RequestStatus.RUNNING)
-        return self.engine.run_scheduled(live) if live else []
+        return self._run_sync(failed.chunks)
 
 
 def _roll_back(launched: Launched) -> None:
@@ -276,9 +271,17 @@ def _roll_back(launched: Launched) -> None:
             chunk.request.num_computed_tokens = start
 
 
-def _settle_quietly(future: Future[torch.Tensor]) -> None:
-    """Wait for ``future``; its failure is expected (it read a failed step's tokens)."""
+def _undo(launched: Launched) -> None:
+    """Wait for ``launched``'s forward pass (its failure is expected: it may have read a failed
+    step's tokens) and roll its chunks back."""
     try:
-        future.result()
+        launched.forward.result()
     except Exception:  # noqa: BLE001 - it is run again, or its requests fail, in the retry
         pass
+    _roll_back(launched)
+
+
+def _drop_placeholder(req: Request, row: int) -> None:
+    """Take back the placeholder ``req`` carries for ``row``'s token, if it still does."""
+    if req.token_ids and req.token_ids[-1] == placeholder(row):
+        req.token_ids.pop()
