@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from inflight.cache import cache_root
-from inflight.kernels import cpu_stack, decode_block, decode_stack, reference
+from inflight.kernels import cpu_prefill, cpu_stack, decode_block, decode_stack, reference
 from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
 from inflight.kernels.ops import KernelOps
 
@@ -55,6 +55,7 @@ _SIGNATURES = {
         ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
         + [_f32, _int, _i64, _ptr]),
     **cpu_stack.SIGNATURES,
+    **cpu_prefill.SIGNATURES,
 }
 # Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
 # 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
@@ -355,13 +356,15 @@ def linear(
     return out
 
 
-# The native bundle; prefill attention stays the reference (SDPA is matmul-bound there). The
-# dispatcher hands it out only after load_library() succeeded.
+paged_prefill_attention = cpu_prefill.bound_to(_lib)
+
+
+# The native bundle. The dispatcher hands it out only after load_library() succeeded.
 CPU_OPS = KernelOps(
     name="cpu-native",
     store_kv_cache=store_kv_cache,
     paged_decode_attention=paged_decode_attention,
-    paged_prefill_attention=reference.paged_prefill_attention,
+    paged_prefill_attention=paged_prefill_attention,
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     linear=linear,
