@@ -3,18 +3,17 @@
 :func:`bound_to` gives ``paged_prefill_attention`` with the reference's signature
 (:func:`inflight.kernels.reference.paged_prefill_attention`): prompt chunks attend to their
 paged context, causal within the chunk, with sliding windows and attention sinks. The kernel
-treats each query token as a decode query against the context up to its own position (the decode
-kernel's GQA tiling and online softmax) and reads K/V in place from the cache, so the chunk's own
-K/V must be stored there first, as the decoder does before it attends. float32 queries with
+scores a block of query rows against a tile of keys at a time with an online softmax (flash
+attention's loop, see the header) and reads K/V in place from the cache, so the chunk's own K/V
+must be stored there first, as the decoder does before it attends. float32 queries with
 heads and features packed (any token stride) take the kernel; anything else takes the reference.
 
-Long chunks stay on the reference (SDPA, one call per sequence, with the chunk's own
-``key``/``value`` when it is a whole prompt): its tiles reach about twice the kernel's rate once a
-chunk has a few hundred queries, while the kernel wins below that (no per-sequence call, no copies,
-short contexts). Measured on 2 cores with ``python -m inflight.bench.cpu_prefill``, chunks of n
-tokens filling a 2048-token step (d64/d128, GQA 2-4): native 1.5-2.0x at n=128, 1.25-1.4x at 192,
-1.1-1.2x at 256, 0.94-1.04x at 384, 0.89-1.01x at 512, 0.32-0.38x at 2048; 2.5x for the peers'
-burst step of 22 prompts of 93 tokens. Hence :data:`NATIVE_MAX_QUERIES`. Knows nothing about the
+Chunks of more than :data:`NATIVE_MAX_QUERIES` queries stay on the reference (SDPA, one call
+per sequence, with the chunk's own ``key``/``value`` when it is a whole prompt): on long chunks
+SDPA's tiles catch up. Measured on 2 cores with ``python -m inflight.bench.cpu_prefill``
+(chunks of n tokens filling a 2048-token step; head_dim 64/128, GQA 2-4; kernel time against
+SDPA's): x1.4-1.5 at n=256, x1.5-1.6 at 512, x1.1-1.2 at 1024, x0.94-1.05 at 2048; x1.7-2.5 on the
+peers' burst step (22 prompts of 93 tokens). Knows nothing about the
 model or the engine.
 """
 
@@ -33,7 +32,7 @@ SIGNATURES = {
         ctypes.c_int, [_ptr, _i64] + [_ptr] * 6 + [_i64] * 7 + [_f32, _int, _i64, _ptr]),
 }
 # A sequence with more queries in the step than this takes the reference (see above).
-NATIVE_MAX_QUERIES = 320
+NATIVE_MAX_QUERIES = 1536
 
 
 def bound_to(library: Callable[[], ctypes.CDLL]) -> Callable[..., torch.Tensor]:

@@ -2,8 +2,9 @@
 cpu_prefill`) against the torch reference: whole prompts, later chunks and prefix-cache hits
 (context longer than the chunk), decodes riding in the batch, sequences with nothing scheduled,
 GQA groups of 1-7, head sizes with and without a vector tail, sliding windows, attention sinks, a
-strided query (rows of the fused q/k/v projection), one and two threads. Long chunks, layouts the
-kernel does not take go to the reference; malformed offsets are a ValueError. The engine's token-exact tests
+strided query (rows of the fused q/k/v projection), one and two threads, the 8-wide (AVX2) build,
+and caches whose rows past every context are NaN (the kernel must not read them). Long chunks
+and layouts the kernel does not take go to the reference; malformed offsets are a ValueError. The engine's token-exact tests
 against transformers run this kernel for every prompt on the CPU.
 """
 
@@ -29,13 +30,13 @@ CASES = [
     (16, 32, 7, 1, [(17, 17), (3, 19), (1, 30)]),  # a group of 7 heads
     (16, 80, 4, 4, [(9, 41), (40, 40)]),  # head_dim with a tail past the last whole vector
     (8, 64, 4, 2, [(200, 200), (64, 130)]),  # long prompts over many small blocks
-    (16, 64, 4, 2, [(400, 400), (30, 30), (330, 500)]),  # chunks past NATIVE_MAX_QUERIES: the reference
+    (16, 64, 4, 2, [(400, 400), (30, 30), (330, 500)]),  # longer chunks, one after a cached prefix
 ]
 
 
 def _ids(case: tuple) -> str:
     bs, d, h, hkv, _ = case
-    return f"bs{bs}-d{d}-gqa{h // hkv}"
+    return f"bs{bs}-d{d}-h{h}-kv{hkv}"
 
 
 def _inputs(case: tuple, make_paged_cache, seed: int = 0):
@@ -129,3 +130,49 @@ def test_long_chunks_take_the_reference_the_rest_the_kernel(make_paged_cache, mo
 
 def test_has_the_reference_signature() -> None:
     assert inspect.signature(cpu_native.paged_prefill_attention) == inspect.signature(reference.paged_prefill_attention)
+
+
+def _poison_past_contexts(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                          lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Copies of the caches with every row no sequence's context holds set to NaN."""
+    block_size = k_cache.shape[1]
+    used = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(lens.tolist()):
+        for t in range(n):
+            used[tables[s, t // block_size], t % block_size] = True
+    k, v = k_cache.clone(), v_cache.clone()
+    k[~used], v[~used] = float("nan"), float("nan")
+    return k, v
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_reads_nothing_past_the_contexts(case, make_paged_cache) -> None:
+    query, k_cache, v_cache, tables, starts, lens, scale = _inputs(case, make_paged_cache, seed=9)
+    expected = reference.paged_prefill_attention(query, k_cache, v_cache, tables, starts, lens, scale, sliding_window=11)
+    k_nan, v_nan = _poison_past_contexts(k_cache, v_cache, tables, lens)
+    got = cpu_native.paged_prefill_attention(query, k_nan, v_nan, tables, starts, lens, scale, sliding_window=11)
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+
+
+def _has_avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx512f(), reason="the default build is already the 8-wide one here")
+@pytest.mark.parametrize("window", [None, 13])
+def test_eight_wide_build_matches_reference(window, make_paged_cache, monkeypatch) -> None:
+    """The same source built without AVX-512 (8-key vectors, what an AVX2 machine runs)."""
+    monkeypatch.setattr(cpu_prefill, "NATIVE_MAX_QUERIES", 10**6)  # the long chunks too
+    lib, where = cpu_native.compile_library(cpu_native.SOURCE, "prefill_attention_8wide", cpu_prefill.SIGNATURES,
+                                            ("-lm",), ("-mno-avx512f",))  # fmt: skip
+    assert lib is not None, where
+    attention = cpu_prefill.bound_to(lambda: lib)
+    for case in CASES:
+        args = _inputs(case, make_paged_cache, seed=4)
+        sinks = torch.randn(case[2], generator=torch.Generator().manual_seed(2))
+        expected = reference.paged_prefill_attention(*args, sliding_window=window, sinks=sinks)
+        torch.testing.assert_close(attention(*args, sliding_window=window, sinks=sinks), expected, rtol=2e-5, atol=2e-5)
