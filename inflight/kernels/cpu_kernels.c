@@ -121,6 +121,20 @@ static inline __attribute__((always_inline)) void group_values(
     }
 }
 
+/* What a head's accumulated outputs are multiplied by at the end of an online softmax with
+ * running max m and sum l: 1 / l, or with a sink logit (sinks[h], NULL: none) that joins the
+ * denominator with no value, exp(m - top) / (l exp(m - top) + exp(sink - top)). */
+static inline __attribute__((always_inline)) float softmax_normalizer(float m, float l, const float *sinks,
+                                                                      int64_t h) {
+    float keep = 1.0f;
+    if (sinks != NULL) {
+        const float top = sinks[h] > m ? sinks[h] : m;
+        keep = expf(m - top);
+        l = l * keep + expf(sinks[h] - top);
+    }
+    return l > 0.0f ? keep / l : 0.0f;
+}
+
 /* One sequence (see above). Scratch: acc [num_heads, head_dim], m, l and mb [num_heads],
  * p [num_heads, block_size + TILE]. */
 static inline __attribute__((always_inline)) void decode_sequence(
@@ -171,13 +185,7 @@ static inline __attribute__((always_inline)) void decode_sequence(
                          p_stride, mb + kvh * group, acc + kvh * group * head_dim);
     }
     for (int64_t h = 0; h < num_heads; ++h) {
-        float lh = l[h], keep = 1.0f;  /* the sink adds exp(sink) to the denominator only */
-        if (sinks != NULL) {
-            const float top = sinks[h] > m[h] ? sinks[h] : m[h];
-            keep = expf(m[h] - top);
-            lh = lh * keep + expf(sinks[h] - top);
-        }
-        const float inv = lh > 0.0f ? keep / lh : 0.0f;
+        const float inv = softmax_normalizer(m[h], l[h], sinks, h);
         for (int64_t i = 0; i < head_dim; ++i) o[h * head_dim + i] = acc[h * head_dim + i] * inv;
     }
 }

@@ -187,13 +187,7 @@ static inline __attribute__((always_inline)) void pf_group(const float *q, int64
     }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t h = kvh * group + r % group;
-        float lh = l[r], keep = 1.0f;  /* the sink adds exp(sink) to the denominator only */
-        if (sinks != NULL) {
-            const float top = sinks[h] > m[r] ? sinks[h] : m[r];
-            keep = expf(m[r] - top);
-            lh = lh * keep + expf(sinks[h] - top);
-        }
-        const float inv = lh > 0.0f ? keep / lh : 0.0f;
+        const float inv = softmax_normalizer(m[r], l[r], sinks, h);
         float *dst = out + (i0 + r / group) * num_heads * head_dim + h * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) dst[d] = o[r * head_dim + d] * inv;
     }
