@@ -14,6 +14,7 @@ from inflight.kernels import cpu_native, decode_block, reference
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.ops import TORCH_OPS
 
+from .decode_steps import check_decode_steps
 from .threads import with_threads
 
 pytestmark = pytest.mark.usefixtures("native_built")
@@ -156,7 +157,6 @@ def test_decoder_logits_match_with_and_without_the_block(ops_name, tiny_model_di
     """A tiny Qwen3 (qk-norm) decode step through the one-call block equals the per-op path."""
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.engine import LLMEngine
-    from inflight.runtime.sampling_params import SamplingParams
 
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend=ops_name)  # fmt: skip
@@ -166,26 +166,14 @@ def test_decoder_logits_match_with_and_without_the_block(ops_name, tiny_model_di
         block_ops = runner.ops
         assert block_ops.decode_attention_block is not None
         seen: list[torch.Tensor] = []
-        model_forward = runner.model.forward
 
-        def forward(*args, **kwargs):
-            meta = args[4]
-            out = model_forward(*args, **kwargs)
-            if meta.num_prefills == 0:  # a decode step: run it again per op, on copies of the caches
-                caches = [(k.clone(), v.clone()) for k, v in args[3]]
-                per_op = model_forward(*args[:3], caches, meta, dataclasses.replace(block_ops, decode_attention_block=None))
-                seen.append((out - per_op).abs().max())
-                for (k, v), (per_op_k, per_op_v) in zip(args[3], caches, strict=True):
-                    torch.testing.assert_close(k, per_op_k, atol=1e-6, rtol=1e-6)  # qk-norm sums in another order
-                    assert torch.equal(v, per_op_v)
-            return out
+        def check(out, per_op, caches, per_op_caches) -> None:
+            seen.append((out - per_op).abs().max())
+            for (k, v), (per_op_k, per_op_v) in zip(caches, per_op_caches, strict=True):
+                torch.testing.assert_close(k, per_op_k, atol=1e-6, rtol=1e-6)  # qk-norm sums in another order
+                assert torch.equal(v, per_op_v)
 
-        runner.model.forward = forward
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-        for i in range(3):
-            engine.add_request(f"r{i}", [5 + i, 9, 11, 13, 17 + i], params)
-        while engine.has_unfinished_requests():
-            engine.step()
+        check_decode_steps(engine, dataclasses.replace(block_ops, decode_attention_block=None), check)
         assert seen and max(float(d) for d in seen) < 1e-5
     finally:
         runner.close()

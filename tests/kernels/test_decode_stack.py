@@ -15,6 +15,7 @@ from inflight.kernels import cpu_native, cpu_packed, cpu_stack, decode_stack
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.decode_stack import DecodeStack, StackLayer
 
+from .decode_steps import check_decode_steps
 from .threads import with_threads
 
 pytestmark = [pytest.mark.usefixtures("native_built"),
@@ -137,7 +138,6 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, tmp_path) -> None
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.demo_model import make_demo_model
     from inflight.runtime.engine import LLMEngine
-    from inflight.runtime.sampling_params import SamplingParams
 
     model_dir = make_demo_model(tmp_path / arch, arch=arch, size="tiny", seed=2)
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
@@ -155,27 +155,14 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, tmp_path) -> None
 
         ops = runner.ops = dataclasses.replace(runner.ops, decode_layer_stack=counted)
         taken: list[float] = []
-        model_forward = runner.model.forward
 
-        def forward(*args, **kwargs):
-            meta = args[4]
-            if meta.num_prefills == 0:  # a decode step: per op first, on copies of the caches
-                caches = [(k.clone(), v.clone()) for k, v in args[3]]
-                per_op = model_forward(*args[:3], caches, meta, dataclasses.replace(ops, decode_layer_stack=None))
-            out = model_forward(*args, **kwargs)
-            if meta.num_prefills == 0:
-                assert calls.pop() is True  # the stack ran, as one call
-                taken.append(float((out - per_op).abs().max()))
-                for (k, v), (per_op_k, per_op_v) in zip(args[3], caches, strict=True):
-                    assert torch.equal(k, per_op_k) and torch.equal(v, per_op_v)
-            return out
+        def check(out, per_op, caches, per_op_caches) -> None:
+            assert calls.pop() is True  # the stack ran, as one call
+            taken.append(float((out - per_op).abs().max()))
+            for (k, v), (per_op_k, per_op_v) in zip(caches, per_op_caches, strict=True):
+                assert torch.equal(k, per_op_k) and torch.equal(v, per_op_v)
 
-        runner.model.forward = forward
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-        for i in range(3):
-            engine.add_request(f"r{i}", [5 + i, 9, 11, 13, 17 + i], params)
-        while engine.has_unfinished_requests():
-            engine.step()
+        check_decode_steps(engine, dataclasses.replace(ops, decode_layer_stack=None), check)
         assert taken and not calls and max(taken) == 0.0  # the same kernels in the same order: bit for bit
     finally:
         runner.close()
