@@ -54,8 +54,10 @@ def bound_to(library: Callable[[], ctypes.CDLL]) -> Callable[..., torch.Tensor]:
         args = (query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
         if not native_layout(query, k_cache, v_cache):
             return reference.paged_prefill_attention(*args, key, value, sliding_window, sinks)
+        starts = checked_starts(query_start_loc, context_lens, query.shape[0])
         out = run(library().inflight_paged_prefill_attention_f32, *args, sliding_window, sinks)
-        long_chunks(out, *args, key, value, sliding_window, sinks)
+        long_chunks(out, starts, query, k_cache, v_cache, block_tables, context_lens, scale, key, value,
+                    sliding_window, sinks)  # fmt: skip
         return out
 
     return paged_prefill_attention
@@ -74,18 +76,13 @@ def run(
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
     sliding_window: int | None, sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The kernel on checked arguments (:func:`native_layout` holds); the rows of sequences with
-    more than :data:`NATIVE_MAX_QUERIES` queries are left unwritten (:func:`long_chunks`)."""
+    """The kernel on checked arguments (:func:`native_layout` and :func:`checked_starts` hold); the
+    rows of sequences with more than :data:`NATIVE_MAX_QUERIES` queries are left unwritten
+    (:func:`long_chunks`)."""
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = context_lens.shape[0]
     starts = query_start_loc.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
-    if starts.shape != (num_seqs + 1,) or int(starts[0]) != 0 or int(starts[-1]) != num_tokens:
-        raise ValueError(f"query_start_loc must be [num_seqs + 1] from 0 to {num_tokens} "
-                         f"(got {starts.tolist()}).")  # fmt: skip
-    q_lens = starts[1:] - starts[:-1]
-    if bool((q_lens < 0).any()) or bool((lens < q_lens).any()):
-        raise ValueError("every sequence's context must hold its chunk (context_lens >= its query count).")
     if sinks is not None:
         sinks = sinks.to(torch.float32).contiguous()
         if sinks.shape != (num_heads,):
@@ -105,14 +102,23 @@ def run(
     return out
 
 
+def checked_starts(query_start_loc: torch.Tensor, context_lens: torch.Tensor, num_tokens: int) -> list[int]:
+    """``query_start_loc`` as a list, after checking it against the queries and the contexts."""
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    if len(starts) != len(lens) + 1 or starts[0] != 0 or starts[-1] != num_tokens:
+        raise ValueError(f"query_start_loc must be [num_seqs + 1] from 0 to {num_tokens} (got {starts}).")
+    if any(end < begin or n < end - begin for begin, end, n in zip(starts, starts[1:], lens, strict=False)):
+        raise ValueError("every sequence's context must hold its chunk (context_lens >= its query count).")
+    return starts
+
+
 def long_chunks(
-    out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    out: torch.Tensor, starts: list[int], query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
     key: torch.Tensor | None, value: torch.Tensor | None, sliding_window: int | None, sinks: torch.Tensor | None,
 ) -> None:
     """The rows the kernel left: each sequence with more than :data:`NATIVE_MAX_QUERIES`
-    queries, from the reference."""
-    starts = query_start_loc.tolist()
+    queries, from the reference (``starts``: ``query_start_loc`` as a list)."""
     for s in range(len(starts) - 1):
         begin, end = starts[s], starts[s + 1]
         if end - begin <= NATIVE_MAX_QUERIES:

@@ -1,5 +1,6 @@
 /* Prefill attention (float32): prompt chunks attending to their paged context, causal within
- * the chunk. Included by cpu_kernels.c (it uses cpu_vecf.h); kept in its own file.
+ * the chunk. Included by cpu_kernels.c (it uses cpu_vecf.h and softmax_normalizer); kept in its
+ * own file.
  *
  * Query token i of sequence s sits at position ctx_s - q_len_s + i and sees the rows of its
  * context up to that position (with a window W: the last W of them), read in place from the
@@ -97,7 +98,8 @@ static inline __attribute__((always_inline)) void pf_values(float *o, int64_t r0
 }
 
 /* One work item: query tokens [i0, i0 + nq) of a sequence whose context has ctx rows (block
- * table `table`), the last q_len of them this chunk; KV head kvh. Scratch: pf_scratch_floats. */
+ * table `table`), the last q_len of them this chunk; KV head kvh. Scratch: laid out below, sized by the
+ * caller for its largest item. */
 static inline __attribute__((always_inline)) void pf_group(const float *q, int64_t q_stride, const float *k_cache,
                                                            const float *v_cache, const int32_t *table, int64_t ctx,
                                                            int64_t q_len, int64_t i0, int64_t nq, int64_t kvh,
