@@ -56,6 +56,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "decode lanes on the CPU (0 or 1: off; unset: one per thread a big step may use)"),
     EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
            "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's GEMM)"),
+    EnvVar("INFLIGHT_CPU_FLOAT_COPY", int, None, ("inflight.kernels.cpu_packed",),
+           "1: packed CPU linear weights also keep their float32 weights for products of few rows (2x their "
+           "memory); 0: never; unset: on every CPU but Intel's, where MKL's packed GEMM is slow at few rows"),
     EnvVar("INFLIGHT_CACHE_DIR", str, None, ("inflight.cache",),
            "where built kernels and converted models are kept (else $XDG_CACHE_HOME/inflight)"),
     EnvVar("INFLIGHT_TP_START_TIMEOUT_S", float, 1800.0, (f"{_TP}.launcher", f"{_TP}.worker"),

@@ -13,6 +13,8 @@ once, float32, native CPU kernels, the engine's own thread and lane choices. A v
   ``inflight_paged_decode_attention_f32`` (e.g. an older ``cpu_kernels.c``: ``git show
   REV:inflight/kernels/cpu_kernels.c > FILE``), built beside the current one;
 * ``no-lanes``: loaded with ``INFLIGHT_CPU_LANES=0``;
+* ``no-copy``: loaded with ``INFLIGHT_CPU_FLOAT_COPY=0`` (packed weights keep no float copy, so
+  few-row products run on MKL's packed GEMM too; ``copy``: ``=1``, a float copy on any CPU);
 * ``one-thread``: loaded with ``INFLIGHT_CPU_THREADS=1`` (one core does everything: no lanes,
   and the figure moves less when another process holds the other cores);
 * ``split-attn``: the decode attention block as separate kernel calls (split, rotary, KV store,
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
 
     from inflight.runtime.engine import LLMEngine
 
-MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer")
+MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer", "no-copy", "copy")
 OP_FIELDS = ("linear", "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary_embedding",
              "store_kv_cache", "silu_and_mul", "decode_attention_block", "decode_layer_stack")
 LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
@@ -104,6 +106,8 @@ def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
         env["INFLIGHT_CPU_PREPACK"] = "0"
     if "no-lanes" in mods:
         env["INFLIGHT_CPU_LANES"] = "0"
+    if "no-copy" in mods or "copy" in mods:
+        env["INFLIGHT_CPU_FLOAT_COPY"] = "0" if "no-copy" in mods else "1"
     if "one-thread" in mods:
         env["INFLIGHT_CPU_THREADS"] = "1"
     config = EngineConfig(max_num_sequences=batch, max_model_len=max_len, block_size=16, dtype="float32",

@@ -4,7 +4,8 @@
 tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
 bigger matmuls), so results never depend on which one ran beyond float rounding. ``linear``
-also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count;
+also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count
+(few-row products on the weight's float copy where it kept one);
 a pure-decode step's whole layer stack over such weights is one call (:mod:`.cpu_stack`).
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
@@ -337,16 +338,27 @@ def linear(
     weight: torch.Tensor | PackedLinearWeight,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
-    """A weight prepacked at load (:mod:`.cpu_packed`) takes MKL's packed GEMM at every row
-    count; a float weight takes the few-row kernel up to the row limits, else ``F.linear``."""
-    if isinstance(weight, PackedLinearWeight):
-        return packed_linear(x, weight, bias)
+    """A weight prepacked at load (:mod:`.cpu_packed`) takes MKL's packed GEMM, or the few-row
+    kernel on its float copy when it kept one and ``x`` has few rows; a float weight takes the
+    few-row kernel up to the row limits, else ``F.linear``."""
     threads = torch.get_num_threads()
+    if isinstance(weight, PackedLinearWeight):
+        rows = weight.float_copy_for(x.shape[0]) if x.dim() == 2 else None
+        if rows is None or not _few_rows_ok(x, rows, bias):
+            return packed_linear(x, weight, bias)
+        return _few_rows(x, rows, bias, threads)
     limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
-    if not (x.dim() == 2 and x.shape[0] <= limit and x.dtype == weight.dtype == torch.float32
-            and x.is_contiguous() and weight.is_contiguous() and x.device.type == "cpu"
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
+    if not (x.dim() == 2 and x.shape[0] <= limit and _few_rows_ok(x, weight, bias)):
         return reference.linear(x, weight, bias)
+    return _few_rows(x, weight, bias, threads)
+
+
+def _few_rows_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return (x.dtype == weight.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous()
+            and x.device.type == "cpu" and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
+
+
+def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int) -> torch.Tensor:
     num_rows, in_features = x.shape
     out = torch.empty((num_rows, weight.shape[0]), dtype=torch.float32)
     _lib().inflight_small_m_linear_f32(

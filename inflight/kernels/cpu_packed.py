@@ -34,6 +34,16 @@ under 1% of a step (the head of bench-medium is 0.6 of ~72 ms at 64 decodes). MK
 ~8 MiB of address space per packed weight that it never touches (``cblas_sgemm_pack_get_size``
 is generous): virtual, never resident (+0.6 GiB of address space for bench-medium's 72).
 
+Few rows: MKL's packed GEMM is fast at every row count on Intel CPUs (above), but not
+elsewhere. On an AMD EPYC (AVX2), bench-medium's linears at 1 / 2 / 4 / 8 / 16 rows took 22.6 /
+32.7 / 50.2 / 47.9 / 73.4 ms on two threads packed, and 12.7 / 15.1 / 15.7 / 22.3 / 38.9 ms
+through the few-row kernel on the row-major float weight (the weights' streaming floor there:
+9.7 ms); MKL ran a one-row product on one thread and did not reuse a streamed weight across
+rows. So where :func:`float_copies_wanted` says so (not an Intel CPU, or
+``INFLIGHT_CPU_FLOAT_COPY=1``), a packed weight also keeps its row-major float weight
+(``float_rows``), and products of at most :data:`FLOAT_COPY_MAX_ROWS` rows take the few-row
+kernel on it: the linear weights' memory doubles, which the load log line says.
+
 Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
 weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
 the weights unpacked).
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +71,11 @@ logger = logging.getLogger(__name__)
 PACK_ROWS = 512
 # Row counts every packed weight is checked at (one row, a few, more than a vector's width).
 PROBE_ROWS = (1, 3, 37)
+# Products of at most this many rows take the few-row kernel on a packed weight's float copy,
+# when it has one. On the AMD EPYC of the module docstring, one thread: the few-row kernel 27 /
+# 45 / 67 ms at 4 / 8 / 16 rows against 59 / 68 / 86 packed, even at 24 (112 / 104), behind at
+# 32 (130 / 104); two threads: ahead at every count to 16 (39 / 73).
+FLOAT_COPY_MAX_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +84,9 @@ class PackedLinearWeight:
 
     packed: torch.Tensor  # opaque (layout torch._mkldnn), made by _mkl_reorder_linear_weight
     stand_in: torch.Tensor  # one float expanded to [out_features, in_features]: the op's ORI_W
+    # The row-major float weight [out_features, in_features], kept for products of at most
+    # FLOAT_COPY_MAX_ROWS rows (see the module docstring); None: every product is packed.
+    float_rows: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -83,8 +102,13 @@ class PackedLinearWeight:
 
     @property
     def nbytes(self) -> int:
-        """Resident bytes: the packed buffer is the float weight's size (see module docstring)."""
-        return self.shape[0] * self.shape[1] * 4
+        """Resident bytes: the packed buffer is the float weight's size (see module docstring),
+        twice that with the float copy."""
+        return self.shape[0] * self.shape[1] * 4 * (1 if self.float_rows is None else 2)
+
+    def float_copy_for(self, num_rows: int) -> torch.Tensor | None:
+        """The float copy when a ``num_rows``-row product should take the few-row kernel on it."""
+        return self.float_rows if num_rows <= FLOAT_COPY_MAX_ROWS else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +119,12 @@ class PackSummary:
     packed_bytes: int
     shared: tuple[str, ...]  # linears whose weight another module holds too (a tied LM head): float
     disagreed: tuple[str, ...]  # linears whose packed product disagreed with F.linear: float
+    float_copies: bool = False  # each packed weight kept its float weight for few-row products
 
     def describe(self) -> str:
-        text = f"{self.num_packed} linears prepacked for MKL ({self.packed_bytes / 2**20:.0f} MiB, float copies freed"
+        kept = (f"float weights kept for products of <= {FLOAT_COPY_MAX_ROWS} rows" if self.float_copies
+                else "float copies freed")
+        text = f"{self.num_packed} linears prepacked for MKL ({self.packed_bytes / 2**20:.0f} MiB, {kept}"
         if self.shared:
             text += f"; {', '.join(self.shared)} kept float (shared)"
         if self.disagreed:
@@ -126,16 +153,38 @@ def packed_linear(
     return torch.ops.mkl._mkl_linear(x, weight.packed, weight.stand_in, bias, rows)
 
 
-def pack_linear_weight(weight: torch.Tensor) -> PackedLinearWeight | None:
-    """``weight`` packed for MKL, or ``None`` when its packed product does not match
-    ``F.linear`` at :data:`PROBE_ROWS` rows (the float weight should then be kept)."""
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...); "" where none is listed."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def float_copies_wanted(vendor: str | None = None) -> bool:
+    """Whether packed weights keep a float copy for few-row products: ``INFLIGHT_CPU_FLOAT_COPY``
+    (1 or 0) if set, else on every CPU but Intel's (see the module docstring)."""
+    setting = env_vars.read_int("INFLIGHT_CPU_FLOAT_COPY")
+    if setting is not None:
+        return setting != 0
+    return (cpu_vendor() if vendor is None else vendor) != "GenuineIntel"
+
+
+def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False) -> PackedLinearWeight | None:
+    """``weight`` packed for MKL (keeping the float weight too when ``keep_float``), or ``None``
+    when its packed product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the float
+    weight should then be kept)."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"only 2-D float32 CPU weights are packed (got {weight.dtype}, {tuple(weight.shape)}).")
     with torch.no_grad():
         w = weight.detach().contiguous()
         out_features, in_features = w.shape
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
-        result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features))
+        result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features),
+                                    w if keep_float else None)
         gen = torch.Generator().manual_seed(out_features * 31 + in_features)
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, generator=gen)
@@ -155,12 +204,13 @@ def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype:
         return "; linear weights unpacked (INFLIGHT_CPU_PREPACK=0)"
     if not mkl_packing_available():
         return "; linear weights unpacked (torch has no MKL packed GEMM)"
-    return "; " + prepack_linears(model).describe()
+    return "; " + prepack_linears(model, float_copies_wanted()).describe()
 
 
-def prepack_linears(model: nn.Module) -> PackSummary:
+def prepack_linears(model: nn.Module, keep_float: bool = False) -> PackSummary:
     """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) that no other module
-    holds for its packed form, in place; the float weights are freed."""
+    holds for its packed form, in place; the float weights are freed unless ``keep_float``
+    (then each packed weight holds its float weight for few-row products)."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for param in module._parameters.values():  # noqa: SLF001 - who else holds each tensor
@@ -177,7 +227,7 @@ def prepack_linears(model: nn.Module) -> PackSummary:
         if holders.get(id(weight), 0) > 1:
             shared.append(name)
             continue
-        packed = pack_linear_weight(weight)
+        packed = pack_linear_weight(weight, keep_float)
         if packed is None:
             disagreed.append(name)
             continue
@@ -187,4 +237,4 @@ def prepack_linears(model: nn.Module) -> PackSummary:
         module.weight = packed  # type: ignore[assignment]
     if disagreed:
         logger.warning("MKL's packed product disagreed with F.linear for %s; those weights stay float", disagreed)
-    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed))
+    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed), keep_float and num > 0)

@@ -26,8 +26,9 @@ from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 
 @dataclass(frozen=True, slots=True)
 class StackLayer:
-    """One dense decoder layer: pre-norms, MKL-packed linears (q/k/v and gate/up fused), and its
-    attention (shape, constants, rope table, KV cache)."""
+    """One dense decoder layer: pre-norms, MKL-packed linears (q/k/v and gate/up fused; each may
+    hold its float weight for few-row products), and its attention (shape, constants, rope
+    table, KV cache)."""
 
     input_norm: torch.Tensor  # [hidden]
     input_eps: float
@@ -71,8 +72,12 @@ def _vector_ok(t: torch.Tensor | None, size: int) -> bool:
 
 
 def _packed_ok(w: object, out_features: int, in_features: int, bias: torch.Tensor | None) -> bool:
-    return (isinstance(w, PackedLinearWeight) and tuple(w.shape) == (out_features, in_features)
-            and (bias is None or _vector_ok(bias, out_features)))  # fmt: skip
+    if not (isinstance(w, PackedLinearWeight) and tuple(w.shape) == (out_features, in_features)
+            and (bias is None or _vector_ok(bias, out_features))):  # fmt: skip
+        return False
+    f = w.float_rows
+    return f is None or (f.dtype == torch.float32 and f.device.type == "cpu" and f.is_contiguous()
+                         and tuple(f.shape) == (out_features, in_features))  # fmt: skip
 
 
 def _layer_ok(layer: StackLayer, hidden: int) -> bool:
@@ -97,7 +102,8 @@ def _layer_ok(layer: StackLayer, hidden: int) -> bool:
 
 
 def _linear(x: torch.Tensor, w: PackedLinearWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    return packed_linear(x, w, bias)
+    rows = w.float_copy_for(x.shape[0])  # few rows on the float copy, where the weight kept one
+    return packed_linear(x, w, bias) if rows is None else reference.linear(x, rows, bias)
 
 
 def decode_layer_stack(

@@ -114,3 +114,53 @@ def test_engine_runs_on_packed_weights_unless_switched_off(tiny_model_dir, monke
     assert isinstance(packed.model.layers[0].mlp.down_proj.weight, PackedLinearWeight)
     assert isinstance(plain.model.layers[0].self_attn.qkv_proj.weight, nn.Parameter)
     assert packed._num_params == plain._num_params  # the step-size thresholds see the same model
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_kept_float_copy_takes_the_few_row_products(threads: int) -> None:
+    """With its float copy, a packed weight's products of at most FLOAT_COPY_MAX_ROWS rows run the
+    few-row kernel on that copy (the same bits as on a float weight), bigger ones the packed GEMM."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(300, 70, generator=gen) * 0.1
+    bias = torch.randn(300, generator=gen)
+    packed = pack_linear_weight(weight, keep_float=True)
+    assert packed is not None and torch.equal(packed.float_rows, weight)
+    assert packed.nbytes == 2 * weight.numel() * 4
+    limit = cpu_packed.FLOAT_COPY_MAX_ROWS
+    for rows in (1, 3, 8, limit, limit + 1, 40):
+        x = torch.randn(rows, 70, generator=gen)
+        got = with_threads(threads, cpu_native.linear, x, packed, bias)
+        torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        if rows <= limit:
+            assert torch.equal(got, with_threads(threads, cpu_native._few_rows, x, weight, bias, threads))
+        else:
+            assert torch.equal(got, with_threads(threads, packed_linear, x, packed, bias))
+    x = torch.randn(2, 3, 70, generator=gen)  # not 2-D: the packed GEMM takes any leading shape
+    assert torch.equal(cpu_native.linear(x, packed), packed_linear(x, packed))
+
+
+def test_float_copies_are_kept_off_intel_cpus_unless_told(tmp_path, monkeypatch) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n")
+    assert cpu_packed.cpu_vendor(cpuinfo) == "AuthenticAMD"
+    assert cpu_packed.cpu_vendor(tmp_path / "missing") == ""
+    monkeypatch.delenv("INFLIGHT_CPU_FLOAT_COPY", raising=False)
+    assert cpu_packed.float_copies_wanted("AuthenticAMD") and cpu_packed.float_copies_wanted("")
+    assert not cpu_packed.float_copies_wanted("GenuineIntel")
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "1")
+    assert cpu_packed.float_copies_wanted("GenuineIntel")
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "0")
+    assert not cpu_packed.float_copies_wanted("AuthenticAMD")
+
+
+def test_prepack_keeps_the_float_weights_when_asked() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8, bias=False))
+    weights = [model[0].weight.detach().clone(), model[1].weight.detach().clone()]
+    summary = prepack_linears(model, keep_float=True)
+    assert summary.num_packed == 2 and summary.float_copies and "float weights kept" in summary.describe()
+    assert summary.packed_bytes == 2 * 4 * (16 * 32 + 32 * 8)
+    for layer, weight in zip(model, weights, strict=True):
+        assert isinstance(layer.weight, PackedLinearWeight) and torch.equal(layer.weight.float_rows, weight)
+    plain = nn.Sequential(nn.Linear(16, 32))
+    summary = prepack_linears(plain)
+    assert plain[0].weight.float_rows is None and "float copies freed" in summary.describe()

@@ -22,8 +22,10 @@ pytestmark = [pytest.mark.usefixtures("native_built"),
               pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")]
 
 
-def _packed(gen: torch.Generator, out_features: int, in_features: int) -> cpu_packed.PackedLinearWeight:
-    w = cpu_packed.pack_linear_weight(torch.randn(out_features, in_features, generator=gen) * in_features**-0.5)
+def _packed(gen: torch.Generator, out_features: int, in_features: int,
+            keep_float: bool = False) -> cpu_packed.PackedLinearWeight:  # fmt: skip
+    w = cpu_packed.pack_linear_weight(torch.randn(out_features, in_features, generator=gen) * in_features**-0.5,
+                                      keep_float)  # fmt: skip
     assert w is not None
     return w
 
@@ -34,7 +36,7 @@ def _vec(gen: torch.Generator, size: int) -> torch.Tensor:
 
 def _stack(paged, num_layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, *,
            bias: bool = False, qk_norm: bool = False, window: int | None = None, sinks: bool = False,
-           rot_dim: int | None = None, seed: int = 0) -> DecodeStack:
+           rot_dim: int | None = None, seed: int = 0, keep_float: bool = False) -> DecodeStack:
     gen = torch.Generator().manual_seed(seed)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     cos_sin = torch.randn(400, rot_dim or head_dim, generator=gen)
@@ -51,9 +53,10 @@ def _stack(paged, num_layers: int, hidden: int, heads: int, kv_heads: int, head_
         )  # fmt: skip
         kv = (paged.k_cache.clone() + 0.01 * i, paged.v_cache.clone() - 0.01 * i)
         layers.append(StackLayer(
-            _vec(gen, hidden), 1e-6, _packed(gen, q_size + 2 * kv_size, hidden), b(q_size + 2 * kv_size), attention,
-            cos_sin, kv, _packed(gen, hidden, q_size), b(hidden), _vec(gen, hidden), 1e-5,
-            _packed(gen, 2 * inter, hidden), b(2 * inter), _packed(gen, hidden, inter), b(hidden),
+            _vec(gen, hidden), 1e-6, _packed(gen, q_size + 2 * kv_size, hidden, keep_float), b(q_size + 2 * kv_size),
+            attention, cos_sin, kv, _packed(gen, hidden, q_size, keep_float), b(hidden), _vec(gen, hidden), 1e-5,
+            _packed(gen, 2 * inter, hidden, keep_float), b(2 * inter), _packed(gen, hidden, inter, keep_float),
+            b(hidden),
         ))  # fmt: skip
     stack = DecodeStack.build(layers, _vec(gen, hidden), 1e-6)
     assert stack is not None
@@ -85,10 +88,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}" for k in c[7]) or "plain")
 @pytest.mark.parametrize("threads", [1, 2])
-def test_native_stack_matches_the_reference(case, threads, make_paged_cache, poison_allocations) -> None:
+@pytest.mark.parametrize("keep_float", [False, True], ids=["packed", "float-copy"])
+def test_native_stack_matches_the_reference(case, threads, keep_float, make_paged_cache, poison_allocations) -> None:
     num_layers, hidden, heads, kv_heads, head_dim, inter, lens, options = case
     paged = make_paged_cache(lens, 16, kv_heads, head_dim, torch.float32, torch.device("cpu"))
-    stack = _stack(paged, num_layers, hidden, heads, kv_heads, head_dim, inter, **options)
+    stack = _stack(paged, num_layers, hidden, heads, kv_heads, head_dim, inter, keep_float=keep_float, **options)
     other = _copy(stack)
     rows = _rows(lens, paged.block_tables, 16, skip=1)
     x = torch.randn(len(lens), hidden, generator=torch.Generator().manual_seed(3))
@@ -133,12 +137,15 @@ def test_what_the_stack_refuses(make_paged_cache) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "mistral"])
-def test_decoder_logits_match_with_and_without_the_stack(arch, tmp_path) -> None:
-    """Decode steps of a tiny model through the one-call stack equal the per-op path (same kernels)."""
+@pytest.mark.parametrize("float_copy", ["0", "1"])
+def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, tmp_path, monkeypatch) -> None:
+    """Decode steps of a tiny model through the one-call stack equal the per-op path (same kernels),
+    with packed weights alone and with their float copies (few-row products on those)."""
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.demo_model import make_demo_model
     from inflight.runtime.engine import LLMEngine
 
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
     model_dir = make_demo_model(tmp_path / arch, arch=arch, size="tiny", seed=2)
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend="cpu")  # fmt: skip
@@ -146,6 +153,8 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, tmp_path) -> None
     runner = engine.runner
     try:
         assert runner.ops.decode_layer_stack is not None
+        kept = runner.model.layers[0].mlp.down_proj.weight.float_rows
+        assert (kept is not None) == (float_copy == "1")
         calls: list[bool] = []
 
         def counted(*args):
