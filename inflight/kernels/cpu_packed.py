@@ -42,7 +42,10 @@ through the few-row kernel on the row-major float weight (the weights' streaming
 rows. So where :func:`float_copies_wanted` says so (not an Intel CPU, or
 ``INFLIGHT_CPU_FLOAT_COPY=1``), a packed weight also keeps its row-major float weight
 (``float_rows``), and products of at most :data:`FLOAT_COPY_MAX_ROWS` rows take the few-row
-kernel on it: the linear weights' memory doubles, which the load log line says.
+kernel on it: the linear weights' memory doubles, which the load log line says. Such steps
+also stay out of the CPU decode lanes (:func:`has_float_copies`): the few-row kernel already
+runs on every thread, and bench-medium's 8- and 16-decode steps took 33.3 and 61.3 ms whole
+against 37.4 and 77.2 split in two lanes (at 32 decodes the lanes win: 97.3 against 120.0 ms).
 
 Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
 weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
@@ -151,6 +154,12 @@ def packed_linear(
         bias = bias.float()
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return torch.ops.mkl._mkl_linear(x, weight.packed, weight.stand_in, bias, rows)
+
+
+def has_float_copies(model: nn.Module) -> bool:
+    """Some packed weight of ``model`` kept its float copy for few-row products."""
+    return any(isinstance(w, PackedLinearWeight) and w.float_rows is not None
+               for w in (getattr(m, "weight", None) for m in model.modules()))  # fmt: skip
 
 
 def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -35,16 +35,20 @@ LogitsFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tenso
 class DecodeLanes:
     """Runs pure-decode steps split over ``num_lanes`` threads (the caller's is one of them)."""
 
-    def __init__(self, num_lanes: int) -> None:
+    def __init__(self, num_lanes: int, min_rows: int = 0) -> None:
+        """``min_rows``: the fewest rows a step needs to be split (at least ``MIN_ROWS_PER_LANE``
+        a lane); more where a model's few-row products already use every thread (a float copy
+        of its packed weights, :mod:`inflight.kernels.cpu_packed`)."""
         if num_lanes < 2:
             raise ValueError(f"decode lanes need at least 2 lanes (got {num_lanes}).")
         self.num_lanes = num_lanes
+        self.min_rows = max(min_rows, num_lanes * MIN_ROWS_PER_LANE)
         self._pool = concurrent.futures.ThreadPoolExecutor(num_lanes - 1, thread_name_prefix="inflight-lane")
 
     def takes(self, meta: AttentionMetadata, num_params: int) -> bool:
         """A pure-decode step with enough rows and work for every lane."""
         n = meta.num_decode_tokens
-        return (meta.num_prefills == 0 and n >= self.num_lanes * MIN_ROWS_PER_LANE
+        return (meta.num_prefills == 0 and n >= self.min_rows
                 and n * num_params >= MIN_PARAM_TOKENS)  # fmt: skip
 
     def forward(

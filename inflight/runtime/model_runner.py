@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_float_copies
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.config import EngineConfig
@@ -75,8 +76,6 @@ class ModelRunner:
         self._lanes: DecodeLanes | None = None
         if self._cpu_threads is not None:
             torch.set_num_threads(self._cpu_threads[0])
-            num_lanes = cpu_lanes(self._cpu_threads[1]) if world == 1 else 0
-            self._lanes = DecodeLanes(num_lanes) if num_lanes >= 2 else None
         elif world > 1:
             torch.cuda.set_device(self.device)
         hf_config = load_hf_config(model_dir)
@@ -87,6 +86,9 @@ class ModelRunner:
         self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
         self.spec = self.model.spec
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would
+        num_lanes = cpu_lanes(self._cpu_threads[1]) if self._cpu_threads is not None and world == 1 else 0
+        if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
+            self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0)
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
         self.max_model_len = self._resolve_max_model_len(config)

@@ -55,16 +55,19 @@ def test_which_steps_the_lanes_take(rows: int, prefills: int, params: int, taken
     lanes.close()
 
 
+@pytest.mark.parametrize("float_copy", ["0", "1"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch, monkeypatch) -> None:
+def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch, float_copy, monkeypatch) -> None:
     monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
     monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
     monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
     model_dir = model_factory(arch)
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
                                                               max_num_tokens=512))  # fmt: skip
     lanes = engine.runner._lanes
-    assert lanes is not None
+    assert lanes is not None and lanes.min_rows == (17 if float_copy == "1" else 2)
+    lanes.min_rows = 2  # few-row steps too, even on float copies
     calls = []
     original = lanes.forward
     monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -76,3 +79,29 @@ def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch,
         assert got[str(i)] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
     assert len(calls) > 5  # most steps went through the lanes
     engine.close()
+
+
+def test_a_higher_floor_keeps_few_row_steps_whole() -> None:
+    """A model whose packed weights kept float copies runs steps of up to 16 rows whole (the few-row
+    kernel already uses every thread); the floor never drops below MIN_ROWS_PER_LANE a lane."""
+    lanes = DecodeLanes(2, 17)
+    assert not lanes.takes(_meta(16, 0), 10**8) and lanes.takes(_meta(17, 0), 10**8)
+    lanes.close()
+    lanes = DecodeLanes(2, 1)
+    assert lanes.min_rows == 8 and not lanes.takes(_meta(7, 0), 10**8)
+    lanes.close()
+
+
+def test_the_runner_raises_the_floor_only_for_float_copies(model_factory, monkeypatch) -> None:
+    from inflight.runtime.config import EngineConfig
+    from inflight.runtime.engine import LLMEngine
+
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
+    floors = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", setting)
+        runner = LLMEngine.from_model_dir(model_factory("llama"), EngineConfig(device="cpu", dtype="float32",
+                                                                                num_kv_blocks=32)).runner
+        floors[setting] = runner._lanes.min_rows
+        runner.close()
+    assert floors == {"1": 17, "0": 8}
