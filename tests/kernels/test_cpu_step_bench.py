@@ -60,9 +60,10 @@ def test_one_lane_replays_alone_with_its_ops_and_calls_counted(tiny_model_dir, m
 
     monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
     monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)  # a tiny model's step is worth lanes here
-    engine = cpu_step.load_engine(tiny_model_dir, frozenset(), batch=8, max_len=64, alt=None)
+    # 20 rows: lanes take the step with or without the float copies (whose floor is 17 rows)
+    engine = cpu_step.load_engine(tiny_model_dir, frozenset(), batch=20, max_len=64, alt=None)
     try:
-        alone = cpu_step.lane_alone(engine, [[5 + i, 9, 11] for i in range(8)], reps=2)
+        alone = cpu_step.lane_alone(engine, [[5 + i, 9, 11] for i in range(20)], reps=2)
         assert alone is not None and alone["step"] > 0 and "decode_layer_stack" in alone  # the stack: one call
         assert alone["calls"]["python"] > 0 and alone["calls"]["c"] > 0
         assert not engine.has_unfinished_requests() and "forward" not in vars(engine.runner._lanes)
