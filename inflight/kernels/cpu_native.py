@@ -36,7 +36,7 @@ import torch
 
 from inflight.cache import cache_root
 from inflight.kernels import cpu_prefill, cpu_stack, decode_block, decode_stack, reference
-from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
+from inflight.kernels.cpu_packed import PackedLinearWeight, cpuinfo_line, packed_linear
 from inflight.kernels.ops import KernelOps
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -65,13 +65,8 @@ SMALL_M_ROWS_MANY_THREADS = 8
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+    line = cpuinfo_line("model name", "flags")
+    return platform.processor() if line is None else line
 
 
 def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path, libs: tuple[str, ...]) -> str | None:

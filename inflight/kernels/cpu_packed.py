@@ -162,15 +162,21 @@ def has_float_copies(model: nn.Module) -> bool:
                for w in (getattr(m, "weight", None) for m in model.modules()))  # fmt: skip
 
 
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...); "" where none is listed."""
+def cpuinfo_line(*prefixes: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first line of ``cpuinfo`` that starts with one of ``prefixes``; None if none does."""
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.partition(":")[2].strip()
+            if line.startswith(prefixes):
+                return line
     except OSError:
         pass
-    return ""
+    return None
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...); "" where none is listed."""
+    line = cpuinfo_line("vendor_id", cpuinfo=cpuinfo)
+    return "" if line is None else line.partition(":")[2].strip()
 
 
 def float_copies_wanted(vendor: str | None = None) -> bool:
