@@ -55,7 +55,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.device_setup",),
            "decode lanes on the CPU (0 or 1: off; unset: one per thread a big step may use)"),
     EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
-           "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's GEMM)"),
+           "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's or oneDNN's GEMM)"),
+    EnvVar("INFLIGHT_CPU_PACK_FORMAT", str, None, ("inflight.kernels.cpu_packed",),
+           "mkl or onednn: the layout float32 CPU linear weights are packed in (unset: MKL's on Intel CPUs, "
+           "oneDNN's on others, where it is the faster GEMM)"),
     EnvVar("INFLIGHT_CPU_FLOAT_COPY", int, None, ("inflight.kernels.cpu_packed",),
            "1: packed CPU linear weights also keep their float32 weights for products of few rows (2x their "
            "memory); 0: never; unset: on every CPU but Intel's, where MKL's packed GEMM is slow at few rows"),

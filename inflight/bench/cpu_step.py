@@ -15,6 +15,8 @@ once, float32, native CPU kernels, the engine's own thread and lane choices. A v
 * ``no-lanes``: loaded with ``INFLIGHT_CPU_LANES=0``;
 * ``no-copy``: loaded with ``INFLIGHT_CPU_FLOAT_COPY=0`` (packed weights keep no float copy, so
   few-row products run on MKL's packed GEMM too; ``copy``: ``=1``, a float copy on any CPU);
+* ``mkl``, ``onednn``: loaded with ``INFLIGHT_CPU_PACK_FORMAT`` set so (the linear weights
+  packed for MKL's or oneDNN's GEMM, whatever this CPU's default);
 * ``one-thread``: loaded with ``INFLIGHT_CPU_THREADS=1`` (one core does everything: no lanes,
   and the figure moves less when another process holds the other cores);
 * ``split-attn``: the decode attention block as separate kernel calls (split, rotary, KV store,
@@ -62,7 +64,8 @@ if TYPE_CHECKING:
 
     from inflight.runtime.engine import LLMEngine
 
-MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer", "no-copy", "copy")
+MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer", "no-copy", "copy", "mkl",
+             "onednn")
 OP_FIELDS = ("linear", "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary_embedding",
              "store_kv_cache", "silu_and_mul", "decode_attention_block", "decode_layer_stack")
 LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
@@ -110,6 +113,9 @@ def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
         env["INFLIGHT_CPU_FLOAT_COPY"] = "0" if "no-copy" in mods else "1"
     if "one-thread" in mods:
         env["INFLIGHT_CPU_THREADS"] = "1"
+    for fmt in ("mkl", "onednn"):
+        if fmt in mods:
+            env["INFLIGHT_CPU_PACK_FORMAT"] = fmt
     config = EngineConfig(max_num_sequences=batch, max_model_len=max_len, block_size=16, dtype="float32",
                           num_kv_blocks=batch * -(-max_len // 16) + 8, device="cpu", kernel_backend="auto")
     with _env(env):

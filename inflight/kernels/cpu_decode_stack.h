@@ -35,7 +35,9 @@ void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, co
 }
 
 /* A layer's product as the per-op path runs it (cpu_native.linear): the few-row kernel on the
- * float weight when there is one and m <= few_rows, else the packed GEMM. */
+ * float weight when there is one and m <= few_rows, else the packed GEMM. packed is NULL for a
+ * oneDNN-packed weight, which has a float weight: cpu_stack.py calls such stacks only with
+ * m <= few_rows. */
 static void stack_linear(inflight_sgemm_compute_fn gemm, const float *a, const float *packed, const float *rows,
                          const float *bias, float *out, int64_t m, int64_t n, int64_t k, int64_t few_rows,
                          int num_threads) {

@@ -4,7 +4,7 @@
 tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
 bigger matmuls), so results never depend on which one ran beyond float rounding. ``linear``
-also takes weights prepacked at load for MKL's GEMM (:mod:`.cpu_packed`), at every row count
+also takes weights prepacked at load for MKL's or oneDNN's GEMM (:mod:`.cpu_packed`), at every row count
 (few-row products on the weight's float copy where it kept one);
 a pure-decode step's whole layer stack over such weights is one call (:mod:`.cpu_stack`).
 
@@ -333,7 +333,7 @@ def linear(
     weight: torch.Tensor | PackedLinearWeight,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
-    """A weight prepacked at load (:mod:`.cpu_packed`) takes MKL's packed GEMM, or the few-row
+    """A weight prepacked at load (:mod:`.cpu_packed`) takes its packed GEMM, or the few-row
     kernel on its float copy when it kept one and ``x`` has few rows; a float weight takes the
     few-row kernel up to the row limits, else ``F.linear``."""
     threads = torch.get_num_threads()

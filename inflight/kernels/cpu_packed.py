@@ -1,15 +1,18 @@
-"""Float32 linear weights prepacked once, at load, for MKL's packed GEMM on the CPU.
+"""Float32 linear weights prepacked once, at load, for MKL's or oneDNN's GEMM on the CPU.
 
-The op is stock torch: ``torch.ops.mkl._mkl_reorder_linear_weight`` packs a weight
+Two packed formats, both stock torch ops; which one a model gets is :func:`pack_format`'s
+choice (MKL's on Intel CPUs, oneDNN's elsewhere; ``INFLIGHT_CPU_PACK_FORMAT`` overrides it).
+
+MKL's: the op is stock torch: ``torch.ops.mkl._mkl_reorder_linear_weight`` packs a weight
 (``cblas_sgemm_pack``) and ``torch.ops.mkl._mkl_linear`` multiplies by it
 (``cblas_sgemm_compute``); Inductor's freezing pass uses the pair for float32 linears on x86.
-Chosen over oneDNN's ``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``
-(what vLLM's ``create_onednn_mm`` amounts to) because it is faster at every row count the
-engine runs. All of a model's linears (distinct weights, as a step reads them), one thread,
+On Intel CPUs it is chosen over oneDNN's ``torch.ops.mkldnn._reorder_linear_weight`` /
+``_linear_pointwise`` (what vLLM's ``create_onednn_mm`` amounts to) because, on the Intel CPU
+(AMX, AVX-512) where this was measured, it is faster at every row count the engine runs. All of a model's linears (distinct weights, as a step reads them), one thread,
 against the unpacked path (the few-row kernel of :mod:`.cpu_native`, else ``F.linear``), at
 1 / 8 / 32 / 64 / 512 rows: bench-medium MKL 1.13 / 1.56 / 1.25 / 1.18 / 1.11x, oneDNN 0.93 /
 1.50 / 1.14 / 1.06 / 1.01x; bench-small MKL 1.31 / 1.33 / 1.25 / 1.16 / 1.08x, oneDNN 0.91 /
-0.90 / 1.03 / 1.01 / 1.02x. So a packed weight takes this path at every row count. Both stay
+0.90 / 1.03 / 1.01 / 1.02x. There a packed weight takes this path at every row count. Both stay
 float32: on this AMX/AVX-512-BF16 CPU their error against a float64 product is ~5e-7
 relative, as ``F.linear``'s is (bfloat16 would be ~3e-3); :func:`pack_linear_weight` checks
 each packed weight against ``F.linear`` and the tests check the error bound.
@@ -33,6 +36,19 @@ whose table the embedding lookup needs) stays float: packing it would keep two c
 under 1% of a step (the head of bench-medium is 0.6 of ~72 ms at 64 decodes). MKL also reserves
 ~8 MiB of address space per packed weight that it never touches (``cblas_sgemm_pack_get_size``
 is generous): virtual, never resident (+0.6 GiB of address space for bench-medium's 72).
+
+oneDNN's (``PackedLinearWeight.fmt == "onednn"``): ``torch.ops.mkldnn._reorder_linear_weight``
+packs a weight into oneDNN's blocked layout for the batch size it is given (any row count runs
+on it: the same probe checks that) and ``torch.ops.mkldnn._linear_pointwise`` multiplies by it,
+float32 throughout (torch's ``mkldnn.matmul.fp32_precision`` must stay ``none``: a bfloat16 or
+tf32 setting would fail the packing check, and the weight would stay float). On an AMD EPYC
+(AVX2, 2 cores) oneDNN is the faster one, where the Intel CPU above measured the opposite:
+bench-medium's 72 linears, two threads, MKL / oneDNN ms at 4 / 16 / 24 / 32 / 64 / 128 / 512
+rows: 45.0 / 38.3, 57.0 / 38.3, 59.7 / 35.2, 68.7 / 42.2, 89.1 / 69.3, 145.7 / 125.5, 466 / 471
+(one thread: 1.43x oneDNN at 4 rows, 1.29x at 32, 1.10x at 64, even from 128). The packed
+buffer is about the float weight's size, as MKL's is. The one-call decode stack
+(:mod:`.cpu_stack`) calls MKL from C, so it runs over oneDNN weights only where every product
+takes the float copy (at most :data:`FLOAT_COPY_MAX_ROWS` rows; :meth:`PackedLinearWeight.stack_rows`).
 
 Few rows: MKL's packed GEMM is fast at every row count on Intel CPUs (above), but not
 elsewhere. On an AMD EPYC (AVX2), bench-medium's linears at 1 / 2 / 4 / 8 / 16 rows took 22.6 /
@@ -74,6 +90,8 @@ logger = logging.getLogger(__name__)
 PACK_ROWS = 512
 # Row counts every packed weight is checked at (one row, a few, more than a vector's width).
 PROBE_ROWS = (1, 3, 37)
+# The packed formats (see the module docstring): MKL's cblas_sgemm_pack, oneDNN's blocked layout.
+PACK_FORMATS = ("mkl", "onednn")
 # Products of at most this many rows take the few-row kernel on a packed weight's float copy,
 # when it has one. On the AMD EPYC of the module docstring, one thread: the few-row kernel 27 /
 # 45 / 67 ms at 4 / 8 / 16 rows against 59 / 68 / 86 packed, even at 24 (112 / 104), behind at
@@ -83,13 +101,14 @@ FLOAT_COPY_MAX_ROWS = 16
 
 @dataclass(frozen=True, slots=True)
 class PackedLinearWeight:
-    """A ``[out_features, in_features]`` float32 weight in MKL's packed GEMM layout."""
+    """A ``[out_features, in_features]`` float32 weight in MKL's or oneDNN's packed GEMM layout."""
 
-    packed: torch.Tensor  # opaque (layout torch._mkldnn), made by _mkl_reorder_linear_weight
+    packed: torch.Tensor  # opaque (layout torch._mkldnn): _mkl_reorder_linear_weight's or _reorder_linear_weight's
     stand_in: torch.Tensor  # one float expanded to [out_features, in_features]: the op's ORI_W
     # The row-major float weight [out_features, in_features], kept for products of at most
     # FLOAT_COPY_MAX_ROWS rows (see the module docstring); None: every product is packed.
     float_rows: torch.Tensor | None = None
+    fmt: str = "mkl"  # one of PACK_FORMATS: which op multiplies by ``packed``
 
     @property
     def shape(self) -> torch.Size:
@@ -113,6 +132,15 @@ class PackedLinearWeight:
         """The float copy when a ``num_rows``-row product should take the few-row kernel on it."""
         return self.float_rows if num_rows <= FLOAT_COPY_MAX_ROWS else None
 
+    @property
+    def stack_rows(self) -> int | None:
+        """The most rows the one-call decode stack (which calls MKL from C) may multiply by this
+        weight: None (any) for MKL's format, :data:`FLOAT_COPY_MAX_ROWS` for oneDNN's with a float
+        copy (those products take the few-row kernel), 0 for oneDNN's without one."""
+        if self.fmt == "mkl":
+            return None
+        return FLOAT_COPY_MAX_ROWS if self.float_rows is not None else 0
+
 
 @dataclass(frozen=True, slots=True)
 class PackSummary:
@@ -123,11 +151,15 @@ class PackSummary:
     shared: tuple[str, ...]  # linears whose weight another module holds too (a tied LM head): float
     disagreed: tuple[str, ...]  # linears whose packed product disagreed with F.linear: float
     float_copies: bool = False  # each packed weight kept its float weight for few-row products
+    fmt: str = "mkl"  # the packed format (PACK_FORMATS)
+    fmt_reason: str = ""  # why that format, for the log ("INFLIGHT_CPU_PACK_FORMAT", "AuthenticAMD CPU", ...)
 
     def describe(self) -> str:
         kept = (f"float weights kept for products of <= {FLOAT_COPY_MAX_ROWS} rows" if self.float_copies
                 else "float copies freed")
-        text = f"{self.num_packed} linears prepacked for MKL ({self.packed_bytes / 2**20:.0f} MiB, {kept}"
+        name = {"mkl": "MKL", "onednn": "oneDNN"}.get(self.fmt, self.fmt)
+        why = f" [{self.fmt_reason}]" if self.fmt_reason else ""
+        text = f"{self.num_packed} linears prepacked for {name}{why} ({self.packed_bytes / 2**20:.0f} MiB, {kept}"
         if self.shared:
             text += f"; {', '.join(self.shared)} kept float (shared)"
         if self.disagreed:
@@ -141,6 +173,17 @@ def mkl_packing_available() -> bool:
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
 
 
+def onednn_packing_available() -> bool:
+    """torch was built with oneDNN and has the packed-linear ops."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def packing_available(fmt: str) -> bool:
+    """torch has the ops of packed format ``fmt``."""
+    return mkl_packing_available() if fmt == "mkl" else fmt == "onednn" and onednn_packing_available()
+
+
 def packed_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32
     weight: PackedLinearWeight,
@@ -152,6 +195,8 @@ def packed_linear(
         raise ValueError(f"a prepacked linear takes float32 CPU input (got {x.dtype} on {x.device.type}).")
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()
+    if weight.fmt == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return torch.ops.mkl._mkl_linear(x, weight.packed, weight.stand_in, bias, rows)
 
@@ -188,18 +233,36 @@ def float_copies_wanted(vendor: str | None = None) -> bool:
     return (cpu_vendor() if vendor is None else vendor) != "GenuineIntel"
 
 
-def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False) -> PackedLinearWeight | None:
-    """``weight`` packed for MKL (keeping the float weight too when ``keep_float``), or ``None``
-    when its packed product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the float
-    weight should then be kept)."""
+def pack_format(vendor: str | None = None) -> tuple[str, str]:
+    """The packed format for this CPU and why: ``INFLIGHT_CPU_PACK_FORMAT`` (one of
+    :data:`PACK_FORMATS`) if set, else MKL's on Intel CPUs and oneDNN's on every other (see the
+    module docstring)."""
+    setting = (env_vars.read_str("INFLIGHT_CPU_PACK_FORMAT") or "").strip().lower()
+    if setting:
+        if setting not in PACK_FORMATS:
+            raise ValueError(f"INFLIGHT_CPU_PACK_FORMAT must be one of {', '.join(PACK_FORMATS)} (got {setting!r}).")
+        return setting, "INFLIGHT_CPU_PACK_FORMAT"
+    vendor = cpu_vendor() if vendor is None else vendor
+    return ("mkl" if vendor == "GenuineIntel" else "onednn"), f"{vendor or 'unknown'} CPU"
+
+
+def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str = "mkl") -> PackedLinearWeight | None:
+    """``weight`` packed in format ``fmt`` (keeping the float weight too when ``keep_float``), or
+    ``None`` when its packed product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the
+    float weight should then be kept)."""
+    if fmt not in PACK_FORMATS:
+        raise ValueError(f"unknown packed format {fmt!r} (use one of {', '.join(PACK_FORMATS)}).")
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"only 2-D float32 CPU weights are packed (got {weight.dtype}, {tuple(weight.shape)}).")
     with torch.no_grad():
         w = weight.detach().contiguous()
         out_features, in_features = w.shape
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
+        if fmt == "mkl":
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
         result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features),
-                                    w if keep_float else None)
+                                    w if keep_float else None, fmt)
         gen = torch.Generator().manual_seed(out_features * 31 + in_features)
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, generator=gen)
@@ -211,21 +274,26 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False) -> Packed
 
 
 def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Prepack ``model``'s linears when it runs in float32 on the native CPU kernels with MKL
-    (and ``INFLIGHT_CPU_PREPACK`` is not 0); what was done, for the load log line ("" if nothing)."""
+    """Prepack ``model``'s linears when it runs in float32 on the native CPU kernels (and
+    ``INFLIGHT_CPU_PREPACK`` is not 0), in :func:`pack_format`'s format (the other one where
+    torch lacks its ops); what was done, for the load log line ("" if nothing)."""
     if not (ops_name.startswith("cpu-native") and device.type == "cpu" and dtype == torch.float32):
         return ""
     if (env_vars.read_int("INFLIGHT_CPU_PREPACK") or 0) == 0:
         return "; linear weights unpacked (INFLIGHT_CPU_PREPACK=0)"
-    if not mkl_packing_available():
-        return "; linear weights unpacked (torch has no MKL packed GEMM)"
-    return "; " + prepack_linears(model, float_copies_wanted()).describe()
+    fmt, why = pack_format()
+    if not packing_available(fmt):
+        other = next(f for f in PACK_FORMATS if f != fmt)
+        if not packing_available(other):
+            return "; linear weights unpacked (torch has neither MKL's nor oneDNN's packed GEMM)"
+        fmt, why = other, f"torch has no {fmt} packed GEMM"
+    return "; " + prepack_linears(model, float_copies_wanted(), fmt, why).describe()
 
 
-def prepack_linears(model: nn.Module, keep_float: bool = False) -> PackSummary:
+def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl", fmt_reason: str = "") -> PackSummary:
     """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) that no other module
-    holds for its packed form, in place; the float weights are freed unless ``keep_float``
-    (then each packed weight holds its float weight for few-row products)."""
+    holds for its form packed in ``fmt``, in place; the float weights are freed unless
+    ``keep_float`` (then each packed weight holds its float weight for few-row products)."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for param in module._parameters.values():  # noqa: SLF001 - who else holds each tensor
@@ -242,7 +310,7 @@ def prepack_linears(model: nn.Module, keep_float: bool = False) -> PackSummary:
         if holders.get(id(weight), 0) > 1:
             shared.append(name)
             continue
-        packed = pack_linear_weight(weight, keep_float)
+        packed = pack_linear_weight(weight, keep_float, fmt)
         if packed is None:
             disagreed.append(name)
             continue
@@ -251,5 +319,5 @@ def prepack_linears(model: nn.Module, keep_float: bool = False) -> PackSummary:
         del module.weight  # the Parameter goes; a plain attribute the decoder passes to ops.linear
         module.weight = packed  # type: ignore[assignment]
     if disagreed:
-        logger.warning("MKL's packed product disagreed with F.linear for %s; those weights stay float", disagreed)
-    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed), keep_float and num > 0)
+        logger.warning("the %s packed product disagreed with F.linear for %s; those weights stay float", fmt, disagreed)
+    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed), keep_float and num > 0, fmt, fmt_reason)

@@ -60,8 +60,9 @@ def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _packed_addr(w: PackedLinearWeight) -> int:
-    return int(torch.ops.mkldnn.data_ptr(w.packed))
+def _packed_addr(w: PackedLinearWeight) -> int | None:
+    """MKL's packed buffer; None for oneDNN's, which only takes products on the float copy here."""
+    return int(torch.ops.mkldnn.data_ptr(w.packed)) if w.fmt == "mkl" else None
 
 
 def _torch_gemm_symbol() -> int | None:
@@ -124,11 +125,13 @@ def decode_layer_stack(
     stack: decode_stack.DecodeStack,
 ) -> torch.Tensor | None:  # [num_seqs, hidden], final-normed
     """:func:`inflight.kernels.decode_stack.decode_layer_stack` as one call of ``lib``'s
-    ``inflight_decode_stack_f32``; None for input it does not take, or when MKL's packed GEMM
-    cannot be reached from C (the caller then runs its per-op path)."""
-    gemm = gemm_compute(lib)
+    ``inflight_decode_stack_f32``; None for input it does not take (more rows than
+    ``stack.max_rows``), or when the stack has MKL weights and MKL's packed GEMM cannot be
+    reached from C (the caller then runs its per-op path)."""
+    gemm = gemm_compute(lib) if stack.has_mkl_weights else None
     num_seqs = hidden.shape[0]
-    if not (gemm is not None and hidden.dim() == 2 and hidden.shape[1] == stack.hidden
+    if not ((gemm is not None or not stack.has_mkl_weights)
+            and (stack.max_rows is None or num_seqs <= stack.max_rows) and hidden.dim() == 2 and hidden.shape[1] == stack.hidden
             and hidden.dtype == torch.float32 and hidden.device.type == "cpu" and hidden.is_contiguous()
             and num_seqs == rows.positions.shape[0] and num_seqs > 0):  # fmt: skip
         return None

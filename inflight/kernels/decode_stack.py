@@ -9,7 +9,9 @@ every layer plus the final norm with one signature, so a backend can run it as o
 decoder's per-op path over the reference kernels, in its order) and :class:`DecodeStack`, the
 stack's weights, checked once when the decoder builds it: :meth:`DecodeStack.build` returns
 None for anything the native call does not take (float or odd weights, other dtypes, odd
-shapes), and the decoder then keeps its per-op path. Knows nothing about the model classes or
+shapes), and the decoder then keeps its per-op path. Over oneDNN-packed weights (which the
+native call cannot multiply by) the stack takes only steps whose every product runs on the
+weights' float copies: :attr:`DecodeStack.max_rows`. Knows nothing about the model classes or
 the engine.
 """
 
@@ -26,7 +28,7 @@ from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 
 @dataclass(frozen=True, slots=True)
 class StackLayer:
-    """One dense decoder layer: pre-norms, MKL-packed linears (q/k/v and gate/up fused; each may
+    """One dense decoder layer: pre-norms, packed linears (q/k/v and gate/up fused; each may
     hold its float weight for few-row products), and its attention (shape, constants, rope
     table, KV cache)."""
 
@@ -57,13 +59,20 @@ class DecodeStack:
         self.final_eps = final_eps
         self.hidden = int(final_norm.shape[0])
         self.native: object | None = None  # the backend's own form, made on first use
+        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        limits = [w.stack_rows for w in weights if w.stack_rows is not None]
+        # The most rows a step may have to run as one call (None: any): oneDNN weights leave
+        # the few-row products on their float copies, and nothing above.
+        self.max_rows: int | None = min(limits) if limits else None
+        self.has_mkl_weights = any(w.fmt == "mkl" for w in weights)  # the call needs MKL's GEMM
 
     @classmethod
     def build(cls, layers: list[StackLayer], final_norm: torch.Tensor, final_eps: float) -> DecodeStack | None:
         """The stack, or None when any weight or shape is one the native call does not take."""
         hidden = int(final_norm.shape[0]) if final_norm.dim() == 1 else -1
         ok = bool(layers) and _vector_ok(final_norm, hidden) and all(_layer_ok(layer, hidden) for layer in layers)
-        return cls(tuple(layers), final_norm, final_eps) if ok else None
+        stack = cls(tuple(layers), final_norm, final_eps) if ok else None
+        return None if stack is None or stack.max_rows == 0 else stack
 
 
 def _vector_ok(t: torch.Tensor | None, size: int) -> bool:

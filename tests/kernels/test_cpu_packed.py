@@ -1,6 +1,6 @@
-"""Linear weights prepacked for MKL (inflight/kernels/cpu_packed.py) against the torch reference,
-and their installation in a loaded model: which weights are packed, what stays float, and that
-the float copies are gone."""
+"""Linear weights prepacked for MKL or oneDNN (inflight/kernels/cpu_packed.py) against the torch
+reference, and their installation in a loaded model: which weights are packed, in which format,
+what stays float, and that the float copies are gone unless kept."""
 
 from __future__ import annotations
 
@@ -15,19 +15,23 @@ from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, 
 from tests.kernels.threads import with_threads
 
 pytestmark = pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")
+FORMATS = [pytest.param(f, marks=pytest.mark.skipif(not cpu_packed.packing_available(f), reason=f"torch lacks {f}"))
+           for f in cpu_packed.PACK_FORMATS]  # fmt: skip
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("pack_threads", [1, 2])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_every_row_count_matches_reference(pack_threads: int, threads: int, with_bias: bool) -> None:
-    """One packed weight serves every batch size (MKL packs for one; the call passes its own),
-    packed with one thread count and run with another (decode lanes run on one thread)."""
+def test_every_row_count_matches_reference(fmt: str, pack_threads: int, threads: int, with_bias: bool) -> None:
+    """One packed weight serves every batch size (both formats pack for one; the call passes its
+    own), packed with one thread count and run with another (decode lanes run on one thread)."""
     gen = torch.Generator().manual_seed(threads * 10 + pack_threads)
     weight = torch.randn(1000, 200, generator=gen) * 0.05  # in_features not a multiple of the vector width
     bias = torch.randn(1000, generator=gen) if with_bias else None
-    packed = with_threads(pack_threads, pack_linear_weight, weight)
+    packed = with_threads(pack_threads, pack_linear_weight, weight, False, fmt)
     assert packed is not None and packed.shape == weight.shape and packed.nbytes == weight.numel() * 4
+    assert packed.fmt == fmt
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 32, 37, 64, 100, 512):
         x = torch.randn(rows, 200, generator=gen)
         got = with_threads(threads, packed_linear, x, packed, bias)
@@ -35,24 +39,30 @@ def test_every_row_count_matches_reference(pack_threads: int, threads: int, with
         assert torch.equal(got, with_threads(threads, cpu_native.linear, x, packed, bias))  # the native bundle's linear
 
 
-def test_odd_shapes_empty_batches_and_strided_input() -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_odd_shapes_empty_batches_and_strided_input(fmt: str) -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(37, 53, generator=gen)
-    packed = pack_linear_weight(weight)
+    packed = pack_linear_weight(weight, fmt=fmt)
     assert packed is not None
     x = torch.randn(7, 106, generator=gen)[:, ::2]  # not contiguous
     torch.testing.assert_close(packed_linear(x, packed), reference.linear(x, weight), atol=1e-5, rtol=1e-5)
     assert packed_linear(torch.empty(0, 53), packed).shape == (0, 37)
+    x3 = torch.randn(2, 3, 53, generator=gen)  # leading dimensions kept
+    torch.testing.assert_close(packed_linear(x3, packed), reference.linear(x3, weight), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown packed format"):
+        pack_linear_weight(weight, fmt="blas")
 
 
-def test_packing_stays_float32_and_refuses_other_inputs() -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packing_stays_float32_and_refuses_other_inputs(fmt: str) -> None:
     """oneDNN/MKL may use bfloat16 (AMX) for float32 when told to; the packed product must keep
     float32's error (~1e-6 relative), far below bfloat16's (~1e-3)."""
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(512, 1536, generator=gen) * 0.05
     x = torch.randn(64, 1536, generator=gen)
     exact = x.double() @ weight.double().T
-    packed = pack_linear_weight(weight)
+    packed = pack_linear_weight(weight, fmt=fmt)
     assert packed is not None
     error = float((packed_linear(x, packed).double() - exact).abs().max() / exact.abs().max())
     assert error < 1e-5
@@ -116,14 +126,15 @@ def test_engine_runs_on_packed_weights_unless_switched_off(tiny_model_dir, monke
     assert packed._num_params == plain._num_params  # the step-size thresholds see the same model
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_kept_float_copy_takes_the_few_row_products(threads: int) -> None:
+def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) -> None:
     """With its float copy, a packed weight's products of at most FLOAT_COPY_MAX_ROWS rows run the
     few-row kernel on that copy (the same bits as on a float weight), bigger ones the packed GEMM."""
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(300, 70, generator=gen) * 0.1
     bias = torch.randn(300, generator=gen)
-    packed = pack_linear_weight(weight, keep_float=True)
+    packed = pack_linear_weight(weight, keep_float=True, fmt=fmt)
     assert packed is not None and torch.equal(packed.float_rows, weight)
     assert packed.nbytes == 2 * weight.numel() * 4
     limit = cpu_packed.FLOAT_COPY_MAX_ROWS
@@ -164,3 +175,33 @@ def test_prepack_keeps_the_float_weights_when_asked() -> None:
     plain = nn.Sequential(nn.Linear(16, 32))
     summary = prepack_linears(plain)
     assert plain[0].weight.float_rows is None and "float copies freed" in summary.describe()
+
+
+def test_the_pack_format_is_mkl_on_intel_and_onednn_elsewhere_unless_told(monkeypatch) -> None:
+    monkeypatch.delenv("INFLIGHT_CPU_PACK_FORMAT", raising=False)
+    assert cpu_packed.pack_format("GenuineIntel") == ("mkl", "GenuineIntel CPU")
+    assert cpu_packed.pack_format("AuthenticAMD") == ("onednn", "AuthenticAMD CPU")
+    assert cpu_packed.pack_format("") == ("onednn", "unknown CPU")
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", " oneDNN ")
+    assert cpu_packed.pack_format("GenuineIntel") == ("onednn", "INFLIGHT_CPU_PACK_FORMAT")
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", "blas")
+    with pytest.raises(ValueError, match="INFLIGHT_CPU_PACK_FORMAT must be one of mkl, onednn"):
+        cpu_packed.pack_format()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_load_line_names_the_format_and_why(fmt: str, monkeypatch) -> None:
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", fmt)
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "0")
+    model = nn.Sequential(nn.Linear(16, 32))
+    line = cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
+    name = {"mkl": "MKL", "onednn": "oneDNN"}[fmt]
+    assert f"1 linears prepacked for {name} [INFLIGHT_CPU_PACK_FORMAT]" in line
+    assert model[0].weight.fmt == fmt
+    monkeypatch.setattr(cpu_packed, "packing_available", lambda f: f != fmt)  # a torch without this format's ops
+    other = nn.Sequential(nn.Linear(16, 32))
+    line = cpu_packed.prepack_detail(other, "cpu-native", torch.device("cpu"), torch.float32)
+    assert f"[torch has no {fmt} packed GEMM]" in line and other[0].weight.fmt != fmt
+    monkeypatch.setattr(cpu_packed, "packing_available", lambda f: False)
+    assert "unpacked (torch has neither" in cpu_packed.prepack_detail(nn.Sequential(nn.Linear(4, 4)), "cpu-native",
+                                                                       torch.device("cpu"), torch.float32)

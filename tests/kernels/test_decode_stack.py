@@ -1,8 +1,9 @@
 """A pure-decode step's whole layer stack in one native call (inflight/kernels/cpu_stack.py,
 cpu_decode_stack.h) against its torch reference (inflight/kernels/decode_stack.py): GQA, q/k/v
 and other biases, qk-norm, sliding windows, sinks, skipped slots, one and two threads; the
-packed GEMM against torch's _mkl_linear bit for bit; what the stack refuses; and the decoder's
-logits and KV caches with the stack against its per-op path."""
+packed GEMM against torch's _mkl_linear bit for bit; what the stack refuses (oneDNN-packed
+weights above the rows their float copies take); and the decoder's logits and KV caches with the
+stack against its per-op path, in both packed formats."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ pytestmark = [pytest.mark.usefixtures("native_built"),
 
 
 def _packed(gen: torch.Generator, out_features: int, in_features: int,
-            keep_float: bool = False) -> cpu_packed.PackedLinearWeight:  # fmt: skip
+            keep_float: bool = False, fmt: str = "mkl") -> cpu_packed.PackedLinearWeight:  # fmt: skip
     w = cpu_packed.pack_linear_weight(torch.randn(out_features, in_features, generator=gen) * in_features**-0.5,
-                                      keep_float)  # fmt: skip
+                                      keep_float, fmt)  # fmt: skip
     assert w is not None
     return w
 
@@ -36,7 +37,7 @@ def _vec(gen: torch.Generator, size: int) -> torch.Tensor:
 
 def _stack(paged, num_layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, *,
            bias: bool = False, qk_norm: bool = False, window: int | None = None, sinks: bool = False,
-           rot_dim: int | None = None, seed: int = 0, keep_float: bool = False) -> DecodeStack:
+           rot_dim: int | None = None, seed: int = 0, keep_float: bool = False, fmt: str = "mkl") -> DecodeStack:
     gen = torch.Generator().manual_seed(seed)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     cos_sin = torch.randn(400, rot_dim or head_dim, generator=gen)
@@ -53,10 +54,10 @@ def _stack(paged, num_layers: int, hidden: int, heads: int, kv_heads: int, head_
         )  # fmt: skip
         kv = (paged.k_cache.clone() + 0.01 * i, paged.v_cache.clone() - 0.01 * i)
         layers.append(StackLayer(
-            _vec(gen, hidden), 1e-6, _packed(gen, q_size + 2 * kv_size, hidden, keep_float), b(q_size + 2 * kv_size),
-            attention, cos_sin, kv, _packed(gen, hidden, q_size, keep_float), b(hidden), _vec(gen, hidden), 1e-5,
-            _packed(gen, 2 * inter, hidden, keep_float), b(2 * inter), _packed(gen, hidden, inter, keep_float),
-            b(hidden),
+            _vec(gen, hidden), 1e-6, _packed(gen, q_size + 2 * kv_size, hidden, keep_float, fmt),
+            b(q_size + 2 * kv_size), attention, cos_sin, kv, _packed(gen, hidden, q_size, keep_float, fmt), b(hidden),
+            _vec(gen, hidden), 1e-5, _packed(gen, 2 * inter, hidden, keep_float, fmt), b(2 * inter),
+            _packed(gen, hidden, inter, keep_float, fmt), b(hidden),
         ))  # fmt: skip
     stack = DecodeStack.build(layers, _vec(gen, hidden), 1e-6)
     assert stack is not None
@@ -88,11 +89,14 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}" for k in c[7]) or "plain")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("keep_float", [False, True], ids=["packed", "float-copy"])
-def test_native_stack_matches_the_reference(case, threads, keep_float, make_paged_cache, poison_allocations) -> None:
+@pytest.mark.parametrize(("keep_float", "fmt"), [(False, "mkl"), (True, "mkl"), (True, "onednn")],
+                         ids=["packed", "float-copy", "onednn-float-copy"])
+def test_native_stack_matches_the_reference(case, threads, keep_float, fmt, make_paged_cache,
+                                            poison_allocations) -> None:  # fmt: skip
     num_layers, hidden, heads, kv_heads, head_dim, inter, lens, options = case
     paged = make_paged_cache(lens, 16, kv_heads, head_dim, torch.float32, torch.device("cpu"))
-    stack = _stack(paged, num_layers, hidden, heads, kv_heads, head_dim, inter, keep_float=keep_float, **options)
+    stack = _stack(paged, num_layers, hidden, heads, kv_heads, head_dim, inter, keep_float=keep_float, fmt=fmt,
+                   **options)  # fmt: skip
     other = _copy(stack)
     rows = _rows(lens, paged.block_tables, 16, skip=1)
     x = torch.randn(len(lens), hidden, generator=torch.Generator().manual_seed(3))
@@ -136,16 +140,44 @@ def test_what_the_stack_refuses(make_paged_cache) -> None:
     assert cpu_native.decode_layer_stack(torch.randn(2, 64).double(), rows, stack) is None
 
 
+@pytest.mark.skipif(not cpu_packed.onednn_packing_available(), reason="torch built without oneDNN")
+def test_onednn_weights_take_the_stack_only_on_their_float_copies(make_paged_cache) -> None:
+    """The native call cannot multiply by oneDNN's layout: without float copies there is no stack,
+    and with them it takes steps of at most FLOAT_COPY_MAX_ROWS rows (more: None, and the
+    decoder runs per op); MKL weights take any step."""
+    limit = cpu_packed.FLOAT_COPY_MAX_ROWS
+    lens = [3 + 2 * i for i in range(limit + 1)]
+    paged = make_paged_cache(lens, 16, 2, 16, torch.float32, torch.device("cpu"))
+    layer = _stack(paged, 1, 64, 4, 2, 16, 32, keep_float=True, fmt="onednn").layers[0]
+    no_copy = dataclasses.replace(layer, o_proj=_packed(torch.Generator().manual_seed(5), 64, 64, False, "onednn"))
+    assert DecodeStack.build([no_copy], torch.ones(64), 1e-6) is None
+    x = torch.randn(limit + 1, 64, generator=torch.Generator().manual_seed(4))
+    for fmt, max_rows in (("onednn", limit), ("mkl", None)):
+        stack = _stack(paged, 2, 64, 4, 2, 16, 32, keep_float=True, fmt=fmt)
+        assert stack.max_rows == max_rows and stack.has_mkl_weights == (fmt == "mkl")
+        for n in (1, limit, limit + 1):
+            rows = _rows(lens[:n], paged.block_tables[:n], 16)
+            got = cpu_native.decode_layer_stack(x[:n].contiguous(), rows, _copy(stack))
+            want = decode_stack.decode_layer_stack(x[:n].contiguous(), rows, _copy(stack))
+            if max_rows is not None and n > max_rows:
+                assert got is None
+            else:
+                assert got is not None
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "mistral"])
-@pytest.mark.parametrize("float_copy", ["0", "1"])
-def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(("float_copy", "fmt"), [("0", "mkl"), ("1", "mkl"), ("1", "onednn")])
+def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, fmt, tmp_path, monkeypatch) -> None:
     """Decode steps of a tiny model through the one-call stack equal the per-op path (same kernels),
-    with packed weights alone and with their float copies (few-row products on those)."""
+    with MKL-packed weights alone and with their float copies (few-row products on those), and
+    with oneDNN-packed weights and their float copies (the stack then takes only those products)."""
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.demo_model import make_demo_model
     from inflight.runtime.engine import LLMEngine
 
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", fmt)
     model_dir = make_demo_model(tmp_path / arch, arch=arch, size="tiny", seed=2)
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend="cpu")  # fmt: skip
@@ -153,8 +185,8 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, tmp_p
     runner = engine.runner
     try:
         assert runner.ops.decode_layer_stack is not None
-        kept = runner.model.layers[0].mlp.down_proj.weight.float_rows
-        assert (kept is not None) == (float_copy == "1")
+        down = runner.model.layers[0].mlp.down_proj.weight
+        assert (down.float_rows is not None) == (float_copy == "1") and down.fmt == fmt
         calls: list[bool] = []
 
         def counted(*args):

@@ -76,15 +76,20 @@ def test_prefix_caching_shared_prefix(model_factory, arch, device):
     assert engine.stats().prefix_cache_hits > 0
 
 
-@pytest.mark.parametrize("float_copy", ["1", "0"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_few_row_products_with_and_without_the_float_copy(model_factory, arch, float_copy, monkeypatch):
-    """Packed CPU weights that keep their float copy (few-row steps on the few-row kernel, the
-    default off Intel CPUs) and packed weights alone, forced both ways on any CPU."""
+@pytest.mark.parametrize(("arch", "fmt", "float_copy"), [
+    ("llama", "mkl", "1"), ("llama", "mkl", "0"), ("llama", "onednn", "1"), ("llama", "onednn", "0"),
+    ("qwen2", "mkl", "0"), ("qwen2", "onednn", "1"),
+])  # fmt: skip
+def test_few_row_products_with_and_without_the_float_copy(model_factory, arch, fmt, float_copy, monkeypatch):
+    """Packed CPU weights in either format (MKL's, oneDNN's: the default off Intel CPUs), keeping
+    their float copy (few-row steps on the few-row kernel, the default off Intel CPUs) or not,
+    forced every way on any CPU."""
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", fmt)
     model_dir = model_factory(arch)
     config = _config("cpu", num_kv_blocks=256, max_num_tokens=512)
     engine = _check(model_dir, config, prompts_of_lengths(LLMEngine.from_model_dir(model_dir, config).tokenizer,
                                                           LENGTHS), MAX_TOKENS)
     weight = engine.runner.model.layers[0].self_attn.qkv_proj.weight
     assert (getattr(weight, "float_rows", None) is not None) == (float_copy == "1")
+    assert getattr(weight, "fmt", None) == fmt
