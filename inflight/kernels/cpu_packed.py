@@ -8,8 +8,9 @@ MKL's: the op is stock torch: ``torch.ops.mkl._mkl_reorder_linear_weight`` packs
 (``cblas_sgemm_compute``); Inductor's freezing pass uses the pair for float32 linears on x86.
 On Intel CPUs it is chosen over oneDNN's ``torch.ops.mkldnn._reorder_linear_weight`` /
 ``_linear_pointwise`` (what vLLM's ``create_onednn_mm`` amounts to) because, on the Intel CPU
-(AMX, AVX-512) where this was measured, it is faster at every row count the engine runs. All of a model's linears (distinct weights, as a step reads them), one thread,
-against the unpacked path (the few-row kernel of :mod:`.cpu_native`, else ``F.linear``), at
+(AMX, AVX-512) where this was measured, it is faster at every row count the engine runs. All
+of a model's linears (distinct weights, as a step reads them), one thread, against the
+unpacked path (the few-row kernel of :mod:`.cpu_native`, else ``F.linear``), at
 1 / 8 / 32 / 64 / 512 rows: bench-medium MKL 1.13 / 1.56 / 1.25 / 1.18 / 1.11x, oneDNN 0.93 /
 1.50 / 1.14 / 1.06 / 1.01x; bench-small MKL 1.31 / 1.33 / 1.25 / 1.16 / 1.08x, oneDNN 0.91 /
 0.90 / 1.03 / 1.01 / 1.02x. There a packed weight takes this path at every row count. Both stay
@@ -46,7 +47,9 @@ tf32 setting would fail the packing check, and the weight would stay float). On 
 bench-medium's 72 linears, two threads, MKL / oneDNN ms at 4 / 16 / 24 / 32 / 64 / 128 / 512
 rows: 45.0 / 38.3, 57.0 / 38.3, 59.7 / 35.2, 68.7 / 42.2, 89.1 / 69.3, 145.7 / 125.5, 466 / 471
 (one thread: 1.43x oneDNN at 4 rows, 1.29x at 32, 1.10x at 64, even from 128). The packed
-buffer is about the float weight's size, as MKL's is. The one-call decode stack
+buffer is about the float weight's size, as MKL's is. It is packed for :data:`PACK_ROWS` rows
+too: packed for 1, 16, 64, 256 or 2048 rows instead, the same linears ran within the noise at
+1-1024 rows. The one-call decode stack
 (:mod:`.cpu_stack`) calls MKL from C, so it runs over oneDNN weights only where every product
 takes the float copy (at most :data:`FLOAT_COPY_MAX_ROWS` rows; :meth:`PackedLinearWeight.stack_rows`).
 
