@@ -129,11 +129,12 @@ def decode_layer_stack(
     ``stack.max_rows``), or when the stack has MKL weights and MKL's packed GEMM cannot be
     reached from C (the caller then runs its per-op path)."""
     gemm = gemm_compute(lib) if stack.has_mkl_weights else None
+    if stack.has_mkl_weights and gemm is None:
+        return None
     num_seqs = hidden.shape[0]
-    if not ((gemm is not None or not stack.has_mkl_weights)
-            and (stack.max_rows is None or num_seqs <= stack.max_rows) and hidden.dim() == 2 and hidden.shape[1] == stack.hidden
-            and hidden.dtype == torch.float32 and hidden.device.type == "cpu" and hidden.is_contiguous()
-            and num_seqs == rows.positions.shape[0] and num_seqs > 0):  # fmt: skip
+    if not ((stack.max_rows is None or num_seqs <= stack.max_rows) and hidden.dim() == 2
+            and hidden.shape[1] == stack.hidden and hidden.dtype == torch.float32 and hidden.device.type == "cpu"
+            and hidden.is_contiguous() and num_seqs == rows.positions.shape[0] and num_seqs > 0):  # fmt: skip
         return None
     table = stack.native
     if table is None:

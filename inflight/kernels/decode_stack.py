@@ -71,8 +71,7 @@ class DecodeStack:
         """The stack, or None when any weight or shape is one the native call does not take."""
         hidden = int(final_norm.shape[0]) if final_norm.dim() == 1 else -1
         ok = bool(layers) and _vector_ok(final_norm, hidden) and all(_layer_ok(layer, hidden) for layer in layers)
-        stack = cls(tuple(layers), final_norm, final_eps) if ok else None
-        return None if stack is None or stack.max_rows == 0 else stack
+        return cls(tuple(layers), final_norm, final_eps) if ok else None
 
 
 def _vector_ok(t: torch.Tensor | None, size: int) -> bool:
@@ -82,8 +81,8 @@ def _vector_ok(t: torch.Tensor | None, size: int) -> bool:
 
 def _packed_ok(w: object, out_features: int, in_features: int, bias: torch.Tensor | None) -> bool:
     if not (isinstance(w, PackedLinearWeight) and tuple(w.shape) == (out_features, in_features)
-            and (bias is None or _vector_ok(bias, out_features))):  # fmt: skip
-        return False
+            and (bias is None or _vector_ok(bias, out_features)) and w.stack_rows != 0):  # fmt: skip
+        return False  # stack_rows 0: oneDNN's layout without a float copy, which the call cannot multiply by
     f = w.float_rows
     return f is None or (f.dtype == torch.float32 and f.device.type == "cpu" and f.is_contiguous()
                          and tuple(f.shape) == (out_features, in_features))  # fmt: skip
