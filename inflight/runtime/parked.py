@@ -43,6 +43,10 @@ class ParkedRequests:
     def __len__(self) -> int:
         return len(self._parked)
 
+    def is_parked(self, req_id: str) -> bool:
+        """Whether ``req_id`` is held out of the steps now."""
+        return req_id in self._parked
+
     def park(self, req: Request, matcher: RequestMatcher) -> None:
         """Hold ``req`` out of the steps until ``matcher``'s fill under way is done."""
         fill = matcher.fill

@@ -17,9 +17,11 @@ import pytest
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
+from inflight.runtime.request import Request
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams, mask_fills
 from inflight.runtime.structured.faults import GrammarFault
+from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import LOWEST_PRIORITY, QUICK_AGAIN_S, MaskFill, MaskFiller
 
 SLOW = "parked-marker"
@@ -68,6 +70,19 @@ class _Run:
         raise AssertionError(f"not done after {max_steps} steps: {self.finished_at}")
 
 
+def _record_parks(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the requests ``engine`` parks, in order, one entry per park."""
+    parks: list[str] = []
+    park = engine.parked.park
+
+    def recording_park(req: Request, matcher: RequestMatcher) -> None:
+        parks.append(req.req_id)
+        park(req, matcher)
+
+    monkeypatch.setattr(engine.parked, "park", recording_park)
+    return parks
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("slow_regex", ["(xy|z)+", "(ab|cd){3}"], ids=["open-ended", "completes"])
 def test_a_stalled_mask_parks_only_its_request_and_its_output_is_unchanged(
@@ -84,6 +99,7 @@ def test_a_stalled_mask_parks_only_its_request_and_its_output_is_unchanged(
     engine = LLMEngine.from_model_dir(model_dir, config)
     engine.structured._fault = GrammarFault("slow-mask", SLOW)  # noqa: SLF001 - the injected fault
     engine.parked.deadline_s = 60.0
+    parks = _record_parks(engine, monkeypatch)
     run = _Run(engine, _requests(slow_regex))
     others, free = ("free", "seeded", "constrained"), ("free", "seeded")
     try:
@@ -93,13 +109,18 @@ def test_a_stalled_mask_parks_only_its_request_and_its_output_is_unchanged(
         assert {r: run.finished_at[r] for r in free} == {r: reference.finished_at[r] for r in free}
         assert {r: run.tokens[r] for r in others} == {r: reference.tokens[r] for r in others}
         assert "slow" not in run.finished_at and run.tokens["slow"] == []
-        assert len(engine.parked) == 1 and engine.parked.num_parked_total == 1
+        # The stall parked the slow request once, and it is the one still parked. (The quick
+        # grammar's row may have been deferred too, when a busy machine made its mask miss the
+        # grace: that is timing, so the test does not count it.)
+        assert parks.count("slow") == 1 and set(parks) <= {"slow", "constrained"}
+        assert len(engine.parked) == 1 and engine.parked.is_parked("slow")
         assert engine.stats().num_running == 1  # parked, not preempted: it keeps its blocks
     finally:
         engine.structured.release_stalls()
     run.until(lambda: not engine.has_unfinished_requests())
     assert run.tokens["slow"] == reference.tokens["slow"] and run.reasons["slow"] == reference.reasons["slow"]
-    assert engine.parked.num_parked_total >= len(run.tokens["slow"])  # the stall, then after each unfinished token
+    assert parks.count("slow") >= len(run.tokens["slow"])  # the stall, then after each unfinished token
+    assert engine.parked.num_parked_total == len(parks)
     assert len(engine.parked) == 0 and engine.stats().num_used_kv_blocks == 0
 
 
