@@ -8,8 +8,8 @@
  *
  * Why: the reference's decode attention gathers every sequence's K/V blocks into a padded
  * copy and then runs SDPA over it (three passes over the context); this one reads each
- * cached row once, in place, with an online softmax, a GQA group's heads against a vector's
- * width of tokens at a time (vectorized over tokens, cpu_vecf.h). The norm, rotary and KV-store kernels
+ * cached row once, in place, with an online softmax, in memory order, every head against a
+ * vector's width of tokens at a time (vectorized over tokens, cpu_vecf.h). The norm, rotary and KV-store kernels
  * replace 5-10 small torch ops each with one call, silu_and_mul two ops and their temporaries;
  * the decode attention block (qk-norm, rotary, KV store and attention of a pure-decode step,
  * reading q/k/v from the fused projection's rows) replaces ~20 Python-level calls per layer with
@@ -24,99 +24,108 @@
 
 #include "cpu_vecf.h"
 
-/* Decode attention, a GQA group at a time. For each cache block (block_size rows of every KV
- * head, contiguous) and each KV head, the group's query heads are scored against the block's
- * K rows a tile of tokens at a time (a vector's width: 16 with AVX-512, else 8): one
- * dot-product partial vector per (head, token), vectorized over head_dim, then the tile's
- * partial vectors folded into one vector of its scores (vecf_hsum, cpu_vecf.h). So the scores,
- * their max and the softmax are vectorized over tokens, and no (token, head) pays a horizontal
- * reduction of its own; the tile's K rows are read from memory once and stay in L1 for the
- * whole group. Then the online softmax (running max m, sum l, rescaling the accumulators when
- * the max moves; exp is vecf_exp_nonpositive, a polynomial, not libm's scalar expf) and the
- * weighted V rows, each head's output accumulating in registers over the block's tokens.
- * While a block computes, the next one's rows are prefetched (a step's K/V is far larger than
- * the caches: at batch 64 the kernel is bound by memory bandwidth, by arithmetic only when the
- * K/V fits in cache). Rows before `t0` (outside a sliding window) are skipped; `sinks` (NULL:
- * none) holds one logit per head that joins the softmax denominator with no value (gpt-oss). */
+/* Decode attention, the cache read in memory order. A cache block is block_size rows, each
+ * row every KV head's head_dim features, contiguous; a step's K/V is far larger than the caches
+ * (bench-medium at 64 decodes: ~340 MB), so what bounds the kernel is how fast it pulls the
+ * blocks in. Each row is read whole, front to back (all query heads scored against its KV
+ * heads), never a KV head's slice of every row and then the next slice: on a 2-core AMD EPYC
+ * that strided order read randomly placed 16 KiB blocks at ~5 GB/s a thread where a front-to-back
+ * read of K and V at once reaches ~12. While a K row is scored, the same V row is prefetched;
+ * while V rows are weighted, the next block's K rows are. The scores of a tile of tokens (a
+ * vector's width: 16 with AVX-512, else 8) are one dot-product partial vector per (head, token),
+ * vectorized over head_dim, folded into one vector of the tile's scores per head (vecf_hsum,
+ * cpu_vecf.h), so the scores, their max and the softmax are vectorized over tokens and no
+ * (token, head) pays a horizontal reduction of its own. Then the online softmax per block
+ * (running max m, sum l, the accumulators rescaled when the max moves; exp is
+ * vecf_exp_nonpositive, a polynomial, not libm's scalar expf) and the weighted V rows, four rows
+ * at a time into each head's accumulator. Rows before `t0` (outside a sliding window) are
+ * skipped; rows past the context are never read into a sum; `sinks` (NULL: none) holds one
+ * logit per head that joins the softmax denominator with no value (gpt-oss). */
 #define TILE VECF_W  /* tokens scored at once: one vector of scores */
-#define PV_CHUNKS (VECF_W == 16 ? 8 : 4)  /* vectors of features a head accumulates at once */
 
-/* Scaled scores of `group` query heads (qg: [group, head_dim]) against rows [t0, n) of one KV
- * head (row t at kb + t * tok_stride) into p[h * p_stride + t] (rows padded: a tile stores
- * a vector of lanes; lanes past n hold -inf); each head's largest score into block_max[h]. */
-static inline __attribute__((always_inline)) void group_scores(
-    const float *qg, const float *kb, int64_t tok_stride, int64_t t0, int64_t n, int64_t group,
-    int64_t head_dim, float scale, float *p, int64_t p_stride, float *block_max) {
+/* Scores of every query head (q: [num_heads, head_dim]) against rows [base, base + valid)
+ * of a block (row t at kb + t * tok_stride, all KV heads, valid <= TILE), the row's KV heads
+ * read in memory order: part[h * TILE + j] is head h's dot-product partial vector for row
+ * base + j (zero past valid), folded into one vector of the tile's scores per head (vecf_hsum),
+ * scaled, lanes past valid -inf, into p[h * p_stride + base]; each head's largest score raises
+ * block_max[h]. While a K row is read, the same row of V (vb) is prefetched, so the values
+ * pass finds it in cache and both streams are in flight at once. */
+static inline __attribute__((always_inline)) void tile_scores(
+    const float *q, const float *kb, const float *vb, int64_t tok_stride, int64_t base, int64_t valid,
+    int64_t num_heads, const int64_t *h_kv, int64_t head_dim, float scale, vecf *part, float *p, int64_t p_stride,
+    float *block_max) {
     const int64_t full = head_dim / VECF_W * VECF_W;
-    for (int64_t h = 0; h < group; ++h) block_max[h] = -INFINITY;
-    for (int64_t base = t0; base < n; base += TILE) {
-        const int64_t valid = n - base < TILE ? n - base : TILE;
-        const float *kt = kb + base * tok_stride;
-        for (int64_t h = 0; h < group; ++h) {
-            const float *qh = qg + h * head_dim;
-            vecf part[TILE];
-#pragma GCC unroll 16
-            for (int j = 0; j < TILE; ++j) {
-                vecf dot = vecf_splat(0.0f);
-                if (j < valid)
-                    for (int64_t d = 0; d < full; d += VECF_W)
-                        dot += vecf_load(qh + d) * vecf_load(kt + j * tok_stride + d);
-                part[j] = dot;
-            }
-            vecf s = vecf_hsum(part);
-            if (full < head_dim) {  /* features past the last whole vector */
-                float tail[TILE] = {0};
-                for (int64_t j = 0; j < valid; ++j)
-                    for (int64_t d = full; d < head_dim; ++d) tail[j] += qh[d] * kt[j * tok_stride + d];
-                s += vecf_load(tail);
-            }
-            s = vecf_keep_first(s * vecf_splat(scale), valid, -INFINITY);
-            vecf_store(p + h * p_stride + base, s);
-            const float top = vecf_reduce_max(s);
-            block_max[h] = top > block_max[h] ? top : block_max[h];
+    for (int64_t j = 0; j < TILE; ++j) {
+        if (j >= valid) {
+            for (int64_t h = 0; h < num_heads; ++h) part[h * TILE + j] = vecf_splat(0.0f);
+            continue;
         }
+        const float *row = kb + (base + j) * tok_stride;
+        const float *vrow = vb + (base + j) * tok_stride;
+        for (int64_t i = 0; i < tok_stride; i += 16) __builtin_prefetch(vrow + i, 0, 2);
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float *qh = q + h * head_dim, *kh = row + h_kv[h];
+            vecf dot = vecf_splat(0.0f);
+            for (int64_t d = 0; d < full; d += VECF_W) dot += vecf_load(qh + d) * vecf_load(kh + d);
+            part[h * TILE + j] = dot;
+        }
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+        vecf s = vecf_hsum(part + h * TILE);
+        if (full < head_dim) {  /* features past the last whole vector */
+            const float *qh = q + h * head_dim;
+            float tail[TILE] = {0};
+            for (int64_t j = 0; j < valid; ++j) {
+                const float *kh = kb + (base + j) * tok_stride + h_kv[h];
+                for (int64_t d = full; d < head_dim; ++d) tail[j] += qh[d] * kh[d];
+            }
+            s += vecf_load(tail);
+        }
+        s = vecf_keep_first(s * vecf_splat(scale), valid, -INFINITY);
+        vecf_store(p + h * p_stride + base, s);
+        const float top = vecf_reduce_max(s);
+        block_max[h] = top > block_max[h] ? top : block_max[h];
     }
 }
 
-/* acc[h] = acc[h] * correction[h] + sum over rows t in [t0, n) of p[h, t] * v[t], for the
- * group's heads; each head's accumulator (PV_CHUNKS vectors of features at a time, twice: even
- * and odd rows) stays in registers over the rows, which are read in memory order (L1 after the
- * first head). */
-static inline __attribute__((always_inline)) void group_values(
-    const float *vb, int64_t tok_stride, int64_t t0, int64_t n, int64_t group, int64_t head_dim,
-    const float *p, int64_t p_stride, const float *correction, float *acc) {
+/* acc[h] += sum over rows t in [t0, n) of p[h, t] * v[t] for every head, the rows read in
+ * memory order, four at a time (each accumulator vector loaded and stored once per four
+ * rows). While a V row is read, the same row of the next block's K (nk, NULL: none) is
+ * prefetched. acc was scaled by each head's correction before. */
+static inline __attribute__((always_inline)) void block_values(
+    const float *vb, const float *nk, int64_t tok_stride, int64_t t0, int64_t n, int64_t num_heads,
+    const int64_t *h_kv, int64_t head_dim, const float *p, int64_t p_stride, float *acc) {
     const int64_t full = head_dim / VECF_W * VECF_W;
-    for (int64_t h = 0; h < group; ++h) {
-        const float *ph = p + h * p_stride;
-        float *ah = acc + h * head_dim;
-        const vecf corr = vecf_splat(correction[h]);
-        for (int64_t d0 = 0; d0 < full; d0 += PV_CHUNKS * VECF_W) {
-            const int64_t chunks = full - d0 < PV_CHUNKS * VECF_W ? (full - d0) / VECF_W : PV_CHUNKS;
-            vecf a[PV_CHUNKS], b[PV_CHUNKS];  /* even and odd rows: two FMA chains per vector */
-            for (int64_t c = 0; c < chunks; ++c) {
-                a[c] = vecf_load(ah + d0 + VECF_W * c) * corr;
-                b[c] = vecf_splat(0.0f);
-            }
-            int64_t t = t0;
-            for (; t + 1 < n; t += 2) {
-                const vecf w0 = vecf_splat(ph[t]), w1 = vecf_splat(ph[t + 1]);
-                const float *v0 = vb + t * tok_stride + d0, *v1 = v0 + tok_stride;
-                for (int64_t c = 0; c < chunks; ++c) {
-                    a[c] += w0 * vecf_load(v0 + VECF_W * c);
-                    b[c] += w1 * vecf_load(v1 + VECF_W * c);
+    int64_t t = t0;
+    for (; t < n; t += 4) {
+        const int64_t rows = n - t < 4 ? n - t : 4;
+        if (nk != NULL)
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t i = 0; i < tok_stride; i += 16) __builtin_prefetch(nk + (t + r) * tok_stride + i, 0, 2);
+        const float *v0 = vb + t * tok_stride;
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float *ph = p + h * p_stride + t;
+            const float *vh = v0 + h_kv[h];
+            float *ah = acc + h * head_dim;
+            if (rows == 4) {
+                const vecf w0 = vecf_splat(ph[0]), w1 = vecf_splat(ph[1]), w2 = vecf_splat(ph[2]),
+                           w3 = vecf_splat(ph[3]);
+                for (int64_t d = 0; d < full; d += VECF_W) {
+                    const vecf a = w0 * vecf_load(vh + d) + w1 * vecf_load(vh + tok_stride + d);
+                    const vecf b = w2 * vecf_load(vh + 2 * tok_stride + d) + w3 * vecf_load(vh + 3 * tok_stride + d);
+                    vecf_store(ah + d, vecf_load(ah + d) + (a + b));
+                }
+                for (int64_t d = full; d < head_dim; ++d)
+                    ah[d] += (ph[0] * vh[d] + ph[1] * vh[tok_stride + d])
+                           + (ph[2] * vh[2 * tok_stride + d] + ph[3] * vh[3 * tok_stride + d]);
+            } else {
+                for (int64_t r = 0; r < rows; ++r) {
+                    const vecf w = vecf_splat(ph[r]);
+                    for (int64_t d = 0; d < full; d += VECF_W)
+                        vecf_store(ah + d, vecf_load(ah + d) + w * vecf_load(vh + r * tok_stride + d));
+                    for (int64_t d = full; d < head_dim; ++d) ah[d] += ph[r] * vh[r * tok_stride + d];
                 }
             }
-            if (t < n) {
-                const vecf w0 = vecf_splat(ph[t]);
-                const float *v0 = vb + t * tok_stride + d0;
-                for (int64_t c = 0; c < chunks; ++c) a[c] += w0 * vecf_load(v0 + VECF_W * c);
-            }
-            for (int64_t c = 0; c < chunks; ++c) vecf_store(ah + d0 + VECF_W * c, a[c] + b[c]);
-        }
-        for (int64_t d = full; d < head_dim; ++d) {
-            float a = ah[d] * correction[h];
-            for (int64_t t = t0; t < n; ++t) a += ph[t] * vb[t * tok_stride + d];
-            ah[d] = a;
         }
     }
 }
@@ -146,6 +155,9 @@ static inline __attribute__((always_inline)) void decode_sequence(
     const int64_t tok_stride = num_kv_heads * head_dim;
     const int64_t blk_stride = block_size * tok_stride;
     const int64_t p_stride = block_size + TILE;
+    vecf part[num_heads * TILE];  /* a tile's dot-product partials, one vector per (head, row) */
+    int64_t h_kv[num_heads];  /* where head h's KV head starts in a row */
+    for (int64_t h = 0; h < num_heads; ++h) h_kv[h] = h / group * head_dim;
     for (int64_t h = 0; h < num_heads; ++h) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
@@ -156,16 +168,11 @@ static inline __attribute__((always_inline)) void decode_sequence(
         const int64_t t0 = first > b * block_size ? first - b * block_size : 0;
         const float *kb = k_cache + (int64_t)table[b] * blk_stride;
         const float *vb = v_cache + (int64_t)table[b] * blk_stride;
-        if ((b + 1) * block_size < ctx) {  /* the next block's rows, while this one computes */
-            const int64_t next = (int64_t)table[b + 1] * blk_stride;
-            for (int64_t i = 0; i < blk_stride; i += 16) {
-                __builtin_prefetch(k_cache + next + i);
-                __builtin_prefetch(v_cache + next + i);
-            }
-        }
-        for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh)
-            group_scores(qs + kvh * group * head_dim, kb + kvh * head_dim, tok_stride, t0, n, group,
-                         head_dim, scale, p + kvh * group * p_stride, p_stride, mb + kvh * group);
+        const float *nk = (b + 1) * block_size < ctx ? k_cache + (int64_t)table[b + 1] * blk_stride : NULL;
+        for (int64_t h = 0; h < num_heads; ++h) mb[h] = -INFINITY;
+        for (int64_t base = t0; base < n; base += TILE)
+            tile_scores(qs, kb, vb, tok_stride, base, n - base < TILE ? n - base : TILE, num_heads, h_kv, head_dim,
+                        scale, part, p, p_stride, mb);
         for (int64_t h = 0; h < num_heads; ++h) {  /* online softmax a tile at a time; mb -> correction */
             float *ph = p + h * p_stride;
             const float new_max = mb[h] > m[h] ? mb[h] : m[h];
@@ -176,13 +183,13 @@ static inline __attribute__((always_inline)) void decode_sequence(
                 vecf_store(ph + base, w);
                 sum += w;
             }
-            mb[h] = expf(m[h] - new_max);  /* exp(-inf) = 0 at the start */
-            l[h] = l[h] * mb[h] + vecf_reduce_add(sum);
+            const float corr = expf(m[h] - new_max);  /* exp(-inf) = 0 at the start */
+            l[h] = l[h] * corr + vecf_reduce_add(sum);
             m[h] = new_max;
+            if (corr != 1.0f)
+                for (int64_t i = 0; i < head_dim; ++i) acc[h * head_dim + i] *= corr;
         }
-        for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh)
-            group_values(vb + kvh * head_dim, tok_stride, t0, n, group, head_dim, p + kvh * group * p_stride,
-                         p_stride, mb + kvh * group, acc + kvh * group * head_dim);
+        block_values(vb, nk, tok_stride, t0, n, num_heads, h_kv, head_dim, p, p_stride, acc);
     }
     for (int64_t h = 0; h < num_heads; ++h) {
         const float inv = softmax_normalizer(m[h], l[h], sinks, h);

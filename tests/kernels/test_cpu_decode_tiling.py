@@ -1,6 +1,6 @@
 """The native CPU decode attention's tiling against the torch reference.
 
-The kernel scores a GQA group's query heads against a tile of cached tokens at a time (a
+The kernel scores every query head against a tile of cached tokens at a time (a
 vector's width: 16 with AVX-512, else 8) and folds the tile's partial vectors into one vector of
 scores (``cpu_vecf.h``), so the edges that matter are: group sizes (1, 4, 8 query heads per KV
 head), head sizes that are and are not multiples of the width, contexts that end inside a tile
