@@ -151,7 +151,7 @@ class PackSummary:
 
     num_packed: int
     packed_bytes: int
-    shared: tuple[str, ...]  # linears whose weight another module holds too (a tied LM head): float
+    shared: tuple[str, ...]  # linears whose weight another module holds too (a tied LM head), left float
     disagreed: tuple[str, ...]  # linears whose packed product disagreed with F.linear: float
     float_copies: bool = False  # each packed weight kept its float weight for few-row products
     fmt: str = "mkl"  # the packed format (PACK_FORMATS)
@@ -294,9 +294,13 @@ def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype:
 
 
 def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl", fmt_reason: str = "") -> PackSummary:
-    """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) that no other module
-    holds for its form packed in ``fmt``, in place; the float weights are freed unless
-    ``keep_float`` (then each packed weight holds its float weight for few-row products)."""
+    """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) for its form packed in
+    ``fmt``, in place; the float weights are freed unless ``keep_float`` (then each packed weight
+    holds its float weight for few-row products). A weight another module holds too (an LM head
+    tied to the token embedding) is packed only with ``keep_float``: its float weight stays for
+    the other module anyway and is then the packed weight's float copy, so packing it costs what
+    packing any other weight costs; without float copies it would be a second copy, and it stays
+    float."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for param in module._parameters.values():  # noqa: SLF001 - who else holds each tensor
@@ -310,7 +314,7 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
         if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
                 and weight.device.type == "cpu" and weight.dim() == 2):
             continue
-        if holders.get(id(weight), 0) > 1:
+        if holders.get(id(weight), 0) > 1 and not keep_float:
             shared.append(name)
             continue
         packed = pack_linear_weight(weight, keep_float, fmt)

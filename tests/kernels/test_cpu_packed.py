@@ -101,6 +101,26 @@ def test_prepack_linears_swaps_float_weights_and_keeps_shared_ones() -> None:
     assert "2 linears prepacked" in summary.describe() and "head kept float (shared)" in summary.describe()
 
 
+def test_with_float_copies_a_tied_head_is_packed_over_the_embedding_table() -> None:
+    """The tied head's float weight stays for the embedding anyway, so with float copies it is
+    packed and that table is its float copy: no second copy of the table, and both modules
+    still compute what they did."""
+    torch.manual_seed(0)
+    model = _Tiny()
+    table = model.embed.weight.detach().clone()
+    summary = prepack_linears(model, keep_float=True)
+    assert summary.num_packed == 3 and summary.shared == () and summary.float_copies
+    head = model.head.weight
+    assert isinstance(head, PackedLinearWeight) and isinstance(model.embed.weight, nn.Parameter)
+    assert head.float_rows is not None and head.float_rows.data_ptr() == model.embed.weight.data_ptr()
+    ids = torch.tensor([3, 0, 49])
+    torch.testing.assert_close(model.embed(ids), table[ids])
+    for rows in (2, 40):  # the float copy's few-row kernel, and the packed product
+        x = torch.randn(rows, 16)
+        torch.testing.assert_close(cpu_native.linear(x, head), reference.linear(x, table), atol=1e-5, rtol=1e-5)
+    assert "kept float (shared)" not in summary.describe()
+
+
 def test_a_weight_whose_packed_product_disagrees_stays_float(monkeypatch, caplog) -> None:
     monkeypatch.setattr(cpu_packed, "packed_linear", lambda x, w, bias=None: torch.zeros(x.shape[0], w.shape[0]))
     model = nn.Sequential(nn.Linear(8, 8))

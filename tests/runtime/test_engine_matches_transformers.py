@@ -93,3 +93,7 @@ def test_few_row_products_with_and_without_the_float_copy(model_factory, arch, f
     weight = engine.runner.model.layers[0].self_attn.qkv_proj.weight
     assert (getattr(weight, "float_rows", None) is not None) == (float_copy == "1")
     assert getattr(weight, "fmt", None) == fmt
+    # llama's and qwen2's demo models tie the head to the embedding: packed only over a float copy
+    head = engine.runner.model.lm_head.weight
+    assert (getattr(head, "float_rows", None) is not None) == (float_copy == "1")
+    assert head is engine.runner.model.embed_tokens.weight or float_copy == "1"
