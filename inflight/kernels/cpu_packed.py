@@ -32,9 +32,13 @@ Memory: ``_mkl_linear`` reads only the shape and dtype of ``ORI_W`` on the packe
 one-float stand-in expanded to the weight's shape takes its place and the float weight is freed:
 the packed buffer is resident at about the float weight's size (+0.1 MiB per weight), so
 packing does not double the weights (a bench-medium engine: 675 MiB resident packed, 666 MiB
-unpacked). A weight another module also holds (a tied LM head,
-whose table the embedding lookup needs) stays float: packing it would keep two copies, for
-under 1% of a step (the head of bench-medium is 0.6 of ~72 ms at 64 decodes). MKL also reserves
+unpacked). A weight another module also holds (a tied LM head, whose table the embedding
+lookup needs) is packed only where packed weights keep their float copies (below): the table
+then is the head's float copy, so packing it costs what packing any other weight costs. Without
+float copies it stays float, since packing it would keep two copies for under 1% of a step on
+the Intel machine (the head of bench-medium is 0.6 of ~72 ms at 64 decodes); on the AMD EPYC,
+where float copies are kept, the packed head took bench-medium's 64-row head from 13 to 6.4 ms
+a step (oneDNN against ``F.linear``). MKL also reserves
 ~8 MiB of address space per packed weight that it never touches (``cblas_sgemm_pack_get_size``
 is generous): virtual, never resident (+0.6 GiB of address space for bench-medium's 72).
 
