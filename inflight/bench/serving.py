@@ -84,10 +84,11 @@ def _record(raw: Raw, spec: SystemSpec, point: LoadPoint, run: RunResult, cpu_s:
 
 
 def run_serving(plan: ServingPlan, on_error: Callable[[str], None] | None = None,
-                probes: Probes | None = None) -> Raw:
+                probes: Probes | None = None, between: Callable[[], None] | None = None) -> Raw:
     """Every system x every point x ``plan.reps``, interleaved. A system that fails to start is
     reported through ``on_error`` and skipped for that repetition; the others still run. With
-    ``plan.probe``, each server's greedy completion of it lands in ``probes``."""
+    ``plan.probe``, each server's greedy completion of it lands in ``probes``. ``between`` runs
+    after each system's turn (its server stopped), e.g. to sample the machine's matmul rate."""
     probes = {} if probes is None else probes
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     raw: Raw = {}
@@ -106,6 +107,8 @@ def run_serving(plan: ServingPlan, on_error: Callable[[str], None] | None = None
                 logger.error("%s", message)
                 if on_error:
                     on_error(message)
+            if between is not None:
+                between()
     return raw
 
 

