@@ -43,6 +43,11 @@
  * logit per head that joins the softmax denominator with no value (gpt-oss). */
 #define TILE VECF_W  /* tokens scored at once: one vector of scores */
 
+/* Ask for the `len` floats at `row` in L2 (a cache line, 16 floats, at a time). */
+static inline __attribute__((always_inline)) void prefetch_row(const float *row, int64_t len) {
+    for (int64_t i = 0; i < len; i += 16) __builtin_prefetch(row + i, 0, 2);
+}
+
 /* Scores of every query head (q: [num_heads, head_dim]) against rows [base, base + valid)
  * of a block (row t at kb + t * tok_stride, all KV heads, valid <= TILE), the row's KV heads
  * read in memory order: part[h * TILE + j] is head h's dot-product partial vector for row
@@ -61,8 +66,7 @@ static inline __attribute__((always_inline)) void tile_scores(
             continue;
         }
         const float *row = kb + (base + j) * tok_stride;
-        const float *vrow = vb + (base + j) * tok_stride;
-        for (int64_t i = 0; i < tok_stride; i += 16) __builtin_prefetch(vrow + i, 0, 2);
+        prefetch_row(vb + (base + j) * tok_stride, tok_stride);
         for (int64_t h = 0; h < num_heads; ++h) {
             const float *qh = q + h * head_dim, *kh = row + h_kv[h];
             vecf dot = vecf_splat(0.0f);
@@ -96,12 +100,9 @@ static inline __attribute__((always_inline)) void block_values(
     const float *vb, const float *nk, int64_t tok_stride, int64_t t0, int64_t n, int64_t num_heads,
     const int64_t *h_kv, int64_t head_dim, const float *p, int64_t p_stride, float *acc) {
     const int64_t full = head_dim / VECF_W * VECF_W;
-    int64_t t = t0;
-    for (; t < n; t += 4) {
+    for (int64_t t = t0; t < n; t += 4) {
         const int64_t rows = n - t < 4 ? n - t : 4;
-        if (nk != NULL)
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t i = 0; i < tok_stride; i += 16) __builtin_prefetch(nk + (t + r) * tok_stride + i, 0, 2);
+        if (nk != NULL) prefetch_row(nk + t * tok_stride, rows * tok_stride);
         const float *v0 = vb + t * tok_stride;
         for (int64_t h = 0; h < num_heads; ++h) {
             const float *ph = p + h * p_stride + t;
@@ -173,7 +174,7 @@ static inline __attribute__((always_inline)) void decode_sequence(
         for (int64_t base = t0; base < n; base += TILE)
             tile_scores(qs, kb, vb, tok_stride, base, n - base < TILE ? n - base : TILE, num_heads, h_kv, head_dim,
                         scale, part, p, p_stride, mb);
-        for (int64_t h = 0; h < num_heads; ++h) {  /* online softmax a tile at a time; mb -> correction */
+        for (int64_t h = 0; h < num_heads; ++h) {  /* online softmax: mb holds the block's max; the accumulators are rescaled here */
             float *ph = p + h * p_stride;
             const float new_max = mb[h] > m[h] ? mb[h] : m[h];
             vecf sum = vecf_splat(0.0f);
