@@ -15,7 +15,9 @@ model is converted once into a cached directory (``gguf_source``); ``--tokenizer
 ``--chat-template`` (a file, a builtin name from ``chat_templates``, or the template itself) are
 served through an overlay of the model directory (``serving_dir``). ``--generation-config`` and
 ``--override-generation-config`` become the sampling defaults of ``ServerSettings``
-(``generation_defaults``), read before any weight loads.
+(``generation_defaults``), read before any weight loads. The engine-core process starts as
+soon as the directory to serve is known, so its imports overlap those checks; it loads the
+model only once they pass, and a refused start kills it.
 Knows nothing about HTTP handling: it builds ``EngineConfig`` and ``ServerSettings`` and calls
 ``serve``.
 """
@@ -279,13 +281,30 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     for line in notices:
         logger.warning("%s", line)
     progress = logging.getLogger("inflight.loading")
+    core = None
     try:
-        model_dir = preflight.prepare_model(args, config, progress.info)
+        model_dir = preflight.served_dir(args, progress.info)
+        if not args.single_process:
+            # started before the checks below so its imports overlap theirs; it loads nothing
+            # until the server sends Go, and a refused start kills it
+            from inflight.runtime.engine_core.core import CoreLaunch
+            from inflight.runtime.server.engine_process import CoreProcess
+
+            core = CoreProcess(CoreLaunch(str(model_dir), config, args.log_level, args.log_format,
+                                          stats_log=args.stats_log))
+            core.start()
+        preflight.check_served(args, config, model_dir)
         settings = dataclasses.replace(settings, sampling_defaults=load_sampling_defaults(
             args.generation_config, model_dir, args.override_generation_config))
     except ValueError as exc:
+        if core is not None:
+            core.kill()
         print(f"inflight serve: error: {exc}", file=sys.stderr)
         return 1
+    except BaseException:
+        if core is not None:
+            core.kill()
+        raise
 
     def load() -> Any:
         from inflight.runtime.engine import LLMEngine
@@ -299,12 +318,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
             start_stats_log(engine.stats)
         return engine
 
-    source: Any = load
-    if not args.single_process:
-        from inflight.runtime.engine_core.core import CoreLaunch
-
-        source = CoreLaunch(str(model_dir), config, args.log_level, args.log_format, stats_log=args.stats_log)
-    return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args)))
+    source: Any = load if core is None else core
+    try:
+        return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args)))
+    finally:
+        if core is not None:
+            core.kill()  # a server that stopped before its engine started leaves no waiting core
 
 
 def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -63,13 +63,17 @@ def kv_cache_problem(engine: Any) -> str | None:
 
 
 def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Callable[[str], None]) -> Path:
-    """The directory to serve (a GGUF file converted once; an overlay for --tokenizer or
-    --chat-template), with its tokenizer, template, architecture, --max-model-len and, when the
-    block count is explicit, the KV cache size checked before any weight loads."""
+    """The directory to serve (:func:`served_dir`), checked (:func:`check_served`)."""
+    served = served_dir(args, progress)
+    check_served(args, config, served)
+    return served
+
+
+def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Path:
+    """The directory to serve: a GGUF file converted once; an overlay for --tokenizer or
+    --chat-template. Reads no weights and imports no torch, unless converting."""
     from inflight.runtime import chat_templates
     from inflight.runtime.model.gguf_source import resolve_model_dir
-    from inflight.runtime.model.loader import load_hf_config
-    from inflight.runtime.model.spec import spec_from_hf_config
     from inflight.runtime.serving_dir import read_chat_template, serving_dir
 
     model_dir = resolve_model_dir(args.model, progress)
@@ -79,7 +83,16 @@ def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Call
     if served != model_dir:
         progress(f"serving {model_dir} with the tokenizer of {tokenizer_dir or model_dir}"
                  f"{' and the given chat template' if template is not None else ''} (overlay {served})")
-    tokenizer = check_tokenizer(served, template is not None)
+    return served
+
+
+def check_served(args: argparse.Namespace, config: EngineConfig, served: Path) -> None:
+    """The served directory's tokenizer, template, architecture, --max-model-len and, when the
+    block count is explicit, the KV cache size, checked before any weight loads (``ValueError``)."""
+    from inflight.runtime.model.loader import load_hf_config
+    from inflight.runtime.model.spec import spec_from_hf_config
+
+    tokenizer = check_tokenizer(served, args.chat_template is not None)
     if (args.enable_auto_tool_choice or args.tool_call_parser) and not renders_tools(tokenizer.chat_template):
         logger.warning("the chat template does not render tools: tool_choice 'auto' requests will be refused "
                        "(400); give one that does with --chat-template (SmolLM2: --chat-template smollm2-tools)")
@@ -87,7 +100,7 @@ def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Call
     limit = spec.max_position_embeddings  # as the runner caps it (attention enforces a sliding window)
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ValueError(f"--max-model-len {config.max_model_len} is longer than the model supports ({limit}, "
-                         f"its max_position_embeddings in {model_dir}/config.json); lower it or leave it unset")
+                         f"its max_position_embeddings in {(served / 'config.json').resolve()}); lower it or leave it unset")
     from inflight.runtime.draft_checks import check_draft_model, draft_model_dir
 
     if draft_model_dir(config) is not None:  # speculation with a draft model: it must match this one
@@ -97,7 +110,6 @@ def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Call
         refusal = kv_cache_problem(known)
         if refusal:
             raise ValueError(refusal)
-    return served
 
 
 def check_tokenizer(model_dir: Path, given_template: bool) -> Any:

@@ -1,8 +1,9 @@
 """``inflight serve`` runs the engine in an engine-core process of its own. Supervision across
 the boundary: the core killed while clients wait (every client answered, /health 503, exit 1,
 nothing left behind); the front end killed (the core exits too); a core whose step stalls
-(the watchdog kills it); a core that cannot load. And the split changes no output: greedy text
-equals ``--single-process``'s."""
+(the watchdog kills it); a core that cannot load; a start refused by the front end's checks
+(the core, started early, is gone and loaded nothing). And the split changes no output: greedy
+text equals ``--single-process``'s."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from pathlib import Path
 import pytest
 from test_supervision import _clients
 
+from inflight.runtime.cli import main
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.engine_faults import FAULT_ENV
+from inflight.runtime.server import engine_process
 from tests.server.server_helpers import MODEL_NAME, ServeProcess, http, metrics, wait_until
 
 BASE = ["--served-model-name", MODEL_NAME, "--port", "0", "--max-num-sequences", "2", "--num-kv-blocks", "64",
@@ -105,6 +110,38 @@ def test_a_core_that_cannot_load_exits_with_its_reason(demo_model_dir: Path) -> 
     finally:
         server.stop()
     assert code == 1 and "KV cache" in server.log(), server.log()
+
+
+def test_a_start_refused_by_the_checks_kills_the_core_it_started_early(
+    demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], logging_restored: None
+) -> None:
+    started: list[engine_process.CoreProcess] = []
+    start = engine_process.CoreProcess.start
+
+    def recorded(core: engine_process.CoreProcess) -> None:
+        start(core)
+        started.append(core)
+
+    monkeypatch.setattr(engine_process.CoreProcess, "start", recorded)
+    assert main(["serve", str(demo_model_dir), "--port", "0", "--max-model-len", "99999999"]) == 1
+    (core,) = started  # it ran beside the checks...
+    left_running = core.process.exitcode is None
+    core.kill()  # (a core left waiting would hold this process's exit: multiprocessing joins it)
+    assert not left_running  # ...and is gone, having loaded and logged nothing
+    err = capfd.readouterr().err
+    assert "--max-model-len 99999999 is longer than the model supports" in err
+    assert "engine core (pid" not in err and "loading model" not in err, err
+
+
+def test_a_core_whose_front_end_goes_before_go_exits_cleanly(
+    demo_model_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    core = engine_process.CoreProcess(CoreLaunch(str(demo_model_dir), EngineConfig(device="cpu"), stats_log=False))
+    core.start()
+    core.conn.close()  # as a front end that exits on a refused start without killing it
+    core.process.join(120)
+    assert core.process.exitcode == 0
+    assert "loading" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -1,7 +1,10 @@
 """The engine-core process: the step loop alone in a process, fed over a pipe.
 
 :func:`run_core` is the process's entry point (spawned by the front end,
-:mod:`inflight.runtime.server.engine_process`). It loads and warms the engine, sends
+:mod:`inflight.runtime.server.engine_process`). It imports the engine and reads the model's
+config at once (seconds of imports that overlap the front end's own start-up checks), waits
+for :class:`Go` (a start the front end refuses ends here, having loaded and logged nothing),
+then loads and warms the engine, sends
 :class:`Ready` with the engine summary, then loops: apply every message waiting on the pipe
 (add groups, aborts, retunes), admit groups whose grammars finished compiling (compiles run
 on the structured-output manager's worker threads, never on the step loop), run one step and
@@ -69,6 +72,14 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop (Ctrl-C)
     configure_logging(launch.log_level, launch.log_format)
+    _prewarm(launch)
+    try:
+        go = conn.recv()
+    except (EOFError, OSError):  # the front end refused the start (its checks failed) or went
+        os._exit(0)
+    if not isinstance(go, p.Go):
+        _send_quietly(conn, p.LoadFailed(f"the front end sent {type(go).__name__} before Go: a stale install"))
+        os._exit(EXIT_DEAD)
     try:
         engine = _load(launch)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
@@ -84,6 +95,18 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
         engine.close()
         os._exit(EXIT_DEAD)
     engine.close()
+
+
+def _prewarm(launch: CoreLaunch) -> None:
+    """Import the engine and read the model's config (transformers' config classes): what
+    loading needs before it reads a weight, done while the front end checks the model."""
+    from inflight.runtime.engine import LLMEngine  # noqa: F401 - torch and the model code
+    from inflight.runtime.model.loader import load_hf_config
+
+    try:
+        load_hf_config(launch.model_dir)
+    except Exception:  # noqa: BLE001 - the front end's checks or the load itself report it
+        logger.debug("reading the config ahead of the load failed", exc_info=True)
 
 
 def _load(launch: CoreLaunch) -> Any:

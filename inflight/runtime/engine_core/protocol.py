@@ -1,7 +1,7 @@
 """The messages between the front end and the engine-core process, and the engine summary.
 
 One message per event each way, pickled over a ``multiprocessing`` pipe. The front end sends
-:class:`AddGroup`, :class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers
+:class:`Go` first (load the engine: its own start-up checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers
 with :class:`Ready` (or :class:`LoadFailed`) once, then :class:`Admitted` / :class:`Refused`
 per group, :class:`StepDone` per step that produced outputs (every new token of the step in
 one message, with the step's stats), :class:`Stats` after commands, :class:`RetuneDone`,
@@ -23,7 +23,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 3  # 2: TokenLogprob.rank; 3: EngineStats.tenants
+PROTOCOL_VERSION = 4  # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,11 @@ class Retune:
 @dataclass(frozen=True, slots=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """The first message: load the engine now (the core imports and reads the config before it)."""
 
 
 # ---- core -> front end ------------------------------------------------------------------

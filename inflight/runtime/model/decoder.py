@@ -210,7 +210,9 @@ class CausalLM(nn.Module):
         self.tp = tp
         self.layout = shard_layout(spec, 0, 1) if tp is None else shard_layout(spec, tp.rank, tp.world_size)
         vocab = self.layout.vocab_per_rank
-        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size)
+        # given its table, nn.Embedding skips its random init: on the meta device that init
+        # costs seconds per process (the first meta normal_ imports torch's reference ops)
+        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)

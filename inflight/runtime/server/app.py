@@ -30,7 +30,7 @@ from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.server import admin, auth, openai_api, tokenize_api
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
 from inflight.runtime.server.engine_client import EngineClient
-from inflight.runtime.server.engine_process import ProcessEngine
+from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
 from inflight.runtime.server.errors import (
     APIError,
     engine_dead,
@@ -55,10 +55,11 @@ STATUS_CLIENT_GONE = 499  # the client went away before the answer was complete 
 CUT_GRACE_S = 5.0  # after a drain timeout: time for cut requests to send their error
 
 
-def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch,
+def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess,
                access_log: AccessLog = AccessLog()) -> web.Application:
     """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
-    of its own (the default of ``inflight serve``); a loader (``() -> LLMEngine``) runs it in
+    of its own (the default of ``inflight serve``, which hands over that process already
+    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``) runs it in
     a thread of this process (``--single-process``, and tests that reach into the engine).
 
     Call inside a running event loop. The engine loads and warms up at startup.
@@ -69,7 +70,7 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
         on_death=lambda reason: state.dead.set(),
         max_backlog=settings.max_stream_backlog,
     )
-    engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, CoreLaunch)
+    engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, (CoreLaunch, CoreProcess))
                             else AsyncEngine(source, **hooks))  # fmt: skip
     state = ServerState(settings, engine, metrics)
     app = web.Application(

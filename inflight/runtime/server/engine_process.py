@@ -1,7 +1,9 @@
 """The engine in a process of its own (the default for ``inflight serve``), seen from the front end.
 
-:class:`ProcessEngine` spawns the engine-core process (:mod:`inflight.runtime.engine_core.core`)
-and talks to it over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`:
+:class:`CoreProcess` is the spawned engine-core process (:mod:`inflight.runtime.engine_core.core`);
+``inflight serve`` starts it before its own checks of the model, so the core's imports overlap
+them, and it loads nothing until told to. :class:`ProcessEngine` starts it (or adopts it
+started), sends it :class:`Go`, and talks to it over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`:
 a sender thread writes (so a large prompt never blocks the event loop on a full pipe), a
 reader thread receives and hands each message to the event loop. The step loop thus never
 shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metrics.
@@ -81,24 +83,50 @@ class CoreView:
         check_request(prompt_token_ids, params, self.summary.config, self.summary.vocab_size)
 
 
+class CoreProcess:
+    """The engine-core process and the front end's end of its pipe. Started, it imports the
+    engine and reads the config, then waits for :class:`Go` before it loads anything.
+
+    Start it from the thread that runs the event loop for the server's whole life:
+    ``PR_SET_PDEATHSIG`` in the core fires when the *thread* that spawned it ends."""
+
+    def __init__(self, launch: CoreLaunch) -> None:
+        self.launch = launch
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, self._child_conn = ctx.Pipe(duplex=True)
+        self.step_clock = ctx.Value("d", 0.0, lock=False)
+        self.process = ctx.Process(target=run_core, args=(self._child_conn, launch, self.step_clock),
+                                   name="inflight-engine-core", daemon=False)  # fmt: skip
+        self.started = False
+
+    def start(self) -> None:
+        self.process.start()
+        self.started = True
+        self._child_conn.close()  # the child has its own copy; EOF reaches us when it exits
+
+    def kill(self) -> None:
+        """End the process now if it runs (a refused start, a stalled or dying engine)."""
+        if self.started and self.process.is_alive():
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+
+
 class ProcessEngine(EngineClient):
     """The front end's handle on an engine-core process. Create on the event loop."""
 
     def __init__(
         self,
-        launch: CoreLaunch,
+        core: CoreLaunch | CoreProcess,
         on_step: Callable[[EngineStats], None] | None = None,
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
         super().__init__(on_step, on_death, max_backlog)
-        self._launch = launch
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        self._step_clock = ctx.Value("d", 0.0, lock=False)
-        self._process = ctx.Process(target=run_core, args=(child_conn, launch, self._step_clock),
-                                    name="inflight-engine-core", daemon=False)  # fmt: skip
-        self._child_conn = child_conn
+        self._core = core if isinstance(core, CoreProcess) else CoreProcess(core)
+        self._launch = self._core.launch
+        self._conn = self._core.conn
+        self._step_clock = self._core.step_clock
+        self._process = self._core.process
         self._outbox: queue.SimpleQueue[object | None] = queue.SimpleQueue()
         self._view: CoreView | None = None
         self._text: OutputText | None = None  # made with the view (it needs the tokenizer)
@@ -110,10 +138,9 @@ class ProcessEngine(EngineClient):
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        # PR_SET_PDEATHSIG in the core fires when the *thread* that spawned it ends: spawn
-        # from the thread that runs the event loop for the server's whole life.
-        self._process.start()
-        self._child_conn.close()  # the child has its own copy; EOF reaches us when it exits
+        if not self._core.started:
+            self._core.start()
+        self._outbox.put(p.Go())  # first on the pipe: the writer thread sends in order
         threading.Thread(target=self._read, name="inflight-core-reader", daemon=True).start()
         threading.Thread(target=self._write, name="inflight-core-writer", daemon=True).start()
 
@@ -126,9 +153,7 @@ class ProcessEngine(EngineClient):
 
     def kill(self) -> None:
         """End the core process now if it still runs (a stalled or dying engine)."""
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(STOP_TIMEOUT_S)
+        self._core.kill()
 
     @property
     def pid(self) -> int | None:

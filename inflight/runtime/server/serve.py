@@ -28,7 +28,7 @@ from aiohttp import web
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import AccessLog
 from inflight.runtime.server.app import create_app, drain
-from inflight.runtime.server.engine_process import ProcessEngine
+from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
@@ -45,7 +45,7 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve(
-    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch, host: str, port: int,
+    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess, host: str, port: int,
     access_log: AccessLog = AccessLog(),
 ) -> int:
     """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
