@@ -7,7 +7,8 @@ the file's float tensors (F32/F16/BF16: norms and the like) and an index. The bl
 tensors are not copied: the index names them (``gguf_tensors``) and the loader reads them from
 the file itself (the directory links to it as ``source.gguf``), packed or dequantized on the fly
 (:func:`gguf_float_tensors`: ``gguf.quants`` to float32, llama.cpp's q/k row permutation
-undone), so a 4 GB Q4_K_M file never becomes 30 GB of float32 on disk. The directory is written under a temporary
+undone; the file opened with :mod:`inflight.runtime.model.gguf_index`, which skips the tokenizer's
+arrays), so a 4 GB Q4_K_M file never becomes 30 GB of float32 on disk. The directory is written under a temporary
 name and renamed when complete, so an interrupted conversion never looks finished.
 
 Knows the GGUF tensor and metadata names of the Llama family only; anything else is refused
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from inflight.runtime.model.gguf_index import GGUFIndex, open_gguf
 from inflight.runtime.model.gguf_link import link_source
 from inflight.runtime.model.gguf_tokenizer import write_tokenizer
 
@@ -86,7 +88,10 @@ class GGUFModelInfo:
 
 
 def field_value(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value (scalars, strings and arrays), or ``default`` when the key is absent."""
+    """A metadata value (scalars, strings and arrays; a :class:`GGUFIndex` keeps no arrays), or
+    ``default`` when the key is absent."""
+    if isinstance(reader, GGUFIndex):
+        return reader.values.get(key, default)
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -296,9 +301,7 @@ class _GGUFFile:
 
     @cached_property
     def tensors(self) -> tuple[GGUFModelInfo, dict[str, Any]]:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(self.path))
+        reader = open_gguf(self.path)
         return check_supported(reader), {t.name: t for t in reader.tensors}
 
     def tensor(self, gguf_name: str) -> tuple[Any, GGUFModelInfo]:

@@ -61,9 +61,9 @@ class QuantizedEmbedding(nn.Module):
 
 def read_quantized_weights(gguf_path: str | Path, device: torch.device | None = None) -> dict[str, QuantizedWeight]:
     """transformers name -> packed weight, for every 2-D tensor of a supported block type."""
-    from gguf import GGUFReader
+    from inflight.runtime.model.gguf_index import open_gguf
 
-    reader = GGUFReader(str(gguf_path))
+    reader = open_gguf(gguf_path)
     info = check_supported(reader)
     out: dict[str, QuantizedWeight] = {}
     for tensor in reader.tensors:
