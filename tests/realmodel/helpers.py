@@ -61,6 +61,29 @@ def chat_ids(tokenizer: Any, question: str, system: str | None = None) -> list[i
     return [int(t) for t in ids]
 
 
+def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt, through EOS. Prompts of one length decode as
+    one batch: no padding, so a row's attention is what it is alone (only the matmuls' row
+    count differs), and SmolLM2's 18 chat prompts take 10 ``generate`` calls instead of 18."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(i)
+    outs: list[list[int]] = [[] for _ in prompts]
+    for rows in by_length.values():
+        batch = torch.tensor([prompts[i] for i in rows])
+        with torch.no_grad():
+            out = model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=max_new_tokens,
+                                 do_sample=False)
+        for i, tokens in zip(rows, out[:, batch.shape[1]:].tolist(), strict=True):
+            end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
+            outs[i] = tokens[:end]  # a row done before the others is padded after its EOS
+    return outs
+
+
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

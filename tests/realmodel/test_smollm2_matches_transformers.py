@@ -24,7 +24,7 @@ import torch
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.model.loader import checkpoint_tensors
 from inflight.runtime.tokenizer import load_tokenizer
-from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids
+from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids, hf_greedy
 
 MAX_TOKENS = 24
 BF16_MAX_TOKENS = 16  # bfloat16 matmuls are slow on the CPU; keep the suite's time modest
@@ -33,13 +33,6 @@ BF16_MIN_EXACT = 12
 # the float path (the directory links to its GGUF file, which quantization=auto would serve packed:
 # test_smollm2_quantized.py checks that one)
 ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu", quantization="none")
-
-
-def _hf_greedy(model, prompt: list[int], max_new_tokens: int = MAX_TOKENS) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 def _engine_greedy(model_dir: Path, prompts: list[list[int]], dtype: str, max_tokens: int) -> list[list[int]]:
@@ -83,7 +76,7 @@ def test_greedy_float32_is_token_exact_with_transformers(smollm2_dir: Path, hf_g
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS]
     ours = _engine_greedy(smollm2_dir, prompts, "float32", MAX_TOKENS)
-    theirs = [_hf_greedy(hf_gguf_model, p) for p in prompts]
+    theirs = hf_greedy(hf_gguf_model, prompts, MAX_TOKENS)
     exact = sum(a == b for a, b in zip(ours, theirs, strict=True))
     print(f"float32 greedy: {exact}/{len(prompts)} token-exact")
     for q, a, b in zip(CHAT_PROMPTS, ours, theirs, strict=True):
@@ -101,8 +94,8 @@ def test_greedy_bfloat16_diverges_only_at_near_ties(smollm2_dir: Path, hf_gguf_m
     model = copy.deepcopy(hf_gguf_model).to(torch.bfloat16)
     try:
         exact = 0
-        for q, prompt, mine in zip(CHAT_PROMPTS, prompts, ours, strict=True):
-            theirs = _hf_greedy(model, prompt, BF16_MAX_TOKENS)
+        for q, prompt, mine, theirs in zip(CHAT_PROMPTS, prompts, ours, hf_greedy(model, prompts, BF16_MAX_TOKENS),
+                                           strict=True):
             if mine == theirs:
                 exact += 1
                 continue

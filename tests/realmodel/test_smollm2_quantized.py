@@ -11,22 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.model.quantized import resident_weight_bytes
 from inflight.runtime.tokenizer import load_tokenizer
-from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids
+from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids, hf_greedy
 
 MAX_TOKENS = 16
 ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu", dtype="float32")
-
-
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=MAX_TOKENS, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_model) -> None:
@@ -40,7 +32,7 @@ def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir:
     assert dense.engine.runner.quantization.method == "none"
     assert resident_weight_bytes(runner.model) < resident_weight_bytes(dense.engine.runner.model) / 4
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))]
-    theirs = [_hf_greedy(hf_gguf_model, p) for p in prompts]
+    theirs = hf_greedy(hf_gguf_model, prompts, MAX_TOKENS)
     for q, a, b in zip(CHAT_PROMPTS, ours, theirs, strict=False):
         assert a == b, f"{q!r}: ours {tokenizer.decode(a)!r} vs transformers {tokenizer.decode(b)!r}"
     assert "Paris" in tokenizer.decode(ours[0])
