@@ -100,13 +100,13 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
 def _prewarm(launch: CoreLaunch) -> None:
     """Import the engine and read the model's config (transformers' config classes): what
     loading needs before it reads a weight, done while the front end checks the model."""
-    from inflight.runtime.engine import LLMEngine  # noqa: F401 - torch and the model code
-    from inflight.runtime.model.loader import load_hf_config
-
     try:
+        from inflight.runtime.engine import LLMEngine  # noqa: F401 - torch and the model code
+        from inflight.runtime.model.loader import load_hf_config
+
         load_hf_config(launch.model_dir)
-    except Exception:  # noqa: BLE001 - the front end's checks or the load itself report it
-        logger.debug("reading the config ahead of the load failed", exc_info=True)
+    except Exception:  # noqa: BLE001 - the front end's checks, or the load after Go, report it
+        logger.debug("importing and reading the config ahead of the load failed", exc_info=True)
 
 
 def _load(launch: CoreLaunch) -> Any:

@@ -1,11 +1,12 @@
 """The engine in a process of its own (the default for ``inflight serve``), seen from the front end.
 
-:class:`CoreProcess` is the spawned engine-core process (:mod:`inflight.runtime.engine_core.core`);
-``inflight serve`` starts it before its own checks of the model, so the core's imports overlap
-them, and it loads nothing until told to. :class:`ProcessEngine` starts it (or adopts it
-started), sends it :class:`Go`, and talks to it over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`:
-a sender thread writes (so a large prompt never blocks the event loop on a full pipe), a
-reader thread receives and hands each message to the event loop. The step loop thus never
+:class:`CoreProcess` is the spawned engine-core process
+(:mod:`inflight.runtime.engine_core.core`); ``inflight serve`` starts it before its own checks
+of the model, so the core's imports overlap them, and it loads nothing until told to.
+:class:`ProcessEngine` starts it (or adopts it started), sends it :class:`Go`, and talks to it
+over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`: a sender thread
+writes (so a large prompt never blocks the event loop on a full pipe), a reader thread
+receives and hands each message to the event loop. The step loop thus never
 shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metrics.
 
 :class:`CoreView` is what the front end may read about the engine: the tokenizer (loaded
