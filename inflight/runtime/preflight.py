@@ -62,13 +62,6 @@ def kv_cache_problem(engine: Any) -> str | None:
             "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
 
 
-def prepare_model(args: argparse.Namespace, config: EngineConfig, progress: Callable[[str], None]) -> Path:
-    """The directory to serve (:func:`served_dir`), checked (:func:`check_served`)."""
-    served = served_dir(args, progress)
-    check_served(args, config, served)
-    return served
-
-
 def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Path:
     """The directory to serve: a GGUF file converted once; an overlay for --tokenizer or
     --chat-template. Reads no weights and imports no torch, unless converting."""

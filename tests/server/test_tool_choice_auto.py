@@ -234,14 +234,15 @@ def test_start_up_says_when_auto_tools_meet_a_template_without_tools(
     template: str, warned: bool,
 ) -> None:
     from inflight.runtime.cli import engine_config_from_args
-    from inflight.runtime.preflight import prepare_model
+    from inflight.runtime.preflight import check_served, served_dir
 
     monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))
     args = build_parser().parse_args(["serve", str(demo_model_dir), "--chat-template", template,
                                       "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     args.model = args.model_path
     with caplog.at_level("WARNING", logger="inflight.cli"):
-        served = prepare_model(args, engine_config_from_args(args), lambda line: None)
+        served = served_dir(args, lambda line: None)
+        check_served(args, engine_config_from_args(args), served)
     said = [r.getMessage() for r in caplog.records if "does not render tools" in r.getMessage()]
     assert bool(said) == warned and all("--chat-template" in line for line in said)
     assert ("<tool_call>" in (served / "chat_template.jinja").read_text()) == (not warned)

@@ -1,8 +1,8 @@
 """The messages between the front end and the engine-core process, and the engine summary.
 
 One message per event each way, pickled over a ``multiprocessing`` pipe. The front end sends
-:class:`Go` first (load the engine: its own start-up checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers
-with :class:`Ready` (or :class:`LoadFailed`) once, then :class:`Admitted` / :class:`Refused`
+:class:`Go` first (load the engine: its own start-up checks passed), then :class:`AddGroup`,
+:class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then :class:`Admitted` / :class:`Refused`
 per group, :class:`StepDone` per step that produced outputs (every new token of the step in
 one message, with the step's stats), :class:`Stats` after commands, :class:`RetuneDone`,
 :class:`FailAll` when a step raised and :class:`Dead` before it exits on a fatal error.

@@ -96,7 +96,11 @@ class GGUFIndex:
             count = self._u64()
             if item in GGUFReader.gguf_scalar_to_np:
                 self._offs += count * np.dtype(GGUFReader.gguf_scalar_to_np[item]).itemsize
-            else:  # strings (the tokenizer's vocabulary and merges) or nested arrays: one by one
+            elif item == GGUFValueType.STRING:  # the tokenizer's vocabulary and merges: by their lengths
+                for _ in range(count):
+                    size = self._u64()
+                    self._offs += size
+            else:  # nested arrays
                 for _ in range(count):
                     self._value(item)
             return _SKIPPED

@@ -98,11 +98,13 @@ class CoreProcess:
         self.step_clock = ctx.Value("d", 0.0, lock=False)
         self.process = ctx.Process(target=run_core, args=(self._child_conn, launch, self.step_clock),
                                    name="inflight-engine-core", daemon=False)  # fmt: skip
-        self.started = False
+
+    @property
+    def started(self) -> bool:
+        return self.process.pid is not None
 
     def start(self) -> None:
         self.process.start()
-        self.started = True
         self._child_conn.close()  # the child has its own copy; EOF reaches us when it exits
 
     def kill(self) -> None:
@@ -124,10 +126,6 @@ class ProcessEngine(EngineClient):
     ) -> None:
         super().__init__(on_step, on_death, max_backlog)
         self._core = core if isinstance(core, CoreProcess) else CoreProcess(core)
-        self._launch = self._core.launch
-        self._conn = self._core.conn
-        self._step_clock = self._core.step_clock
-        self._process = self._core.process
         self._outbox: queue.SimpleQueue[object | None] = queue.SimpleQueue()
         self._view: CoreView | None = None
         self._text: OutputText | None = None  # made with the view (it needs the tokenizer)
@@ -149,7 +147,7 @@ class ProcessEngine(EngineClient):
         self._stopping = True
         self._outbox.put(p.Shutdown())
         self._outbox.put(None)
-        await asyncio.to_thread(self._process.join, timeout)
+        await asyncio.to_thread(self._core.process.join, timeout)
         self.kill()
 
     def kill(self) -> None:
@@ -158,7 +156,7 @@ class ProcessEngine(EngineClient):
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return self._core.process.pid
 
     # ---- what the front end reads ------------------------------------------------------
 
@@ -170,7 +168,7 @@ class ProcessEngine(EngineClient):
 
     @property
     def step_started_at(self) -> float | None:
-        started = self._step_clock.value
+        started = self._core.step_clock.value
         return started or None
 
     def stats(self) -> EngineStats | None:
@@ -250,19 +248,19 @@ class ProcessEngine(EngineClient):
     def _write(self) -> None:
         while (message := self._outbox.get()) is not None:
             try:
-                self._conn.send(message)
+                self._core.conn.send(message)
             except (OSError, ValueError):  # the core is gone; the reader reports it
                 return
 
     def _read(self) -> None:
         while True:
             try:
-                message = self._conn.recv()
+                message = self._core.conn.recv()
             except (EOFError, OSError):
                 break
             self._loop.call_soon_threadsafe(self._on_message, message)
-        self._process.join(STOP_TIMEOUT_S)
-        code = self._process.exitcode
+        self._core.process.join(STOP_TIMEOUT_S)
+        code = self._core.process.exitcode
         self._loop.call_soon_threadsafe(self._on_exit, code)
 
     # ---- event-loop side of the messages -----------------------------------------------
@@ -306,7 +304,7 @@ class ProcessEngine(EngineClient):
         from inflight.runtime.tokenizer import load_tokenizer
 
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, self._launch.model_dir)
+            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir)
             self._view = await asyncio.to_thread(CoreView, summary, tokenizer)
         except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
             self._set_ready(exc)
