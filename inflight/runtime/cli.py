@@ -254,11 +254,18 @@ def access_log_from_args(args: argparse.Namespace) -> Any:
     return AccessLog(enabled=args.access_log, exclude=exclude)
 
 
+def _import_front_end() -> None:
+    """Import what the checks and the server import anyway (transformers' tokenizer base
+    classes, the HTTP server): done while the engine-core process prewarms, not after."""
+    import transformers.tokenization_utils_tokenizers  # noqa: F401 - every fast tokenizer's base
+
+    import inflight.runtime.server.serve  # noqa: F401 - aiohttp and the app
+
+
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
     from inflight.runtime.generation_defaults import load_sampling_defaults, source_problem
     from inflight.runtime.logs import configure_logging
     from inflight.runtime.model.gguf_source import model_dir_problem
-    from inflight.runtime.server.serve import serve
     from inflight.runtime.serving_dir import tokenizer_dir_problem
     from inflight.runtime.stats_log import start_stats_log
 
@@ -284,16 +291,21 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     core = None
     try:
         model_dir = preflight.served_dir(args, progress.info)
+        facts = None
         if not args.single_process:
-            # started before the checks below so its imports overlap theirs; it loads nothing
-            # until the server sends Go, and a refused start kills it
+            # started before the checks below, which take what they need of the model from it
+            # (so this process never imports torch); it loads nothing until the server sends
+            # Go, and a refused start kills it
             from inflight.runtime.engine_core.core import CoreLaunch
             from inflight.runtime.server.engine_process import CoreProcess
 
             core = CoreProcess(CoreLaunch(str(model_dir), config, args.log_level, args.log_format,
                                           stats_log=args.stats_log))
             core.start()
-        preflight.check_served(args, config, model_dir)
+        _import_front_end()  # while the core prewarms
+        if core is not None:
+            facts = core.served_facts()
+        preflight.check_served(args, config, model_dir, facts)
         settings = dataclasses.replace(settings, sampling_defaults=load_sampling_defaults(
             args.generation_config, model_dir, args.override_generation_config))
     except ValueError as exc:
@@ -317,6 +329,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         if args.stats_log:
             start_stats_log(engine.stats)
         return engine
+
+    from inflight.runtime.server.serve import serve
 
     source: Any = load if core is None else core
     try:

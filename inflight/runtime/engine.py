@@ -92,10 +92,11 @@ class LLMEngine:
     @classmethod
     def from_model_dir(
         cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None,
-        graph_backend: GraphBackend | None = None, detokenize: bool = True,
+        graph_backend: GraphBackend | None = None, detokenize: bool = True, tokenizer: Any = None,
     ) -> LLMEngine:
         """``graph_backend``: capture decode graphs with it (tests use the CPU stand-in); by
-        default CUDA graphs on CUDA unless ``config.enforce_eager``."""
+        default CUDA graphs on CUDA unless ``config.enforce_eager``. ``tokenizer``: the
+        directory's, already loaded (else loaded here)."""
         config = config or EngineConfig()
         torch.manual_seed(config.seed)
         if progress:
@@ -110,7 +111,7 @@ class LLMEngine:
         try:
             runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
                                            graph_backend)  # fmt: skip
-            tokenizer = load_tokenizer(model_dir)
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
             engine = cls(runner, tokenizer, config, detokenize, drafter)
         except BaseException:
             if workers is not None:

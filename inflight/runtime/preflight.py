@@ -1,8 +1,10 @@
 """What ``inflight serve`` checks before anything heavy, each problem one line: the host and port
 (range, resolution, in use), the model directory (a GGUF file converted once; an overlay for
 ``--tokenizer`` / ``--chat-template``), its tokenizer and template, ``--max-model-len`` against
-the model's, a draft model against it (``draft_checks``), and a KV cache smaller than one full-length sequence (also after the engine
-loads, in the engine-core process). Knows nothing about argparse beyond reading ``args``.
+the model's, a draft model against it (``draft_checks``; these read by the engine-core
+process, see ``served_facts``), and a KV cache smaller than one full-length sequence (also
+after the engine loads, in the engine-core process). Knows nothing about argparse beyond
+reading ``args``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.server.tool_calls import renders_tools
+from inflight.runtime.served_facts import ServedFacts, load_checked_tokenizer, read_served_facts
 
 MAX_PORT = 65535
 logger = logging.getLogger("inflight.cli")
@@ -79,25 +81,27 @@ def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Pat
     return served
 
 
-def check_served(args: argparse.Namespace, config: EngineConfig, served: Path) -> None:
-    """The served directory's tokenizer, template, architecture, --max-model-len and, when the
-    block count is explicit, the KV cache size, checked before any weight loads (``ValueError``)."""
-    from inflight.runtime.model.loader import load_hf_config
-    from inflight.runtime.model.spec import spec_from_hf_config
+def check_served(args: argparse.Namespace, config: EngineConfig, served: Path,
+                 facts: ServedFacts | None = None) -> None:
+    """The served directory's tokenizer, template, architecture, --max-model-len, draft model
+    and, when the block count is explicit, the KV cache size, checked before any weight loads
+    (``ValueError``). ``facts``: what the engine-core process read of the model
+    (``served_facts``); without them they are read here, importing torch."""
+    from inflight.runtime.server.tool_calls import renders_tools  # the engine core imports this module
 
-    tokenizer = check_tokenizer(served, args.chat_template is not None)
+    if facts is None:
+        facts, tokenizer = read_served_facts(served, config)
+    else:
+        tokenizer = load_checked_tokenizer(served, facts.tokenizer_class)
+    if args.chat_template is not None:
+        check_template(tokenizer)
     if (args.enable_auto_tool_choice or args.tool_call_parser) and not renders_tools(tokenizer.chat_template):
         logger.warning("the chat template does not render tools: tool_choice 'auto' requests will be refused "
                        "(400); give one that does with --chat-template (SmolLM2: --chat-template smollm2-tools)")
-    spec = spec_from_hf_config(load_hf_config(served))
-    limit = spec.max_position_embeddings  # as the runner caps it (attention enforces a sliding window)
+    limit = facts.max_position_embeddings
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ValueError(f"--max-model-len {config.max_model_len} is longer than the model supports ({limit}, "
                          f"its max_position_embeddings in {(served / 'config.json').resolve()}); lower it or leave it unset")
-    from inflight.runtime.draft_checks import check_draft_model, draft_model_dir
-
-    if draft_model_dir(config) is not None:  # speculation with a draft model: it must match this one
-        check_draft_model(served, config)
     if config.num_kv_blocks is not None:
         known = SimpleNamespace(config=config, max_model_len=config.max_model_len or limit)
         refusal = kv_cache_problem(known)
@@ -105,17 +109,16 @@ def check_served(args: argparse.Namespace, config: EngineConfig, served: Path) -
             raise ValueError(refusal)
 
 
-def check_tokenizer(model_dir: Path, given_template: bool) -> Any:
+def check_template(tokenizer: Any) -> None:
+    """A given chat template must render a plain conversation (``ValueError``)."""
     from jinja2 import TemplateError
 
-    from inflight.runtime.tokenizer import load_tokenizer
-
     try:
-        tokenizer = load_tokenizer(model_dir)
-    except Exception as exc:  # transformers raises many kinds; all mean the same to the user
-        raise ValueError(f"the tokenizer in {model_dir} does not load: {exc}") from exc
-    if not given_template:
-        return tokenizer
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise ValueError(f"--chat-template: the template does not render: {exc}") from exc
+    except Exception:  # noqa: BLE001 - the template's own checks on these messages; requests will tell
+        pass
     try:
         tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:

@@ -1,15 +1,18 @@
 """``inflight serve`` runs the engine in an engine-core process of its own. Supervision across
 the boundary: the core killed while clients wait (every client answered, /health 503, exit 1,
 nothing left behind); the front end killed (the core exits too); a core whose step stalls
-(the watchdog kills it); a core that cannot load; a start refused by the front end's checks
-(the core, started early, is gone and loaded nothing). And the split changes no output: greedy
-text equals ``--single-process``'s."""
+(the watchdog kills it); a core that cannot load; a start refused by the front end's checks or
+by the core's own read of the model (the core, started early, is gone and loaded nothing); a
+core that dies before it says what it read. And the split changes no output: greedy text
+equals ``--single-process``'s, and the front end never loads torch."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -22,7 +25,8 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.engine_faults import FAULT_ENV
 from inflight.runtime.server import engine_process
-from tests.server.server_helpers import MODEL_NAME, ServeProcess, http, metrics, wait_until
+from inflight.runtime.server.state import ServerSettings
+from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, metrics, wait_until
 
 BASE = ["--served-model-name", MODEL_NAME, "--port", "0", "--max-num-sequences", "2", "--num-kv-blocks", "64",
         "--max-model-len", "512"]  # fmt: skip
@@ -112,9 +116,22 @@ def test_a_core_that_cannot_load_exits_with_its_reason(demo_model_dir: Path) -> 
     assert code == 1 and "KV cache" in server.log(), server.log()
 
 
+def _not_silu(demo_model_dir: Path, tmp_path: Path) -> Path:
+    """The demo model with an activation we do not serve (the core's read of its config refuses it)."""
+    model_dir = tmp_path / "gelu"
+    shutil.copytree(demo_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    return model_dir
+
+
+@pytest.mark.parametrize("refused", ["max-model-len", "model"])
 def test_a_start_refused_by_the_checks_kills_the_core_it_started_early(
-    demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], logging_restored: None
+    demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+    logging_restored: None, refused: str,
 ) -> None:
+    """Refused by the front end's check (--max-model-len against the facts the core sent), or by
+    the core's own read of the model (sent as the problem in Prewarmed)."""
     started: list[engine_process.CoreProcess] = []
     start = engine_process.CoreProcess.start
 
@@ -123,14 +140,39 @@ def test_a_start_refused_by_the_checks_kills_the_core_it_started_early(
         started.append(core)
 
     monkeypatch.setattr(engine_process.CoreProcess, "start", recorded)
-    assert main(["serve", str(demo_model_dir), "--port", "0", "--max-model-len", "99999999"]) == 1
+    if refused == "model":
+        argv, said = [str(_not_silu(demo_model_dir, tmp_path))], "unsupported hidden_act 'gelu'"
+    else:
+        argv, said = [str(demo_model_dir), "--max-model-len", "99999999"], \
+            "--max-model-len 99999999 is longer than the model supports"
+    assert main(["serve", *argv, "--port", "0"]) == 1
     (core,) = started  # it ran beside the checks...
     left_running = core.process.exitcode is None
     core.kill()  # (a core left waiting would hold this process's exit: multiprocessing joins it)
     assert not left_running  # ...and is gone, having loaded and logged nothing
     err = capfd.readouterr().err
-    assert "--max-model-len 99999999 is longer than the model supports" in err
+    assert said in err and err.strip().splitlines()[-1].startswith("inflight serve: error: "), err
     assert "engine core (pid" not in err and "loading model" not in err, err
+
+
+def test_a_core_that_dies_before_it_sends_the_facts_refuses_the_start(demo_model_dir: Path) -> None:
+    core = engine_process.CoreProcess(CoreLaunch(str(demo_model_dir), EngineConfig(device="cpu"), stats_log=False))
+    core.start()
+    core.process.kill()
+    with pytest.raises(ValueError, match=r"the engine core exited while starting \(exit code -9\)"):
+        core.served_facts()
+
+
+def test_a_core_started_without_the_cli_checks_reports_the_problem_it_read(demo_model_dir: Path, tmp_path: Path) -> None:
+    """``create_app`` with a bare ``CoreLaunch``: nobody waited for Prewarmed, so the core answers
+    Go with the problem it read, as LoadFailed, and loads nothing."""
+    server = LiveServer(_not_silu(demo_model_dir, tmp_path), EngineConfig(device="cpu"),
+                        ServerSettings(model_name=MODEL_NAME), engine_process=True)
+    try:
+        with pytest.raises(RuntimeError, match="unsupported hidden_act 'gelu'"):
+            server.start()
+    finally:
+        server.stop()
 
 
 def test_a_core_whose_front_end_goes_before_go_exits_cleanly(
@@ -148,7 +190,7 @@ def test_a_core_whose_front_end_goes_before_go_exits_cleanly(
 def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, stream: bool) -> None:
     body = {"model": MODEL_NAME, "prompt": "def fib(n):", "max_tokens": 24, "temperature": 0,
             "ignore_eos": True, "n": 2, "logprobs": 2}  # fmt: skip
-    texts = []
+    texts, torch_loaded = [], []
     for mode in ((), ("--single-process",)):
         server = _serve(demo_model_dir, *mode)
         try:
@@ -160,12 +202,18 @@ def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, st
                 texts.append(reply.text.count("data:"))
             reply = http("POST", server.url + "/v1/completions", body).json()
             texts.append([(c["text"], c["logprobs"]["tokens"]) for c in reply["choices"]])
+            chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                    "response_format": {"type": "json_object"}}  # fmt: skip
+            assert http("POST", server.url + "/v1/chat/completions", chat).status == 200
+            # the front end tokenizes, renders, compiles grammars and detokenizes without torch
+            torch_loaded.append("libtorch" in Path(f"/proc/{server.proc.pid}/maps").read_text())
             server.terminate()
             assert server.proc.wait(30) == 0, server.log()
         finally:
             server.stop()
     half = len(texts) // 2
     assert texts[:half] == texts[half:]
+    assert torch_loaded == [False, True]  # two processes; one
 
 
 def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: Path) -> None:

@@ -1,10 +1,11 @@
 """The engine-core process: the step loop alone in a process, fed over a pipe.
 
 :func:`run_core` is the process's entry point (spawned by the front end,
-:mod:`inflight.runtime.server.engine_process`). It imports the engine and reads the model's
-config at once (seconds of imports that overlap the front end's own start-up checks), waits
-for :class:`Go` (a start the front end refuses ends here, having loaded and logged nothing),
-then loads and warms the engine, sends
+:mod:`inflight.runtime.server.engine_process`). It imports the engine and reads what the
+start-up checks need (``served_facts``: seconds of torch and transformers imports the front
+end thus never makes) at once and sends them in :class:`Prewarmed`, waits for :class:`Go` (a
+start the front end refuses ends here, having loaded and logged nothing), then loads and
+warms the engine (a problem it sent in :class:`Prewarmed` is its :class:`LoadFailed`), sends
 :class:`Ready` with the engine summary, then loops: apply every message waiting on the pipe
 (add groups, aborts, retunes), admit groups whose grammars finished compiling (compiles run
 on the structured-output manager's worker threads, never on the step loop), run one step and
@@ -72,16 +73,20 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop (Ctrl-C)
     configure_logging(launch.log_level, launch.log_format)
-    _prewarm(launch)
+    prewarmed, tokenizer = _prewarm(launch)
     try:
+        conn.send(prewarmed)
         go = conn.recv()
     except (EOFError, OSError):  # the front end refused the start (its checks failed) or went
         os._exit(0)
     if not isinstance(go, p.Go):
         _send_quietly(conn, p.LoadFailed(f"the front end sent {type(go).__name__} before Go: a stale install"))
         os._exit(EXIT_DEAD)
+    if prewarmed.problem is not None:  # a front end that did not check (ProcessEngine alone)
+        _send_quietly(conn, p.LoadFailed(prewarmed.problem))
+        os._exit(EXIT_DEAD)
     try:
-        engine = _load(launch)
+        engine = _load(launch, tokenizer)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
         _send_quietly(conn, p.LoadFailed(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         os._exit(EXIT_DEAD)
@@ -97,19 +102,23 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     engine.close()
 
 
-def _prewarm(launch: CoreLaunch) -> None:
-    """Import the engine and read the model's config (transformers' config classes): what
-    loading needs before it reads a weight, done while the front end checks the model."""
+def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
+    """Import the engine and read the model's facts and tokenizer (transformers' config classes):
+    what loading needs before it reads a weight, and what the front end's checks need."""
     try:
         from inflight.runtime.engine import LLMEngine  # noqa: F401 - torch and the model code
-        from inflight.runtime.model.loader import load_hf_config
+        from inflight.runtime.served_facts import read_served_facts
 
-        load_hf_config(launch.model_dir)
-    except Exception:  # noqa: BLE001 - the front end's checks, or the load after Go, report it
-        logger.debug("importing and reading the config ahead of the load failed", exc_info=True)
+        facts, tokenizer = read_served_facts(Path(launch.model_dir), launch.config)
+    except ValueError as exc:
+        return p.Prewarmed(p.PROTOCOL_VERSION, None, str(exc)), None
+    except Exception:  # noqa: BLE001 - the front end reads them itself, or the load after Go reports it
+        logger.debug("importing and reading the model's facts ahead of the load failed", exc_info=True)
+        return p.Prewarmed(p.PROTOCOL_VERSION, None), None
+    return p.Prewarmed(p.PROTOCOL_VERSION, facts), tokenizer
 
 
-def _load(launch: CoreLaunch) -> Any:
+def _load(launch: CoreLaunch, tokenizer: Any) -> Any:
     from inflight.runtime.engine import LLMEngine
     from inflight.runtime.preflight import kv_cache_problem
     from inflight.runtime.stats_log import start_stats_log
@@ -118,7 +127,7 @@ def _load(launch: CoreLaunch) -> Any:
     progress.info("engine core (pid %d): loading %s with %s", os.getpid(), launch.model_dir, launch.config.to_dict())
     # Token ids only: the front end detokenizes and applies stop strings (output_text.py).
     engine = LLMEngine.from_model_dir(Path(launch.model_dir), launch.config, progress=progress.info,
-                                      detokenize=False)
+                                      detokenize=False, tokenizer=tokenizer)
     refusal = kv_cache_problem(engine)
     if refusal:
         engine.close()

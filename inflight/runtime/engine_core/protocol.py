@@ -1,17 +1,20 @@
 """The messages between the front end and the engine-core process, and the engine summary.
 
-One message per event each way, pickled over a ``multiprocessing`` pipe. The front end sends
-:class:`Go` first (load the engine: its own start-up checks passed), then :class:`AddGroup`,
-:class:`Abort`, :class:`Retune` and :class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then :class:`Admitted` / :class:`Refused`
-per group, :class:`StepDone` per step that produced outputs (every new token of the step in
-one message, with the step's stats), :class:`Stats` after commands, :class:`RetuneDone`,
-:class:`FailAll` when a step raised and :class:`Dead` before it exits on a fatal error.
-:data:`PROTOCOL_VERSION` is checked in :class:`Ready`: both sides come from one install, so
-a mismatch means a stale process, and the front end refuses to serve with it.
+One message per event each way, pickled over a ``multiprocessing`` pipe. The core speaks
+first: :class:`Prewarmed` once its imports are done and it has read what the start-up checks
+need (``served_facts``). The front end sends :class:`Go` (load the engine: its own start-up
+checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune` and
+:class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then
+:class:`Admitted` / :class:`Refused` per group, :class:`StepDone` per step that produced
+outputs (every new token of the step in one message, with the step's stats), :class:`Stats`
+after commands, :class:`RetuneDone`, :class:`FailAll` when a step raised and :class:`Dead`
+before it exits on a fatal error. :data:`PROTOCOL_VERSION` is checked in :class:`Prewarmed`
+and :class:`Ready`: both sides come from one install, so a mismatch means a stale process,
+and the front end refuses to serve with it.
 
 Everything here is a frozen dataclass of plain values, :class:`RequestOutput`,
-:class:`EngineStats`, :class:`EngineConfig` or :class:`SamplingParams`: nothing that needs
-torch. Knows nothing about processes, pipes or HTTP.
+:class:`EngineStats`, :class:`EngineConfig`, :class:`SamplingParams` or
+:class:`ServedFacts`: nothing that needs torch. Knows nothing about processes, pipes or HTTP.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.served_facts import ServedFacts
 
-PROTOCOL_VERSION = 4  # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go
+PROTOCOL_VERSION = 5  # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +82,21 @@ class Shutdown:
 
 @dataclass(frozen=True, slots=True)
 class Go:
-    """The first message: load the engine now (the core imports and reads the config before it)."""
+    """The front end's first message: load the engine now (its checks passed)."""
 
 
 # ---- core -> front end ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prewarmed:
+    """The first message: the core imported the engine and read the model's facts. ``problem``:
+    why they refuse this start (a ``ValueError``'s line); ``facts`` is None with it, and also
+    when reading them failed otherwise (the front end then reads them itself)."""
+
+    version: int
+    facts: ServedFacts | None
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

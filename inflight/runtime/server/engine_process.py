@@ -1,8 +1,9 @@
 """The engine in a process of its own (the default for ``inflight serve``), seen from the front end.
 
 :class:`CoreProcess` is the spawned engine-core process
-(:mod:`inflight.runtime.engine_core.core`); ``inflight serve`` starts it before its own checks
-of the model, so the core's imports overlap them, and it loads nothing until told to.
+(:mod:`inflight.runtime.engine_core.core`); ``inflight serve`` starts it first and takes what
+its checks of the model need from it (:meth:`CoreProcess.served_facts`), so torch and
+transformers' config classes are imported there only, and it loads nothing until told to.
 :class:`ProcessEngine` starts it (or adopts it started), sends it :class:`Go`, and talks to it
 over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`: a sender thread
 writes (so a large prompt never blocks the event loop on a full pipe), a reader thread
@@ -10,7 +11,7 @@ receives and hands each message to the event loop. The step loop thus never
 shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metrics.
 
 :class:`CoreView` is what the front end may read about the engine: the tokenizer (loaded
-here), the summary the core published (config, vocabulary, EOS ids, resolved device), prompt
+here, with the class the core named), the summary the core published (config, vocabulary, EOS ids, resolved device), prompt
 validation against it, and a grammar compiler of its own for early 400s. Death: a
 :class:`Dead` message, the pipe closing (the core was killed) or the stall watchdog; on any of
 them the core is killed if still running. Knows nothing about HTTP.
@@ -34,6 +35,7 @@ from inflight.runtime.input_checks import check_request
 from inflight.runtime.output_text import OutputText
 from inflight.runtime.outputs import EngineStats, RequestOutput
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.served_facts import ServedFacts
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
     EngineClient,
@@ -44,6 +46,7 @@ from inflight.runtime.server.engine_client import (
 logger = logging.getLogger("inflight.server.engine")
 
 STOP_TIMEOUT_S = 10.0
+PREWARM_POLL_S = 0.2  # how often a front end waiting for Prewarmed checks the core still runs
 
 
 class CoreView:
@@ -86,7 +89,8 @@ class CoreView:
 
 class CoreProcess:
     """The engine-core process and the front end's end of its pipe. Started, it imports the
-    engine and reads the config, then waits for :class:`Go` before it loads anything.
+    engine, reads the model's facts and sends them (:class:`Prewarmed`), then waits for
+    :class:`Go` before it loads anything.
 
     Start it from the thread that runs the event loop for the server's whole life:
     ``PR_SET_PDEATHSIG`` in the core fires when the *thread* that spawned it ends."""
@@ -98,6 +102,33 @@ class CoreProcess:
         self.step_clock = ctx.Value("d", 0.0, lock=False)
         self.process = ctx.Process(target=run_core, args=(self._child_conn, launch, self.step_clock),
                                    name="inflight-engine-core", daemon=False)  # fmt: skip
+        self.prewarmed: p.Prewarmed | None = None  # its first message, once received
+
+    @property
+    def tokenizer_class(self) -> str | None:
+        """The tokenizer class the core's ``AutoTokenizer`` chose, once it said (else None)."""
+        facts = self.prewarmed.facts if self.prewarmed is not None else None
+        return facts.tokenizer_class if facts is not None else None
+
+    def served_facts(self) -> ServedFacts | None:
+        """Wait for the started core's :class:`Prewarmed` (call before :class:`Go`, on the
+        thread that will run the server). ``ValueError``: the problem it found in the model,
+        its exit, a stale install. None: it could not read them (the caller reads them)."""
+        while not self.conn.poll(PREWARM_POLL_S):
+            if not self.process.is_alive() and not self.conn.poll():
+                break
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(STOP_TIMEOUT_S)
+            raise ValueError(f"the engine core exited while starting (exit code {self.process.exitcode}); "
+                             "its log above says why") from None
+        if not isinstance(message, p.Prewarmed) or message.version != p.PROTOCOL_VERSION:
+            raise ValueError(f"the engine core spoke another protocol ({message!r:.80}): a stale install")
+        self.prewarmed = message
+        if message.problem is not None:
+            raise ValueError(message.problem)
+        return message.facts
 
     @property
     def started(self) -> bool:
@@ -279,6 +310,8 @@ class ProcessEngine(EngineClient):
             self._answer(message.call_id, message)
         elif isinstance(message, p.FailAll):
             self.fail_all(EngineStepError(message.reason))
+        elif isinstance(message, p.Prewarmed):  # a core started here, not checked by the CLI
+            self._core.prewarmed = message
         elif isinstance(message, p.Ready):
             self._on_ready(message)
         elif isinstance(message, p.LoadFailed):
@@ -304,7 +337,7 @@ class ProcessEngine(EngineClient):
         from inflight.runtime.tokenizer import load_tokenizer
 
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir)
+            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir, self._core.tokenizer_class)
             self._view = await asyncio.to_thread(CoreView, summary, tokenizer)
         except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
             self._set_ready(exc)
