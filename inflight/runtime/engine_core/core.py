@@ -100,6 +100,9 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
         engine.close()
         os._exit(EXIT_DEAD)
     engine.close()
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(0)  # nothing left to clean up; the interpreter's teardown of torch takes ~1 s
 
 
 def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
