@@ -305,7 +305,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         _import_front_end()  # while the core prewarms
         if core is not None:
             facts = core.served_facts()
-        preflight.check_served(args, config, model_dir, facts)
+        tokenizer = preflight.check_served(args, config, model_dir, facts)
+        if core is not None:
+            core.tokenizer = tokenizer
         settings = dataclasses.replace(settings, sampling_defaults=load_sampling_defaults(
             args.generation_config, model_dir, args.override_generation_config))
     except ValueError as exc:

@@ -82,11 +82,11 @@ def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Pat
 
 
 def check_served(args: argparse.Namespace, config: EngineConfig, served: Path,
-                 facts: ServedFacts | None = None) -> None:
+                 facts: ServedFacts | None = None) -> Any:
     """The served directory's tokenizer, template, architecture, --max-model-len, draft model
     and, when the block count is explicit, the KV cache size, checked before any weight loads
-    (``ValueError``). ``facts``: what the engine-core process read of the model
-    (``served_facts``); without them they are read here, importing torch."""
+    (``ValueError``); returns the tokenizer it loaded. ``facts``: what the engine-core process
+    read of the model (``served_facts``); without them they are read here, importing torch."""
     from inflight.runtime.server.tool_calls import renders_tools  # the engine core imports this module
 
     if facts is None:
@@ -107,6 +107,7 @@ def check_served(args: argparse.Namespace, config: EngineConfig, served: Path,
         refusal = kv_cache_problem(known)
         if refusal:
             raise ValueError(refusal)
+    return tokenizer
 
 
 def check_template(tokenizer: Any) -> None:

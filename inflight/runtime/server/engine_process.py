@@ -103,6 +103,7 @@ class CoreProcess:
         self.process = ctx.Process(target=run_core, args=(self._child_conn, launch, self.step_clock),
                                    name="inflight-engine-core", daemon=False)  # fmt: skip
         self.prewarmed: p.Prewarmed | None = None  # its first message, once received
+        self.tokenizer: Any = None  # the model's, when the start-up checks loaded it (the view reuses it)
 
     @property
     def tokenizer_class(self) -> str | None:
@@ -337,7 +338,8 @@ class ProcessEngine(EngineClient):
         from inflight.runtime.tokenizer import load_tokenizer
 
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir, self._core.tokenizer_class)
+            tokenizer = self._core.tokenizer or await asyncio.to_thread(
+                load_tokenizer, self._core.launch.model_dir, self._core.tokenizer_class)
             self._view = await asyncio.to_thread(CoreView, summary, tokenizer)
         except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
             self._set_ready(exc)
