@@ -5,12 +5,15 @@ The test writes a seeded demo Llama as a GGUF file with the ``gguf`` package's w
 template), converts it back with ``gguf_convert`` and checks: float32 weights bit-identical,
 the same tokenization and chat template, the same greedy tokens from our engine; a Q8_0 file
 dequantizes to within the quantization step; an unsupported architecture or tensor type is
-refused naming what is supported.
+refused naming what is supported; processes converting one file at once convert it once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -154,6 +157,24 @@ def test_cache_dir_and_clear_refusals(demo_unscaled_rope: Path, tmp_path: Path, 
     assert "hub id" in (model_dir_problem("meta-llama/Llama-3.2-1B") or "")
     assert "not a GGUF file" in (model_dir_problem(str(demo_unscaled_rope / "config.json")) or "")
     assert "no config.json" in (model_dir_problem(str(tmp_path)) or "")
+
+
+def test_servers_started_at_once_on_one_file_convert_it_once(demo_unscaled_rope: Path, tmp_path: Path) -> None:
+    """The second waits on the first's lock, then finds its result (no conversion deleting a
+    directory another is reading)."""
+    path = tmp_path / "m.gguf"
+    write_gguf(demo_unscaled_rope, path, gguf.GGMLQuantizationType.F32)
+    probe = ("import sys\nfrom inflight.runtime.model.gguf_source import resolve_model_dir\n"
+             f"print(resolve_model_dir({str(path)!r}, lambda m: print(m, file=sys.stderr)))\n")
+    env = {**os.environ, "INFLIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(3)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    dirs = {out.strip() for out, _ in outs}
+    logs = "".join(err for _, err in outs)
+    assert len(dirs) == 1 and logs.count("converted m.gguf ->") == 1 and logs.count("using the converted") == 2, logs
+    assert load_tokenizer(dirs.pop()).encode("def f") == load_tokenizer(demo_unscaled_rope).encode("def f")
 
 
 def test_unsupported_tensor_type_is_named() -> None:

