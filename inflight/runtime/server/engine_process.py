@@ -11,10 +11,10 @@ receives and hands each message to the event loop. The step loop thus never
 shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metrics.
 
 :class:`CoreView` is what the front end may read about the engine: the tokenizer (loaded
-here, with the class the core named), the summary the core published (config, vocabulary, EOS ids, resolved device), prompt
-validation against it, and a grammar compiler of its own for early 400s. Death: a
-:class:`Dead` message, the pipe closing (the core was killed) or the stall watchdog; on any of
-them the core is killed if still running. Knows nothing about HTTP.
+here, with the class the core named), the summary the core published (config, vocabulary,
+EOS ids, resolved device), prompt validation against it, and a grammar compiler of its own
+for early 400s. Death: a :class:`Dead` message, the pipe closing (the core was killed) or the
+stall watchdog; on any of them the core is killed if still running. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -338,8 +338,10 @@ class ProcessEngine(EngineClient):
         from inflight.runtime.tokenizer import load_tokenizer
 
         try:
-            tokenizer = self._core.tokenizer or await asyncio.to_thread(
-                load_tokenizer, self._core.launch.model_dir, self._core.tokenizer_class)
+            tokenizer = self._core.tokenizer
+            if tokenizer is None:  # a core this engine started: nothing checked the model here
+                tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir,
+                                                    self._core.tokenizer_class)
             self._view = await asyncio.to_thread(CoreView, summary, tokenizer)
         except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
             self._set_ready(exc)
