@@ -291,7 +291,6 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     core = None
     try:
         model_dir = preflight.served_dir(args, progress.info)
-        facts = None
         if not args.single_process:
             # started before the checks below, which take what they need of the model from it
             # (so this process never imports torch); it loads nothing until the server sends
@@ -303,8 +302,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
                                           stats_log=args.stats_log))
             core.start()
         _import_front_end()  # while the core prewarms
-        if core is not None:
-            facts = core.served_facts()
+        facts = core.served_facts() if core is not None else None  # single process: read here
         tokenizer = preflight.check_served(args, config, model_dir, facts)
         if core is not None:
             core.tokenizer = tokenizer
