@@ -12,12 +12,14 @@ enum { INFLIGHT_ROW_MAJOR = 101, INFLIGHT_NO_TRANS = 111, INFLIGHT_PACKED = 151 
 
 /* One decoder layer's weights and shape. Linear weights are MKL-packed B matrices (torch's
  * _mkl_reorder_linear_weight: cblas_sgemm_pack of the [out, in] weight, transposed), each with
- * its row-major float [out, in] weight (*_f) where it kept one (else NULL); biases, q_norm/k_norm
- * and sinks may be NULL. Field order matches cpu_stack.StackLayerC. */
+ * its float weight where it kept one, row-major [out, in] (*_f) or in column panels (*_p, the
+ * layout of cpu_panel_linear.h), else NULL; biases, q_norm/k_norm and sinks may be NULL. Field
+ * order matches cpu_stack.StackLayerC. */
 typedef struct {
     const float *input_norm, *post_norm;
     const float *qkv_w, *qkv_b, *o_w, *o_b, *gate_up_w, *gate_up_b, *down_w, *down_b;
     const float *qkv_f, *o_f, *gate_up_f, *down_f;
+    const float *qkv_p, *o_p, *gate_up_p, *down_p;
     const float *q_norm, *k_norm, *sinks, *cos_sin;
     float *k_cache, *v_cache;
     int64_t num_heads, num_kv_heads, head_dim, rot_dim, block_size, window, intermediate;
@@ -34,14 +36,17 @@ void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, co
          (int)k, bias != NULL ? 1.0f : 0.0f, out, (int)n);
 }
 
-/* A layer's product as the per-op path runs it (cpu_native.linear): the few-row kernel on the
- * float weight when there is one and m <= few_rows, else the packed GEMM. packed is NULL for a
- * oneDNN-packed weight, which has a float weight: cpu_stack.py calls such stacks only with
- * m <= few_rows. */
+/* A layer's product as the per-op path runs it (cpu_native.linear): the panel kernel on the
+ * panel weight when there is one and m <= panel_rows, the few-row kernel on the row-major
+ * weight when there is one and m <= few_rows, else the packed GEMM. packed is NULL for a
+ * oneDNN-packed weight, which has a float weight: cpu_stack.py calls such stacks only with m
+ * within its limit. */
 static void stack_linear(inflight_sgemm_compute_fn gemm, const float *a, const float *packed, const float *rows,
-                         const float *bias, float *out, int64_t m, int64_t n, int64_t k, int64_t few_rows,
-                         int num_threads) {
-    if (rows != NULL && m <= few_rows)
+                         const float *panels, const float *bias, float *out, int64_t m, int64_t n, int64_t k,
+                         int64_t few_rows, int64_t panel_rows, int num_threads) {
+    if (panels != NULL && m <= panel_rows)
+        inflight_panel_linear_f32(a, panels, bias, out, m, n, k, num_threads);
+    else if (rows != NULL && m <= few_rows)
         inflight_small_m_linear_f32(a, rows, bias, out, m, n, k, num_threads);
     else
         inflight_packed_gemm_f32(gemm, a, packed, bias, out, m, n, k);
@@ -53,12 +58,13 @@ static void stack_linear(inflight_sgemm_compute_fn gemm, const float *a, const f
  * product, RMSNorm with the residual, the gate/up product, SiLU-and-mul and the down product.
  * hidden_in: [num_seqs, hidden] (the embeddings, not written); out: [num_seqs, hidden], the
  * final-normed hidden states. One scratch allocation per call. Returns 0, -1 when scratch cannot
- * be allocated, or the attention block's failure. few_rows: cpu_packed.FLOAT_COPY_MAX_ROWS. */
+ * be allocated, or the attention block's failure. few_rows: cpu_packed.FLOAT_COPY_MAX_ROWS;
+ * panel_rows: cpu_packed.PANEL_MAX_ROWS. */
 int inflight_decode_stack_f32(
     const inflight_stack_layer *layers, int64_t num_layers, inflight_sgemm_compute_fn gemm,
     const float *hidden_in, float *out, const float *final_norm, float final_eps, const int64_t *positions,
     const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
-    int64_t hidden, int64_t max_blocks, int num_threads, int64_t few_rows) {
+    int64_t hidden, int64_t max_blocks, int num_threads, int64_t few_rows, int64_t panel_rows) {
     const int64_t m = num_seqs;
     int64_t wide = 0, narrow = 0;  /* the widest qkv / gate_up row, the widest attention / act row */
     for (int64_t i = 0; i < num_layers; ++i) {
@@ -84,19 +90,20 @@ int inflight_decode_stack_f32(
         else  /* res += h; x = norm(res) */
             inflight_rms_norm_f32(h, hidden, res, hidden, L->input_norm, x, res, num_seqs, hidden, L->input_eps,
                                   num_threads);
-        stack_linear(gemm, x, L->qkv_w, L->qkv_f, L->qkv_b, w, m, qkv, hidden, few_rows, num_threads);
+        stack_linear(gemm, x, L->qkv_w, L->qkv_f, L->qkv_p, L->qkv_b, w, m, qkv, hidden, few_rows, panel_rows,
+                     num_threads);
         status = inflight_decode_attention_block_f32(
             w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->k_cache, L->v_cache,
             slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads, L->num_kv_heads, L->head_dim,
             L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
-        stack_linear(gemm, nw, L->o_w, L->o_f, L->o_b, h, m, hidden, q, few_rows, num_threads);
+        stack_linear(gemm, nw, L->o_w, L->o_f, L->o_p, L->o_b, h, m, hidden, q, few_rows, panel_rows, num_threads);
         inflight_rms_norm_f32(h, hidden, res, hidden, L->post_norm, x, res, num_seqs, hidden, L->post_eps,
                               num_threads);
-        stack_linear(gemm, x, L->gate_up_w, L->gate_up_f, L->gate_up_b, w, m, 2 * L->intermediate, hidden,
-                     few_rows, num_threads);
+        stack_linear(gemm, x, L->gate_up_w, L->gate_up_f, L->gate_up_p, L->gate_up_b, w, m, 2 * L->intermediate,
+                     hidden, few_rows, panel_rows, num_threads);
         inflight_silu_and_mul_f32(w, 2 * L->intermediate, nw, num_seqs, L->intermediate, num_threads);
-        stack_linear(gemm, nw, L->down_w, L->down_f, L->down_b, h, m, hidden, L->intermediate, few_rows,
-                     num_threads);
+        stack_linear(gemm, nw, L->down_w, L->down_f, L->down_p, L->down_b, h, m, hidden, L->intermediate, few_rows,
+                     panel_rows, num_threads);
     }
     if (status == 0)
         inflight_rms_norm_f32(h, hidden, res, hidden, final_norm, out, res, num_seqs, hidden, final_eps,

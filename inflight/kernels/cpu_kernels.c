@@ -394,6 +394,7 @@ void inflight_small_m_linear_f32(
     }
 }
 
+#include "cpu_panel_linear.h"  /* few-row products on a weight kept in column panels */
 #include "cpu_decode_block.h"  /* composes the kernels above: kept in its own file */
 #include "cpu_prefill_attention.h"  /* prompt chunks: tiled online softmax, softmax_normalizer above */
 #include "cpu_decode_stack.h"  /* a pure-decode step's whole layer stack: composes the block above */

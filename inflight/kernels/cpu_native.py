@@ -51,6 +51,7 @@ _SIGNATURES = {
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inflight_panel_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_silu_and_mul_f32": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
     "inflight_decode_attention_block_f32": (
         ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
@@ -338,6 +339,9 @@ def linear(
     few-row kernel up to the row limits, else ``F.linear``."""
     threads = torch.get_num_threads()
     if isinstance(weight, PackedLinearWeight):
+        panels = weight.panels_for(x.shape[0]) if x.dim() == 2 else None
+        if panels is not None and _few_rows_ok(x, panels, bias):
+            return _panel_rows(x, panels, weight.shape[0], bias, threads)
         rows = weight.float_copy_for(x.shape[0]) if x.dim() == 2 else None
         if rows is None or not _few_rows_ok(x, rows, bias):
             return packed_linear(x, weight, bias)
@@ -359,6 +363,17 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     _lib().inflight_small_m_linear_f32(
         x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
         num_rows, weight.shape[0], in_features, threads,
+    )
+    return out
+
+
+def _panel_rows(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+                threads: int) -> torch.Tensor:
+    num_rows, in_features = x.shape
+    out = torch.empty((num_rows, out_features), dtype=torch.float32)
+    _lib().inflight_panel_linear_f32(
+        x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        num_rows, out_features, in_features, threads,
     )
     return out
 

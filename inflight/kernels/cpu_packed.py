@@ -64,11 +64,26 @@ through the few-row kernel on the row-major float weight (the weights' streaming
 9.7 ms); MKL ran a one-row product on one thread and did not reuse a streamed weight across
 rows. So where :func:`float_copies_wanted` says so (not an Intel CPU, or
 ``INFLIGHT_CPU_FLOAT_COPY=1``), a packed weight also keeps its row-major float weight
-(``float_rows``), and products of at most :data:`FLOAT_COPY_MAX_ROWS` rows take the few-row
-kernel on it: the linear weights' memory doubles, which the load log line says. Such steps
+(now in panels, below), and products of few rows take the few-row kernels on it: the linear
+weights' memory doubles, which the load log line says. Such steps
 also stay out of the CPU decode lanes (:func:`has_float_copies`): the few-row kernel already
 runs on every thread, and bench-medium's 8- and 16-decode steps took 33.3 and 61.3 ms whole
 against 37.4 and 77.2 split in two lanes (at 32 decodes the lanes win: 97.3 against 120.0 ms).
+
+Panels: the row-major few-row kernel reads a weight row per output column and reduces it across
+the vector lanes; it ran bench-medium's linears at 31 GFLOP/s on two threads at 16 rows, and
+behind oneDNN from 16 rows up. So the float copy of an unshared weight is kept in column panels
+instead (:func:`to_panels`: ``[ceil(out / 16), in, 16]``), which the panel kernel
+(``cpu_panel_linear.h``) multiplies as an outer-product register tile of up to 6 rows x 16
+columns, no horizontal reduction. bench-medium's 72 linears on the AMD EPYC, ms, few-row kernel
+/ panel kernel / oneDNN packed, two threads: 1 row 14.5 / 11.7 / 22.6, 4 rows 16.1 / 15.4 /
+25.3, 16 rows 39.0 / 26.2 / 35.3, 32 rows 68.7 / 39.5 / 51.0, 64 rows 134 / 70.1 / 74.6 (one
+thread, 64 rows: 245 / 140 / 146); an 8B-sized layer (4096 wide, 14336 intermediate) the same
+way, even with oneDNN at 128 rows. Products of at most :data:`PANEL_MAX_ROWS` rows take it,
+which also lets the one-call decode stack take every decode step of up to that many rows over
+oneDNN weights. A shared weight (the tied head) keeps the row-major table as its copy rather than
+a second one in panels, and its products of at most :data:`FLOAT_COPY_MAX_ROWS` rows take the
+few-row kernel.
 
 Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
 weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
@@ -104,6 +119,13 @@ PACK_FORMATS = ("mkl", "onednn")
 # 45 / 67 ms at 4 / 8 / 16 rows against 59 / 68 / 86 packed, even at 24 (112 / 104), behind at
 # 32 (130 / 104); two threads: ahead at every count to 16 (39 / 73).
 FLOAT_COPY_MAX_ROWS = 16
+# Products of at most this many rows take the panel kernel on a packed weight's float copy in
+# column panels (:func:`to_panels`; see the module docstring): on the AMD EPYC there it ran
+# bench-medium's 72 linears ahead of oneDNN's packed GEMM at every row count from 1 to 64, on
+# one thread and on two, and even with it at 128 (also on an 8B-sized layer).
+PANEL_MAX_ROWS = 64
+# Output columns per panel: two 8-float vectors (cpu_panel_linear.h's PANEL_COLS).
+PANEL_COLS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +135,13 @@ class PackedLinearWeight:
     packed: torch.Tensor  # opaque (layout torch._mkldnn): _mkl_reorder_linear_weight's or _reorder_linear_weight's
     stand_in: torch.Tensor  # one float expanded to [out_features, in_features]: the op's ORI_W
     # The row-major float weight [out_features, in_features], kept for products of at most
-    # FLOAT_COPY_MAX_ROWS rows (see the module docstring); None: every product is packed.
+    # FLOAT_COPY_MAX_ROWS rows where the weight is shared (a tied LM head: the embedding's
+    # table, see the module docstring); None: no such copy.
     float_rows: torch.Tensor | None = None
     fmt: str = "mkl"  # one of PACK_FORMATS: which op multiplies by ``packed``
+    # The float weight in column panels (to_panels), kept instead of float_rows for an unshared
+    # weight, for products of at most PANEL_MAX_ROWS rows; None: no such copy.
+    panels: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -133,19 +159,32 @@ class PackedLinearWeight:
     def nbytes(self) -> int:
         """Resident bytes: the packed buffer is the float weight's size (see module docstring),
         twice that with the float copy."""
-        return self.shape[0] * self.shape[1] * 4 * (1 if self.float_rows is None else 2)
+        copy = self.panels.numel() * 4 if self.panels is not None else 0
+        return self.shape[0] * self.shape[1] * 4 * (1 if self.float_rows is None else 2) + copy
+
+    @property
+    def has_float_copy(self) -> bool:
+        """The weight kept a float copy (row-major or in panels) for few-row products."""
+        return self.float_rows is not None or self.panels is not None
 
     def float_copy_for(self, num_rows: int) -> torch.Tensor | None:
-        """The float copy when a ``num_rows``-row product should take the few-row kernel on it."""
+        """The row-major float copy when a ``num_rows``-row product should take the few-row kernel on it."""
         return self.float_rows if num_rows <= FLOAT_COPY_MAX_ROWS else None
+
+    def panels_for(self, num_rows: int) -> torch.Tensor | None:
+        """The panel copy when a ``num_rows``-row product should take the panel kernel on it."""
+        return self.panels if num_rows <= PANEL_MAX_ROWS else None
 
     @property
     def stack_rows(self) -> int | None:
         """The most rows the one-call decode stack (which calls MKL from C) may multiply by this
-        weight: None (any) for MKL's format, :data:`FLOAT_COPY_MAX_ROWS` for oneDNN's with a float
-        copy (those products take the few-row kernel), 0 for oneDNN's without one."""
+        weight: None (any) for MKL's format; for oneDNN's, :data:`PANEL_MAX_ROWS` with a panel copy
+        and :data:`FLOAT_COPY_MAX_ROWS` with a row-major one (those products take the panel or
+        few-row kernel), 0 without either."""
         if self.fmt == "mkl":
             return None
+        if self.panels is not None:
+            return PANEL_MAX_ROWS
         return FLOAT_COPY_MAX_ROWS if self.float_rows is not None else 0
 
 
@@ -162,7 +201,7 @@ class PackSummary:
     fmt_reason: str = ""  # why that format, for the log ("INFLIGHT_CPU_PACK_FORMAT", "AuthenticAMD CPU", ...)
 
     def describe(self) -> str:
-        kept = (f"float weights kept for products of <= {FLOAT_COPY_MAX_ROWS} rows" if self.float_copies
+        kept = (f"float weights kept in panels for products of <= {PANEL_MAX_ROWS} rows" if self.float_copies
                 else "float copies freed")
         name = {"mkl": "MKL", "onednn": "oneDNN"}.get(self.fmt, self.fmt)
         why = f" [{self.fmt_reason}]" if self.fmt_reason else ""
@@ -210,8 +249,25 @@ def packed_linear(
 
 def has_float_copies(model: nn.Module) -> bool:
     """Some packed weight of ``model`` kept its float copy for few-row products."""
-    return any(isinstance(w, PackedLinearWeight) and w.float_rows is not None
+    return any(isinstance(w, PackedLinearWeight) and w.has_float_copy
                for w in (getattr(m, "weight", None) for m in model.modules()))  # fmt: skip
+
+
+def to_panels(weight: torch.Tensor) -> torch.Tensor:
+    """``[out_features, in_features]`` -> ``[ceil(out / PANEL_COLS), in_features, PANEL_COLS]``:
+    panel ``p`` holds output columns ``PANEL_COLS * p`` onwards, one row of them per input
+    feature, zeros past ``out_features`` (the layout of cpu_panel_linear.h)."""
+    out_features, in_features = weight.shape
+    padded = -(-out_features // PANEL_COLS) * PANEL_COLS
+    w = torch.zeros(padded, in_features, dtype=weight.dtype)
+    w[:out_features] = weight
+    return w.view(padded // PANEL_COLS, PANEL_COLS, in_features).transpose(1, 2).contiguous()
+
+
+def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The row-major ``[out_features, in_features]`` weight :func:`to_panels` made ``panels`` from."""
+    num_panels, in_features, cols = panels.shape
+    return panels.transpose(1, 2).reshape(num_panels * cols, in_features)[:out_features].contiguous()
 
 
 def cpuinfo_line(*prefixes: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
@@ -253,8 +309,10 @@ def pack_format(vendor: str | None = None) -> tuple[str, str]:
     return ("mkl" if vendor == "GenuineIntel" else "onednn"), f"{vendor or 'unknown'} CPU"
 
 
-def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str = "mkl") -> PackedLinearWeight | None:
-    """``weight`` packed in format ``fmt`` (keeping the float weight too when ``keep_float``), or
+def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str = "mkl",
+                       shared: bool = False) -> PackedLinearWeight | None:
+    """``weight`` packed in format ``fmt`` (keeping a float copy too when ``keep_float``: in
+    column panels, or the weight itself, row-major, when ``shared`` with another module), or
     ``None`` when its packed product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the
     float weight should then be kept)."""
     if fmt not in PACK_FORMATS:
@@ -269,7 +327,8 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str 
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
         result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features),
-                                    w if keep_float else None, fmt)
+                                    w if keep_float and shared else None, fmt,
+                                    to_panels(w) if keep_float and not shared else None)
         gen = torch.Generator().manual_seed(out_features * 31 + in_features)
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, generator=gen)
@@ -321,7 +380,7 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
         if holders.get(id(weight), 0) > 1 and not keep_float:
             shared.append(name)
             continue
-        packed = pack_linear_weight(weight, keep_float, fmt)
+        packed = pack_linear_weight(weight, keep_float, fmt, shared=holders.get(id(weight), 0) > 1)
         if packed is None:
             disagreed.append(name)
             continue

@@ -11,8 +11,9 @@ or disagreeing and the call answers ``None``, so the decoder keeps its per-op pa
 
 A stack's pointer table (one C struct per layer, :class:`StackLayerC`) is built on its first call
 and kept on the :class:`~inflight.kernels.decode_stack.DecodeStack`, which holds every tensor
-it points into. A weight's float copy (``float_rows``), where it kept one, takes products of at
-most ``FLOAT_COPY_MAX_ROWS`` rows through the few-row kernel, as ``cpu_native.linear`` does.
+it points into. A weight's float copy, where it kept one, takes products of at most
+``PANEL_MAX_ROWS`` rows through the panel kernel (``panels``) or ``FLOAT_COPY_MAX_ROWS`` through
+the few-row kernel (``float_rows``), as ``cpu_native.linear`` does.
 Knows nothing about the model or the engine.
 """
 
@@ -27,6 +28,7 @@ import torch
 from inflight.kernels import decode_stack
 from inflight.kernels.cpu_packed import (
     FLOAT_COPY_MAX_ROWS,
+    PANEL_MAX_ROWS,
     PackedLinearWeight,
     mkl_packing_available,
     pack_linear_weight,
@@ -38,7 +40,7 @@ _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes
 SIGNATURES = {
     "inflight_packed_gemm_f32": (None, [_ptr] * 5 + [_i64] * 3),
     "inflight_decode_stack_f32": (
-        ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _f32] + [_ptr] * 4 + [_i64] * 3 + [_int, _i64]),
+        ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _f32] + [_ptr] * 4 + [_i64] * 3 + [_int, _i64, _i64]),
 }
 
 
@@ -48,6 +50,7 @@ class StackLayerC(ctypes.Structure):
     _fields_ = (
         [(name, _ptr) for name in ("input_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w",
                                    "gate_up_b", "down_w", "down_b", "qkv_f", "o_f", "gate_up_f", "down_f",
+                                   "qkv_p", "o_p", "gate_up_p", "down_p",
                                    "q_norm", "k_norm", "sinks", "cos_sin",
                                    "k_cache", "v_cache")]
         + [(name, _i64) for name in ("num_heads", "num_kv_heads", "head_dim", "rot_dim", "block_size", "window",
@@ -108,6 +111,8 @@ def _table(stack: decode_stack.DecodeStack) -> ctypes.Array[StackLayerC]:
         entry.down_w, entry.down_b = _packed_addr(layer.down), _addr(layer.down_bias)
         entry.qkv_f, entry.o_f = _addr(layer.qkv.float_rows), _addr(layer.o_proj.float_rows)
         entry.gate_up_f, entry.down_f = _addr(layer.gate_up.float_rows), _addr(layer.down.float_rows)
+        entry.qkv_p, entry.o_p = _addr(layer.qkv.panels), _addr(layer.o_proj.panels)
+        entry.gate_up_p, entry.down_p = _addr(layer.gate_up.panels), _addr(layer.down.panels)
         entry.q_norm, entry.k_norm, entry.sinks = _addr(a.q_norm), _addr(a.k_norm), _addr(a.sinks)
         entry.cos_sin, entry.k_cache, entry.v_cache = layer.cos_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
         entry.num_heads, entry.num_kv_heads, entry.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
@@ -145,7 +150,7 @@ def decode_layer_stack(
         table, len(stack.layers), gemm, hidden.data_ptr(), out.data_ptr(), stack.final_norm.data_ptr(),
         stack.final_eps, rows.positions.data_ptr(), rows.slot_mapping.data_ptr(), tables.data_ptr(),
         rows.context_lens.data_ptr(), num_seqs, stack.hidden, tables.shape[1], torch.get_num_threads(),
-        FLOAT_COPY_MAX_ROWS,
+        FLOAT_COPY_MAX_ROWS, PANEL_MAX_ROWS,
     )
     if status != 0:
         raise MemoryError("decode_layer_stack: no memory for the scratch")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels import decode_block, reference
-from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
+from inflight.kernels.cpu_packed import PANEL_COLS, PackedLinearWeight, from_panels, packed_linear
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 
 
@@ -83,9 +83,11 @@ def _packed_ok(w: object, out_features: int, in_features: int, bias: torch.Tenso
     if not (isinstance(w, PackedLinearWeight) and tuple(w.shape) == (out_features, in_features)
             and (bias is None or _vector_ok(bias, out_features)) and w.stack_rows != 0):  # fmt: skip
         return False  # stack_rows 0: oneDNN's layout without a float copy, which the call cannot multiply by
-    f = w.float_rows
-    return f is None or (f.dtype == torch.float32 and f.device.type == "cpu" and f.is_contiguous()
-                         and tuple(f.shape) == (out_features, in_features))  # fmt: skip
+    f, p = w.float_rows, w.panels
+    return (f is None or (f.dtype == torch.float32 and f.device.type == "cpu" and f.is_contiguous()
+                          and tuple(f.shape) == (out_features, in_features))) and (
+        p is None or (p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+                      and tuple(p.shape) == (-(-out_features // PANEL_COLS), in_features, PANEL_COLS)))  # fmt: skip
 
 
 def _layer_ok(layer: StackLayer, hidden: int) -> bool:
@@ -110,7 +112,10 @@ def _layer_ok(layer: StackLayer, hidden: int) -> bool:
 
 
 def _linear(x: torch.Tensor, w: PackedLinearWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = w.float_copy_for(x.shape[0])  # few rows on the float copy, where the weight kept one
+    panels = w.panels_for(x.shape[0])  # few rows on the float copy, where the weight kept one
+    if panels is not None:
+        return reference.linear(x, from_panels(panels, w.shape[0]), bias)
+    rows = w.float_copy_for(x.shape[0])
     return packed_linear(x, w, bias) if rows is None else reference.linear(x, rows, bias)
 
 

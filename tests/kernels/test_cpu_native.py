@@ -13,9 +13,10 @@ import shutil
 import pytest
 import torch
 
-from inflight.kernels import cpu_native, reference
+from inflight.kernels import cpu_native, cpu_packed, reference
 from inflight.kernels.dispatch import KERNEL_BACKENDS, TORCH_OPS, get_kernel_ops
 from inflight.runtime.config import KERNEL_BACKENDS as CONFIG_KERNEL_BACKENDS
+from tests.kernels.threads import with_threads
 
 F32 = torch.float32
 CPU = torch.device("cpu")
@@ -169,6 +170,42 @@ def test_small_m_linear_matches_reference(threads: int, num_rows: int, with_bias
     finally:
         torch.set_num_threads(previous)
     torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("num_rows", "out_features"), [(1, 1000), (5, 16), (6, 1000), (7, 33), (13, 1000),
+                                                        (64, 300), (100, 17)])  # tiles of 6 and their remainders
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_panel_linear_matches_a_float64_product(threads: int, num_rows: int, out_features: int, with_bias: bool,
+                                                poison_allocations) -> None:
+    """The panel kernel (cpu_panel_linear.h) on a weight in column panels: every tile height and
+    a last panel part-filled (out_features not a multiple of 16), with and without a bias, the
+    output written only where it belongs (poisoned allocations would show anything left)."""
+    gen = torch.Generator().manual_seed(num_rows * 1000 + out_features)
+    x = torch.randn(num_rows, 200, generator=gen)  # in_features not a multiple of the vector width
+    weight = torch.randn(out_features, 200, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    panels = cpu_packed.to_panels(weight)
+    assert panels.shape == (-(-out_features // 16), 200, 16)
+    assert torch.equal(cpu_packed.from_panels(panels, out_features), weight)
+    got = with_threads(threads, cpu_native._panel_rows, x, panels, out_features, bias, threads)
+    want = reference.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-5)
+
+
+def test_panel_linear_rows_do_not_depend_on_their_batch() -> None:
+    """Each output is one chain of multiply-adds over the inputs in order, whatever the tile a row
+    lands in, the row count or the threads: a row alone gives the bits it gives in any batch."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(23, 96, generator=gen)
+    weight, bias = torch.randn(700, 96, generator=gen), torch.randn(700, generator=gen)
+    panels = cpu_packed.to_panels(weight)
+    whole = with_threads(2, cpu_native._panel_rows, x, panels, 700, bias, 2)
+    for r in (0, 5, 6, 17, 22):
+        alone = with_threads(1, cpu_native._panel_rows, x[r : r + 1].contiguous(), panels, 700, bias, 1)
+        assert torch.equal(alone[0], whole[r])
+    part = with_threads(1, cpu_native._panel_rows, x[4:15].contiguous(), panels, 700, bias, 1)
+    assert torch.equal(part, whole[4:15])
 
 
 def test_small_m_linear_other_layouts_use_the_reference() -> None:

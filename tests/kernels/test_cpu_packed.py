@@ -149,23 +149,36 @@ def test_engine_runs_on_packed_weights_unless_switched_off(tiny_model_dir, monke
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) -> None:
-    """With its float copy, a packed weight's products of at most FLOAT_COPY_MAX_ROWS rows run the
-    few-row kernel on that copy (the same bits as on a float weight), bigger ones the packed GEMM."""
+    """With its float copy in panels, a packed weight's products of at most PANEL_MAX_ROWS rows run
+    the panel kernel on that copy, bigger ones the packed GEMM; a shared weight's row-major copy
+    takes products of at most FLOAT_COPY_MAX_ROWS rows through the few-row kernel."""
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(300, 70, generator=gen) * 0.1
     bias = torch.randn(300, generator=gen)
     packed = pack_linear_weight(weight, keep_float=True, fmt=fmt)
-    assert packed is not None and torch.equal(packed.float_rows, weight)
-    assert packed.nbytes == 2 * weight.numel() * 4
-    limit = cpu_packed.FLOAT_COPY_MAX_ROWS
-    for rows in (1, 3, 8, limit, limit + 1, 40):
+    assert packed is not None and packed.float_rows is None and packed.has_float_copy
+    assert torch.equal(cpu_packed.from_panels(packed.panels, 300), weight)
+    assert packed.nbytes == weight.numel() * 4 + packed.panels.numel() * 4  # 300 columns: 304 in panels
+    limit = cpu_packed.PANEL_MAX_ROWS
+    for rows in (1, 3, 8, 17, limit, limit + 1, 80):
         x = torch.randn(rows, 70, generator=gen)
         got = with_threads(threads, cpu_native.linear, x, packed, bias)
         torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
         if rows <= limit:
-            assert torch.equal(got, with_threads(threads, cpu_native._few_rows, x, weight, bias, threads))
+            assert torch.equal(got, with_threads(threads, cpu_native._panel_rows, x, packed.panels, 300, bias, threads))
         else:
             assert torch.equal(got, with_threads(threads, packed_linear, x, packed, bias))
+    shared = pack_linear_weight(weight, keep_float=True, fmt=fmt, shared=True)
+    assert shared is not None and shared.panels is None and torch.equal(shared.float_rows, weight)
+    assert shared.nbytes == 2 * weight.numel() * 4
+    few = cpu_packed.FLOAT_COPY_MAX_ROWS
+    for rows in (1, few, few + 1):
+        x = torch.randn(rows, 70, generator=gen)
+        got = with_threads(threads, cpu_native.linear, x, shared, bias)
+        if rows <= few:
+            assert torch.equal(got, with_threads(threads, cpu_native._few_rows, x, weight, bias, threads))
+        else:
+            assert torch.equal(got, with_threads(threads, packed_linear, x, shared, bias))
     x = torch.randn(2, 3, 70, generator=gen)  # not 2-D: the packed GEMM takes any leading shape
     assert torch.equal(cpu_native.linear(x, packed), packed_linear(x, packed))
 
@@ -189,12 +202,13 @@ def test_prepack_keeps_the_float_weights_when_asked() -> None:
     weights = [model[0].weight.detach().clone(), model[1].weight.detach().clone()]
     summary = prepack_linears(model, keep_float=True)
     assert summary.num_packed == 2 and summary.float_copies and "float weights kept" in summary.describe()
-    assert summary.packed_bytes == 2 * 4 * (16 * 32 + 32 * 8)
+    assert summary.packed_bytes == 2 * 4 * (16 * 32 + 32 * 8) + 4 * 32 * 8  # 8 columns pad to a 16-wide panel
     for layer, weight in zip(model, weights, strict=True):
-        assert isinstance(layer.weight, PackedLinearWeight) and torch.equal(layer.weight.float_rows, weight)
+        assert isinstance(layer.weight, PackedLinearWeight) and layer.weight.float_rows is None
+        assert torch.equal(cpu_packed.from_panels(layer.weight.panels, weight.shape[0]), weight)
     plain = nn.Sequential(nn.Linear(16, 32))
     summary = prepack_linears(plain)
-    assert plain[0].weight.float_rows is None and "float copies freed" in summary.describe()
+    assert not plain[0].weight.has_float_copy and "float copies freed" in summary.describe()
 
 
 def test_the_pack_format_is_mkl_on_intel_and_onednn_elsewhere_unless_told(monkeypatch) -> None:

@@ -143,9 +143,9 @@ def test_what_the_stack_refuses(make_paged_cache) -> None:
 @pytest.mark.skipif(not cpu_packed.onednn_packing_available(), reason="torch built without oneDNN")
 def test_onednn_weights_take_the_stack_only_on_their_float_copies(make_paged_cache) -> None:
     """The native call cannot multiply by oneDNN's layout: without float copies there is no stack,
-    and with them it takes steps of at most FLOAT_COPY_MAX_ROWS rows (more: None, and the
+    and with them (in panels) it takes steps of at most PANEL_MAX_ROWS rows (more: None, and the
     decoder runs per op); MKL weights take any step."""
-    limit = cpu_packed.FLOAT_COPY_MAX_ROWS
+    limit = cpu_packed.PANEL_MAX_ROWS
     lens = [3 + 2 * i for i in range(limit + 1)]
     paged = make_paged_cache(lens, 16, 2, 16, torch.float32, torch.device("cpu"))
     layer = _stack(paged, 1, 64, 4, 2, 16, 32, keep_float=True, fmt="onednn").layers[0]
@@ -186,7 +186,7 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, fmt, 
     try:
         assert runner.ops.decode_layer_stack is not None
         down = runner.model.layers[0].mlp.down_proj.weight
-        assert (down.float_rows is not None) == (float_copy == "1") and down.fmt == fmt
+        assert (down.panels is not None) == (float_copy == "1") and down.fmt == fmt
         calls: list[bool] = []
 
         def counted(*args):

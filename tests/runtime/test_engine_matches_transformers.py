@@ -91,7 +91,7 @@ def test_few_row_products_with_and_without_the_float_copy(model_factory, arch, f
     engine = _check(model_dir, config, prompts_of_lengths(LLMEngine.from_model_dir(model_dir, config).tokenizer,
                                                           LENGTHS), MAX_TOKENS)
     weight = engine.runner.model.layers[0].self_attn.qkv_proj.weight
-    assert (getattr(weight, "float_rows", None) is not None) == (float_copy == "1")
+    assert (getattr(weight, "panels", None) is not None) == (float_copy == "1")  # unshared: its copy in panels
     assert getattr(weight, "fmt", None) == fmt
     # llama's and qwen2's demo models tie the head to the embedding: packed only over a float copy
     head = engine.runner.model.lm_head.weight
