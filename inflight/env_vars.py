@@ -62,6 +62,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_CPU_FLOAT_COPY", int, None, ("inflight.kernels.cpu_packed",),
            "1: packed CPU linear weights also keep their float32 weights for products of few rows (2x their "
            "memory); 0: never; unset: on every CPU but Intel's, where MKL's packed GEMM is slow at few rows"),
+    EnvVar("INFLIGHT_CPU_MALLOC_TUNING", int, 1, (f"{_R}.cpu_allocator",),
+           "0: leave glibc's malloc as it is (else a CPU engine keeps the memory a step frees for the next step "
+           "instead of returning it to the kernel and faulting it in again)"),
     EnvVar("INFLIGHT_CACHE_DIR", str, None, ("inflight.cache",),
            "where built kernels and converted models are kept (else $XDG_CACHE_HOME/inflight)"),
     EnvVar("INFLIGHT_TP_START_TIMEOUT_S", float, 1800.0, (f"{_TP}.launcher", f"{_TP}.worker"),

@@ -27,6 +27,7 @@ from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_float_copies
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.cpu_allocator import keep_freed_memory
 from inflight.runtime.cpu_lanes import DecodeLanes
 from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.device_setup import (
@@ -76,6 +77,9 @@ class ModelRunner:
         self._lanes: DecodeLanes | None = None
         if self._cpu_threads is not None:
             torch.set_num_threads(self._cpu_threads[0])
+            allocator = keep_freed_memory()
+            if progress:
+                progress(allocator)
         elif world > 1:
             torch.cuda.set_device(self.device)
         hf_config = load_hf_config(model_dir)
