@@ -166,6 +166,14 @@ def _llama_source(paths: PeerPaths, log: Path) -> Path:
     return src
 
 
+def converter_python(paths: PeerPaths) -> Path:
+    """The Python that runs llama.cpp's converter: the vLLM env's where it is installed, else this
+    one. The converter imports ``sentencepiece`` for every Llama model before it looks for a
+    ``tokenizer.model`` (ours have none and fall through to the BPE vocabulary), and vLLM depends
+    on it; the project's own environment does not need it for anything else."""
+    return paths.vllm_python if paths.vllm_python.exists() else Path(sys.executable)
+
+
 def ensure_gguf(paths: PeerPaths, model_dir: Path) -> Path:
     """``model_dir`` as an f32 GGUF file for llama.cpp (converted once, with :data:`CONVERT_HOOK`)."""
     out = paths.gguf_dir / f"{model_dir.resolve().name}.f32.gguf"
@@ -179,7 +187,7 @@ def ensure_gguf(paths: PeerPaths, model_dir: Path) -> Path:
     tmp = out.with_suffix(".tmp")
     hook = paths.work_dir / "convert_hook.py"
     hook.write_text(CONVERT_HOOK)
-    _run([sys.executable, str(hook), str(script), str(model_dir), "--outtype", "f32",
+    _run([str(converter_python(paths)), str(hook), str(script), str(model_dir), "--outtype", "f32",
           "--outfile", str(tmp)], log)
     tmp.rename(out)
     return out
