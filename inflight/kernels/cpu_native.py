@@ -339,13 +339,14 @@ def linear(
     few-row kernel up to the row limits, else ``F.linear``."""
     threads = torch.get_num_threads()
     if isinstance(weight, PackedLinearWeight):
-        panels = weight.panels_for(x.shape[0]) if x.dim() == 2 else None
-        if panels is not None and _few_rows_ok(x, panels, bias):
-            return _panel_rows(x, panels, weight.shape[0], bias, threads)
-        rows = weight.float_copy_for(x.shape[0]) if x.dim() == 2 else None
-        if rows is None or not _few_rows_ok(x, rows, bias):
-            return packed_linear(x, weight, bias)
-        return _few_rows(x, rows, bias, threads)
+        if x.dim() == 2:
+            panels = weight.panels_for(x.shape[0])
+            if panels is not None and _few_rows_ok(x, panels, bias):
+                return _panel_rows(x, panels, weight.shape[0], bias, threads)
+            rows = weight.float_copy_for(x.shape[0])
+            if rows is not None and _few_rows_ok(x, rows, bias):
+                return _few_rows(x, rows, bias, threads)
+        return packed_linear(x, weight, bias)
     limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
     if not (x.dim() == 2 and x.shape[0] <= limit and _few_rows_ok(x, weight, bias)):
         return reference.linear(x, weight, bias)
@@ -358,23 +359,23 @@ def _few_rows_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int) -> torch.Tensor:
-    num_rows, in_features = x.shape
-    out = torch.empty((num_rows, weight.shape[0]), dtype=torch.float32)
-    _lib().inflight_small_m_linear_f32(
-        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-        num_rows, weight.shape[0], in_features, threads,
-    )
-    return out
+    """The few-row kernel on a row-major ``[out, in]`` weight."""
+    return _row_kernel(_lib().inflight_small_m_linear_f32, x, weight, weight.shape[0], bias, threads)
 
 
 def _panel_rows(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
                 threads: int) -> torch.Tensor:
+    """The panel kernel on a weight in column panels (``cpu_packed.to_panels``)."""
+    return _row_kernel(_lib().inflight_panel_linear_f32, x, panels, out_features, bias, threads)
+
+
+def _row_kernel(kernel: Any, x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+                threads: int) -> torch.Tensor:
+    """``x @ W^T + bias`` through ``kernel`` (the two few-row kernels share their signature)."""
     num_rows, in_features = x.shape
     out = torch.empty((num_rows, out_features), dtype=torch.float32)
-    _lib().inflight_panel_linear_f32(
-        x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-        num_rows, out_features, in_features, threads,
-    )
+    kernel(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+           num_rows, out_features, in_features, threads)
     return out
 
 
