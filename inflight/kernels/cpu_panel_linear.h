@@ -7,24 +7,34 @@
  * register tile: up to PANEL_ROWS input rows x 16 columns of accumulators (12 AVX registers at
  * 6 rows), one broadcast of x[r][i] and two vector loads of the panel per step i, no horizontal
  * reduction. Threads split the panels; a panel is read from memory once and, for more rows than
- * a tile holds, again from cache for each further tile. Each output element is one chain of
+ * a tile holds, again from cache for each further tile.
+ *
+ * Prefetching keeps memory busy while the tiles compute: each step of a panel's first tile asks
+ * for the cache line PANEL_PREFETCH_AHEAD lines further down the stream (past the panel's end,
+ * into the next panel), and each step of its further tiles, which read the panel from cache and
+ * would otherwise leave memory idle, for a line of the next panel. With more rows than a tile
+ * holds this is 5-30% faster at 4-32 rows on a 2-core AMD EPYC (bench/README.md). A prefetch
+ * past the weight's end reads nothing into a result and never faults (x86 PREFETCH, ARM PRFM).
+ * Each output element is one chain of
  * fused multiply-adds over i in order, whatever the tile height, the row count or the thread:
  * a row's result does not depend on what other rows share its call (batch invariance). */
 
 typedef float inflight_v8f __attribute__((vector_size(32)));
 typedef float inflight_v8f_unaligned __attribute__((vector_size(32), aligned(4)));
 
-enum { PANEL_COLS = 16, PANEL_ROWS = 6 };
+enum { PANEL_COLS = 16, PANEL_ROWS = 6, PANEL_PREFETCH_AHEAD = 24 };
 
 /* One tile: rows [0, R) of x (row stride ldx) times one panel, plus bias, into cols columns of
- * out (row stride ldo). R is a constant in every expansion, so the accumulators stay in
- * registers. */
+ * out (row stride ldo); step i also prefetches the cache line at pf + 16 i (see above). R is a
+ * constant in every expansion, so the accumulators stay in registers. */
 #define INFLIGHT_PANEL_TILE(R)                                                                        \
     static void panel_tile_##R(const float *x, int64_t ldx, const float *panel, int64_t k,           \
-                               const float *bias, float *out, int64_t ldo, int64_t cols) {           \
+                               const float *bias, float *out, int64_t ldo, int64_t cols,             \
+                               const float *pf) {                                                    \
         inflight_v8f lo[R], hi[R];                                                                    \
         for (int r = 0; r < R; ++r) lo[r] = hi[r] = (inflight_v8f){0};                               \
         for (int64_t i = 0; i < k; ++i) {                                                             \
+            __builtin_prefetch(pf + i * PANEL_COLS, 0, 3);                                           \
             const inflight_v8f b0 = *(const inflight_v8f_unaligned *)(panel + i * PANEL_COLS);       \
             const inflight_v8f b1 = *(const inflight_v8f_unaligned *)(panel + i * PANEL_COLS + 8);   \
             for (int r = 0; r < R; ++r) {                                                             \
@@ -63,13 +73,14 @@ void inflight_panel_linear_f32(const float *x, const float *panels, const float 
         for (int64_t r = 0; r < m; r += PANEL_ROWS) {
             const float *xr = x + r * k;
             float *o = out + r * n + c0;
+            const float *pf = panel + (r == 0 ? PANEL_PREFETCH_AHEAD : k) * PANEL_COLS;
             switch (m - r < PANEL_ROWS ? m - r : PANEL_ROWS) {
-                case 1: panel_tile_1(xr, k, panel, k, b, o, n, cols); break;
-                case 2: panel_tile_2(xr, k, panel, k, b, o, n, cols); break;
-                case 3: panel_tile_3(xr, k, panel, k, b, o, n, cols); break;
-                case 4: panel_tile_4(xr, k, panel, k, b, o, n, cols); break;
-                case 5: panel_tile_5(xr, k, panel, k, b, o, n, cols); break;
-                default: panel_tile_6(xr, k, panel, k, b, o, n, cols); break;
+                case 1: panel_tile_1(xr, k, panel, k, b, o, n, cols, pf); break;
+                case 2: panel_tile_2(xr, k, panel, k, b, o, n, cols, pf); break;
+                case 3: panel_tile_3(xr, k, panel, k, b, o, n, cols, pf); break;
+                case 4: panel_tile_4(xr, k, panel, k, b, o, n, cols, pf); break;
+                case 5: panel_tile_5(xr, k, panel, k, b, o, n, cols, pf); break;
+                default: panel_tile_6(xr, k, panel, k, b, o, n, cols, pf); break;
             }
         }
     }
