@@ -201,7 +201,8 @@ class PackSummary:
     fmt_reason: str = ""  # why that format, for the log ("INFLIGHT_CPU_PACK_FORMAT", "AuthenticAMD CPU", ...)
 
     def describe(self) -> str:
-        kept = (f"float weights kept in panels for products of <= {PANEL_MAX_ROWS} rows" if self.float_copies
+        kept = (f"float weights kept for few-row products (in panels up to {PANEL_MAX_ROWS} rows; a shared "
+                f"weight row-major up to {FLOAT_COPY_MAX_ROWS})" if self.float_copies
                 else "float copies freed")
         name = {"mkl": "MKL", "onednn": "oneDNN"}.get(self.fmt, self.fmt)
         why = f" [{self.fmt_reason}]" if self.fmt_reason else ""

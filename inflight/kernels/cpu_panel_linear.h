@@ -15,9 +15,10 @@
  * would otherwise leave memory idle, for a line of the next panel. With more rows than a tile
  * holds this is 5-30% faster at 4-32 rows on a 2-core AMD EPYC (bench/README.md). A prefetch
  * past the weight's end reads nothing into a result and never faults (x86 PREFETCH, ARM PRFM).
- * Each output element is one chain of
- * fused multiply-adds over i in order, whatever the tile height, the row count or the thread:
- * a row's result does not depend on what other rows share its call (batch invariance). */
+ *
+ * Each output element is one chain of fused multiply-adds over i in order, whatever the tile
+ * height, the row count or the thread: a row's result does not depend on what other rows share
+ * its call (batch invariance). */
 
 typedef float inflight_v8f __attribute__((vector_size(32)));
 typedef float inflight_v8f_unaligned __attribute__((vector_size(32), aligned(4)));

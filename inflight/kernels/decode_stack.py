@@ -74,20 +74,23 @@ class DecodeStack:
         return cls(tuple(layers), final_norm, final_eps) if ok else None
 
 
-def _vector_ok(t: torch.Tensor | None, size: int) -> bool:
+def _float_ok(t: torch.Tensor | None, shape: tuple[int, ...]) -> bool:
+    """``t`` is a contiguous float32 CPU tensor of ``shape``."""
     return (t is not None and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-            and tuple(t.shape) == (size,))  # fmt: skip
+            and tuple(t.shape) == shape)  # fmt: skip
+
+
+def _vector_ok(t: torch.Tensor | None, size: int) -> bool:
+    return _float_ok(t, (size,))
 
 
 def _packed_ok(w: object, out_features: int, in_features: int, bias: torch.Tensor | None) -> bool:
     if not (isinstance(w, PackedLinearWeight) and tuple(w.shape) == (out_features, in_features)
             and (bias is None or _vector_ok(bias, out_features)) and w.stack_rows != 0):  # fmt: skip
         return False  # stack_rows 0: oneDNN's layout without a float copy, which the call cannot multiply by
-    f, p = w.float_rows, w.panels
-    return (f is None or (f.dtype == torch.float32 and f.device.type == "cpu" and f.is_contiguous()
-                          and tuple(f.shape) == (out_features, in_features))) and (
-        p is None or (p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
-                      and tuple(p.shape) == (-(-out_features // PANEL_COLS), in_features, PANEL_COLS)))  # fmt: skip
+    panel_shape = (-(-out_features // PANEL_COLS), in_features, PANEL_COLS)
+    return ((w.float_rows is None or _float_ok(w.float_rows, (out_features, in_features)))
+            and (w.panels is None or _float_ok(w.panels, panel_shape)))  # fmt: skip
 
 
 def _layer_ok(layer: StackLayer, hidden: int) -> bool:
