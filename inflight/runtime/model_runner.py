@@ -28,7 +28,7 @@ from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.cpu_allocator import keep_freed_memory
-from inflight.runtime.cpu_lanes import DecodeLanes
+from inflight.runtime.cpu_lanes import DecodeLanes, row_cost_tokens
 from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.device_setup import (
     BIG_STEP_PARAM_TOKENS,
@@ -90,11 +90,12 @@ class ModelRunner:
         self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
         self.spec = self.model.spec
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would
-        num_lanes = cpu_lanes(self._cpu_threads[1]) if self._cpu_threads is not None and world == 1 else 0
-        if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
-            self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0)
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
+        num_lanes = cpu_lanes(self._cpu_threads[1]) if self._cpu_threads is not None and world == 1 else 0
+        if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
+            self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
+                                      row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))
         self.max_model_len = self._resolve_max_model_len(config)
         # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones
         self.cos_sin = build_rope_tables(self.hf_config, self.spec, self.max_model_len).to(self.device)

@@ -42,8 +42,33 @@ def test_rows_come_back_in_order_from_every_lane() -> None:
     ids = torch.arange(n)
     out = lanes.forward(ids, ids + 100, _meta(n), torch.tensor([13, 0, 5]), logits_fn)
     lanes.close()
-    assert sorted(seen) == [(0, 4), (4, 5), (9, 5)]  # three lanes cover the rows once
+    assert sorted(seen) == [(0, 5), (5, 4), (9, 5)]  # three lanes cover the rows once
     assert out[:, 0].tolist() == [13.0, 0.0, 5.0] and out[:, 1].tolist() == [113.0, 100.0, 105.0]
+
+
+@pytest.mark.parametrize(("lanes", "row_cost", "contexts", "sizes"), [
+    (2, 0.0, [100] * 8, [4, 4]),  # even work: even counts
+    (2, 0.0, [50] * 6 + [600] * 6, [9, 3]),  # the long contexts' lane takes fewer rows
+    (2, 550.0, [50] * 6 + [600] * 6, [7, 5]),  # the rows' own cost evens it out a little
+    (2, 1e9, [50] * 6 + [600] * 6, [6, 6]),  # rows dominate: even counts
+    (2, 0.0, [10_000, 1, 1, 1], [1, 3]),  # never an empty lane
+    (3, 0.0, [1, 1, 1], [1, 1, 1]),
+    (3, 0.0, [5, 5, 5, 5, 5, 100], [4, 1, 1]),
+])  # fmt: skip
+def test_rows_are_split_by_their_estimated_work(lanes: int, row_cost: float, contexts: list[int],
+                                                sizes: list[int]) -> None:
+    """Contiguous lanes, in order, covering every row once, each as close to an even share of
+    the step's work (row cost + context, a row) as a contiguous split gets."""
+    decode = DecodeLanes(lanes, row_cost=row_cost)
+    slices = decode.lane_rows(contexts)
+    decode.close()
+    assert [s.start for s in slices] == [0] + [s.stop for s in slices[:-1]] and slices[-1].stop == len(contexts)
+    assert [s.stop - s.start for s in slices] == sizes
+
+
+def test_the_runner_weighs_rows_against_context_by_the_model() -> None:
+    """bench-medium's shape (61M parameters, 36 KiB of KV a token): a row costs ~550 tokens."""
+    assert cpu_lanes.row_cost_tokens(60_800_000, 36_864) == pytest.approx(550, rel=0.01)
 
 
 @pytest.mark.parametrize(("rows", "prefills", "params", "taken"), [
