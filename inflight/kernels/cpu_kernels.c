@@ -253,11 +253,13 @@ int inflight_paged_decode_attention_f32(
 }
 
 /* Rows of key/value (token stride *_stride, heads then head_dim contiguous) into their
- * cache slots; slot -1 skips the token. */
+ * cache slots; slot -1 skips the token. A step's slots are distinct, so the tokens split over
+ * threads when the copy is big (a prefill chunk). */
 void inflight_store_kv_cache_f32(
     const float *key, int64_t key_stride, const float *value, int64_t value_stride,
     float *k_cache, float *v_cache, const int64_t *slot_mapping, int64_t num_tokens,
-    int64_t row_size) {
+    int64_t row_size, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_tokens * row_size >= (1 << 17))
     for (int64_t t = 0; t < num_tokens; ++t) {
         const int64_t slot = slot_mapping[t];
         if (slot < 0) continue;
@@ -297,12 +299,14 @@ void inflight_rms_norm_f32(
 
 /* Neox-style rotary embedding of the first rot_dim features of every head; the rest are
  * copied. x rows have token stride x_stride, heads head_dim apart; out is contiguous
- * [num_tokens, num_heads, head_dim]. cos_sin rows: rot_dim / 2 cosines, then the sines. */
+ * [num_tokens, num_heads, head_dim]. cos_sin rows: rot_dim / 2 cosines, then the sines. The
+ * tokens split over threads when the op is big (a prefill chunk). */
 __attribute__((optimize("fp-contract=off")))
 void inflight_rotary_embedding_f32(
     const int64_t *positions, const float *x, int64_t x_stride, int64_t num_heads,
-    int64_t head_dim, const float *cos_sin, int64_t rot_dim, float *out, int64_t num_tokens) {
+    int64_t head_dim, const float *cos_sin, int64_t rot_dim, float *out, int64_t num_tokens, int num_threads) {
     const int64_t half = rot_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_tokens * num_heads * head_dim >= (1 << 17))
     for (int64_t t = 0; t < num_tokens; ++t) {
         const float *c = cos_sin + positions[t] * rot_dim;
         const float *sn = c + half;

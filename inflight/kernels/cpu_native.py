@@ -47,9 +47,9 @@ _i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_
 _SIGNATURES = {
     "inflight_paged_decode_attention_f32": (
         ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int, _i64, _ptr]),
-    "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
+    "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int]),
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
-    "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64]),
+    "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_panel_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_silu_and_mul_f32": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
@@ -266,7 +266,7 @@ def store_kv_cache(
     slots = slot_mapping.to(torch.int64).contiguous()
     _lib().inflight_store_kv_cache_f32(
         key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(),
-        v_cache.data_ptr(), slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2],
+        v_cache.data_ptr(), slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2], torch.get_num_threads(),
     )
 
 
@@ -310,7 +310,7 @@ def rotary_embedding(
         out = torch.empty(x.shape, dtype=x.dtype)
         lib.inflight_rotary_embedding_f32(
             pos.data_ptr(), x.data_ptr(), x.stride(0), x.shape[1], x.shape[2],
-            cos_sin_cache.data_ptr(), rot_dim, out.data_ptr(), x.shape[0],
+            cos_sin_cache.data_ptr(), rot_dim, out.data_ptr(), x.shape[0], torch.get_num_threads(),
         )
         outs.append(out)
     return outs[0], outs[1]

@@ -79,6 +79,23 @@ def test_store_kv_cache_is_exact_and_skips_negative_slots() -> None:
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_prefill_sized_store_and_rotary_split_over_threads_exactly(threads: int) -> None:
+    """2048 tokens cross both kernels' threading threshold: the same bits as the reference."""
+    q, k, v = _qkv(2048, 8, 4, 64)
+    slots = torch.randperm(4096, generator=torch.Generator().manual_seed(1))[:2048]
+    slots[::7] = -1
+    caches = [torch.zeros(256, 16, 4, 64) for _ in range(4)]
+    cos_sin = torch.randn(512, 64, generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(2048) % 512
+    with_threads(threads, cpu_native.store_kv_cache, k, v, caches[0], caches[1], slots)
+    got_q, got_k = with_threads(threads, cpu_native.rotary_embedding, positions, q, k, cos_sin)
+    reference.store_kv_cache(k, v, caches[2], caches[3], slots)
+    want_q, want_k = reference.rotary_embedding(positions, q, k, cos_sin)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 5, 70])  # 70 crosses the kernel's threading threshold
 def test_rms_norm_matches_reference(with_residual: bool, num_tokens: int, poison_allocations) -> None:
