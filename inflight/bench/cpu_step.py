@@ -221,7 +221,7 @@ def lane_alone(engine: LLMEngine, prompts: list[list[int]], reps: int) -> dict[s
     def replay(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, sample_indices: torch.Tensor,
                logits_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
         if not found:
-            rows = lanes.lane_rows(meta.num_decode_tokens)[0]
+            rows = lanes.step_lanes(meta)[0]
             args = (input_ids[rows], positions[rows], lane_meta(meta, rows))
             found.append(_time_lane(engine, logits_fn, args, reps))
         return forward(input_ids, positions, meta, sample_indices, logits_fn)

@@ -75,7 +75,7 @@ class DecodeLanes:
         sample_indices: torch.Tensor, logits_fn: LogitsFn,
     ) -> torch.Tensor:
         """Logits ``[num_sampled, vocab]`` of the step, each lane computing its own rows."""
-        lanes = self.lane_rows(meta.decode_context_lens[: meta.num_decode_tokens].tolist())
+        lanes = self.step_lanes(meta)
 
         def run(rows: slice) -> torch.Tensor:
             if torch.get_num_threads() != 1:
@@ -88,6 +88,10 @@ class DecodeLanes:
         if sample_indices.shape[0] == logits.shape[0] and torch.equal(sample_indices, _rows(logits.shape[0])):
             return logits  # every row in order (a plain decode step): no gathered copy
         return logits[sample_indices]
+
+    def step_lanes(self, meta: AttentionMetadata) -> list[slice]:
+        """The rows of each lane in a pure-decode step (:meth:`lane_rows` of its contexts)."""
+        return self.lane_rows(meta.decode_context_lens[: meta.num_decode_tokens].tolist())
 
     def lane_rows(self, context_lens: list[int]) -> list[slice]:
         """The rows of each lane: ``num_lanes`` contiguous slices, none empty, each ending where
