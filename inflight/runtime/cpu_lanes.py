@@ -8,10 +8,11 @@ in two (or more) lanes that each run the whole model on their rows in a thread o
 single-threaded: one join per step instead of one per op. The step ends when its slowest lane
 does, so the rows are split by their estimated work, not their count: every row costs its
 products, and its attention reads its whole context from the cache, so with contexts of 50 and
-600 tokens an even count left one lane ~10% of the step idle (bench-medium, 24 rows). torch and the native kernels drop
-the GIL while they compute, so the lanes run in parallel; between calls a lane holds the GIL
-for its Python and may wait for the other lane's, so fewer Python-level calls pay: on the native
-CPU kernels with MKL-packed dense layers a lane's whole layer stack is one call
+600 tokens an even count left one lane ~10% of the step idle (bench-medium, 24 rows). torch
+and the native kernels drop the GIL while they compute, so the lanes run in parallel; between
+calls a lane holds the GIL for its Python and may wait for the other lane's, so fewer
+Python-level calls pay: on the native CPU kernels with MKL-packed dense layers a lane's whole
+layer stack is one call
 (:mod:`inflight.kernels.decode_stack`: one GIL release per lane and step), else each layer's
 attention block is (:mod:`inflight.kernels.decode_block`). Each lane writes only its own
 sequences' KV slots. Knows nothing about scheduling; the model call is handed in.

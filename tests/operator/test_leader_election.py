@@ -23,7 +23,8 @@ from tests.operator.kmock_harness import (
     wait_for,
 )
 
-LEASE = {"lease_name": "inflight-operator", "lease_seconds": 4.0}  # renewed every third of it; a CI box under load can stall a thread for a second or two
+# Renewed every third of it: a CI box under load can stall a thread for a second or two.
+LEASE = {"lease_name": "inflight-operator", "lease_seconds": 4.0}
 NAME = "llama-minimal"
 DEPLOY = f"/apis/apps/v1/namespaces/default/deployments/{NAME}"
 

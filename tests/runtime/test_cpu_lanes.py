@@ -66,7 +66,7 @@ def test_rows_are_split_by_their_estimated_work(lanes: int, row_cost: float, con
     assert [s.stop - s.start for s in slices] == sizes
 
 
-def test_the_runner_weighs_rows_against_context_by_the_model() -> None:
+def test_a_rows_cost_is_its_products_in_tokens_of_attention() -> None:
     """bench-medium's shape (61M parameters, 36 KiB of KV a token): a row costs ~550 tokens."""
     assert cpu_lanes.row_cost_tokens(60_800_000, 36_864) == pytest.approx(550, rel=0.01)
 
