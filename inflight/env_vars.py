@@ -53,7 +53,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_CPU_THREADS", int, None, (f"{_R}.device_setup",),
            "intra-op threads of every CPU step (else OMP_NUM_THREADS, else cores - 1 / all cores)"),
     EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.device_setup",),
-           "decode lanes on the CPU (0 or 1: off; unset: one per thread a big step may use)"),
+           "decode lanes on the CPU (0 or 1: off; unset: none where MKL's packed weights are split in column blocks, else one per thread a big step may use)"),
     EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
            "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's or oneDNN's GEMM)"),
     EnvVar("INFLIGHT_CPU_PACK_FORMAT", str, None, ("inflight.kernels.cpu_packed",),

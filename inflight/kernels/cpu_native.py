@@ -346,11 +346,32 @@ def linear(
             rows = weight.float_copy_for(x.shape[0])
             if rows is not None and _few_rows_ok(x, rows, bias):
                 return _few_rows(x, rows, bias, threads)
+            if weight.mkl_table is not None and 0 < x.shape[0] and x.shape[1] == weight.shape[1] and _few_rows_ok(
+                    x, x, bias):
+                out = _mkl_blocks(x, weight, bias, threads)
+                if out is not None:
+                    return out
         return packed_linear(x, weight, bias)
     limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
     if not (x.dim() == 2 and x.shape[0] <= limit and _few_rows_ok(x, weight, bias)):
         return reference.linear(x, weight, bias)
     return _few_rows(x, weight, bias, threads)
+
+
+def _mkl_blocks(x: torch.Tensor, weight: PackedLinearWeight, bias: torch.Tensor | None,
+                threads: int) -> torch.Tensor | None:
+    """MKL's packed GEMM on a weight packed in column blocks, the blocks spread over the threads
+    (cpu_decode_stack.h's ``inflight_packed_gemm_f32``); None where torch's ``cblas_sgemm_compute``
+    cannot be reached from C (the caller then takes ``packed_linear``)."""
+    lib = _lib()
+    gemm = cpu_stack.gemm_compute(lib)
+    if gemm is None or weight.mkl_table is None:
+        return None
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    lib.inflight_packed_gemm_f32(gemm, x.data_ptr(), weight.mkl_table.data_ptr(),
+                                 None if bias is None else bias.data_ptr(), out.data_ptr(), x.shape[0],
+                                 weight.shape[0], x.shape[1], threads)
+    return out
 
 
 def _few_rows_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -85,6 +85,21 @@ oneDNN weights. A shared weight (the tied head) keeps the row-major table as its
 a second one in panels, and its products of at most :data:`FLOAT_COPY_MAX_ROWS` rows take the
 few-row kernel.
 
+Column blocks: MKL's packed weights are packed in up to one column block per thread a big step
+uses (:func:`column_starts`: whole 16-column groups, none under :data:`MIN_BLOCK_COLS` columns),
+each block its own ``cblas_sgemm_pack``. A product spreads the blocks over an OpenMP team, and
+MKL runs inside it on one thread per block (cpu_decode_stack.h's ``inflight_packed_gemm_f32``):
+one fork and join a product, each thread streaming its own columns of the weight once. MKL's own
+threading of one whole packed weight kept ~1.4 of 2 cores busy on few-row products under the
+passive OpenMP waits the server needs (its threads meet more than once a product, and every
+meeting wakes a sleeping thread). bench-medium's linears on a 2-core Xeon (AVX-512), ms, whole /
+two blocks: 1 row 8.4 / 7.1, 4 rows 9.8 / 7.7, 16 rows 16.3 / 12.2, 48 rows 33.7 / 23.4, 256
+rows 194 / 154; at 512-2048 rows within the noise of each other. The bits are the same as the
+whole weight's (each output column is one block's, summed over the same inputs in the same
+order; the tests check it). With the products split this way, a whole pure-decode step beat two
+decode lanes at every row count (``device_setup.cpu_lanes``), so such a model runs without
+lanes. oneDNN's format stays whole.
+
 Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
 weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
 the weights unpacked).
@@ -126,13 +141,17 @@ FLOAT_COPY_MAX_ROWS = 16
 PANEL_MAX_ROWS = 64
 # Output columns per panel: two 8-float vectors (cpu_panel_linear.h's PANEL_COLS).
 PANEL_COLS = 16
+# The narrowest column block MKL's packed weights are split into (see "Column blocks").
+MIN_BLOCK_COLS = 64
 
 
 @dataclass(frozen=True, slots=True)
 class PackedLinearWeight:
     """A ``[out_features, in_features]`` float32 weight in MKL's or oneDNN's packed GEMM layout."""
 
-    packed: torch.Tensor  # opaque (layout torch._mkldnn): _mkl_reorder_linear_weight's or _reorder_linear_weight's
+    # Opaque (layout torch._mkldnn), one per column block (see "Column blocks" in the module
+    # docstring): _mkl_reorder_linear_weight's, or _reorder_linear_weight's (always one block).
+    packed: tuple[torch.Tensor, ...]
     stand_in: torch.Tensor  # one float expanded to [out_features, in_features]: the op's ORI_W
     # The row-major float weight [out_features, in_features], kept for products of at most
     # FLOAT_COPY_MAX_ROWS rows where the weight is shared (a tied LM head: the embedding's
@@ -142,6 +161,10 @@ class PackedLinearWeight:
     # The float weight in column panels (to_panels), kept instead of float_rows for an unshared
     # weight, for products of at most PANEL_MAX_ROWS rows; None: no such copy.
     panels: torch.Tensor | None = None
+    starts: tuple[int, ...] = (0,)  # the first output column of each block of ``packed``
+    # MKL's blocks for C (cpu_decode_stack.h's inflight_packed_gemm_f32): int64 [number of
+    # blocks, each block's buffer address, each block's first column]; None for oneDNN's.
+    mkl_table: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -199,6 +222,7 @@ class PackSummary:
     float_copies: bool = False  # each packed weight kept its float weight for few-row products
     fmt: str = "mkl"  # the packed format (PACK_FORMATS)
     fmt_reason: str = ""  # why that format, for the log ("INFLIGHT_CPU_PACK_FORMAT", "AuthenticAMD CPU", ...)
+    num_blocks: int = 1  # column blocks a wide enough weight is packed in (MKL's format)
 
     def describe(self) -> str:
         kept = (f"float weights kept for few-row products (in panels up to {PANEL_MAX_ROWS} rows; a shared "
@@ -206,7 +230,9 @@ class PackSummary:
                 else "float copies freed")
         name = {"mkl": "MKL", "onednn": "oneDNN"}.get(self.fmt, self.fmt)
         why = f" [{self.fmt_reason}]" if self.fmt_reason else ""
-        text = f"{self.num_packed} linears prepacked for {name}{why} ({self.packed_bytes / 2**20:.0f} MiB, {kept}"
+        blocks = f" in up to {self.num_blocks} column blocks" if self.num_blocks > 1 else ""
+        text = (f"{self.num_packed} linears prepacked for {name}{why}{blocks} ({self.packed_bytes / 2**20:.0f} MiB, "
+                f"{kept}")
         if self.shared:
             text += f"; {', '.join(self.shared)} kept float (shared)"
         if self.disagreed:
@@ -243,14 +269,41 @@ def packed_linear(
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()
     if weight.fmt == "onednn":
-        return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, weight.packed[0], bias, "none", [], "")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return torch.ops.mkl._mkl_linear(x, weight.packed, weight.stand_in, bias, rows)
+    if len(weight.packed) == 1:
+        return torch.ops.mkl._mkl_linear(x, weight.packed[0], weight.stand_in, bias, rows)
+    ends = (*weight.starts[1:], weight.shape[0])
+    return torch.cat([torch.ops.mkl._mkl_linear(x, block, weight.stand_in[start:end],
+                                                None if bias is None else bias[start:end], rows)
+                      for block, start, end in zip(weight.packed, weight.starts, ends, strict=True)], dim=-1)
+
+
+def column_starts(out_features: int, num_blocks: int) -> tuple[int, ...]:
+    """The first output column of each of at most ``num_blocks`` column blocks of a weight:
+    whole :data:`PANEL_COLS`-column groups, as even as they come, none under
+    :data:`MIN_BLOCK_COLS` columns (so a narrow weight gets fewer blocks, at least one)."""
+    groups = -(-out_features // PANEL_COLS)
+    count = max(1, min(num_blocks, out_features // MIN_BLOCK_COLS, groups))
+    return tuple(PANEL_COLS * (groups * b // count) for b in range(count))
+
+
+def mkl_table(blocks: tuple[torch.Tensor, ...], starts: tuple[int, ...]) -> torch.Tensor:
+    """The int64 table C reads MKL-packed blocks from: count, addresses, first columns."""
+    addresses = [int(torch.ops.mkldnn.data_ptr(block)) for block in blocks]
+    return torch.tensor([len(blocks), *addresses, *starts], dtype=torch.int64)
 
 
 def has_float_copies(model: nn.Module) -> bool:
     """Some packed weight of ``model`` kept its float copy for few-row products."""
     return any(isinstance(w, PackedLinearWeight) and w.has_float_copy
+               for w in (getattr(m, "weight", None) for m in model.modules()))  # fmt: skip
+
+
+def has_column_blocks(model: nn.Module) -> bool:
+    """Some packed weight of ``model`` is in more than one column block (its products are split
+    over the threads; see "Column blocks" in the module docstring)."""
+    return any(isinstance(w, PackedLinearWeight) and len(w.packed) > 1
                for w in (getattr(m, "weight", None) for m in model.modules()))  # fmt: skip
 
 
@@ -311,11 +364,12 @@ def pack_format(vendor: str | None = None) -> tuple[str, str]:
 
 
 def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str = "mkl",
-                       shared: bool = False) -> PackedLinearWeight | None:
+                       shared: bool = False, num_blocks: int = 1) -> PackedLinearWeight | None:
     """``weight`` packed in format ``fmt`` (keeping a float copy too when ``keep_float``: in
-    column panels, or the weight itself, row-major, when ``shared`` with another module), or
-    ``None`` when its packed product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the
-    float weight should then be kept)."""
+    column panels, or the weight itself, row-major, when ``shared`` with another module), MKL's
+    in up to ``num_blocks`` column blocks (:func:`column_starts`), or ``None`` when its packed
+    product does not match ``F.linear`` at :data:`PROBE_ROWS` rows (the float weight should then
+    be kept)."""
     if fmt not in PACK_FORMATS:
         raise ValueError(f"unknown packed format {fmt!r} (use one of {', '.join(PACK_FORMATS)}).")
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
@@ -324,12 +378,16 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str 
         w = weight.detach().contiguous()
         out_features, in_features = w.shape
         if fmt == "mkl":
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
+            starts = column_starts(out_features, num_blocks)
+            ends = (*starts[1:], out_features)
+            packed = tuple(torch.ops.mkl._mkl_reorder_linear_weight(w[start:end].contiguous(), PACK_ROWS)
+                           for start, end in zip(starts, ends, strict=True))
+            table = mkl_table(packed, starts)
         else:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+            starts, packed, table = (0,), (torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),), None
         result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features),
                                     w if keep_float and shared else None, fmt,
-                                    to_panels(w) if keep_float and not shared else None)
+                                    to_panels(w) if keep_float and not shared else None, starts, table)
         gen = torch.Generator().manual_seed(out_features * 31 + in_features)
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, generator=gen)
@@ -340,10 +398,12 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str 
     return result
 
 
-def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype: torch.dtype) -> str:
+def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype: torch.dtype,
+                   num_blocks: int = 1) -> str:
     """Prepack ``model``'s linears when it runs in float32 on the native CPU kernels (and
     ``INFLIGHT_CPU_PREPACK`` is not 0), in :func:`pack_format`'s format (the other one where
-    torch lacks its ops); what was done, for the load log line ("" if nothing)."""
+    torch lacks its ops; MKL's in up to ``num_blocks`` column blocks, one per thread a step
+    may use); what was done, for the load log line ("" if nothing)."""
     if not (ops_name.startswith("cpu-native") and device.type == "cpu" and dtype == torch.float32):
         return ""
     if (env_vars.read_int("INFLIGHT_CPU_PREPACK") or 0) == 0:
@@ -354,10 +414,11 @@ def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype:
         if not packing_available(other):
             return "; linear weights unpacked (torch has neither MKL's nor oneDNN's packed GEMM)"
         fmt, why = other, f"torch has no {fmt} packed GEMM"
-    return "; " + prepack_linears(model, float_copies_wanted(), fmt, why).describe()
+    return "; " + prepack_linears(model, float_copies_wanted(), fmt, why, num_blocks).describe()
 
 
-def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl", fmt_reason: str = "") -> PackSummary:
+def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl", fmt_reason: str = "",
+                    num_blocks: int = 1) -> PackSummary:
     """Swap every float32 ``nn.Linear`` weight of ``model`` (on the CPU) for its form packed in
     ``fmt``, in place; the float weights are freed unless ``keep_float`` (then each packed weight
     holds its float weight for few-row products). A weight another module holds too (an LM head
@@ -381,7 +442,8 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
         if holders.get(id(weight), 0) > 1 and not keep_float:
             shared.append(name)
             continue
-        packed = pack_linear_weight(weight, keep_float, fmt, shared=holders.get(id(weight), 0) > 1)
+        packed = pack_linear_weight(weight, keep_float, fmt, shared=holders.get(id(weight), 0) > 1,
+                                    num_blocks=num_blocks)
         if packed is None:
             disagreed.append(name)
             continue
@@ -391,4 +453,5 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
         module.weight = packed  # type: ignore[assignment]
     if disagreed:
         logger.warning("the %s packed product disagreed with F.linear for %s; those weights stay float", fmt, disagreed)
-    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed), keep_float and num > 0, fmt, fmt_reason)
+    return PackSummary(num, packed_bytes, tuple(shared), tuple(disagreed), keep_float and num > 0, fmt, fmt_reason,
+                       num_blocks if fmt == "mkl" else 1)

@@ -38,7 +38,7 @@ from inflight.kernels.decode_block import DecodeRows
 
 _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
-    "inflight_packed_gemm_f32": (None, [_ptr] * 5 + [_i64] * 3),
+    "inflight_packed_gemm_f32": (None, [_ptr] * 5 + [_i64] * 3 + [_int]),
     "inflight_decode_stack_f32": (
         ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _f32] + [_ptr] * 4 + [_i64] * 3 + [_int, _i64, _i64]),
 }
@@ -64,8 +64,9 @@ def _addr(t: torch.Tensor | None) -> int | None:
 
 
 def _packed_addr(w: PackedLinearWeight) -> int | None:
-    """MKL's packed buffer; None for oneDNN's, which only takes products on the float copy here."""
-    return int(torch.ops.mkldnn.data_ptr(w.packed)) if w.fmt == "mkl" else None
+    """MKL's table of packed column blocks (``cpu_packed.mkl_table``); None for oneDNN's, which
+    only takes products on the float copy here."""
+    return w.mkl_table.data_ptr() if w.fmt == "mkl" and w.mkl_table is not None else None
 
 
 def _torch_gemm_symbol() -> int | None:
@@ -86,16 +87,18 @@ def gemm_compute(lib: ctypes.CDLL) -> int | None:
     if fn is None:
         return None
     gen = torch.Generator().manual_seed(7)
-    weight = torch.randn(40, 24, generator=gen)
-    packed = pack_linear_weight(weight)
-    if packed is None:
-        return None
-    for rows, bias in ((1, None), (5, torch.randn(40, generator=gen)), (37, None)):
-        x = torch.randn(rows, 24, generator=gen)
-        out = torch.empty(rows, 40)
-        lib.inflight_packed_gemm_f32(fn, x.data_ptr(), _packed_addr(packed), _addr(bias), out.data_ptr(), rows, 40, 24)
-        if not torch.equal(out, packed_linear(x, packed, bias)):
+    weight = torch.randn(160, 24, generator=gen)
+    for blocks in (1, 2):  # the blocks on one thread and on a team of two
+        packed = pack_linear_weight(weight, num_blocks=blocks)
+        if packed is None or len(packed.packed) != blocks:
             return None
+        for rows, bias, threads in ((1, None, 1), (5, torch.randn(160, generator=gen), 2), (37, None, 2)):
+            x = torch.randn(rows, 24, generator=gen)
+            out = torch.empty(rows, 160)
+            lib.inflight_packed_gemm_f32(fn, x.data_ptr(), _packed_addr(packed), _addr(bias), out.data_ptr(), rows,
+                                         160, 24, threads)
+            if not torch.equal(out, packed_linear(x, packed, bias)):
+                return None
     return fn
 
 

@@ -68,11 +68,18 @@ def cpu_thread_counts() -> tuple[int, int]:
     return small, usable if passive else small
 
 
-def cpu_lanes(big_step_threads: int) -> int:
+def cpu_lanes(big_step_threads: int, products_split: bool = False) -> int:
     """Decode lanes on the CPU (:mod:`inflight.runtime.cpu_lanes`): ``INFLIGHT_CPU_LANES`` if
-    set (0 or 1: off), else one per thread a big step may use."""
+    set (0 or 1: off); else none when the model's products are already split over the threads
+    in column blocks (MKL's packed weights, :func:`inflight.kernels.cpu_packed.column_starts`),
+    where a whole step beat two lanes at every row count (bench-medium on a 2-core Xeon, 12 /
+    24 / 48 / 64 decodes: 29.0 / 45.4 / 66.8 / 72.6 ms against 35.7 / 54.0 / 76.1 / 78.6: each
+    lane streamed every weight, the whole step streams each once); else one per thread a big
+    step may use."""
     value = env_vars.read_str("INFLIGHT_CPU_LANES") or ""
-    return int(value) if value.isdigit() else big_step_threads
+    if value.isdigit():
+        return int(value)
+    return 0 if products_split else big_step_threads
 
 
 def cpu_threads() -> int:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_float_copies
+from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_column_blocks, has_float_copies
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.config import EngineConfig
@@ -92,7 +92,8 @@ class ModelRunner:
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
-        num_lanes = cpu_lanes(self._cpu_threads[1]) if self._cpu_threads is not None and world == 1 else 0
+        num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
+                     if self._cpu_threads is not None and world == 1 else 0)
         if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
             self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
                                       row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))

@@ -23,20 +23,38 @@ FORMATS = [pytest.param(f, marks=pytest.mark.skipif(not cpu_packed.packing_avail
 @pytest.mark.parametrize("pack_threads", [1, 2])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_every_row_count_matches_reference(fmt: str, pack_threads: int, threads: int, with_bias: bool) -> None:
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_every_row_count_matches_reference(fmt: str, pack_threads: int, threads: int, with_bias: bool,
+                                           blocks: int) -> None:
     """One packed weight serves every batch size (both formats pack for one; the call passes its
-    own), packed with one thread count and run with another (decode lanes run on one thread)."""
+    own), packed with one thread count and run with another (decode lanes run on one thread),
+    MKL's whole or in column blocks (oneDNN's always whole)."""
     gen = torch.Generator().manual_seed(threads * 10 + pack_threads)
     weight = torch.randn(1000, 200, generator=gen) * 0.05  # in_features not a multiple of the vector width
     bias = torch.randn(1000, generator=gen) if with_bias else None
-    packed = with_threads(pack_threads, pack_linear_weight, weight, False, fmt)
+    packed = with_threads(pack_threads, pack_linear_weight, weight, False, fmt, num_blocks=blocks)
     assert packed is not None and packed.shape == weight.shape and packed.nbytes == weight.numel() * 4
-    assert packed.fmt == fmt
+    assert packed.fmt == fmt and len(packed.packed) == (blocks if fmt == "mkl" else 1)
+    assert (packed.mkl_table is not None) == (fmt == "mkl")
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 32, 37, 64, 100, 512):
         x = torch.randn(rows, 200, generator=gen)
         got = with_threads(threads, packed_linear, x, packed, bias)
         torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
         assert torch.equal(got, with_threads(threads, cpu_native.linear, x, packed, bias))  # the native bundle's linear
+
+
+def test_column_blocks_are_whole_panels_none_too_narrow() -> None:
+    assert cpu_packed.column_starts(1000, 1) == (0,)
+    assert cpu_packed.column_starts(1000, 2) == (0, 496)  # 63 groups of 16: 31 and 32
+    assert cpu_packed.column_starts(1000, 3) == (0, 336, 672)
+    assert cpu_packed.column_starts(130, 4) == (0, 64)  # 130 // 64 = 2 blocks at most
+    assert cpu_packed.column_starts(63, 8) == (0,)  # narrower than one block
+    for out, blocks in ((512, 2), (3072, 16), (8192, 7), (100, 3)):
+        starts = cpu_packed.column_starts(out, blocks)
+        ends = (*starts[1:], out)
+        assert starts[0] == 0 and all(s % cpu_packed.PANEL_COLS == 0 for s in starts)
+        assert all(e - s >= min(out, cpu_packed.MIN_BLOCK_COLS) for s, e in zip(starts, ends, strict=True))
+        assert len(starts) <= blocks
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -50,6 +68,12 @@ def test_odd_shapes_empty_batches_and_strided_input(fmt: str) -> None:
     assert packed_linear(torch.empty(0, 53), packed).shape == (0, 37)
     x3 = torch.randn(2, 3, 53, generator=gen)  # leading dimensions kept
     torch.testing.assert_close(packed_linear(x3, packed), reference.linear(x3, weight), atol=1e-5, rtol=1e-5)
+    wide = torch.randn(200, 53, generator=gen)
+    blocked = pack_linear_weight(wide, fmt=fmt, num_blocks=2)
+    assert blocked is not None
+    for x in (torch.randn(7, 106, generator=gen)[:, ::2], torch.randn(2, 3, 53, generator=gen), torch.empty(0, 53)):
+        torch.testing.assert_close(packed_linear(x, blocked), reference.linear(x, wide), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cpu_native.linear(x, blocked), reference.linear(x, wide), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="unknown packed format"):
         pack_linear_weight(weight, fmt="blas")
 

@@ -109,20 +109,27 @@ def test_native_stack_matches_the_reference(case, threads, keep_float, fmt, make
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_gemm_is_torchs_mkl_linear_bit_for_bit() -> None:
+def test_packed_gemm_is_torchs_mkl_linear_bit_for_bit_in_every_column_block_split() -> None:
     lib, _ = cpu_native.load_library()
     fn = cpu_stack.gemm_compute(lib)
     assert fn is not None
     gen = torch.Generator().manual_seed(1)
-    weight = cpu_packed.pack_linear_weight(torch.randn(130, 70, generator=gen))
-    assert weight is not None
-    for rows in (1, 2, 7, 32, 64):
-        for bias in (None, torch.randn(130, generator=gen)):
-            x = torch.randn(rows, 70, generator=gen)
-            out = torch.empty(rows, 130)
-            lib.inflight_packed_gemm_f32(fn, x.data_ptr(), cpu_stack._packed_addr(weight),
-                                         None if bias is None else bias.data_ptr(), out.data_ptr(), rows, 130, 70)
-            assert torch.equal(out, cpu_packed.packed_linear(x, weight, bias))
+    float_weight = torch.randn(300, 70, generator=gen)
+    whole = cpu_packed.pack_linear_weight(float_weight)
+    assert whole is not None and len(whole.packed) == 1
+    for blocks in (1, 2, 3):
+        weight = cpu_packed.pack_linear_weight(float_weight, num_blocks=blocks)
+        assert weight is not None and len(weight.packed) == blocks
+        for threads in (1, 2, 3):
+            for rows in (1, 2, 7, 32, 64):
+                for bias in (None, torch.randn(300, generator=gen)):
+                    x = torch.randn(rows, 70, generator=gen)
+                    out = torch.empty(rows, 300)
+                    lib.inflight_packed_gemm_f32(fn, x.data_ptr(), cpu_stack._packed_addr(weight),
+                                                 None if bias is None else bias.data_ptr(), out.data_ptr(), rows,
+                                                 300, 70, threads)
+                    assert torch.equal(out, cpu_packed.packed_linear(x, weight, bias))
+                    torch.testing.assert_close(out, cpu_packed.packed_linear(x, whole, bias), atol=1e-5, rtol=1e-5)
 
 
 def test_what_the_stack_refuses(make_paged_cache) -> None:

@@ -1,12 +1,14 @@
 """CPU decode lanes: a pure-decode step split by rows over threads gives the rows back in
 order, only takes steps it should, and the engine's greedy tokens with lanes forced on stay
-identical to transformers for the four architectures."""
+identical to transformers for the four architectures, as they do without lanes where MKL's
+packed weights come in column blocks (the default there)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from inflight.kernels import cpu_packed
 from inflight.runtime import cpu_lanes
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.cpu_lanes import DecodeLanes
@@ -130,3 +132,28 @@ def test_the_runner_raises_the_floor_only_for_float_copies(model_factory, monkey
         floors[setting] = runner._lanes.min_rows
         runner.close()
     assert floors == {"1": 17, "0": 8}
+
+
+@pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_products_in_column_blocks_run_without_lanes_and_match_transformers(model_factory, arch,
+                                                                            monkeypatch) -> None:
+    """MKL's packed weights in one column block per thread (whatever this CPU's default format):
+    every step's products spread the blocks over the threads, no lanes, the same greedy tokens."""
+    monkeypatch.delenv("INFLIGHT_CPU_LANES", raising=False)
+    monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", "mkl")
+    monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "0")
+    monkeypatch.setenv("INFLIGHT_CPU_THREADS", "2")
+    model_dir = model_factory(arch)
+    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
+                                                              max_num_tokens=512))  # fmt: skip
+    gate_up = engine.runner.model.layers[0].mlp.gate_up_proj.weight
+    assert len(gate_up.packed) == 2 and cpu_packed.has_column_blocks(engine.runner.model)
+    assert engine.runner._lanes is None
+    lengths = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64]
+    max_tokens = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11]
+    prompts = prompts_of_lengths(engine.tokenizer, lengths)
+    got = run_staggered(engine, prompts, [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens])
+    for i, prompt in enumerate(prompts):
+        assert got[str(i)] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
+    engine.close()

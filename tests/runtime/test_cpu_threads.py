@@ -37,6 +37,16 @@ def test_explicit_thread_count_wins(four_cores: pytest.MonkeyPatch) -> None:
     assert device_setup.cpu_thread_counts() == (2, 2)
 
 
+def test_lanes_are_one_per_thread_unless_the_products_are_split_or_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INFLIGHT_CPU_LANES", raising=False)
+    assert device_setup.cpu_lanes(2) == 2
+    assert device_setup.cpu_lanes(2, products_split=True) == 0
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "3")
+    assert device_setup.cpu_lanes(2, products_split=True) == 3
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "0")
+    assert device_setup.cpu_lanes(2) == 0
+
+
 def test_runtime_import_sets_passive_waits_before_torch_loads() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = "import inflight.runtime, os; print(os.environ.get('OMP_WAIT_POLICY'))"
