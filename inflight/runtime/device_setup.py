@@ -72,10 +72,11 @@ def cpu_lanes(big_step_threads: int, products_split: bool = False) -> int:
     """Decode lanes on the CPU (:mod:`inflight.runtime.cpu_lanes`): ``INFLIGHT_CPU_LANES`` if
     set (0 or 1: off); else none when the model's products are already split over the threads
     in column blocks (MKL's packed weights, :func:`inflight.kernels.cpu_packed.column_starts`),
-    where a whole step beat two lanes at every row count (bench-medium on a 2-core Xeon, 12 /
-    24 / 48 / 64 decodes: 29.0 / 45.4 / 66.8 / 72.6 ms against 35.7 / 54.0 / 76.1 / 78.6: each
-    lane streamed every weight, the whole step streams each once); else one per thread a big
-    step may use."""
+    where a whole step beat two lanes at every row count (a 2-core Xeon, ms a step, whole /
+    lanes: bench-medium at 12 / 24 / 48 / 64 decodes 29.0 / 35.7, 45.4 / 54.0, 66.8 / 76.1, 72.6 /
+    78.6; bench-small at 8 / 16 / 32 / 64 decodes 3.3 / 3.7, 4.4 / 5.0, 9.3 / 10.5, 14.6 / 15.2:
+    each lane streamed every weight, the whole step streams each once); else one per thread a
+    big step may use."""
     value = env_vars.read_str("INFLIGHT_CPU_LANES") or ""
     if value.isdigit():
         return int(value)
