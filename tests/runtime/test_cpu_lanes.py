@@ -98,12 +98,7 @@ def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch,
     calls = []
     original = lanes.forward
     monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
-    lengths = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64]
-    max_tokens = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11]
-    prompts = prompts_of_lengths(engine.tokenizer, lengths)
-    got = run_staggered(engine, prompts, [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens])
-    for i, prompt in enumerate(prompts):
-        assert got[str(i)] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
+    _assert_staggered_greedy_matches_transformers(engine, model_dir)
     assert len(calls) > 5  # most steps went through the lanes
     engine.close()
 
@@ -150,10 +145,15 @@ def test_products_in_column_blocks_run_without_lanes_and_match_transformers(mode
     gate_up = engine.runner.model.layers[0].mlp.gate_up_proj.weight
     assert len(gate_up.packed) == 2 and cpu_packed.has_column_blocks(engine.runner.model)
     assert engine.runner._lanes is None
+    _assert_staggered_greedy_matches_transformers(engine, model_dir)
+    engine.close()
+
+
+def _assert_staggered_greedy_matches_transformers(engine: LLMEngine, model_dir) -> None:
+    """Twelve prompts of 1-64 tokens, added a few a step: every greedy output equals transformers'."""
     lengths = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64]
     max_tokens = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11]
     prompts = prompts_of_lengths(engine.tokenizer, lengths)
     got = run_staggered(engine, prompts, [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens])
     for i, prompt in enumerate(prompts):
         assert got[str(i)] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
-    engine.close()
