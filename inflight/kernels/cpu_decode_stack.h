@@ -38,11 +38,31 @@ typedef struct {
  * on one thread each (a nested region): one fork and join a product, each thread streaming its own
  * columns of the weight once. MKL's own threading of a few-row product, with the passive waits the
  * server needs, kept ~1.4 of 2 cores busy (bench-medium's linears at 48 rows: 33.7 ms against
- * 23.4 split in two blocks, the same bits). Otherwise one block after the other, each on MKL's
- * own threads. */
+ * 23.4 split in two blocks, the same bits). A product of 2 x INFLIGHT_GEMM_CHUNK_ROWS rows or
+ * more is handed out as row chunks of each block instead (see there). With one thread or one
+ * block, one block after the other, each on MKL's own threads. */
+#define INFLIGHT_GEMM_CHUNK_ROWS 256  /* rows of a prompt-sized product's work item */
 void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, const int64_t *table,
                               const float *bias, float *out, int64_t m, int64_t n, int64_t k, int num_threads) {
     const int64_t num_blocks = table[0];
+    if (num_threads > 1 && m >= 2 * INFLIGHT_GEMM_CHUNK_ROWS) {
+        /* A prompt-sized product: row chunks x blocks handed out one at a time, so a thread the
+         * OS takes away for a while (the server's front end) leaves its chunks to the others. */
+        const int64_t chunks = (m + INFLIGHT_GEMM_CHUNK_ROWS - 1) / INFLIGHT_GEMM_CHUNK_ROWS;
+        #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+        for (int64_t item = 0; item < chunks * num_blocks; ++item) {
+            const int64_t b = item % num_blocks, r0 = item / num_blocks * INFLIGHT_GEMM_CHUNK_ROWS;
+            const int64_t r1 = r0 + INFLIGHT_GEMM_CHUNK_ROWS < m ? r0 + INFLIGHT_GEMM_CHUNK_ROWS : m;
+            const float *packed = (const float *)(intptr_t)table[1 + b];
+            const int64_t start = table[1 + num_blocks + b];
+            const int64_t end = b + 1 < num_blocks ? table[2 + num_blocks + b] : n;
+            if (bias != NULL)
+                for (int64_t r = r0; r < r1; ++r) memcpy(out + r * n + start, bias + start, sizeof(float) * (end - start));
+            gemm(INFLIGHT_ROW_MAJOR, INFLIGHT_NO_TRANS, INFLIGHT_PACKED, (int)(r1 - r0), (int)(end - start), (int)k,
+                 a + r0 * k, (int)k, packed, (int)k, bias != NULL ? 1.0f : 0.0f, out + r0 * n + start, (int)n);
+        }
+        return;
+    }
     const int team = num_threads < num_blocks ? num_threads : (int)num_blocks;
     #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
     for (int64_t b = 0; b < num_blocks; ++b) {

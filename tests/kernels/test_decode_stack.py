@@ -121,7 +121,7 @@ def test_packed_gemm_is_torchs_mkl_linear_bit_for_bit_in_every_column_block_spli
         weight = cpu_packed.pack_linear_weight(float_weight, num_blocks=blocks)
         assert weight is not None and len(weight.packed) == blocks
         for threads in (1, 2, 3):
-            for rows in (1, 2, 7, 32, 64):
+            for rows in (1, 2, 7, 32, 64, 600):  # 600: prompt-sized, in row chunks
                 for bias in (None, torch.randn(300, generator=gen)):
                     x = torch.randn(rows, 70, generator=gen)
                     out = torch.empty(rows, 300)
