@@ -42,6 +42,21 @@ typedef struct {
  * more is handed out as row chunks of each block instead (see there). With one thread or one
  * block, one block after the other, each on MKL's own threads. */
 #define INFLIGHT_GEMM_CHUNK_ROWS 256  /* rows of a prompt-sized product's work item */
+
+/* Rows [r0, r1) of block b of the table's packed weight: the bias copied into them, then the
+ * packed product added (beta 1), else beta 0, written to the block's columns of out (ldc n). */
+static void packed_block_rows(inflight_sgemm_compute_fn gemm, const float *a, const int64_t *table, int64_t b,
+                              const float *bias, float *out, int64_t r0, int64_t r1, int64_t n, int64_t k) {
+    const int64_t num_blocks = table[0];
+    const float *packed = (const float *)(intptr_t)table[1 + b];
+    const int64_t start = table[1 + num_blocks + b];
+    const int64_t end = b + 1 < num_blocks ? table[2 + num_blocks + b] : n;
+    if (bias != NULL)
+        for (int64_t r = r0; r < r1; ++r) memcpy(out + r * n + start, bias + start, sizeof(float) * (end - start));
+    gemm(INFLIGHT_ROW_MAJOR, INFLIGHT_NO_TRANS, INFLIGHT_PACKED, (int)(r1 - r0), (int)(end - start), (int)k,
+         a + r0 * k, (int)k, packed, (int)k, bias != NULL ? 1.0f : 0.0f, out + r0 * n + start, (int)n);
+}
+
 void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, const int64_t *table,
                               const float *bias, float *out, int64_t m, int64_t n, int64_t k, int num_threads) {
     const int64_t num_blocks = table[0];
@@ -51,29 +66,16 @@ void inflight_packed_gemm_f32(inflight_sgemm_compute_fn gemm, const float *a, co
         const int64_t chunks = (m + INFLIGHT_GEMM_CHUNK_ROWS - 1) / INFLIGHT_GEMM_CHUNK_ROWS;
         #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
         for (int64_t item = 0; item < chunks * num_blocks; ++item) {
-            const int64_t b = item % num_blocks, r0 = item / num_blocks * INFLIGHT_GEMM_CHUNK_ROWS;
+            const int64_t r0 = item / num_blocks * INFLIGHT_GEMM_CHUNK_ROWS;
             const int64_t r1 = r0 + INFLIGHT_GEMM_CHUNK_ROWS < m ? r0 + INFLIGHT_GEMM_CHUNK_ROWS : m;
-            const float *packed = (const float *)(intptr_t)table[1 + b];
-            const int64_t start = table[1 + num_blocks + b];
-            const int64_t end = b + 1 < num_blocks ? table[2 + num_blocks + b] : n;
-            if (bias != NULL)
-                for (int64_t r = r0; r < r1; ++r) memcpy(out + r * n + start, bias + start, sizeof(float) * (end - start));
-            gemm(INFLIGHT_ROW_MAJOR, INFLIGHT_NO_TRANS, INFLIGHT_PACKED, (int)(r1 - r0), (int)(end - start), (int)k,
-                 a + r0 * k, (int)k, packed, (int)k, bias != NULL ? 1.0f : 0.0f, out + r0 * n + start, (int)n);
+            packed_block_rows(gemm, a, table, item % num_blocks, bias, out, r0, r1, n, k);
         }
         return;
     }
     const int team = num_threads < num_blocks ? num_threads : (int)num_blocks;
     #pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        const float *packed = (const float *)(intptr_t)table[1 + b];
-        const int64_t start = table[1 + num_blocks + b];
-        const int64_t end = b + 1 < num_blocks ? table[2 + num_blocks + b] : n;
-        if (bias != NULL)
-            for (int64_t r = 0; r < m; ++r) memcpy(out + r * n + start, bias + start, sizeof(float) * (end - start));
-        gemm(INFLIGHT_ROW_MAJOR, INFLIGHT_NO_TRANS, INFLIGHT_PACKED, (int)m, (int)(end - start), (int)k, a, (int)k,
-             packed, (int)k, bias != NULL ? 1.0f : 0.0f, out + start, (int)n);
-    }
+    for (int64_t b = 0; b < num_blocks; ++b)
+        packed_block_rows(gemm, a, table, b, bias, out, 0, m, n, k);
 }
 
 /* A layer's product as the per-op path runs it (cpu_native.linear): the panel kernel on the
