@@ -4,8 +4,9 @@
 tensors in the layouts the decoder produces (rows of heads contiguous, any token stride;
 few-row matmuls) and calls the torch reference for anything else (other dtypes, odd layouts,
 bigger matmuls), so results never depend on which one ran beyond float rounding. ``linear``
-also takes weights prepacked at load for MKL's or oneDNN's GEMM (:mod:`.cpu_packed`), at every row count
-(few-row products on the weight's float copy where it kept one);
+(:mod:`.cpu_linear`) also takes weights prepacked at load for MKL's or oneDNN's GEMM
+(:mod:`.cpu_packed`), at every row count (few-row products on the weight's float copy where it
+kept one);
 a pure-decode step's whole layer stack over such weights is one call (:mod:`.cpu_stack`).
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
@@ -35,8 +36,8 @@ from typing import Any
 import torch
 
 from inflight.cache import cache_root
-from inflight.kernels import cpu_prefill, cpu_stack, decode_block, decode_stack, reference
-from inflight.kernels.cpu_packed import PackedLinearWeight, cpuinfo_line, packed_linear
+from inflight.kernels import cpu_linear, cpu_prefill, cpu_stack, decode_block, decode_stack, reference
+from inflight.kernels.cpu_packed import cpuinfo_line
 from inflight.kernels.ops import KernelOps
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -59,10 +60,6 @@ _SIGNATURES = {
     **cpu_stack.SIGNATURES,
     **cpu_prefill.SIGNATURES,
 }
-# Rows up to which the streaming linear beats torch's GEMM (measured on 2 cores: 2.3-2.5x at
-# 1-2 rows on one thread, 1.6x at 4; even at 8 rows on one thread; 1.6x at 8 rows on two).
-SMALL_M_ROWS_ONE_THREAD = 4
-SMALL_M_ROWS_MANY_THREADS = 8
 
 
 def _cpu_model() -> str:
@@ -329,78 +326,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
     return out
 
 
-def linear(
-    x: torch.Tensor,  # [num_rows, in_features]
-    weight: torch.Tensor | PackedLinearWeight,  # [out_features, in_features]
-    bias: torch.Tensor | None = None,  # [out_features]
-) -> torch.Tensor:  # [num_rows, out_features]
-    """A weight prepacked at load (:mod:`.cpu_packed`) takes its packed GEMM, or the few-row
-    kernel on its float copy when it kept one and ``x`` has few rows; a float weight takes the
-    few-row kernel up to the row limits, else ``F.linear``."""
-    threads = torch.get_num_threads()
-    if isinstance(weight, PackedLinearWeight):
-        if x.dim() == 2:
-            panels = weight.panels_for(x.shape[0])
-            if panels is not None and _few_rows_ok(x, panels, bias):
-                return _panel_rows(x, panels, weight.shape[0], bias, threads)
-            rows = weight.float_copy_for(x.shape[0])
-            if rows is not None and _few_rows_ok(x, rows, bias):
-                return _few_rows(x, rows, bias, threads)
-            if weight.mkl_table is not None and 0 < x.shape[0] and x.shape[1] == weight.shape[1] and _few_rows_ok(
-                    x, x, bias):
-                out = _mkl_blocks(x, weight, bias, threads)
-                if out is not None:
-                    return out
-        return packed_linear(x, weight, bias)
-    limit = SMALL_M_ROWS_ONE_THREAD if threads == 1 else SMALL_M_ROWS_MANY_THREADS
-    if not (x.dim() == 2 and x.shape[0] <= limit and _few_rows_ok(x, weight, bias)):
-        return reference.linear(x, weight, bias)
-    return _few_rows(x, weight, bias, threads)
-
-
-def _mkl_blocks(x: torch.Tensor, weight: PackedLinearWeight, bias: torch.Tensor | None,
-                threads: int) -> torch.Tensor | None:
-    """MKL's packed GEMM on a weight packed in column blocks, the blocks spread over the threads
-    (cpu_decode_stack.h's ``inflight_packed_gemm_f32``); None where torch's ``cblas_sgemm_compute``
-    cannot be reached from C (the caller then takes ``packed_linear``)."""
-    lib = _lib()
-    gemm = cpu_stack.gemm_compute(lib)
-    if gemm is None or weight.mkl_table is None:
-        return None
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    lib.inflight_packed_gemm_f32(gemm, x.data_ptr(), weight.mkl_table.data_ptr(),
-                                 None if bias is None else bias.data_ptr(), out.data_ptr(), x.shape[0],
-                                 weight.shape[0], x.shape[1], threads)
-    return out
-
-
-def _few_rows_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return (x.dtype == weight.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous()
-            and x.device.type == "cpu" and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
-
-
-def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int) -> torch.Tensor:
-    """The few-row kernel on a row-major ``[out, in]`` weight."""
-    return _row_kernel(_lib().inflight_small_m_linear_f32, x, weight, weight.shape[0], bias, threads)
-
-
-def _panel_rows(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
-                threads: int) -> torch.Tensor:
-    """The panel kernel on a weight in column panels (``cpu_packed.to_panels``)."""
-    return _row_kernel(_lib().inflight_panel_linear_f32, x, panels, out_features, bias, threads)
-
-
-def _row_kernel(kernel: Any, x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None,
-                threads: int) -> torch.Tensor:
-    """``x @ W^T + bias`` through ``kernel`` (the two few-row kernels share their signature)."""
-    num_rows, in_features = x.shape
-    out = torch.empty((num_rows, out_features), dtype=torch.float32)
-    kernel(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-           num_rows, out_features, in_features, threads)
-    return out
-
-
 paged_prefill_attention = cpu_prefill.bound_to(_lib)
+linear = cpu_linear.bound_to(_lib)
 
 
 # The native bundle. The dispatcher hands it out only after load_library() succeeded.

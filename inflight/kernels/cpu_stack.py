@@ -64,7 +64,7 @@ def _addr(t: torch.Tensor | None) -> int | None:
 
 
 def _packed_addr(w: PackedLinearWeight) -> int | None:
-    """MKL's table of packed column blocks (``cpu_packed.mkl_table``); None for oneDNN's, which
+    """MKL's table of packed column blocks (``cpu_weight_layout.mkl_table``); None for oneDNN's, which
     only takes products on the float copy here."""
     return w.mkl_table.data_ptr() if w.fmt == "mkl" and w.mkl_table is not None else None
 

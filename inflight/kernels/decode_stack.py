@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from inflight.kernels import decode_block, reference
-from inflight.kernels.cpu_packed import PANEL_COLS, PackedLinearWeight, from_panels, packed_linear
+from inflight.kernels.cpu_packed import PackedLinearWeight, packed_linear
+from inflight.kernels.cpu_weight_layout import PANEL_COLS, from_panels
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 
 

@@ -71,7 +71,7 @@ def cpu_thread_counts() -> tuple[int, int]:
 def cpu_lanes(big_step_threads: int, products_split: bool = False) -> int:
     """Decode lanes on the CPU (:mod:`inflight.runtime.cpu_lanes`): ``INFLIGHT_CPU_LANES`` if
     set (0 or 1: off); else none when the model's products are already split over the threads
-    in column blocks (MKL's packed weights, :func:`inflight.kernels.cpu_packed.column_starts`),
+    in column blocks (MKL's packed weights, :func:`inflight.kernels.cpu_weight_layout.column_starts`),
     where a whole step beat two lanes at every row count (a 2-core Xeon, ms a step, whole /
     lanes: bench-medium at 12 / 24 / 48 / 64 decodes 29.0 / 35.7, 45.4 / 54.0, 66.8 / 76.1, 72.6 /
     78.6; bench-small at 8 / 16 / 32 / 64 decodes 3.3 / 3.7, 4.4 / 5.0, 9.3 / 10.5, 14.6 / 15.2:

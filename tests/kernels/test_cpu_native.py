@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from inflight.kernels import cpu_native, cpu_packed, reference
+from inflight.kernels import cpu_linear, cpu_native, cpu_weight_layout, reference
 from inflight.kernels.dispatch import KERNEL_BACKENDS, TORCH_OPS, get_kernel_ops
 from inflight.runtime.config import KERNEL_BACKENDS as CONFIG_KERNEL_BACKENDS
 from tests.kernels.threads import with_threads
@@ -202,10 +202,10 @@ def test_panel_linear_matches_a_float64_product(threads: int, num_rows: int, out
     x = torch.randn(num_rows, 200, generator=gen)  # in_features not a multiple of the vector width
     weight = torch.randn(out_features, 200, generator=gen)
     bias = torch.randn(out_features, generator=gen) if with_bias else None
-    panels = cpu_packed.to_panels(weight)
+    panels = cpu_weight_layout.to_panels(weight)
     assert panels.shape == (-(-out_features // 16), 200, 16)
-    assert torch.equal(cpu_packed.from_panels(panels, out_features), weight)
-    got = with_threads(threads, cpu_native._panel_rows, x, panels, out_features, bias, threads)
+    assert torch.equal(cpu_weight_layout.from_panels(panels, out_features), weight)
+    got = with_threads(threads, cpu_linear.panel_rows, cpu_native._lib(), x, panels, out_features, bias, threads)
     want = reference.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-5)
 
@@ -216,12 +216,12 @@ def test_panel_linear_rows_do_not_depend_on_their_batch() -> None:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(23, 96, generator=gen)
     weight, bias = torch.randn(700, 96, generator=gen), torch.randn(700, generator=gen)
-    panels = cpu_packed.to_panels(weight)
-    whole = with_threads(2, cpu_native._panel_rows, x, panels, 700, bias, 2)
+    panels = cpu_weight_layout.to_panels(weight)
+    whole = with_threads(2, cpu_linear.panel_rows, cpu_native._lib(), x, panels, 700, bias, 2)
     for r in (0, 5, 6, 17, 22):
-        alone = with_threads(1, cpu_native._panel_rows, x[r : r + 1].contiguous(), panels, 700, bias, 1)
+        alone = with_threads(1, cpu_linear.panel_rows, cpu_native._lib(), x[r : r + 1].contiguous(), panels, 700, bias, 1)
         assert torch.equal(alone[0], whole[r])
-    part = with_threads(1, cpu_native._panel_rows, x[4:15].contiguous(), panels, 700, bias, 1)
+    part = with_threads(1, cpu_linear.panel_rows, cpu_native._lib(), x[4:15].contiguous(), panels, 700, bias, 1)
     assert torch.equal(part, whole[4:15])
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.kernels import cpu_native, cpu_packed, reference
+from inflight.kernels import cpu_linear, cpu_native, cpu_packed, cpu_weight_layout, reference
 from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear, prepack_linears
 from tests.kernels.threads import with_threads
 
@@ -44,16 +44,16 @@ def test_every_row_count_matches_reference(fmt: str, pack_threads: int, threads:
 
 
 def test_column_blocks_are_whole_panels_none_too_narrow() -> None:
-    assert cpu_packed.column_starts(1000, 1) == (0,)
-    assert cpu_packed.column_starts(1000, 2) == (0, 496)  # 63 groups of 16: 31 and 32
-    assert cpu_packed.column_starts(1000, 3) == (0, 336, 672)
-    assert cpu_packed.column_starts(130, 4) == (0, 64)  # 130 // 64 = 2 blocks at most
-    assert cpu_packed.column_starts(63, 8) == (0,)  # narrower than one block
+    assert cpu_weight_layout.column_starts(1000, 1) == (0,)
+    assert cpu_weight_layout.column_starts(1000, 2) == (0, 496)  # 63 groups of 16: 31 and 32
+    assert cpu_weight_layout.column_starts(1000, 3) == (0, 336, 672)
+    assert cpu_weight_layout.column_starts(130, 4) == (0, 64)  # 130 // 64 = 2 blocks at most
+    assert cpu_weight_layout.column_starts(63, 8) == (0,)  # narrower than one block
     for out, blocks in ((512, 2), (3072, 16), (8192, 7), (100, 3)):
-        starts = cpu_packed.column_starts(out, blocks)
+        starts = cpu_weight_layout.column_starts(out, blocks)
         ends = (*starts[1:], out)
-        assert starts[0] == 0 and all(s % cpu_packed.PANEL_COLS == 0 for s in starts)
-        assert all(e - s >= min(out, cpu_packed.MIN_BLOCK_COLS) for s, e in zip(starts, ends, strict=True))
+        assert starts[0] == 0 and all(s % cpu_weight_layout.PANEL_COLS == 0 for s in starts)
+        assert all(e - s >= min(out, cpu_weight_layout.MIN_BLOCK_COLS) for s, e in zip(starts, ends, strict=True))
         assert len(starts) <= blocks
 
 
@@ -181,7 +181,7 @@ def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) ->
     bias = torch.randn(300, generator=gen)
     packed = pack_linear_weight(weight, keep_float=True, fmt=fmt)
     assert packed is not None and packed.float_rows is None and packed.has_float_copy
-    assert torch.equal(cpu_packed.from_panels(packed.panels, 300), weight)
+    assert torch.equal(cpu_weight_layout.from_panels(packed.panels, 300), weight)
     assert packed.nbytes == weight.numel() * 4 + packed.panels.numel() * 4  # 300 columns: 304 in panels
     limit = cpu_packed.PANEL_MAX_ROWS
     for rows in (1, 3, 8, 17, limit, limit + 1, 80):
@@ -189,7 +189,7 @@ def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) ->
         got = with_threads(threads, cpu_native.linear, x, packed, bias)
         torch.testing.assert_close(got, reference.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
         if rows <= limit:
-            assert torch.equal(got, with_threads(threads, cpu_native._panel_rows, x, packed.panels, 300, bias, threads))
+            assert torch.equal(got, with_threads(threads, cpu_linear.panel_rows, cpu_native._lib(), x, packed.panels, 300, bias, threads))
         else:
             assert torch.equal(got, with_threads(threads, packed_linear, x, packed, bias))
     shared = pack_linear_weight(weight, keep_float=True, fmt=fmt, shared=True)
@@ -200,7 +200,7 @@ def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) ->
         x = torch.randn(rows, 70, generator=gen)
         got = with_threads(threads, cpu_native.linear, x, shared, bias)
         if rows <= few:
-            assert torch.equal(got, with_threads(threads, cpu_native._few_rows, x, weight, bias, threads))
+            assert torch.equal(got, with_threads(threads, cpu_linear.few_rows, cpu_native._lib(), x, weight, bias, threads))
         else:
             assert torch.equal(got, with_threads(threads, packed_linear, x, shared, bias))
     x = torch.randn(2, 3, 70, generator=gen)  # not 2-D: the packed GEMM takes any leading shape
@@ -229,7 +229,7 @@ def test_prepack_keeps_the_float_weights_when_asked() -> None:
     assert summary.packed_bytes == 2 * 4 * (16 * 32 + 32 * 8) + 4 * 32 * 8  # 8 columns pad to a 16-wide panel
     for layer, weight in zip(model, weights, strict=True):
         assert isinstance(layer.weight, PackedLinearWeight) and layer.weight.float_rows is None
-        assert torch.equal(cpu_packed.from_panels(layer.weight.panels, weight.shape[0]), weight)
+        assert torch.equal(cpu_weight_layout.from_panels(layer.weight.panels, weight.shape[0]), weight)
     plain = nn.Sequential(nn.Linear(16, 32))
     summary = prepack_linears(plain)
     assert not plain[0].weight.has_float_copy and "float copies freed" in summary.describe()
