@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from inflight.kernels import cpu_linear, cpu_native, cpu_weight_layout, reference
+from inflight.kernels import cpu_linear, cpu_native, cpu_packed, cpu_weight_layout, reference
 from inflight.kernels.dispatch import KERNEL_BACKENDS, TORCH_OPS, get_kernel_ops
 from inflight.runtime.config import KERNEL_BACKENDS as CONFIG_KERNEL_BACKENDS
 from tests.kernels.threads import with_threads
@@ -223,6 +223,27 @@ def test_panel_linear_rows_do_not_depend_on_their_batch() -> None:
         assert torch.equal(alone[0], whole[r])
     part = with_threads(1, cpu_linear.panel_rows, cpu_native._lib(), x[4:15].contiguous(), panels, 700, bias, 1)
     assert torch.equal(part, whole[4:15])
+
+
+@pytest.mark.skipif("avx512f" not in (cpu_packed.cpuinfo_line("flags") or "").split(),
+                    reason="the default build is already the 8-wide one here")
+def test_panel_linear_eight_wide_build_gives_the_same_bits() -> None:
+    """The panel kernel built without AVX-512 (8-float vectors, tiles of 6 rows: what an AVX2
+    machine runs) against the default build (16-float vectors, tiles of 12): each output is the
+    same chain of fused multiply-adds, so every row count and thread count agrees bit for bit."""
+    name = "inflight_panel_linear_f32"
+    lib, where = cpu_native.compile_library(cpu_native.SOURCE, "panel_mno-avx512f", {name: cpu_native._SIGNATURES[name]},
+                                            ("-lm",), ("-mno-avx512f",))  # fmt: skip
+    assert lib is not None, where
+    gen = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(300, 200, generator=gen), torch.randn(300, generator=gen)
+    panels = cpu_weight_layout.to_panels(weight)
+    for rows in (1, 5, 6, 7, 12, 13, 25, 64):
+        x = torch.randn(rows, 200, generator=gen)
+        for threads in (1, 2):
+            eight = with_threads(threads, cpu_linear.panel_rows, lib, x, panels, 300, bias, threads)
+            default = with_threads(threads, cpu_linear.panel_rows, cpu_native._lib(), x, panels, 300, bias, threads)
+            assert torch.equal(eight, default), (rows, threads)
 
 
 def test_small_m_linear_other_layouts_use_the_reference() -> None:
