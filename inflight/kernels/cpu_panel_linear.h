@@ -1,12 +1,13 @@
 /* The few-row linear on a weight kept in column panels, included by cpu_kernels.c; not a header
  * to include anywhere else.
  *
- * Layout (inflight/kernels/cpu_packed.py: to_panels): a [n, k] weight becomes ceil(n / 16)
+ * Layout (inflight/kernels/cpu_weight_layout.py: to_panels): a [n, k] weight becomes ceil(n / 16)
  * panels of [k][16] floats, panel p holding output columns 16p..16p+15 (zeros past n), so a
  * panel is one contiguous stream of k rows of 16 weights. The product is an outer-product
  * register tile: up to PANEL_ROWS input rows x 16 columns of accumulators (below), one
- * broadcast of x[r][i] a row and one panel row loaded per step i, no horizontal reduction. Threads split the panels; a panel is read from memory once and, for more rows than
- * a tile holds, again from cache for each further tile.
+ * broadcast of x[r][i] a row and one panel row loaded per step i, no horizontal reduction.
+ * Threads split the panels; a panel is read from memory once and, for more rows than a tile
+ * holds, again from cache for each further tile.
  *
  * Prefetching keeps memory busy while the tiles compute: each step of a panel's first tile asks
  * for the cache line PANEL_PREFETCH_AHEAD lines further down the stream (past the panel's end,
@@ -84,17 +85,17 @@ INFLIGHT_PANEL_TILE(12)
 #endif
 #undef INFLIGHT_PANEL_TILE
 
-/* Rows [r0, r1) of x times the panel of output columns c0 onwards, tile by tile. The first
- * tile prefetches down its own panel, the further ones the next panel (see above). */
-static void panel_rows(const float *x, const float *panel, const float *bias, float *out, int64_t r0, int64_t r1,
-                       int64_t n, int64_t k, int64_t c0) {
+/* All m rows of x times the panel of output columns c0 onwards, tile by tile. The first tile
+ * prefetches down its own panel, the further ones the next panel (see above). */
+static void panel_rows(const float *x, const float *panel, const float *bias, float *out, int64_t m, int64_t n,
+                       int64_t k, int64_t c0) {
     const int64_t cols = n - c0 < PANEL_COLS ? n - c0 : PANEL_COLS;
     const float *b = bias != NULL ? bias + c0 : NULL;
-    for (int64_t r = r0; r < r1; r += PANEL_ROWS) {
+    for (int64_t r = 0; r < m; r += PANEL_ROWS) {
         const float *xr = x + r * k;
         float *o = out + r * n + c0;
-        const float *pf = panel + (r == r0 ? PANEL_PREFETCH_AHEAD : k) * PANEL_COLS;
-        switch (r1 - r < PANEL_ROWS ? r1 - r : PANEL_ROWS) {
+        const float *pf = panel + (r == 0 ? PANEL_PREFETCH_AHEAD : k) * PANEL_COLS;
+        switch (m - r < PANEL_ROWS ? m - r : PANEL_ROWS) {
             case 1: panel_tile_1(xr, k, panel, k, b, o, n, cols, pf); break;
             case 2: panel_tile_2(xr, k, panel, k, b, o, n, cols, pf); break;
             case 3: panel_tile_3(xr, k, panel, k, b, o, n, cols, pf); break;
@@ -122,5 +123,5 @@ void inflight_panel_linear_f32(const float *x, const float *panels, const float 
     const int64_t num_panels = (n + PANEL_COLS - 1) / PANEL_COLS;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= (1 << 16))
     for (int64_t p = 0; p < num_panels; ++p)
-        panel_rows(x, panels + p * k * PANEL_COLS, bias, out, 0, m, n, k, p * PANEL_COLS);
+        panel_rows(x, panels + p * k * PANEL_COLS, bias, out, m, n, k, p * PANEL_COLS);
 }
