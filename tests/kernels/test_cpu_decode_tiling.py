@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_native, reference
+from tests.kernels.cpu_flags import has_cpu_flag
 from tests.kernels.threads import with_threads
 
 F32 = torch.float32
@@ -100,15 +101,7 @@ def test_large_scores_stay_finite_and_exact(scale: float, make_paged_cache) -> N
     torch.testing.assert_close(got, reference.paged_decode_attention(*args), atol=2e-5, rtol=2e-5)
 
 
-def _has_flag(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and f" {flag}" in line for line in f)
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_flag("avx512f"), reason="the default build is already the 8-wide one here")
+@pytest.mark.skipif(not has_cpu_flag("avx512f"), reason="the default build is already the 8-wide one here")
 @pytest.mark.parametrize("case", TILING_CASES, ids=lambda c: f"bs{c[0]}-d{c[1]}-g{c[2] // c[3]}")
 def test_eight_wide_build_matches_reference(case, make_paged_cache) -> None:
     """The same source built without AVX-512 (8-token tiles, what an AVX2 machine runs)."""

@@ -13,9 +13,10 @@ import shutil
 import pytest
 import torch
 
-from inflight.kernels import cpu_linear, cpu_native, cpu_packed, cpu_weight_layout, reference
+from inflight.kernels import cpu_linear, cpu_native, cpu_weight_layout, reference
 from inflight.kernels.dispatch import KERNEL_BACKENDS, TORCH_OPS, get_kernel_ops
 from inflight.runtime.config import KERNEL_BACKENDS as CONFIG_KERNEL_BACKENDS
+from tests.kernels.cpu_flags import has_cpu_flag
 from tests.kernels.threads import with_threads
 
 F32 = torch.float32
@@ -225,8 +226,7 @@ def test_panel_linear_rows_do_not_depend_on_their_batch() -> None:
     assert torch.equal(part, whole[4:15])
 
 
-@pytest.mark.skipif("avx512f" not in (cpu_packed.cpuinfo_line("flags") or "").split(),
-                    reason="the default build is already the 8-wide one here")
+@pytest.mark.skipif(not has_cpu_flag("avx512f"), reason="the default build is already the 8-wide one here")
 def test_panel_linear_eight_wide_build_gives_the_same_bits() -> None:
     """The panel kernel built without AVX-512 (8-float vectors, tiles of 6 rows: what an AVX2
     machine runs) against the default build (16-float vectors, tiles of 12): each output is the

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_native, cpu_prefill, reference
+from tests.kernels.cpu_flags import has_cpu_flag
 from tests.kernels.threads import with_threads
 
 pytestmark = pytest.mark.usefixtures("native_built")
@@ -154,15 +155,7 @@ def test_reads_nothing_past_the_contexts(case, make_paged_cache) -> None:
     torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
 
 
-def _has_avx512f() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_avx512f(), reason="the default build is already the 8-wide one here")
+@pytest.mark.skipif(not has_cpu_flag("avx512f"), reason="the default build is already the 8-wide one here")
 @pytest.mark.parametrize("window", [None, 13])
 def test_eight_wide_build_matches_reference(window, make_paged_cache, monkeypatch) -> None:
     """The same source built without AVX-512 (8-key vectors, what an AVX2 machine runs)."""
