@@ -9,8 +9,8 @@ Panels: the row-major few-row kernel reads a weight row per output column and re
 the vector lanes; it ran bench-medium's linears at 31 GFLOP/s on two threads at 16 rows, and
 behind oneDNN from 16 rows up. So the float copy of an unshared weight is kept in column panels
 instead (:func:`to_panels`: ``[ceil(out / 16), in, 16]``), which the panel kernel
-(``cpu_panel_linear.h``) multiplies as an outer-product register tile of up to 6 rows x 16
-columns, no horizontal reduction. bench-medium's 72 linears on the AMD EPYC, ms, few-row kernel
+(``cpu_panel_linear.h``) multiplies as an outer-product register tile of up to 6 rows (12
+where AVX-512 is there) x 16 columns, no horizontal reduction. bench-medium's 72 linears on the AMD EPYC, ms, few-row kernel
 / panel kernel / oneDNN packed, two threads: 1 row 14.5 / 11.7 / 22.6, 4 rows 16.1 / 15.4 /
 25.3, 16 rows 39.0 / 26.2 / 35.3, 32 rows 68.7 / 39.5 / 51.0, 64 rows 134 / 70.1 / 74.6 (one
 thread, 64 rows: 245 / 140 / 146); an 8B-sized layer (4096 wide, 14336 intermediate) the same
