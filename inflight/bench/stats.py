@@ -32,6 +32,8 @@ class RunSummary:
     num_requests: int
     wall_s: float
     cores_used: float = float("nan")  # server CPU seconds / wall seconds (NaN: not measured)
+    load_1m: float = float("nan")  # the machine's 1-minute load average when the run started
+    steal_frac: float = float("nan")  # share of the machine's CPU time stolen during the run
 
 
 @dataclass(frozen=True, slots=True)

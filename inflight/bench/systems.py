@@ -5,8 +5,8 @@ engine flags, ``transformers serve --continuous-batching``, vLLM's CPU build or 
 ``llama-server``, the last two installed by :mod:`inflight.bench.peers`) or ``in_process`` for
 the plain ``transformers`` ``generate`` baseline (see :mod:`inflight.bench.hf_static`).
 :class:`RunningServer` owns one subprocess: free port, bounded readiness wait (plus one
-warm-up request, so no system pays its start-up cost inside a measurement), and a stop that
-escalates from SIGTERM to SIGKILL. Knows nothing about workloads or reports.
+warm-up request, so no system pays its start-up cost inside a measurement; both are timed, for
+the report), and a stop that escalates from SIGTERM to SIGKILL. Knows nothing about workloads or reports.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ class RunningServer:
     log_path: Path
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    startup_s: float = float("nan")  # start to ready
+    first_request_s: float = float("nan")  # the warm-up request, after ready
     _log: object = field(default=None, repr=False)
+    _started: float = field(default=0.0, repr=False)
 
     @property
     def url(self) -> str:
@@ -88,6 +91,7 @@ class RunningServer:
         self.port = free_port()
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **dict(self.spec.env)}
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
+        self._started = time.monotonic()
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         try:
@@ -111,7 +115,10 @@ class RunningServer:
             time.sleep(0.5)
         else:
             raise TimeoutError(f"{self.spec.name} not ready after {READY_TIMEOUT_S:.0f}s; see {self.log_path}")
+        ready = time.monotonic()
+        self.startup_s = ready - self._started
         warm = run_workload(self.url, self.model_name, [RequestSpec("warm up the server", 4)], 120.0)
+        self.first_request_s = time.monotonic() - ready
         if warm.results[0].error:
             raise RuntimeError(f"{self.spec.name} warm-up failed: {warm.results[0].error}")
 

@@ -71,6 +71,7 @@ class _PendingGroup:
 def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
     """The process entry point (see module docstring). ``step_clock``: a shared double."""
     _die_with_parent()
+    _name_process()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop (Ctrl-C)
     configure_logging(launch.log_level, launch.log_format)
     prewarmed, tokenizer = _prewarm(launch)
@@ -258,6 +259,21 @@ def _send_quietly(conn: Connection, message: object) -> None:
     try:
         conn.send(message)
     except (OSError, ValueError):
+        pass
+
+
+PROCESS_NAME = b"inflight-core"  # what ps, top and /proc/PID/comm show for this process
+
+
+def _name_process() -> None:
+    """Linux: name the process (and the threads it starts, which inherit the name) so that ps,
+    top and the bench's process report tell it from the front end; best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        pr_set_name = 15
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, ctypes.c_char_p(PROCESS_NAME))
+    except (OSError, AttributeError):
         pass
 
 
