@@ -8,8 +8,8 @@ report says whether its text matches inflight's. Beside each burst it reports th
 (:mod:`inflight.bench.run_context`): every system's processes, threads and the CPUs they may
 run on, its start-up and warm-up request (outside the measurement), the load average and the
 stolen CPU time of each repetition; and, from one extra turn of inflight and of vLLM's defaults
-with oneDNN's creation log on, whether the products they gave oneDNN ran in float32. Ratios are against the strongest peer; the
-issue's targets are checked and printed met / MISSED. A peer that cannot be installed is
+with oneDNN's creation log on, whether the products they gave oneDNN ran in float32. Ratios
+are against the strongest peer; the issue's targets are checked and printed met / MISSED. A peer that cannot be installed is
 skipped with its reason in the report. Writes ``peers.md``, ``peers.json`` and
 ``peers_throughput_latency.png``. Knows nothing about argument parsing.
 """
@@ -156,7 +156,8 @@ def run_peer_section(options: SuiteOptions, work_dir: Path, burst_requests: int 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Conditions:
     """One model's burst conditions: per system, the burst's run summaries and the server's turns,
-    both one per repetition in order."""
+    both one per repetition in order. The table shows the first turn's process layout (the
+    same processes and placement each time; the thread count may vary by a few)."""
 
     bursts: dict[str, list[RunSummary]]
     turns: serving.Turns
