@@ -9,8 +9,8 @@ report says whether its text matches inflight's. Beside each burst it reports th
 run on, its start-up and warm-up request (outside the measurement), the load average and the
 stolen CPU time of each repetition; and, from one extra turn of inflight and of vLLM's defaults
 with oneDNN's creation log on, whether the products they gave oneDNN ran in float32. Ratios
-are against the strongest peer; the issue's targets are checked and printed met / MISSED. A peer that cannot be installed is
-skipped with its reason in the report. Writes ``peers.md``, ``peers.json`` and
+are against the strongest peer; the issue's targets are checked and printed met / MISSED. A
+peer that cannot be installed is skipped with its reason in the report. Writes ``peers.md``, ``peers.json`` and
 ``peers_throughput_latency.png``. Knows nothing about argument parsing.
 """
 
@@ -239,8 +239,7 @@ def peers_markdown(options: SuiteOptions, shape: workloads.WorkloadShape, result
                "`ONEDNN_VERBOSE=profile_create` (start-up, warm-up request, the probe), and every compute primitive "
                "the log shows created is checked:", "",
                *(f"- {name}: {check.describe()}" for name, check in fp32.items()), ""]
-    md += [
-           f"Roofline (medium): fp32 matmul {rate.best_gflops:.0f} GFLOP/s at {rate.best_threads} thread(s), "
+    md += [f"Roofline (medium): fp32 matmul {rate.best_gflops:.0f} GFLOP/s at {rate.best_threads} thread(s), "
            f"{_sampled(samples)}; rate / (2 x parameters) = {roof:.0f} tok/s.", "", "### Targets", "", *targets, ""]
     if notes:
         md += ["### Skipped / failed", "", *(f"- {n}" for n in notes), ""]

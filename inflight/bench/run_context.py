@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STAT = Path("/proc/stat")
 
@@ -72,19 +73,23 @@ class ServerLayout:
     placement: tuple[tuple[str, int], ...]
 
 
-def server_layout(pid: int) -> ServerLayout | None:
-    """The layout of ``pid`` and every process it started; None if it is gone."""
+def process_tree(pid: int) -> list[Any]:
+    """``psutil.Process`` of ``pid`` and of every process it started; empty if it is gone."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        pids = [root.pid, *(p.pid for p in root.children(recursive=True))]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return None
+        return []
+
+
+def server_layout(pid: int) -> ServerLayout | None:
+    """The layout of ``pid`` and every process it started; None if it is gone."""
     names: list[str] = []
     allowed: Counter[str] = Counter()
-    for p in pids:
-        proc = Path("/proc") / str(p)
+    for p in process_tree(pid):
+        proc = Path("/proc") / str(p.pid)
         try:
             names.append((proc / "comm").read_text().strip())
             tids = os.listdir(proc / "task")

@@ -6,7 +6,8 @@ engine flags, ``transformers serve --continuous-batching``, vLLM's CPU build or 
 the plain ``transformers`` ``generate`` baseline (see :mod:`inflight.bench.hf_static`).
 :class:`RunningServer` owns one subprocess: free port, bounded readiness wait (plus one
 warm-up request, so no system pays its start-up cost inside a measurement; both are timed, for
-the report), and a stop that escalates from SIGTERM to SIGKILL. Knows nothing about workloads or reports.
+the report), and a stop that escalates from SIGTERM to SIGKILL. Knows nothing about workloads
+or reports.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inflight.bench.client import RequestSpec, run_workload
+from inflight.bench.run_context import process_tree
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0
@@ -128,13 +130,8 @@ class RunningServer:
 
         if self.proc is None:
             return 0.0
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0.0
         total = 0.0
-        for proc in procs:
+        for proc in process_tree(self.proc.pid):
             try:
                 times = proc.cpu_times()
             except psutil.Error:

@@ -265,25 +265,27 @@ def _send_quietly(conn: Connection, message: object) -> None:
 PROCESS_NAME = b"inflight-core"  # what ps, top and /proc/PID/comm show for this process
 
 
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # prctl(2) options
+
+
+def _prctl(option: int, value: object) -> bool:
+    """Linux's prctl(2) through libc; False where there is none (not Linux, no libc symbol)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _name_process() -> None:
     """Linux: name the process (and the threads it starts, which inherit the name) so that ps,
     top and the bench's process report tell it from the front end; best effort."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        pr_set_name = 15
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, ctypes.c_char_p(PROCESS_NAME))
-    except (OSError, AttributeError):
-        pass
+    _prctl(PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME))
 
 
 def _die_with_parent() -> None:
     """Linux: get SIGKILL when the front end dies, however it dies (no orphaned core)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
+    if sys.platform.startswith("linux") and not _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         logger.warning("could not ask to die with the front end (prctl); an orphan would exit at its next pipe read")
