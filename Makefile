@@ -111,7 +111,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check inflight tests scripts
+	$(PY) -m ruff check inflight bench tests scripts
 
 crds:
 	mkdir -p charts/inflight/crds
@@ -137,7 +137,7 @@ bench-peers: $(BENCH_STAMP)
 # through scripts/install_torch.py as above. First run: a few minutes of installs; later runs < 2 min.
 COMPAT_ARGS ?=
 compat: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
-	$(PY) -m inflight.bench.compat $(COMPAT_ARGS)
+	$(PY) -m bench.compat.run $(COMPAT_ARGS)
 
 # On a bare, offline GPU machine: its own python (torch, triton, transformers are there), the
 # wheels it lacks from .whl/ (docs/gpu.md says how to fetch them), this checkout on PYTHONPATH.
@@ -153,7 +153,7 @@ gpu-check:
 			--target $(GPU_SITE) .whl/*.whl || exit 1; \
 	fi
 	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
-		$(GPU_PYTHON) -m inflight.bench.gpu_check $(GPU_CHECK_ARGS)
+		$(GPU_PYTHON) -m bench.gpu.check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models build *.egg-info

@@ -1,7 +1,8 @@
-"""No circular imports among ``inflight`` modules, and no side effects from importing one.
+"""No circular imports among ``inflight`` modules and the root ``bench/`` scripts, and no side
+effects from importing an ``inflight`` module.
 
 The graph is read from the source with ``ast``: a module-level ``import`` or ``from ... import``
-of an ``inflight`` module is an edge; imports inside functions (deferred on purpose) and under
+of an ``inflight`` or ``bench`` module is an edge; imports inside functions (deferred on purpose) and under
 ``if TYPE_CHECKING:`` (types only) are not, except where a test says otherwise. Then every
 module is imported alone, in a child forked from a parent that has imported the third-party
 libraries ``inflight`` imports but no ``inflight`` module, and the child compares the process's
@@ -23,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "inflight"
+STUDIES = ROOT / "bench"  # the experiments outside the package: in the graph, never shipped
 # The one documented import side effect: ``inflight.runtime`` sets OMP_WAIT_POLICY=PASSIVE
 # (when torch is not loaded yet) so the engine's OpenMP threads sleep instead of spinning.
 ALLOWED_ENV = {"OMP_WAIT_POLICY"}
@@ -32,9 +34,11 @@ KOPF_MAIN = "inflight.operator.kopf_main"
 
 @cache
 def module_paths() -> dict[str, Path]:
-    """Every module under ``inflight/``, by dotted name (a package by its ``__init__``)."""
+    """Every module under ``inflight/`` and ``bench/``, by dotted name (a package by its ``__init__``)."""
     paths = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*PACKAGE.rglob("*.py"), *STUDIES.rglob("*.py")]):
+        if ".work" in path.parts:  # the peers' installs under bench/.work
+            continue
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -123,13 +127,30 @@ def test_no_circular_imports_at_module_level() -> None:
     assert cycle is None, "circular import: " + " -> ".join(cycle or [])
 
 
-def test_no_circular_imports_even_deferred_outside_bench() -> None:
-    """A deferred import inside a function is not an excuse for a circle in the library;
-    the benchmark scripts (``inflight.bench``) call each other's entry points and may."""
-    graph = {m: frozenset(t for t in ts if not t.startswith("inflight.bench"))
-             for m, ts in import_graph(deferred=True).items() if not m.startswith("inflight.bench")}
-    cycle = find_cycle(graph)
+def test_no_circular_imports_even_deferred() -> None:
+    """A deferred import inside a function is not an excuse for a circle, in the library or in
+    the benchmarks (``inflight.bench`` and the root ``bench/`` studies) alike."""
+    cycle = find_cycle(import_graph(deferred=True))
     assert cycle is None, "circular import through a deferred import: " + " -> ".join(cycle or [])
+
+
+def test_package_never_imports_the_studies() -> None:
+    """``bench/`` (studies, the GPU check, the compat runners) imports ``inflight``; nothing in
+    ``inflight`` imports ``bench`` (it is not shipped in the wheel or the images)."""
+    wrong = [f"{m} -> {t}" for m, ts in import_graph(deferred=True).items() if m.startswith("inflight")
+             for t in ts if t == "bench" or t.startswith("bench.")]
+    assert not wrong, wrong
+
+
+def test_images_need_no_bench_code() -> None:
+    """The Docker images leave ``inflight/bench`` out (docker/*.dockerignore), so nothing else in
+    the package may import it, even deferred."""
+    wrong = [f"{m} -> {t}" for m, ts in import_graph(deferred=True).items()
+             if m.startswith("inflight.") and not m.startswith("inflight.bench")
+             for t in ts if t.startswith("inflight.bench")]
+    assert not wrong, wrong
+    for ignore in sorted((ROOT / "docker").glob("*.dockerignore")):
+        assert "inflight/bench/" in ignore.read_text().split(), f"{ignore.name} ships the bench suite"
 
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "deferred-too"])
@@ -261,13 +282,15 @@ probe(children[""])
 
 
 def _modules_to_import() -> list[str]:
-    return [m for m in module_paths() if m.split(".")[-1] != "__main__"]
+    return [m for m in module_paths() if m.startswith("inflight") and m.split(".")[-1] != "__main__"]
 
 
 def _third_party_imports() -> list[str]:
     """Each distinct module-level import of a non-``inflight`` module, as a statement."""
     statements: set[str] = set()
-    for path in module_paths().values():
+    for name, path in module_paths().items():
+        if not name.startswith("inflight"):
+            continue
         for node in _imports(ast.parse(path.read_text()).body, deferred=False):
             if isinstance(node, ast.Import):
                 statements |= {f"import {a.name}" for a in node.names if not a.name.startswith("inflight")}

@@ -10,7 +10,7 @@ heads and features packed (any token stride) take the kernel; anything else take
 
 Chunks of more than :data:`NATIVE_MAX_QUERIES` queries stay on the reference (SDPA, one call
 per sequence, with the chunk's own ``key``/``value`` when it is a whole prompt): on long chunks
-SDPA's tiles catch up. Measured on 2 cores with ``python -m inflight.bench.cpu_prefill``
+SDPA's tiles catch up. Measured on 2 cores with ``python -m bench.cpu.prefill``
 (chunks of n tokens filling a 2048-token step; head_dim 64/128, GQA 2-4; kernel time against
 SDPA's): x1.4-1.5 at n=256, x1.5-1.6 at 512, x1.1-1.2 at 1024, x0.94-1.05 at 2048; x1.7-2.5 on the
 peers' burst step (22 prompts of 93 tokens). Knows nothing about the

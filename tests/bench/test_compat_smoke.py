@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inflight.bench import compat, compat_envs, compat_guidellm, compat_lm_eval
-from inflight.bench.compat import CompatRow
+from bench.compat import run as compat
+from bench.compat import envs as compat_envs
+from bench.compat import guidellm_run as compat_guidellm
+from bench.compat import lm_eval_run as compat_lm_eval
+from bench.compat.run import CompatRow
 
 # ---- environments --------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.bench import gpu_check
-from inflight.bench.gpu_report import render_markdown
+from bench.gpu import check as gpu_check
+from bench.gpu.report import render_markdown
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ STEP_NAMES = ["environment", "compile check", "kernel tests", "engine tests on C
 def test_dry_run_exercises_every_step(tmp_path: Path) -> None:
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "inflight.bench.gpu_check", "--dry-run", "--out", str(out)],
+        [sys.executable, "-m", "bench.gpu.check", "--dry-run", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

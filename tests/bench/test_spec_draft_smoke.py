@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inflight.bench.spec_draft import System, _draft, measure, truncated_copy
+from bench.studies.spec_draft import System, _draft, measure, truncated_copy
 from inflight.runtime.demo_model import make_demo_model
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.bench import gpu_engine as bench_engine
-from inflight.bench import gpu_kernels as bench
+from bench.gpu import engine as bench_engine
+from bench.gpu import kernels as bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

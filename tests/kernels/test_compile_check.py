@@ -1,6 +1,6 @@
 """Every Triton kernel lowers to a cubin for Ampere and Hopper, with no GPU present.
 
-Runs ``python -m inflight.bench.compile_check`` in a child process because the kernels in
+Runs ``python -m bench.gpu.compile_check`` in a child process because the kernels in
 this process are the interpreter's (``TRITON_INTERPRET=1``), not JIT functions.
 """
 
@@ -30,7 +30,7 @@ def test_kernels_compile_for_gpu_targets(
     cmd = [
         sys.executable,
         "-m",
-        "inflight.bench.compile_check",
+        "bench.gpu.compile_check",
         "--arch",
         str(arch),
         "--dtype",

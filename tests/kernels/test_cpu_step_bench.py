@@ -1,4 +1,4 @@
-"""The CPU step benchmark's parts (inflight/bench/cpu_step.py): variant names, the decode attention
+"""The CPU step benchmark's parts (bench/cpu/step.py): variant names, the decode attention
 built from another C file, and one profiled run on a tiny engine. Nothing here times anything."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from inflight.bench import cpu_step
+from bench.cpu import step as cpu_step
 from inflight.kernels import cpu_native
 
 

@@ -101,7 +101,7 @@ def test_steps_larger_than_one_message_take_two_broadcasts(model_factory, monkey
 
 
 def test_overhead_bench_runs(model_factory, capsys) -> None:
-    from inflight.bench import tensor_parallel as bench
+    from bench.studies import tensor_parallel as bench
 
     assert bench.main(["--model", str(model_factory("llama")), "--batch", "1", "3", "--steps", "4"]) == 0
     out = capsys.readouterr().out

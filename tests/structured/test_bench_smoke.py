@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inflight.bench import structured
+from bench.studies import structured
 
 
 def test_structured_bench_runs(tmp_path: Path) -> None:

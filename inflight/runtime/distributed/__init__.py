@@ -10,7 +10,7 @@ Map (one line per module):
 
 Which heads, MLP columns and vocabulary rows each rank owns is the model's business
 (:mod:`inflight.runtime.model.layout`); the per-step overhead benchmark is
-:mod:`inflight.bench.tensor_parallel`. This package imports :mod:`inflight.runtime.model`,
+:mod:`bench.studies.tensor_parallel`. This package imports :mod:`inflight.runtime.model`,
 never the other way round (the model sees its collectives as the protocol
 :class:`inflight.runtime.model.collectives.Collectives`, which :class:`.comm.TensorParallel` satisfies).
 

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (``python -m inflight.bench.gpu_check``): the GPU path proven in one command.
+"""``make gpu-check`` (``python -m bench.gpu.check``): the GPU path proven in one command.
 
 Runs, in order, on a bare offline GPU machine (the wheels it lacks travel in ``.whl/``, see
 ``docs/gpu.md``): the environment, the Triton compile check, every kernel test and the
@@ -11,8 +11,8 @@ Without CUDA it is a dry run of the harness itself: the pytest steps only collec
 benchmarks run at toy sizes on the CPU, and the report says "dry run" and goes to a scratch
 directory (``tests/bench/test_gpu_check.py`` keeps this working). Each step is bounded in
 time and a failing step never stops the ones after it. Owns the step list, the timeouts and
-the report; the measurements live in :mod:`inflight.bench.gpu_kernels`,
-:mod:`inflight.bench.gpu_engine` and :mod:`inflight.bench.gpu_burst`.
+the report; the measurements live in :mod:`bench.gpu.kernels`,
+:mod:`bench.gpu.engine` and :mod:`bench.gpu.burst`.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _compile_step(ctx: CheckContext) -> StepResult:
     env = {"TRITON_INTERPRET": "0"}
     results = []
     for dtype in ("bf16", "fp16", "fp32"):
-        cmd = [sys.executable, "-m", "inflight.bench.compile_check", "--arch", "90", "--dtype", dtype]
+        cmd = [sys.executable, "-m", "bench.gpu.compile_check", "--arch", "90", "--dtype", dtype]
         rc, text = _run(cmd, log, 300, env)
         results.append((dtype, rc, text))
         if ctx.dry_run:
@@ -151,7 +151,7 @@ def pytest_step(name: str, selection: list[str], timeout_s: float) -> StepFn:
 
 
 def _kernel_bench_step(ctx: CheckContext) -> StepResult:
-    from inflight.bench import gpu_kernels
+    from bench.gpu import kernels as gpu_kernels
 
     report = gpu_kernels.run_kernel_bench(quick=ctx.quick, dry_run=ctx.dry_run)
     failed = [c["kernel"] + "/" + c["dtype"] for c in report["checks"] if not c["ok"]]
@@ -167,7 +167,7 @@ def _kernel_bench_step(ctx: CheckContext) -> StepResult:
 def _engine_step(ctx: CheckContext) -> StepResult:
     """In a child process, so its KV caches and graphs free the GPU for the served burst."""
     out = ctx.work_dir / "engine.json"
-    cmd = [sys.executable, "-m", "inflight.bench.gpu_engine", "--json", str(out), "--work-dir", str(ctx.work_dir)]
+    cmd = [sys.executable, "-m", "bench.gpu.engine", "--json", str(out), "--work-dir", str(ctx.work_dir)]
     cmd += ["--quick"] * ctx.quick + ["--dry-run"] * ctx.dry_run
     rc, text = _run(cmd, ctx.work_dir / "engine.log", 420)
     print(text[-3000:])
@@ -179,7 +179,7 @@ def _engine_step(ctx: CheckContext) -> StepResult:
 
 
 def _burst_step(ctx: CheckContext) -> StepResult:
-    from inflight.bench import gpu_burst
+    from bench.gpu import burst as gpu_burst
 
     report = gpu_burst.run_burst(ctx.work_dir, quick=ctx.quick, dry_run=ctx.dry_run)
     status = "fail" if report["num_errors"] else "pass"
@@ -227,7 +227,7 @@ def device_slug(results: list[StepResult]) -> str:
 
 def write_report(ctx: CheckContext, results: list[StepResult]) -> tuple[Path, Path]:
     """``<device>.md`` and ``<device>.json`` in ``ctx.out_dir``."""
-    from inflight.bench.gpu_report import render_markdown
+    from bench.gpu.report import render_markdown
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     slug = device_slug(results)
@@ -242,7 +242,7 @@ def write_report(ctx: CheckContext, results: list[StepResult]) -> tuple[Path, Pa
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.gpu_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
                         help=f"report directory (default {DEFAULT_OUT} on a GPU, a scratch one in a dry run)")

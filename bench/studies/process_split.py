@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.process_split``: the engine-core process against one process.
+"""``python -m bench.studies.process_split``: the engine-core process against one process.
 
 Measures side by side, repetitions interleaved, on the small bench model: ``inflight serve``
 (front end + engine-core process) and ``inflight serve --single-process`` (the engine in a
@@ -65,7 +65,7 @@ def protocol_ms_per_step(num_seqs: int = NUM_SEQS, reps: int = 500) -> float:
 
 
 def engine_step_ms(model_dir: Path) -> float:
-    from inflight.bench.gpu_engine import time_decode_steps
+    from bench.gpu.engine import time_decode_steps
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.engine import LLMEngine
 
@@ -76,7 +76,7 @@ def engine_step_ms(model_dir: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.process_split", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.process_split", description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--reps", type=int, default=3)

@@ -1,6 +1,6 @@
 """Benchmark: does grammar-constrained decoding slow the batch it shares?
 
-``python -m inflight.bench.structured [--model DIR | --arch llama --size small] [--num-requests 64]
+``python -m bench.studies.structured [--model DIR | --arch llama --size small] [--num-requests 64]
 [--max-tokens 128] [--rounds 2] [--json PATH]``
 
 Serves one model in-process (the real aiohttp server and engine thread on 127.0.0.1) and sends
@@ -124,7 +124,7 @@ def summarize(results: list[BurstResult]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.structured", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.structured", description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, help="model directory (default: make a demo model)")
     parser.add_argument("--arch", default="llama")
     parser.add_argument("--size", default="small")

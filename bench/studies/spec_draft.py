@@ -1,10 +1,10 @@
-"""``python -m inflight.bench.spec_draft``: draft-model speculative decoding against none, side by side.
+"""``python -m bench.studies.spec_draft``: draft-model speculative decoding against none, side by side.
 
 Batch-1 greedy TPOT in one process (each engine built once, repetitions interleaved, one
 request at a time, the engine stepped directly: no HTTP), with the draft acceptance rate:
 
 * **SmolLM2-135M-Instruct** (served as ``inflight serve`` would: its Q4_1 tensors packed) on
-  the input-grounded prompts of :mod:`inflight.bench.speculative`: no speculation; the model
+  the input-grounded prompts of :mod:`bench.studies.speculative`: no speculation; the model
   as its own draft (every draft kept: what a draft as costly as the target buys); its first
   ``--truncate-layers`` layers as the draft (a real, much cheaper draft with the same
   tokenizer, untrained for the job); n-gram (k=3) for reference.
@@ -33,15 +33,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from bench.studies.speculative import GROUNDED
 from inflight.bench import report
-from inflight.bench.speculative import GROUNDED
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.demo_model import make_demo_model
 from inflight.runtime.engine import LLMEngine
 from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 from inflight.runtime.sampling_params import SamplingParams
 
-logger = logging.getLogger("inflight.bench.spec_draft")
+logger = logging.getLogger("bench.studies.spec_draft")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
 
 
@@ -145,7 +145,7 @@ def _table(results: dict[str, Any], base: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.spec_draft", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.spec_draft", description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--work-dir", type=Path, default=Path("bench/.work/spec_draft"))

@@ -1,11 +1,11 @@
-"""``python -m inflight.bench.gpu_kernels``: the kernels' GPU benchmark.
+"""``python -m bench.gpu.kernels``: the kernels' GPU benchmark.
 
 On CUDA it (1) checks every Triton kernel against its torch reference on fresh random
 inputs, (2) measures the device's copy bandwidth (a large device-to-device copy, read +
 write bytes), (3) prints decode-attention achieved bandwidth (K/V bytes read / median time,
 ``triton.testing.do_bench``) against it for batch 1..256 x context 128..32k, and (4) the
 engine's decode-step time against its roofline for a generated ~0.5B Llama model
-(:mod:`inflight.bench.gpu_engine`). Without CUDA it says so and exits 2. Owns only the
+(:mod:`bench.gpu.engine`). Without CUDA it says so and exits 2. Owns only the
 measurement and the printing; the kernels are imported, never re-implemented.
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from bench.gpu.timing import ENGINE_TARGETS, copy_bandwidth, median_ms, wall_median_ms
 
 BATCHES = (1, 4, 16, 32, 64, 128, 256)
 CONTEXTS = (128, 512, 2048, 8192, 32768)
@@ -38,25 +40,10 @@ class DecodeShape:
     device: str = "cuda"  # the CPU (interpreter) only in the bench's own tests
 
 
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Bytes/s of a large device-to-device copy, counting read + write."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3)
-
-
 def kv_bytes(batch: int, context: int, shape: DecodeShape) -> int:
     """K and V bytes one decode step reads for ``batch`` sequences of ``context`` tokens."""
     elem = torch.finfo(shape.dtype).bits // 8
     return 2 * batch * context * shape.num_kv_heads * shape.head_dim * elem
-
-
-def median_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of ``fn`` (``triton.testing.do_bench``: warm-up, L2 flushed)."""
-    import triton.testing
-
-    return triton.testing.do_bench(fn, return_mode="median")
 
 
 def time_decode(
@@ -123,7 +110,6 @@ def decode_table(
 DECODE_TARGET = 0.70  # decode attention >= 70% of copy bandwidth ...
 DECODE_TARGET_BATCH = 64  # ... at batch 64 ...
 DECODE_TARGET_CONTEXTS = (2048, 8192)  # ... for contexts of 2k to 8k tokens
-ENGINE_TARGETS = {1: 2.0, 64: 1.5}  # decode step within this many x its roofline (with graphs)
 
 
 def decode_target(decode_rows: list[dict[str, float]]) -> dict[str, float] | None:
@@ -153,20 +139,6 @@ def print_targets(decode_rows: list[dict[str, float]], engine_rows: list[dict[st
                   f"{'met' if x <= bound else 'NOT met'}")
 
 
-def wall_median_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    """Median wall-clock milliseconds of ``fn`` (the CPU dry run's timer)."""
-    import statistics
-    import time
-
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, object]:
     """Correctness checks, copy bandwidth and the decode table, as one JSON-able report.
 
@@ -174,7 +146,7 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
     in Triton's interpreter at toy sizes, timed by the wall clock: it proves the harness,
     never the kernels or the hardware.
     """
-    from inflight.bench.gpu_checks import run_checks
+    from bench.gpu.checks import run_checks
 
     if dry_run:
         from inflight.kernels.ops import TORCH_OPS
@@ -207,7 +179,7 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.gpu_kernels", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.kernels", description=__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="a 3x3 decode table, batch 1 and 64 engine"
     )
@@ -220,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if not torch.cuda.is_available():
         print(
-            "inflight.bench.gpu_kernels needs a CUDA GPU and none is visible; nothing measured. "
+            "bench.gpu.kernels needs a CUDA GPU and none is visible; nothing measured. "
             "On the CPU the kernels are checked in Triton's interpreter: pytest tests/kernels",
             file=sys.stderr,
         )
@@ -229,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         import triton
     except ImportError:
         print(
-            "inflight.bench.gpu_kernels needs the triton package (pip install triton).", file=sys.stderr
+            "bench.gpu.kernels needs the triton package (pip install triton).", file=sys.stderr
         )
         return 2
     props = torch.cuda.get_device_properties(0)
@@ -238,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = run_kernel_bench(quick=args.quick)
     if not args.skip_engine:
-        from inflight.bench.gpu_engine import engine_table
+        from bench.gpu.engine import engine_table
 
         engine_rows, _, _ = engine_table(report["copy_gb_per_s"] * 1e9, (1, 64) if args.quick else (1, 16, 64, 256))
         print_targets([], engine_rows)

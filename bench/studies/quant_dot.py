@@ -1,6 +1,6 @@
 """Decode-sized linears on GGUF blocks: float32 vs the unpack-to-float kernel vs the integer-dot kernel.
 
-    python -m inflight.bench.quant_dot [--rounds 5] [--block-ms 20] [--threads 1 2] [--rows 1 4 8]
+    python -m bench.studies.quant_dot [--rounds 5] [--block-ms 20] [--threads 1 2] [--rows 1 4 8]
 
 On SmolLM2-135M's shapes (fused q/k/v 960x576, o 576x576, gate and up 1536x576, down
 576x1536 in Q4_1 and Q8_0; the tied vocab head 49152x576 in Q8_0), with weights made by

@@ -1,4 +1,4 @@
-"""Clients and workloads for :mod:`inflight.bench.isolation`: a victim stream's inter-token gaps,
+"""Clients and workloads for :mod:`bench.studies.isolation`: a victim stream's inter-token gaps,
 a ``/health`` poller, the ambiguous grammar, large JSON schemas, and the in-process 100k-character
 tool-call parse. Knows nothing about reports or which server runs.
 """

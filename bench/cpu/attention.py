@@ -1,6 +1,6 @@
 """The native CPU decode attention alone, on one thread: GFLOP/s and K/V GB/s, against another build.
 
-    python -m inflight.bench.cpu_attention [--alt-attention FILE] [--rounds 7]
+    python -m bench.cpu.attention [--alt-attention FILE] [--rounds 7]
 
 Each case is a decode batch (sequences x context, heads, KV heads, head_dim, block size) over
 ``layers`` separate caches, called one layer after the other as a step does, so a case whose
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from inflight.bench.cpu_step import alt_attention
+    from bench.cpu.step import alt_attention
     from inflight.kernels import cpu_native
 
     kernels = {"current": cpu_native.paged_decode_attention}

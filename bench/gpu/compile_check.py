@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.compile_check``: compile every Triton kernel for a GPU target
+"""``python -m bench.gpu.compile_check``: compile every Triton kernel for a GPU target
 without a GPU (Triton's ahead-of-time path down to a cubin), and report the PTX's global
 load widths.
 
@@ -188,7 +188,7 @@ def load_widths(ptx: str) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.compile_check")
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.compile_check")
     parser.add_argument("--arch", type=int, default=90, help="SM version, e.g. 80 or 90")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))

@@ -1,6 +1,6 @@
 """Async scheduling A/B: the same engine and burst with the host's work overlapped or not.
 
-``python -m inflight.bench.async_overlap [--sizes small medium] [--reps 2]`` makes the bench
+``python -m bench.studies.async_overlap [--sizes small medium] [--reps 2]`` makes the bench
 models locally, then for each size runs a burst of greedy requests through one synchronous and
 one async-scheduling engine (``EngineConfig.async_scheduling``), in interleaved repetitions, and
 prints output tokens per second, the ratio and a check that both produced the same tokens. On

@@ -1,6 +1,6 @@
 """SmolLM2-135M served from its GGUF blocks vs dequantized to float32: weight bytes and decode speed.
 
-    python -m inflight.bench.quant_memory [--steps 48] [--models-dir models]
+    python -m bench.studies.quant_memory [--steps 48] [--models-dir models]
 
 Prints the resident weight bytes of both engines and the decode milliseconds per step at
 batch 1 and 8 (greedy, EOS ignored; a step's time is the generation time with ``steps + 1``

@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.prefix_hash``: what the SHA-256 prefix-cache keys cost per step.
+"""``python -m bench.studies.prefix_hash``: what the SHA-256 prefix-cache keys cost per step.
 
 Times, on this machine, the key work of (a) admitting 64 prompts of 512 tokens (hashing every
 full block and looking each up with its token check) and (b) one decode step of 64 sequences
@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from inflight.bench.gpu_kernels import wall_median_ms
+from bench.gpu.timing import wall_median_ms
 from inflight.runtime import block_pool
 
 NUM_SEQS = 64
@@ -47,7 +47,7 @@ def _decode_step(hash_fn: Callable, prompts: list[list[int]]) -> None:
 
 
 def _engine_step_ms() -> float:
-    from inflight.bench.gpu_engine import time_decode_steps
+    from bench.gpu.engine import time_decode_steps
     from inflight.runtime.config import EngineConfig
     from inflight.runtime.demo_model import make_demo_model
     from inflight.runtime.engine import LLMEngine

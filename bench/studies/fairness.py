@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.fairness``: one tenant's flood against another's few requests.
+"""``python -m bench.studies.fairness``: one tenant's flood against another's few requests.
 
 Serves the small bench model with ``--scheduler-policy fcfs`` and ``fair``, repetitions
 interleaved. Tenant A (``user: a``) sends 64 long requests at once; 0.5 s later tenant B
@@ -32,7 +32,7 @@ def _p99(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.fairness", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.fairness", description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--reps", type=int, default=2)

@@ -1,6 +1,6 @@
 """lm-evaluation-harness parity: ``local-completions`` against our server vs lm-eval's own ``hf``.
 
-``python -m inflight.bench.lm_eval_parity [--model DIR | --arch llama --size small] [--num-docs 40]``
+``python -m bench.studies.lm_eval_parity [--model DIR | --arch llama --size small] [--num-docs 40]``
 
 Needs ``lm-eval`` importable (it is not a dependency of this project: install it in a separate
 environment that also sees this one, e.g. a venv with a ``.pth`` file pointing at ``.venv``'s
@@ -108,7 +108,7 @@ class _Server:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.lm_eval_parity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.lm_eval_parity", description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path)
     parser.add_argument("--arch", default="llama")
     parser.add_argument("--size", default="small")

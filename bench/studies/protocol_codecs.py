@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.protocol_codecs``: the step message's codec, pickle against msgspec.
+"""``python -m bench.studies.protocol_codecs``: the step message's codec, pickle against msgspec.
 
 Times encode + decode (in one process: the codec alone, no pipe, no socket) of a realistic
 :class:`~inflight.runtime.engine_core.protocol.StepDone`: 64 running sequences, one new token
@@ -230,7 +230,7 @@ def _ratio(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.protocol_codecs", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.protocol_codecs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--loops", type=int, default=200)

@@ -4,7 +4,7 @@ Owns the roofline arithmetic (weight bytes streamed per step from the checkpoint
 shapes, K/V bytes read from the live context lengths) and the timing loop over
 ``LLMEngine.step``, eager and on decode graphs, with where a step's time goes. A generated
 ~1.5B Llama model (``make_demo_model(size="1.5b")``, Qwen2-1.5B's shape) stands in for a
-real checkpoint. ``python -m inflight.bench.gpu_engine --json FILE`` runs it in a process of
+real checkpoint. ``python -m bench.gpu.engine --json FILE`` runs it in a process of
 its own (``make gpu-check`` does, so its GPU memory is gone before the served burst). Knows the engine only through its public API.
 """
 
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from bench.gpu.timing import ENGINE_TARGETS, copy_bandwidth, wall_median_ms
 
 if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine
@@ -247,8 +249,6 @@ def engine_table(
 
 def run_engine_bench(work_dir: Path, quick: bool = False, dry_run: bool = False) -> dict[str, object]:
     """The engine table as a report: the ~1.5B model on CUDA; a tiny model on the CPU in a dry run."""
-    from inflight.bench.gpu_kernels import ENGINE_TARGETS, copy_bandwidth, wall_median_ms
-
     if dry_run:
         src = torch.empty(1 << 24, dtype=torch.uint8)
         dst = torch.empty_like(src)
@@ -268,7 +268,7 @@ def run_engine_bench(work_dir: Path, quick: bool = False, dry_run: bool = False)
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.gpu_engine")
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.engine")
     parser.add_argument("--json", type=Path, required=True, help="write the report here")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the model is generated")
     parser.add_argument("--quick", action="store_true")

@@ -1,6 +1,6 @@
 """What routing costs on the CPU: a decode step of a random Qwen3-MoE against the dense Qwen3 of the same active size.
 
-    python -m inflight.bench.moe_step [--rounds 5] [--batches 1 64] [--experts 32] [--out bench/results]
+    python -m bench.studies.moe_step [--rounds 5] [--batches 1 64] [--experts 32] [--out bench/results]
 
 Builds two random float32 models with the demo-model maker in a temporary directory (deleted
 at the end): a Qwen3-MoE (every layer an expert layer, top-k routing with ``norm_topk_prob``)
@@ -171,7 +171,7 @@ def write_markdown(path: Path, report: dict[str, Any]) -> None:
     lines = [
         "## MoE decode step: Qwen3-MoE vs the dense Qwen3 of the same active size (CPU, float32)",
         "",
-        f"`python -m inflight.bench.moe_step` ({report['elapsed_s']:.0f} s). Random demo models, float32, CPU, "
+        f"`python -m bench.studies.moe_step` ({report['elapsed_s']:.0f} s). Random demo models, float32, CPU, "
         f"`kernel_backend` auto ({report['kernels']}); {report['machine']['cores']} cores, load average at the "
         f"start {report['machine']['loadavg_start']}, at the end {report['machine']['loadavg_end']}.",
         "",

@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.supervision``: how fast supervision acts across the process boundary.
+"""``python -m bench.studies.supervision``: how fast supervision acts across the process boundary.
 
 On a real ``inflight serve`` (the small bench model, 127.0.0.1), with streams in flight (each
 has had its first token), repetitions run in turn over three scenarios:
@@ -40,7 +40,7 @@ from inflight.bench import report
 from inflight.bench.suite import SuiteOptions, bench_model
 from inflight.bench.systems import RunningServer, SystemSpec
 
-logger = logging.getLogger("inflight.bench.supervision")
+logger = logging.getLogger("bench.studies.supervision")
 
 NUM_STREAMS = 16
 STREAM_TOKENS = 1500  # far more than the few seconds a run lasts: every stream is in flight at the kill
@@ -242,7 +242,7 @@ def render(trials: list[Trial], reps: int, num_streams: int, hostile: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.supervision", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.supervision", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))

@@ -1,6 +1,6 @@
 """Per-step overhead of tensor parallelism: decode-step time at TP=N against TP=1.
 
-``python -m inflight.bench.tensor_parallel --model DIR [--tp 2] [--batch 1 64] [--steps 30]``
+``python -m bench.studies.tensor_parallel --model DIR [--tp 2] [--batch 1 64] [--steps 30]``
 
 For each batch size it fills one engine with that many decoding sequences (short prompts,
 outputs that never stop early), then times ``--steps`` decode steps and reports the median
@@ -76,7 +76,7 @@ def run(model_dir: Path, tp: int, batches: list[int], steps: int) -> list[dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.tensor_parallel",
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.tensor_parallel",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a local model directory (e.g. a demo model)")
     parser.add_argument("--tp", type=int, default=2, help="the tensor-parallel size to compare with 1")

@@ -1,18 +1,18 @@
 """``make compat``: real outside clients against a served model, one table.
 
-    python -m inflight.bench.compat [--model smollm2|demo|DIR] [--num-docs 24] [--skip TOOL ...]
+    python -m bench.compat.run [--model smollm2|demo|DIR] [--num-docs 24] [--skip TOOL ...]
 
 Installs lm-eval, guidellm and the openai client, each in its own environment under
-``--work-dir`` (:mod:`inflight.bench.compat_envs`), serves the model with ``inflight serve`` on
+``--work-dir`` (:mod:`bench.compat.envs`), serves the model with ``inflight serve`` on
 127.0.0.1 (SmolLM2-135M-Instruct as ``make run`` serves it, by default), then runs:
 
 * the openai client: a chat, the same chat streamed, ``models.retrieve``
-  (:mod:`inflight.bench.compat_openai`);
-* a short guidellm run, its headline figures (:mod:`inflight.bench.compat_guidellm`);
+  (:mod:`bench.compat.openai_run`);
+* a short guidellm run, its headline figures (:mod:`bench.compat.guidellm_run`);
 * lm-eval, loglikelihood (multiple choice) and generate-until on a local task, through
   ``local-completions`` against the server and through lm-eval's own ``hf`` backend on the same
   weights (the server is stopped first): accuracies, the largest loglikelihood difference,
-  identical generations (:mod:`inflight.bench.compat_lm_eval`).
+  identical generations (:mod:`bench.compat.lm_eval_run`).
 
 Prints one table and writes it to ``--results-dir``/compat.md (and compat.json). Exits 1 if a
 check failed or a tool could not be installed. Knows how the pieces are put together, not how
@@ -33,8 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from inflight.bench import compat_envs, compat_guidellm, compat_lm_eval
-from inflight.bench.compat_envs import GUIDELLM, LM_EVAL, OPENAI, ToolEnv
+from bench.compat import envs as compat_envs
+from bench.compat import guidellm_run as compat_guidellm
+from bench.compat import lm_eval_run as compat_lm_eval
+from bench.compat.envs import GUIDELLM, LM_EVAL, OPENAI, ToolEnv
 from inflight.bench.report import simple_table
 from inflight.bench.systems import HOST, free_port, http_ok
 
@@ -140,7 +142,7 @@ def _run_tool(cmd: list[str], log: Path) -> subprocess.CompletedProcess[str]:
 
 def run_openai(work_dir: Path, server: CompatServer) -> list[CompatRow]:
     python = str(compat_envs.env_python(work_dir, OPENAI))
-    cmd = [python, "-m", "inflight.bench.compat_openai", "--base-url", server.url, "--model", server.served_name]
+    cmd = [python, "-m", "bench.compat.openai_run", "--base-url", server.url, "--model", server.served_name]
     done = _run_tool(cmd, work_dir / "openai.log")
     if done.returncode != 0:
         return [CompatRow(f"openai {OPENAI.version}", "client run", f"exit {done.returncode}: {done.stderr[-300:]}",
@@ -255,14 +257,14 @@ def write_results(rows: list[CompatRow], options: CompatOptions, note: str) -> s
     table = build_table(rows, note)
     options.results_dir.mkdir(parents=True, exist_ok=True)
     (options.results_dir / "compat.md").write_text("## Compatibility: outside clients against `inflight serve`\n\n"
-                                                   f"`make compat` (`python -m inflight.bench.compat`).\n\n{table}\n")
+                                                   f"`make compat` (`python -m bench.compat.run`).\n\n{table}\n")
     (options.results_dir / "compat.json").write_text(json.dumps(
         {"note": note, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     return table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.compat", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.compat.run", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2", help="smollm2 (default), demo, or a model directory")
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--work-dir", type=Path, default=Path("bench/.work/compat"),

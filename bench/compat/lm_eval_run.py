@@ -10,7 +10,7 @@ and with ``local-completions`` against ``/v1/completions`` (echo + logprobs, tok
 per-choice loglikelihood and every generation, so the two backends are compared item by item.
 
 Knows nothing about the server's lifetime or the environments; the orchestration is
-:mod:`inflight.bench.compat`.
+:mod:`bench.compat.run`.
 """
 
 from __future__ import annotations

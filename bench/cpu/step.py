@@ -1,6 +1,6 @@
 """CPU decode step A/B: ms per step of N decodes on the bench models, variants side by side in one process.
 
-    python -m inflight.bench.cpu_step [--models small medium] [--variants default unpacked]
+    python -m bench.cpu.step [--models small medium] [--variants default unpacked]
         [--rounds 5] [--batch 64] [--steps 10] [--alt-attention FILE] [--profile] [--json FILE]
 
 Each variant is an in-process engine on ``models/bench-<size>`` (made on first use), loaded

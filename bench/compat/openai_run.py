@@ -1,6 +1,6 @@
 """The official ``openai`` client against a served model: a chat, the same chat streamed, models.retrieve.
 
-``python -m inflight.bench.compat_openai --base-url URL --model NAME`` prints one JSON list of
+``python -m bench.compat.openai_run --base-url URL --model NAME`` prints one JSON list of
 checks (``check``, ``ok``, ``result``). ``make compat`` runs it with the python of the openai
 client's own environment (this checkout on ``PYTHONPATH``), so it imports nothing but the
 standard library and ``openai``. Greedy decoding makes the streamed text a check of its own:
@@ -56,7 +56,7 @@ def run_checks(base_url: str, model: str) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.compat_openai", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.compat.openai_run", description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="the served model name")
     args = parser.parse_args(argv)

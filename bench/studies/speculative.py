@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.speculative``: n-gram speculative decoding on SmolLM2, served.
+"""``python -m bench.studies.speculative``: n-gram speculative decoding on SmolLM2, served.
 
 Serves SmolLM2-135M-Instruct with and without ``--speculative-config`` (n-gram, 4 tokens),
 repetitions interleaved, and measures: TPOT p50 at batch 1 (one request at a time) on an
@@ -26,7 +26,7 @@ from inflight.bench.stats import summarize
 from inflight.bench.systems import RunningServer, SystemSpec
 from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 
-logger = logging.getLogger("inflight.bench.speculative")
+logger = logging.getLogger("bench.studies.speculative")
 
 
 def _spec(k: int) -> str:
@@ -86,7 +86,7 @@ def _batch1(server: RunningServer, prompts: list[str], max_tokens: int) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.speculative", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.speculative", description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--reps", type=int, default=2)

@@ -1,4 +1,4 @@
-"""``python -m inflight.bench.isolation``: issue 19's "Must show" figures for cost isolation.
+"""``python -m bench.studies.isolation``: issue 19's "Must show" figures for cost isolation.
 
 On a real ``inflight serve`` (the small bench model, 127.0.0.1, engine-core process), with
 repetitions interleaved (alone, beside, alone, beside, ...):
@@ -37,8 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from inflight.bench import report
-from inflight.bench.isolation_probes import (
+from bench.studies.isolation_probes import (
     AMBIGUOUS_GRAMMAR,
     health_poller,
     parser_100k,
@@ -46,12 +45,13 @@ from inflight.bench.isolation_probes import (
     stream_gaps,
     wide_schema,
 )
+from bench.studies.supervision import run_hostile
+from inflight.bench import report
 from inflight.bench.proc_memory import total_mib, tree_memory
 from inflight.bench.suite import SuiteOptions, bench_model
-from inflight.bench.supervision import run_hostile
 from inflight.bench.systems import RunningServer, SystemSpec
 
-logger = logging.getLogger("inflight.bench.isolation")
+logger = logging.getLogger("bench.studies.isolation")
 
 VICTIM_TOKENS = 160
 GRAMMAR_N = 4
@@ -243,7 +243,7 @@ def summarize(iso: dict[str, Any], rss: list[tuple[int, float]], lp: dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inflight.bench.isolation", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.isolation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--models-dir", type=Path, default=Path("models"))

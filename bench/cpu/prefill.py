@@ -1,6 +1,6 @@
 """Prompt-chunk attention on the CPU: the native kernel against the torch reference it replaced.
 
-    python -m inflight.bench.cpu_prefill [--rounds 7] [--threads 2] [--engine MODEL_DIR]
+    python -m bench.cpu.prefill [--rounds 7] [--threads 2] [--engine MODEL_DIR]
 
 Kernel part: each case is a prompt step (chunks of given lengths, whole prompts, as a 2048-token
 step of the peers' burst holds them) over ``layers`` caches, called one layer after the other as
