@@ -59,6 +59,8 @@ def _top_level_imports(path: Path) -> list[str]:
         for node in body:
             if isinstance(node, ast.Import):
                 names.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:  # a sibling: a bare name here
+                names.extend([node.module] if node.module else [a.name for a in node.names])
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names.append(node.module)
                 names.extend(f"{node.module}.{a.name}" for a in node.names)
