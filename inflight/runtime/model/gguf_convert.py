@@ -1,15 +1,17 @@
 """Converting a GGUF file (llama.cpp, Ollama) into a Hugging Face model directory.
 
-Reads the file with the ``gguf`` package's reader and writes a directory our loader reads like
-any checkpoint: ``config.json``, ``generation_config.json``, the tokenizer files built by
+Reads the file with :mod:`inflight.runtime.model.gguf_index` (every count checked against the
+file before it is used; the hyperparameters by :mod:`gguf_info`) and writes a directory our
+loader reads like any checkpoint: ``config.json``, ``generation_config.json``, the tokenizer files built by
 :mod:`inflight.runtime.model.gguf_tokenizer`, safetensors shards (one per group of layers) of
 the file's float tensors (F32/F16/BF16: norms and the like) and an index. The block-quantized
 tensors are not copied: the index names them (``gguf_tensors``) and the loader reads them from
 the file itself (the directory links to it as ``source.gguf``), packed or dequantized on the fly
 (:func:`gguf_float_tensors`: ``gguf.quants`` to float32, llama.cpp's q/k row permutation
-undone; the file opened with :mod:`inflight.runtime.model.gguf_index`, which skips the tokenizer's
-arrays), so a 4 GB Q4_K_M file never becomes 30 GB of float32 on disk. The directory is written under a temporary
-name and renamed when complete, so an interrupted conversion never looks finished.
+undone), so a 4 GB Q4_K_M file never becomes 30 GB of float32 on disk. The directory is written
+under a temporary name and renamed when complete, so an interrupted conversion never looks
+finished. A file that cannot be read is refused with one :class:`GGUFError` line, never a
+traceback.
 
 Knows the GGUF tensor and metadata names of the Llama family only; anything else is refused
 with the list of what is supported. Knows nothing about serving or where files are cached.
@@ -21,7 +23,6 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,22 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from inflight.runtime.model.gguf_index import GGUFIndex, open_gguf
+from inflight.runtime.model.gguf_checks import GGUFError, int_in
+from inflight.runtime.model.gguf_index import open_gguf
+from inflight.runtime.model.gguf_info import (  # noqa: F401 - re-exported: the converter's vocabulary
+    SUPPORTED_GGUF_ARCHITECTURES,
+    GGUFModelInfo,
+    check_supported,
+    field_value,
+    read_model_info,
+    source_path,
+    supported_quantization_types,
+)
 from inflight.runtime.model.gguf_link import link_source
 from inflight.runtime.model.gguf_tokenizer import write_tokenizer
 
 Progress = Callable[[str], None]
 
-# GGUF architecture -> the transformers architecture it converts to.
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 FLOAT_TYPES = ("F32", "F16", "BF16")  # written to safetensors; every other type stays in the file
 LAYERS_PER_SHARD = 5
 
@@ -58,100 +67,6 @@ _GLOBAL_TENSORS = {
     "output.weight": "lm_head.weight",
 }
 _IGNORED_TENSORS: tuple[str, ...] = ()
-
-
-def supported_quantization_types() -> tuple[str, ...]:
-    """Names of the GGML tensor types this converter can dequantize (the ``gguf`` package's)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import _type_traits  # the registry of types gguf.quants implements
-
-    names = {"F32", "F16"} | {t.name for t in _type_traits}
-    return tuple(sorted(names & {t.name for t in GGMLQuantizationType}))
-
-
-@dataclass(frozen=True, slots=True)
-class GGUFModelInfo:
-    """The architecture facts read from a GGUF header."""
-
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_position_embeddings: int
-    rope_theta: float
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-
-
-def field_value(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value (scalars, strings and arrays; a :class:`GGUFIndex` keeps no arrays), or
-    ``default`` when the key is absent."""
-    if isinstance(reader, GGUFIndex):
-        return reader.values.get(key, default)
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
-
-
-def read_model_info(reader: Any) -> GGUFModelInfo:
-    """Architecture facts from the header; ``ValueError`` for an unsupported architecture."""
-    arch = field_value(reader, "general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
-        raise ValueError(
-            f"unsupported GGUF architecture {arch!r}; inflight converts "
-            f"{', '.join(sorted(SUPPORTED_GGUF_ARCHITECTURES))} (Llama, Mistral, SmolLM and other "
-            "Llama-architecture models)."
-        )
-
-    def need(key: str) -> Any:
-        value = field_value(reader, f"{arch}.{key}")
-        if value is None:
-            raise ValueError(f"GGUF file lacks {arch}.{key}; it cannot be converted.")
-        return value
-
-    num_heads = int(need("attention.head_count"))
-    hidden = int(need("embedding_length"))
-    names = {t.name for t in reader.tensors}
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    return GGUFModelInfo(
-        architecture=arch,
-        num_layers=int(need("block_count")),
-        hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_heads=num_heads,
-        num_kv_heads=int(field_value(reader, f"{arch}.attention.head_count_kv", num_heads)),
-        head_dim=int(field_value(reader, f"{arch}.rope.dimension_count", hidden // num_heads)),
-        vocab_size=int(field_value(reader, f"{arch}.vocab_size", int(embed.shape[-1]))),
-        max_position_embeddings=int(need("context_length")),
-        rope_theta=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        tie_word_embeddings="output.weight" not in names,
-    )
-
-
-def check_supported(reader: Any) -> GGUFModelInfo:
-    """Validate architecture, rope scaling and tensor types before any work is done."""
-    info = read_model_info(reader)
-    scaling = field_value(reader, f"{info.architecture}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ValueError(f"unsupported GGUF rope scaling {scaling!r}; only unscaled rope converts.")
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise ValueError(
-            "unsupported GGUF rope scaling: the file carries Llama 3.1-style rope frequency factors "
-            "(rope_freqs.weight); only unscaled rope converts. Use the model's Hugging Face directory."
-        )
-    supported = set(supported_quantization_types())
-    bad = sorted({t.tensor_type.name for t in reader.tensors} - supported)
-    if bad:
-        raise ValueError(
-            f"unsupported GGUF tensor type(s) {', '.join(bad)}; supported: {', '.join(sorted(supported))}."
-        )
-    return info
 
 
 def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -209,8 +124,8 @@ def _shards(reader: Any, info: GGUFModelInfo) -> Iterator[tuple[int, int, list[A
 
 def hf_config(reader: Any, info: GGUFModelInfo) -> dict[str, Any]:
     """The ``config.json`` contents for the converted directory."""
-    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
-    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    bos = special_token_id(reader, "tokenizer.ggml.bos_token_id", info.vocab_size)
+    eos = special_token_id(reader, "tokenizer.ggml.eos_token_id", info.vocab_size)
     return {
         "architectures": [SUPPORTED_GGUF_ARCHITECTURES[info.architecture]],
         "model_type": info.architecture,
@@ -229,19 +144,24 @@ def hf_config(reader: Any, info: GGUFModelInfo) -> dict[str, Any]:
         "tie_word_embeddings": info.tie_word_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": None if eos is None else int(eos),
+        "bos_token_id": bos,
+        "eos_token_id": eos,
         "torch_dtype": "float32",
     }
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress | None = None) -> Path:
-    """Convert ``gguf_path`` into a Hugging Face directory at ``out_dir`` and return it."""
-    from gguf import GGUFReader
+    """Convert ``gguf_path`` into a Hugging Face directory at ``out_dir`` and return it
+    (``ValueError``, one line, for a file that cannot be converted)."""
+    gguf_path = Path(gguf_path)
+    try:
+        return _convert(gguf_path, Path(out_dir), progress or (lambda _msg: None))
+    except (ArithmeticError, LookupError, TypeError, RecursionError) as exc:  # a case no check foresaw
+        raise GGUFError(gguf_path, "file", f"cannot be converted ({type(exc).__name__}: {exc})") from exc
 
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    say = progress or (lambda _msg: None)
-    reader = GGUFReader(str(gguf_path))
+
+def _convert(gguf_path: Path, out_dir: Path, say: Progress) -> Path:
+    reader = open_gguf(gguf_path)
     info = check_supported(reader)
     tmp = out_dir.with_name(out_dir.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -249,7 +169,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
     try:
         say(f"converting {gguf_path.name}: {info.architecture}, {info.num_layers} layers, "
             f"hidden {info.hidden_size}, vocab {info.vocab_size}")
-        write_tokenizer(reader, tmp)
+        write_tokenizer(reader, tmp, info.vocab_size)
         say("converting: tokenizer written (tokenizer.json, chat template)")
         config = hf_config(reader, info)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -265,6 +185,16 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: Progress 
         raise
     say(f"converted {gguf_path.name} -> {out_dir}")
     return out_dir
+
+
+def special_token_id(reader: Any, key: str, vocab_size: int) -> int | None:
+    """A special token id from the header; ``None`` when absent or outside the vocabulary (as
+    llama.cpp, which falls back to its default), ``GGUFError`` when not an integer."""
+    value = field_value(reader, key)
+    if value is None:
+        return None
+    token_id = int_in(source_path(reader), key, value, -(1 << 63), (1 << 64) - 1)
+    return token_id if 0 <= token_id < vocab_size else None
 
 
 def _write_weights(reader: Any, info: GGUFModelInfo, out: Path, say: Progress) -> tuple[dict[str, str], dict[str, str]]:
