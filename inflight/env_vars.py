@@ -43,6 +43,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "the key /v1 requires when --api-key is not given (the operator sets it from a Secret)"),
     EnvVar("INFLIGHT_ADMIN_API_KEY", str, None, (f"{_R}.cli",),
            "enables /admin with this key when --admin-api-key is not given (the operator sets it)"),
+    EnvVar("INFLIGHT_METRICS_API_KEY", str, None, (f"{_R}.cli",),
+           "the key /metrics requires (besides the admin key) when --metrics-api-key is not given"),
     EnvVar("INFLIGHT_SINGLE_PROCESS", bool, False, (f"{_R}.cli",),
            "run the engine in the server's process (debugging); the --single-process default"),
     EnvVar("INFLIGHT_STATS_LOG_INTERVAL_S", float, 10.0, (f"{_R}.stats_log",),

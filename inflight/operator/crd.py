@@ -23,11 +23,12 @@ from inflight.operator.spec import (
     SERVICE_TYPES,
     Autoscaling,
     InferenceSpec,
+    MetricsKeyRef,
     Resources,
     SecretRef,
     ServiceSpec,
 )
-from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, QUANTIZATIONS, SCHEDULER_POLICIES
+from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, MAX_CONFIG_INT, QUANTIZATIONS, SCHEDULER_POLICIES
 
 PLURAL = "inferencedeployments"
 CRD_FILE = f"crds/{API_GROUP}_{PLURAL}.yaml"
@@ -46,7 +47,8 @@ def _engine_property(name: str) -> dict[str, Any]:
     if type_name == "bool":
         prop["type"] = "boolean"
     elif type_name == "int":
-        prop.update(type="integer", minimum=0 if name == "max_queue_len" else 1)
+        # The runtime refuses integers above MAX_CONFIG_INT; the API server refuses them first.
+        prop.update(type="integer", minimum=0 if name == "max_queue_len" else 1, maximum=MAX_CONFIG_INT)
     elif type_name == "float":
         prop.update(type="number", **{"x-kubernetes-validations": [_FRACTION_RULE]})
     else:
@@ -228,6 +230,16 @@ def _spec_schema() -> dict[str, Any]:
                 "properties": {"name": _str("Secret name."),
                                "key": _str("Key in the Secret.", default=fields.default(SecretRef, "key"))},
             },
+            "metricsApiKeySecretRef": {
+                "type": "object",
+                "description": "Secret with the key GET /metrics requires (the pods' INFLIGHT_METRICS_API_KEY): "
+                               "give Prometheus this token instead of the inference key; the admin key (the "
+                               "operator's autoscaler) is accepted too. Not with inferencePool (its endpoint "
+                               "picker sends no key).",
+                "required": ["name"],
+                "properties": {"name": _str("Secret name."),
+                               "key": _str("Key in the Secret.", default=fields.default(MetricsKeyRef, "key"))},
+            },
             "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0,
                                         fields.default(InferenceSpec, "drain_timeout_seconds")),
             **crd_parts.pod_properties(),
@@ -237,6 +249,11 @@ def _spec_schema() -> dict[str, Any]:
                     "!has(self.resources.gpus) || self.resources.gpus == 0 || "
                     "self.engine.tensorParallelSize == self.resources.gpus",
             "message": "engine.tensorParallelSize must equal resources.gpus (leave it unset to follow gpus)",
+        }, {
+            "rule": "!has(self.metricsApiKeySecretRef) || !has(self.inferencePool) || "
+                    "!has(self.inferencePool.enabled) || !self.inferencePool.enabled",
+            "message": "metricsApiKeySecretRef would close /metrics to the InferencePool's endpoint picker, "
+                       "which sends no key",
         }],
     }
 

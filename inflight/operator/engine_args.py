@@ -42,6 +42,7 @@ EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "seed": "a per-request concern, not a deployment one",
     "kernel_backend": "'auto' picks Triton on CUDA; override with extraArgs for debugging",
     "long_prefill_token_threshold": "scheduler fine-tuning whose default follows schedulerPolicy; extraArgs sets it",
+    "metrics_tenants": "names of tenants for per-tenant metrics, a per-deployment detail; extraArgs sets it",
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")  # a key in a Secret's data
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # Extended resource names: "<domain>/<name>", e.g. nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu.
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

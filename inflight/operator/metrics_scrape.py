@@ -3,7 +3,8 @@
 Owns: which pods count as ready, the URL of a pod (``status.podIP`` and the runtime
 container's port named ``http``; never the ``prometheus.io/port`` annotation, which a service
 mesh rewrites, Istio's metrics merging to 15020), parsing the Prometheus text with prometheus-client's
-parser, and the admin call. Knows nothing about the Kubernetes API or the decision.
+parser (with the pod's admin key: a runtime with an API key keeps /metrics behind its keys),
+and the admin call. Knows nothing about the Kubernetes API or the decision.
 """
 
 from __future__ import annotations
@@ -81,12 +82,14 @@ class Scrape:
     error: str | None = None  # "pod at URL: what went wrong"; None when both metrics were read
 
 
-async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_s: float) -> Scrape:
-    """One pod's metrics; any failure gives ``None`` values and the error."""
+async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_s: float,
+                     api_key: str | None = None) -> Scrape:
+    """One pod's metrics (``api_key``: its admin key); any failure gives ``None`` values and the error."""
     url = f"{target.base_url}/metrics"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(url, timeout=timeout) as resp:
+        async with session.get(url, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}")
             kv, waiting = parse_metrics(await resp.text())
@@ -100,9 +103,9 @@ async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_
 
 
 async def scrape_pods(
-    session: aiohttp.ClientSession, targets: list[PodTarget], timeout_s: float
+    session: aiohttp.ClientSession, targets: list[PodTarget], timeout_s: float, api_key: str | None = None
 ) -> tuple[Scrape, ...]:
-    return tuple(await asyncio.gather(*(scrape_pod(session, t, timeout_s) for t in targets)))
+    return tuple(await asyncio.gather(*(scrape_pod(session, t, timeout_s, api_key) for t in targets)))
 
 
 async def push_live_config(

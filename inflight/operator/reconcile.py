@@ -265,7 +265,8 @@ async def autoscale(
     """Scrape ready pods, decide, and apply the decision to the Deployment's replicas."""
     ready = [p for p in pods if metrics_scrape.pod_is_ready(p)]
     targets = [t for p in ready for t in [metrics_scrape.pod_target(p)] if t is not None]
-    scrapes = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds)
+    admin_key, _ = await ctx.admin_key(spec.namespace, spec.name)  # /metrics is behind the pods' keys
+    scrapes = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds, admin_key)
     no_ip = len(ready) - len(targets)
     metrics = tuple(s.metrics for s in scrapes)
     metrics += tuple(autoscaler.PodMetrics(f"no-ip-{i}", None, None) for i in range(no_ip))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.operator import engine_args, pod_runtime, render_model, render_pool
-from inflight.operator.spec import InferenceSpec
+from inflight.operator.spec import METRICS_KEY_ENV, InferenceSpec, passes_metrics_key
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS
 
 API_GROUP = "inflight.dev"
@@ -116,8 +116,20 @@ def runtime_args(spec: InferenceSpec) -> list[str]:
         "--drain-timeout", str(spec.drain_timeout_seconds),
         *engine_args.static_flags(spec.engine),
         *engine_args.live_flags(),
+        *_open_metrics(spec),
         *spec.extra_args,
     ]
+
+
+def _open_metrics(spec: InferenceSpec) -> list[str]:
+    """``--open-metrics`` where the InferencePool's endpoint picker must read /metrics of pods
+    that have an API key (the picker sends no key; the runtime otherwise keeps /metrics behind
+    its keys). Not when the pods have a metrics key (``metricsApiKeySecretRef``, which the spec
+    refuses beside a pool; ``--metrics-api-key`` in extraArgs, or its env var in ``spec.env``):
+    the runtime refuses both at once."""
+    metrics_keyed = spec.metrics_api_key_secret_ref is not None or passes_metrics_key(spec)
+    keyed = spec.api_key_secret_ref is not None and not metrics_keyed
+    return ["--open-metrics"] if spec.inference_pool.enabled and keyed else []
 
 
 def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
@@ -128,11 +140,10 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
         }
         for field in LIVE_TUNABLE_FIELDS
     ]
-    if spec.api_key_secret_ref is not None:
-        ref = spec.api_key_secret_ref
-        env.append(
-            {"name": "INFLIGHT_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
+    for env_name, ref in (("INFLIGHT_API_KEY", spec.api_key_secret_ref),
+                          (METRICS_KEY_ENV, spec.metrics_api_key_secret_ref)):
+        if ref is not None:
+            env.append({"name": env_name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env.append({
         "name": "INFLIGHT_ADMIN_API_KEY",
         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(spec.name), "key": ADMIN_KEY}},

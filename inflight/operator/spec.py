@@ -11,7 +11,7 @@ CRD builder (:mod:`.crd`) read it from there. Knows nothing about Kubernetes I/O
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from inflight.operator import engine_args, fields
 from inflight.operator.model_source import ModelSource, parse_model
@@ -23,6 +23,7 @@ RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
 FAILURE_MODES = ("FailClose", "FailOpen")
+METRICS_KEY_ENV = "INFLIGHT_METRICS_API_KEY"  # the runtime reads it (inflight.runtime.cli)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,16 @@ class SecretRef:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsKeyRef:
+    """The Secret entry whose value the pods' ``GET /metrics`` requires (env
+    ``INFLIGHT_METRICS_API_KEY``): a scraper's token that many deployments can share without
+    giving the scraper their inference key."""
+
+    name: str
+    key: str = "token"  # the chart's serviceMonitor.authorization.key default
+
+
+@dataclass(frozen=True, slots=True)
 class InferencePoolSpec:
     """Optional Gateway API Inference Extension wiring: an InferencePool and its endpoint picker."""
 
@@ -89,11 +100,15 @@ class InferenceSpec:
     autoscaling: Autoscaling = Autoscaling()
     service: ServiceSpec = ServiceSpec()
     api_key_secret_ref: SecretRef | None = None
+    metrics_api_key_secret_ref: MetricsKeyRef | None = None
     drain_timeout_seconds: int = DRAIN_TIMEOUT_S  # the server's --drain-timeout default
     pod: PodSettings = PodSettings()
     runtime: PodRuntime = PodRuntime()
     rollout: Rollout = Rollout()
     inference_pool: InferencePoolSpec = InferencePoolSpec()
+
+
+_Ref = TypeVar("_Ref", SecretRef, MetricsKeyRef)
 
 
 def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec:
@@ -113,7 +128,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
             {e.get("name") for e in pod.env} & set(KERNEL_CACHE_ENV))):
         raise ValueError(f"spec.env sets {', '.join(taken)}, which spec.kernelCache points at its volume; "
                          "drop one of them.")
-    return InferenceSpec(
+    parsed = InferenceSpec(
         name=name,
         namespace=namespace,
         model=parse_model(name, _obj(spec, "model", required=True)),
@@ -128,7 +143,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         replicas=replicas,
         autoscaling=_parse_autoscaling(_obj(spec, "autoscaling")),
         service=_parse_service(_obj(spec, "service")),
-        api_key_secret_ref=_parse_secret_ref(spec.get("apiKeySecretRef")),
+        api_key_secret_ref=_parse_secret_ref(spec, "apiKeySecretRef", SecretRef),
+        metrics_api_key_secret_ref=_parse_secret_ref(spec, "metricsApiKeySecretRef", MetricsKeyRef),
         drain_timeout_seconds=_int(spec, "drainTimeoutSeconds", fields.default(InferenceSpec, "drain_timeout_seconds"),
                                    minimum=0),
         pod=pod,
@@ -136,6 +152,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         rollout=parse_rollout(_obj(spec, "rollout")),
         inference_pool=_parse_inference_pool(_obj(spec, "inferencePool")),
     )
+    _check_metrics_key(parsed)
+    return parsed
 
 
 def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
@@ -235,14 +253,42 @@ def _parse_service(raw: dict[str, Any]) -> ServiceSpec:
     return ServiceSpec(type=svc_type, port=port, annotations=fields.string_map(raw, "annotations", "spec.service"))
 
 
-def _parse_secret_ref(raw: Any) -> SecretRef | None:
+def _parse_secret_ref(spec: dict[str, Any], field_name: str, cls: type[_Ref]) -> _Ref | None:
+    raw = spec.get(field_name)
     if raw is None:
         return None
+    p = f"spec.{field_name}"
     if not isinstance(raw, dict):
-        raise ValueError("spec.apiKeySecretRef must be an object with name (and key).")
-    p = "spec.apiKeySecretRef"
-    return SecretRef(name=_str(raw, "name", None, prefix=p),
-                     key=_str(raw, "key", fields.default(SecretRef, "key"), prefix=p))
+        raise ValueError(f"{p} must be an object with name (and key).")
+    name = fields.matching(_str(raw, "name", None, prefix=p), fields.DNS_SUBDOMAIN, f"{p}.name", "my-secret")
+    key = fields.matching(_str(raw, "key", fields.default(cls, "key"), prefix=p), fields.SECRET_KEY, f"{p}.key",
+                          fields.default(cls, "key"))
+    return cls(name=name, key=key)
+
+
+def passes_metrics_key(spec: InferenceSpec) -> bool:
+    """Whether ``extraArgs`` (``--metrics-api-key``) or ``spec.env`` (its env var) give the pods a
+    metrics key of their own making."""
+    return any(a.startswith("--metrics-api-key") for a in spec.extra_args) or any(
+        e.get("name") == METRICS_KEY_ENV for e in spec.pod.env)
+
+
+def _check_metrics_key(spec: InferenceSpec) -> None:
+    """What the runtime would refuse at start, or what would blind the endpoint picker, as a
+    spec error: the metrics key is the inference key, set twice, or closes /metrics to a picker."""
+    ref, p = spec.metrics_api_key_secret_ref, "spec.metricsApiKeySecretRef"
+    if ref is None:
+        return
+    api = spec.api_key_secret_ref
+    if api is not None and (api.name, api.key) == (ref.name, ref.key):
+        raise ValueError(f"{p} names the same Secret entry as spec.apiKeySecretRef; the metrics key must differ "
+                         "from the inference key (the runtime refuses them equal).")
+    if passes_metrics_key(spec):
+        raise ValueError(f"{p} and a --metrics-api-key in spec.engine.extraArgs or {METRICS_KEY_ENV} in spec.env "
+                         "both set the metrics key; keep one.")
+    if spec.inference_pool.enabled:
+        raise ValueError(f"{p} would close /metrics to the InferencePool's endpoint picker, which sends no key "
+                         "(behind a pool the pods serve /metrics to anyone, Prometheus included); drop it.")
 
 
 def _obj(raw: dict[str, Any], key: str, required: bool = False, prefix: str = "spec") -> dict[str, Any]:

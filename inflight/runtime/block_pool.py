@@ -10,6 +10,11 @@ public and cheap to collide: that was cross-user KV poisoning, as in vLLM's
 GHSA-rm76-4mrf-v9r8). A hit is also checked against the block's own token ids, so even a
 collision could never serve one prompt's KV to another.
 
+A request's ``cache_salt`` (vLLM's isolation field) seeds its chain: the first block's key
+covers the salt (:func:`salted_root`), and through chaining every later block's does too, so
+only requests with the same salt (or none) share blocks, and a guess at another user's prompt
+finds nothing unless it carries that user's salt.
+
 This module imports no torch and knows nothing about requests or scheduling policy.
 """
 
@@ -23,6 +28,14 @@ from collections.abc import Iterable, Sequence
 
 BlockHash = bytes  # a SHA-256 digest
 NO_PARENT_HASH: BlockHash = bytes(32)  # the root of tests' chains; a pool draws a random one
+
+
+def salted_root(root: BlockHash, cache_salt: str | None) -> BlockHash:
+    """The chain root of a request with ``cache_salt``: ``root`` itself without a salt, else
+    SHA-256(root, a domain tag, the salt's UTF-8), so salted chains never meet unsalted ones."""
+    if cache_salt is None:
+        return root
+    return hashlib.sha256(root + b"inflight-cache-salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
 
 
 def hash_block(parent_hash: BlockHash, token_ids: Sequence[int]) -> BlockHash:
@@ -58,6 +71,10 @@ class KVBlockPool:
         # Free blocks in eviction order: the first key is evicted first.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}  # block key -> block id
+
+    def root_for(self, cache_salt: str | None) -> BlockHash:
+        """The chain root of a request with ``cache_salt`` in this pool (see :func:`salted_root`)."""
+        return salted_root(self.root_hash, cache_salt)
 
     @property
     def num_free_blocks(self) -> int:

@@ -37,11 +37,13 @@ from inflight import __version__, env_vars
 from inflight.runtime import cli_vllm, preflight
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
-from inflight.runtime.server.state import ServerSettings
+from inflight.runtime.server.state import PREFIX_CACHE_ISOLATION, ServerSettings
 from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
+from inflight.runtime.server.transport import ConnectionLimits
 
 API_KEY_ENV = "INFLIGHT_API_KEY"
 ADMIN_API_KEY_ENV = "INFLIGHT_ADMIN_API_KEY"
+METRICS_API_KEY_ENV = "INFLIGHT_METRICS_API_KEY"
 SINGLE_PROCESS_ENV = "INFLIGHT_SINGLE_PROCESS"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
@@ -126,12 +128,44 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--priority-api-key", default=None, metavar="KEY",
                         help="The trusted caller's key: accepted wherever --api-key is, and its requests may "
                              "ask for any priority (see --priority-floor).")
+    server.add_argument("--metrics-api-key", default=None, metavar="KEY",
+                        help=f"The key GET /metrics requires, e.g. Prometheus' bearer token (env {METRICS_API_KEY_ENV}); "
+                             "the admin key is accepted too, inference keys no longer are. Without it /metrics "
+                             "answers to the server's keys when --api-key is set, and to anyone when it is not.")
+    server.add_argument("--open-metrics", action="store_true", default=False,
+                        help="Serve /metrics to anyone even with --api-key (for scrapers that cannot send a "
+                             "key); the prefix-cache counters then help guess other users' prompts unless "
+                             "--prefix-cache-isolation key or per-user cache_salt separates them.")
+    server.add_argument("--prefix-cache-isolation", default=_server_default("prefix_cache_isolation"),
+                        choices=PREFIX_CACHE_ISOLATION,
+                        help="none: requests share prefix-cache blocks unless their cache_salt differs; key: each "
+                             "API key (each peer address without --api-key) gets a cache of its own, so no caller "
+                             "can probe another's prompts through hits or time to first token; tenant: each "
+                             "tenant a gateway names in --tenant-header (else each key) gets its own.")
+    server.add_argument("--tenant-header", default=None, metavar="NAME",
+                        help="Under --scheduler-policy fair, the request header a trusted gateway names the tenant "
+                             "in (e.g. llm-d's x-gateway-inference-fairness-id); requests without it are the "
+                             "caller's. Unset: a tenant is an API key (a peer address without --api-key), and a "
+                             "request's user only divides its tenant's share. Only where clients cannot reach the "
+                             "server but through the gateway.")
     server.add_argument("--engine-stall-timeout", type=float, default=_server_default("engine_stall_timeout_s"),
-                        help="Seconds one engine step may run before the server declares the engine dead, "
-                             "answers every client with 503 and exits non-zero.")
+                        help="Seconds one engine step may run, or an idle engine may go without answering "
+                             "its heartbeat (a core frozen between steps, e.g. by SIGSTOP), before the server "
+                             "declares the engine dead, answers every client with 503 and exits non-zero.")
     server.add_argument("--keepalive-timeout", type=float, default=_server_default("keepalive_timeout_s"),
-                        help="Seconds before an idle connection, or one that has not sent a whole "
-                             "request head, is closed.")
+                        help="Seconds before an idle connection is closed (a request head that has begun "
+                             "must end within --header-timeout).")
+    server.add_argument("--header-timeout", type=float, default=_limit_default("header_timeout_s"),
+                        help="Seconds a client has to send a whole request head, from its first byte (from "
+                             "connecting, for a connection's first request); the connection is closed after.")
+    server.add_argument("--max-connections", type=int, default=_limit_default("max_connections"), metavar="N",
+                        help="Connections open at once; one more is answered 503 and closed unread (the "
+                             "soft open-file limit is raised to fit).")
+    server.add_argument(*_names("--max-header-bytes"), type=int, default=_limit_default("max_header_bytes"),
+                        metavar="BYTES", help="The most bytes of one request head (request line and headers) "
+                                              "the server reads; 431 beyond. One line or header: 8190 bytes.")
+    server.add_argument(*_names("--max-header-count"), type=int, default=_limit_default("max_header_count"),
+                        metavar="N", help="The most headers one request may have (400 beyond).")
     server.add_argument("--request-read-timeout", type=float, default=_server_default("request_read_timeout_s"),
                         help="Seconds a request body may take to arrive (408 after).")
     server.add_argument("--stream-write-timeout", type=float, default=_server_default("stream_write_timeout_s"),
@@ -194,6 +228,11 @@ def _server_default(name: str) -> Any:
     return next(f.default for f in dataclasses.fields(ServerSettings) if f.name == name)
 
 
+def _limit_default(name: str) -> Any:
+    """The ``ConnectionLimits`` default of ``name`` (the one copy of it)."""
+    return next(f.default for f in dataclasses.fields(ConnectionLimits) if f.name == name)
+
+
 def add_engine_flags(group: argparse._ArgumentGroup) -> None:
     """One flag per ``EngineConfig`` field, typed from its annotation."""
     hints = typing.get_type_hints(EngineConfig)
@@ -244,6 +283,13 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_logprobs=args.max_logprobs,
         priority_floor=args.priority_floor,
         priority_api_key=args.priority_api_key,
+        connection_limits=ConnectionLimits(
+            max_connections=args.max_connections, max_header_bytes=args.max_header_bytes,
+            max_header_count=args.max_header_count, header_timeout_s=args.header_timeout),
+        metrics_api_key=args.metrics_api_key or env_vars.read_str(METRICS_API_KEY_ENV) or None,
+        open_metrics=args.open_metrics,
+        prefix_cache_isolation=args.prefix_cache_isolation,
+        tenant_header=args.tenant_header,
     )
 
 

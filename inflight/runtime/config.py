@@ -24,6 +24,12 @@ LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
 # home: the server's --drain-timeout (ServerSettings.drain_timeout_s) and the CR's
 # drainTimeoutSeconds both default to it, and the operator imports this module, no server one.
 DRAIN_TIMEOUT_S = 30
+# The ceiling of every integer knob (sequences, tokens, blocks, queue slots): such counts index
+# int32 tensors and are reported as Prometheus floats, and an admin or a flag that sets one to a
+# 400-digit integer must get a refusal naming the range, not an engine nobody can scrape
+# (issue 46). The seed alone may use the 64 bits torch.manual_seed takes.
+MAX_CONFIG_INT = 2**31 - 1
+MAX_SEED = 2**64 - 1
 
 
 def _help(text: str) -> dict[str, str]:
@@ -74,8 +80,9 @@ class EngineConfig:
     scheduler_policy: str = field(
         default="fcfs",
         metadata=_help(
-            "fcfs | priority | fair (tenants, by the request's user field, share slots and queue "
-            "by tokens served) | static (naive baseline: admit a batch, wait for all of it)."
+            "fcfs | priority | fair (tenants, by API key or --tenant-header, and the users within "
+            "each, share slots and queue by tokens served) | static (naive baseline: admit a "
+            "batch, wait for all of it)."
         ),
     )
     long_prefill_token_threshold: int | None = field(
@@ -141,6 +148,15 @@ class EngineConfig:
             "(docs/gpu.md). Not with speculative decoding or tensor parallelism."
         ),
     )
+    metrics_tenants: str | None = field(
+        default=None,
+        metadata=_help(
+            "Under the fair policy, the tenants (comma-separated: an API key's key:<digest>, "
+            "addr:<peer>, or a --tenant-header value) whose per-tenant metrics carry their name; "
+            "every other tenant is counted as 'other'. Unset: tenants are labelled by a keyed "
+            "digest, at most 64 at a time."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_int(self, "max_num_sequences", 1)
@@ -165,7 +181,7 @@ class EngineConfig:
             _check_int(self, "long_prefill_token_threshold", 0)
         _check_int(self, "max_queue_len", 0)
         _check_int(self, "tensor_parallel_size", 1)
-        _check_int(self, "seed", 0)
+        _check_int(self, "seed", 0, MAX_SEED)
         _check_choice(self, "scheduler_policy", SCHEDULER_POLICIES)
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "device", DEVICES)
@@ -180,6 +196,12 @@ class EngineConfig:
             if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
                 raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
                                  "is not split across devices yet); use method ngram with tensor parallelism")
+        if self.metrics_tenants is not None:
+            from inflight.runtime.tenant_stats import parse_metrics_tenants
+
+            if not isinstance(self.metrics_tenants, str):
+                raise ValueError("metrics_tenants must be tenant names separated by commas, given as text.")
+            parse_metrics_tenants(self.metrics_tenants)  # raises ValueError naming the bad name
         for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
@@ -207,10 +229,18 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
-def _check_int(cfg: EngineConfig, name: str, minimum: int) -> None:
+def _check_int(cfg: EngineConfig, name: str, minimum: int, maximum: int = MAX_CONFIG_INT) -> None:
     value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r}).")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an integer >= {minimum} and <= {maximum} (got {_brief(value)}).")
+
+
+def _brief(value: object) -> str:
+    """``repr(value)``, but a huge integer by its size (an error never echoes 400 digits back)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:

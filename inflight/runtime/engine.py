@@ -33,7 +33,7 @@ from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.draft_proposer import DraftProposer, load_runners
 from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
-from inflight.runtime.input_checks import check_request, check_token_budget
+from inflight.runtime.input_checks import check_cache_salt, check_request, check_token_budget
 from inflight.runtime.kv_manager import KVCacheManager, release_window
 from inflight.runtime.logit_rows import split_logits
 from inflight.runtime.model_runner import ModelRunner
@@ -54,6 +54,7 @@ from inflight.runtime.spec_grammar import plain_when_grammar_busy
 from inflight.runtime.spec_verify import verify_chunk
 from inflight.runtime.speculative import SpecStats
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
+from inflight.runtime.tenant_stats import parse_metrics_tenants
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("inflight.engine")
@@ -81,6 +82,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(
             tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
             detokenize, count_tenants=config.scheduler_policy == "fair",
+            metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
         )
         self._arrivals = 0
         self._num_tokens_last_step = 0
@@ -141,12 +143,16 @@ class LLMEngine:
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int = 0, arrival_time: float | None = None, tenant: str = "",
+        cache_salt: str | None = None,
     ) -> None:
+        """Queue one request. ``cache_salt`` (vLLM's): only requests with the same salt share
+        prefix-cache blocks (see :mod:`inflight.runtime.block_pool`)."""
         if req_id in self.output_processor:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
+        check_cache_salt(cache_salt)
         self.check_admission(1, tenant)
-        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant)
+        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt)
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
         """Add every request or none: on a rejection, abort the ones already added and re-raise.
@@ -158,7 +164,7 @@ class LLMEngine:
         try:
             for r in requests:
                 self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
-                                 arrival_time=r.arrival_time, tenant=r.tenant)
+                                 arrival_time=r.arrival_time, tenant=r.tenant, cache_salt=r.cache_salt)
                 added.append(r.req_id)
         except BaseException:
             for req_id in added:
@@ -168,27 +174,31 @@ class LLMEngine:
     def check_admission(self, num_new: int, tenant: str = "") -> None:
         """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
 
-        ``max_queue_len`` bounds the requests that cannot run now: up to ``max_num_sequences``
-        unfinished requests run, and at most ``max_queue_len`` more wait. So a burst of
-        ``max_num_sequences + max_queue_len`` into an idle engine is accepted whole. Under the
-        fair policy the waiting queue is shared instead: a tenant may hold its share of it
-        (``max_queue_len`` / tenants waiting), so a flood from one tenant is refused, not others.
+        ``max_queue_len`` bounds the requests that cannot run now, under every policy: up to
+        ``max_num_sequences`` unfinished requests run, and at most ``max_queue_len`` more wait.
+        So a burst of ``max_num_sequences + max_queue_len`` into an idle engine is accepted
+        whole. Under the fair policy the waiting queue is also shared between tenants
+        (:meth:`FairShare.queue_refusal`): a tenant holding its share is refused, not others,
+        and one tenant's flood leaves the last places to tenants with nothing waiting.
         """
-        if self.scheduler.fair is not None:
-            free_slots = max(0, self.config.max_num_sequences - self.scheduler.num_running)
-            mine, share = self.scheduler.fair.queue_share(tenant, self.scheduler.waiting, self.config.max_queue_len)
-            if mine + num_new - free_slots > share:
-                raise QueueFullError(share)
-            return
         unfinished = self.scheduler.num_running + self.scheduler.num_waiting + num_new
         if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
             raise QueueFullError(self.config.max_queue_len)
+        fair = self.scheduler.fair
+        if fair is not None:
+            free_slots = max(0, self.config.max_num_sequences - self.scheduler.num_running)
+            refusal = fair.queue_refusal(fair.resolve(tenant), self.scheduler.waiting, num_new, free_slots,
+                                         self.config.max_queue_len)
+            if refusal is not None:
+                raise QueueFullError(*refusal)
 
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-        priority: int, arrival_time: float | None, tenant: str = "",
+        priority: int, arrival_time: float | None, tenant: str = "", cache_salt: str | None = None,
     ) -> None:
-        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant)
+        if self.scheduler.fair is not None:  # a stranger beyond the tenant bound shares the overflow
+            tenant = self.scheduler.fair.resolve(tenant)
+        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant, cache_salt)
         self._arrivals += 1
         generator = None
         if not params.greedy:

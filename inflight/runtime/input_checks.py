@@ -16,6 +16,8 @@ from inflight.runtime.kv_manager import cdiv
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
 
+MAX_CACHE_SALT_CHARS = 1024  # vLLM sets no bound; a salt is an id or a random token
+
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int) -> None:
     """Raise :class:`RequestRejectedError` for a request the engine can never run.
@@ -50,6 +52,17 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, config: E
             prompt_token_ids) < vocab_size:
         raise RequestRejectedError(
             f"prompt token ids must be integers in [0, {vocab_size})", "invalid_request", "prompt")
+
+
+def check_cache_salt(cache_salt: object) -> None:
+    """vLLM's rule for ``cache_salt`` (a non-empty string when given), with a bound on its
+    length: a :class:`RequestRejectedError` naming the field otherwise."""
+    if cache_salt is None:
+        return
+    if not isinstance(cache_salt, str) or not 0 < len(cache_salt) <= MAX_CACHE_SALT_CHARS:
+        raise RequestRejectedError(
+            f"Parameter 'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters "
+            "if provided.", "invalid_request", "cache_salt")
 
 
 def check_token_budget(config: EngineConfig) -> None:

@@ -71,7 +71,7 @@ class KVCacheManager:
             return []
         if req.params.prompt_logprobs is not None:  # cached tokens would have no logits
             return []
-        req.block_hashes = hash_full_blocks(req.token_ids, self.block_size, req.block_hashes, self.pool.root_hash)
+        req.block_hashes = self._hashes(req, req.token_ids)
         max_blocks = (req.num_tokens - 1) // self.block_size
         return self.pool.find_cached(req.block_hashes[:max_blocks], req.token_ids, self.block_size)
 
@@ -154,12 +154,17 @@ class KVCacheManager:
         if num_full <= req.num_cached_blocks:
             return
         bs = self.block_size
-        req.block_hashes = hash_full_blocks(
-            req.token_ids[: num_full * bs], bs, req.block_hashes[:num_full], self.pool.root_hash
-        )
+        req.block_hashes = self._hashes(req, req.token_ids[: num_full * bs])
         for i in range(req.num_cached_blocks, num_full):
             self.pool.cache_block(req.block_ids[i], req.block_hashes[i], req.token_ids[i * bs : (i + 1) * bs])
         req.num_cached_blocks = num_full
+
+    def _hashes(self, req: Request, token_ids: list[int]) -> list[bytes]:
+        """Chained keys of the full blocks of ``token_ids`` (a prefix of ``req``'s), extending the
+        ones ``req`` has; the chain starts from ``req``'s salted root (``cache_salt``)."""
+        known = req.block_hashes[: len(token_ids) // self.block_size]
+        root = self.pool.root_hash if known or req.cache_salt is None else self.pool.root_for(req.cache_salt)
+        return hash_full_blocks(token_ids, self.block_size, known, root)
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s held blocks (not the placeholders of released ones); full

@@ -6,7 +6,9 @@
     print(outputs[0].text, outputs[0].token_ids, outputs[0].finish_reason)
 
 It adds every prompt to one engine and steps until all finish, so the prompts share batches
-exactly as concurrent server requests would. With ``tensor_parallel_size=N`` the engine
+exactly as concurrent server requests would. A prompt may also be a dict as vLLM takes it,
+``{"prompt": text}`` or ``{"prompt_token_ids": ids}``, with an optional ``"cache_salt"``: only
+prompts with the same salt share prefix-cache blocks. With ``tensor_parallel_size=N`` the engine
 starts N-1 worker processes; ``close()`` (or a ``with`` block, or interpreter exit) stops them.
 """
 
@@ -23,7 +25,7 @@ from inflight.runtime.model.gguf_source import resolve_model_dir
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]
 
 
 class LLM:
@@ -53,7 +55,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
         """Generate for every prompt; results come back in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
         if params is None:
@@ -61,15 +63,28 @@ class LLM:
         param_list = [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompt_list):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompt_list)} prompts.")
-        req_ids = []
+        req_ids, prompt_ids = [], []
         for prompt, p in zip(prompt_list, param_list, strict=True):
             req_id = f"offline-{self._counter}"
             self._counter += 1
-            self.engine.add_request(req_id, self.engine.encode_prompt(prompt), p)
+            ids, cache_salt = self._parse_prompt(prompt)
+            self.engine.add_request(req_id, ids, p, cache_salt=cache_salt)
             req_ids.append(req_id)
-        return self._run(req_ids, prompt_list)
+            prompt_ids.append(ids)
+        return self._run(req_ids, prompt_ids)
 
-    def _run(self, req_ids: list[str], prompts: list[Prompt]) -> list[CompletionOutput]:
+    def _parse_prompt(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        """A prompt's token ids and ``cache_salt`` (None unless a dict prompt carries one)."""
+        if not isinstance(prompt, dict):
+            return self.engine.encode_prompt(prompt), None
+        unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
+        if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError("a dict prompt needs exactly one of 'prompt' (text) and 'prompt_token_ids', and "
+                             f"may add 'cache_salt' (got keys {sorted(prompt)}).")
+        text_or_ids = prompt["prompt"] if "prompt" in prompt else list(prompt["prompt_token_ids"])
+        return self.engine.encode_prompt(text_or_ids), prompt.get("cache_salt")
+
+    def _run(self, req_ids: list[str], prompt_ids: list[list[int]]) -> list[CompletionOutput]:
         tokens: dict[str, list[int]] = {r: [] for r in req_ids}
         texts: dict[str, list[str]] = {r: [] for r in req_ids}
         logprobs: dict[str, list[TokenLogprob]] = {r: [] for r in req_ids}
@@ -84,7 +99,7 @@ class LLM:
                     idx = req_ids.index(out.req_id)
                     done[out.req_id] = CompletionOutput(
                         req_id=out.req_id,
-                        prompt_token_ids=self.engine.encode_prompt(prompts[idx]),
+                        prompt_token_ids=prompt_ids[idx],
                         text="".join(texts[out.req_id]),
                         token_ids=tokens[out.req_id],
                         finish_reason=out.finish_reason or "stop",

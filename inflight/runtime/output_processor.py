@@ -72,6 +72,7 @@ class OutputProcessor:
     def __init__(
         self, tokenizer: Any, eos_token_ids: tuple[int, ...], max_model_len: int,
         release: Callable[[Request], None], detokenize: bool = True, count_tenants: bool = False,
+        metrics_tenants: tuple[str, ...] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -82,9 +83,10 @@ class OutputProcessor:
         self._release = release
         self._states: dict[str, RequestOutputState] = {}
         self._count_tenants = count_tenants
+        self._metrics_tenants = metrics_tenants  # the tenants counted under their own names
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        self.tenants = TenantMeter() if count_tenants else None
+        self.tenants = TenantMeter(metrics_tenants) if count_tenants else None
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._states
@@ -92,7 +94,7 @@ class OutputProcessor:
     def reset_counts(self) -> None:
         """Forget the token counts (after the warm-up)."""
         self.num_prompt_tokens = self.num_generation_tokens = 0
-        self.tenants = TenantMeter() if self._count_tenants else None
+        self.tenants = TenantMeter(self._metrics_tenants) if self._count_tenants else None
 
     # -- requests ---------------------------------------------------------------------
     def add(self, req: Request, generator: torch.Generator | None, matcher: RequestMatcher | None) -> None:

@@ -27,17 +27,16 @@ class RequestRejectedError(ValueError):
 
 
 class QueueFullError(RequestRejectedError):
-    """The waiting queue holds ``max_queue_len`` requests; retry later (HTTP 429)."""
+    """The waiting queue (or ``what`` of it: under the fair policy a tenant's share) holds
+    ``max_queue_len`` requests; retry later (HTTP 429)."""
 
-    def __init__(self, max_queue_len: int) -> None:
-        super().__init__(
-            f"the server's waiting queue is full ({max_queue_len} requests); retry shortly",
-            reason="queue_full",
-        )
+    def __init__(self, max_queue_len: int, what: str = "the server's waiting queue") -> None:
+        super().__init__(f"{what} is full ({max_queue_len} requests); retry shortly", reason="queue_full")
         self.max_queue_len = max_queue_len
+        self.what = what
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (QueueFullError, (self.max_queue_len,))
+        return (QueueFullError, (self.max_queue_len, self.what))
 
 
 class FailedSteps:

@@ -36,6 +36,7 @@ class Request:
         arrival_time: float | None = None,
         arrival_seq: int = 0,
         tenant: str = "",
+        cache_salt: str | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -44,13 +45,14 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = arrival_seq  # tie-breaker: order of add_request calls
         self.tenant = tenant  # the scheduler's fair policy shares slots between tenants
+        self.cache_salt = cache_salt  # seeds block_hashes: only requests with the same salt share KV
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.block_ids: list[int] = []  # the block table, placeholders included
         self.num_released_blocks = 0  # leading entries of block_ids no longer held (out of the window)
-        self.block_hashes: list[bytes] = []  # chained SHA-256 keys of the full blocks of token_ids
+        self.block_hashes: list[bytes] = []  # chained SHA-256 keys of the full blocks of token_ids (from the salt)
         self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
         self.num_preemptions = 0
         self.admitted_seq = -1  # order of the latest admission (for preemption victims)

@@ -11,10 +11,10 @@ and admissions between tenants by tokens served (:mod:`inflight.runtime.fairness
 ``static`` is the naive baseline: it admits a batch only when nothing is running.
 
 A chunked prompt puts at most ``long_prefill_token_threshold`` tokens into one step (vLLM's
-knob; off by default). Under ``fair`` the cap is per tenant (all its prompt chunks of the step
-together; by default an eighth of the budget): a tenant with many long prompts cannot fill a
-step, so one arriving behind it waits for a short step and boards with its prompt beside at
-most that much of the other's.
+knob; off by default). Under ``fair`` the cap is per tenant group (all the prompt chunks of
+its users in the step together; by default an eighth of the budget): a tenant with many long
+prompts, or many users, cannot fill a step, so one arriving behind it waits for a short step
+and boards with its prompt beside at most that much of the other's.
 
 On a model whose every layer is windowed, each step first gives back the running requests'
 blocks that fell wholly outside the window (:meth:`KVCacheManager.release_out_of_window`), so
@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.fairness import FairShare
+from inflight.runtime.fairness import FairShare, tenant_group
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.speculative import NgramIndex, parse_speculative_config
@@ -84,7 +84,7 @@ class Scheduler:
         self.spec = parse_speculative_config(config.speculative_config)
         self.fair = FairShare() if config.scheduler_policy == "fair" else None
         self._prefill_cap: int | None = None  # the long-prefill cap of this step
-        self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant
+        self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant group
         self._yielding: frozenset[str] = frozenset()  # fair: tenants whose prompts sit this step out
 
     # -- queue management -------------------------------------------------------------
@@ -185,11 +185,11 @@ class Scheduler:
 
     def _prefill_room(self, req: Request) -> int:
         """Prompt tokens ``req`` may still put into this step: the long-prefill cap, or under
-        the fair policy what its tenant has left of it (the budget when there is no cap)."""
+        the fair policy what its tenant group has left of it (the budget when there is no cap)."""
         cap = self._prefill_cap
         if cap is None:
             return self.config.max_num_tokens
-        return cap - self._step_prefill[req.tenant] if self.fair is not None else cap
+        return cap - self._step_prefill[tenant_group(req.tenant)] if self.fair is not None else cap
 
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
@@ -331,5 +331,5 @@ class Scheduler:
 
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
         if req.num_tokens - req.num_computed_tokens > 1:  # a prompt chunk (or a recompute)
-            self._step_prefill[req.tenant] += num_new
+            self._step_prefill[tenant_group(req.tenant)] += num_new
         return ScheduledChunk(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)

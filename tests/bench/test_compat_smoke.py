@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.compat import run as compat
 from bench.compat import envs as compat_envs
 from bench.compat import guidellm_run as compat_guidellm
 from bench.compat import lm_eval_run as compat_lm_eval
+from bench.compat import run as compat
 from bench.compat.run import CompatRow
 
 # ---- environments --------------------------------------------------------------------------

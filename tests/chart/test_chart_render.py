@@ -9,6 +9,7 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 from chart_support import (
     CHART_DIR,
     RELEASE_NAMESPACE,
@@ -69,6 +70,20 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                             "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
                             "interval": _DURATION,
                             "scrapeTimeout": _DURATION,
+                            "authorization": {  # SafeAuthorization: a Secret in the monitor's namespace
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "type": {"type": "string"},
+                                    "credentials": {  # a SecretKeySelector
+                                        "type": "object",
+                                        "required": ["key"],
+                                        "additionalProperties": False,
+                                        "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                                                       "optional": {"type": "boolean"}},
+                                    },
+                                },
+                            },
                         },
                     },
                 },
@@ -217,6 +232,47 @@ def test_service_monitor_selects_runtime_pods(objects, case: str, namespace_sele
     assert monitor["spec"]["namespaceSelector"] == namespace_selector
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+
+
+@pytest.mark.parametrize(("authorization", "expected"), [
+    (None, None),  # as before: no token
+    ({"secretName": ""}, None),
+    ({"secretName": "prom-token"}, {"type": "Bearer", "credentials": {"name": "prom-token", "key": "token"}}),
+    ({"secretName": "prom-token", "key": "1234"},
+     {"type": "Bearer", "credentials": {"name": "prom-token", "key": "1234"}}),  # a numeric-looking key stays a string
+])
+def test_service_monitor_sends_the_metrics_token(chart: helm.Chart, authorization: dict | None,
+                                                  expected: dict | None) -> None:
+    """Runtime pods with an apiKeySecretRef answer /metrics only with a key: the ServiceMonitor
+    sends serviceMonitor.authorization's Secret as a bearer token (the operator's own metrics need none)."""
+    monitor = {"enabled": True, **({"authorization": authorization} if authorization is not None else {})}
+    rendered = chart.render({"serviceMonitor": monitor}, name="inflight", namespace=RELEASE_NAMESPACE, is_install=True)
+    objs = parse_manifests(rendered)
+    (endpoint,) = _runtime_monitor(objs)["spec"]["endpoints"]
+    assert endpoint.get("authorization") == expected
+    for obj in by_kind(objs, "ServiceMonitor"):
+        jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+    (operator_endpoint,) = [m for m in by_kind(objs, "ServiceMonitor")
+                            if m["metadata"]["name"].endswith("-operator")][0]["spec"]["endpoints"]
+    assert "authorization" not in operator_endpoint
+    notes = rendered["inflight/templates/NOTES.txt"]
+    assert ("metricsApiKeySecretRef" in notes) and (("answer 401" in notes) is (expected is None))
+
+
+def test_service_monitor_token_key_default_is_the_crds() -> None:
+    """One token key name on both sides: the chart's default key is metricsApiKeySecretRef's."""
+    from inflight.operator import crd
+
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    spec = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    ref = spec["properties"]["metricsApiKeySecretRef"]["properties"]["key"]
+    assert values["serviceMonitor"]["authorization"]["key"] == ref["default"]
+
+
+def test_all_on_service_monitor_sends_the_token(objects) -> None:
+    (endpoint,) = _runtime_monitor(objects("all-on"))["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer",
+                                         "credentials": {"name": "inflight-metrics-token", "key": "token"}}
 
 
 def test_operator_pods_are_not_selected_as_runtime_pods(objects) -> None:

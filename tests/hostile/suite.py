@@ -151,7 +151,7 @@ async def check_health(session: aiohttp.ClientSession, url: str, key: str, refer
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     used = None
     while time.monotonic() < deadline:
-        m = await _metrics(session, url)
+        m = await _metrics(session, url, key)
         used = round(m["inflight:kv_cache_usage_perc"] * m["inflight:num_kv_blocks"])
         if used == 0 and m["inflight:num_requests_running"] == 0 and m["inflight:num_requests_waiting"] == 0:
             break
@@ -165,8 +165,8 @@ async def check_health(session: aiohttp.ClientSession, url: str, key: str, refer
     return text
 
 
-async def _metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    async with session.get(f"{url}/metrics") as resp:
+async def _metrics(session: aiohttp.ClientSession, url: str, key: str) -> dict[str, float]:
+    async with session.get(f"{url}/metrics", headers=_auth(key)) as resp:  # behind the key, as the server has one
         text = await resp.text()
     values: dict[str, float] = {}
     for line in text.splitlines():

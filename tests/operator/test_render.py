@@ -75,6 +75,14 @@ DEPLOYMENT_CASES = [
     ({"priorityClassName": "high"}, lambda d: d["spec"]["template"]["spec"]["priorityClassName"], "high"),
     ({"apiKeySecretRef": {"name": "s"}}, lambda d: _env(_container(d), "INFLIGHT_API_KEY"),
      {"name": "INFLIGHT_API_KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "api-key"}}}),
+    ({}, lambda d: _env(_container(d), "INFLIGHT_METRICS_API_KEY"), None),
+    ({"metricsApiKeySecretRef": {"name": "prom"}}, lambda d: _env(_container(d), "INFLIGHT_METRICS_API_KEY"),
+     {"name": "INFLIGHT_METRICS_API_KEY", "valueFrom": {"secretKeyRef": {"name": "prom", "key": "token"}}}),
+    ({"apiKeySecretRef": {"name": "s"}, "metricsApiKeySecretRef": {"name": "s", "key": "scrape"}},
+     lambda d: [e["valueFrom"]["secretKeyRef"] for e in _container(d)["env"] if "KEY" in e["name"]],
+     [{"name": "s", "key": "api-key"}, {"name": "s", "key": "scrape"}, {"name": "demo-admin", "key": "admin-api-key"}]),
+    ({"metricsApiKeySecretRef": {"name": "prom"}}, lambda d: "--metrics-api-key" in " ".join(_container(d)["args"]),
+     False),  # the key travels in env, never in the pod's args
     ({"drainTimeoutSeconds": 50}, lambda d: d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 65),
     ({"drainTimeoutSeconds": 50}, lambda d: _arg_after(_container(d)["args"], "--drain-timeout"), "50"),
     ({}, lambda d: _container(d)["readinessProbe"]["httpGet"]["path"], "/ready"),
@@ -95,6 +103,20 @@ DEPLOYMENT_CASES = [
 @pytest.mark.parametrize(("overrides", "getter", "expected"), DEPLOYMENT_CASES)
 def test_deployment_fields(overrides: dict[str, Any], getter: Any, expected: Any) -> None:
     assert getter(_deploy(overrides)) == expected
+
+
+_METRICS_ENV = {"name": "INFLIGHT_METRICS_API_KEY", "valueFrom": {"secretKeyRef": {"name": "m", "key": "t"}}}
+OPEN_METRICS_CASES = [  # the runtime refuses --open-metrics beside a metrics key
+    ({"apiKeySecretRef": {"name": "k"}, "inferencePool": {"enabled": True}}, True),  # the picker sends no key
+    ({"apiKeySecretRef": {"name": "k"}, "inferencePool": {"enabled": True}, "env": [_METRICS_ENV]}, False),
+    ({"apiKeySecretRef": {"name": "k"}, "metricsApiKeySecretRef": {"name": "m"}}, False),
+    ({"apiKeySecretRef": {"name": "k"}, "env": [_METRICS_ENV]}, False),
+]
+
+
+@pytest.mark.parametrize(("overrides", "opened"), OPEN_METRICS_CASES)
+def test_open_metrics_never_beside_a_metrics_key(overrides: dict[str, Any], opened: bool) -> None:
+    assert ("--open-metrics" in _container(_deploy(overrides))["args"]) is opened
 
 
 def test_grace_period_exceeds_prestop_plus_drain() -> None:

@@ -96,6 +96,10 @@ def test_rendered_objects_validate_against_kubernetes(path: pathlib.Path) -> Non
         ({"engine": {"maxNumSequences": 0}}, "maxNumSequences"),
         ({"engine": {"bogus": 1}}, None),  # structural schemas prune unknown fields; parse_spec rejects
         ({"autoscaling": {"targetKvCacheUsage": 1.5}}, "targetKvCacheUsage"),
+        ({"engine": {"maxNumSequences": 2**31}}, "maxNumSequences"),  # the runtime's MAX_CONFIG_INT + 1
+        ({"engine": {"maxModelLen": 2**31}}, "maxModelLen"),
+        ({"metricsApiKeySecretRef": {}}, "metricsApiKeySecretRef"),
+        ({"metricsApiKeySecretRef": {"name": 7}}, "metricsApiKeySecretRef"),
     ],
 )
 def test_schema_rejects_bad_values(bad_example_change: dict[str, Any], schema_path_word: str | None) -> None:
@@ -125,6 +129,18 @@ INVALID_SPECS = [
     ({"service": {"type": "Headless"}}, "spec.service.type must be one of"),
     ({"service": {"port": 70000}}, "port must be <= 65535"),
     ({"apiKeySecretRef": {}}, "spec.apiKeySecretRef.name is required"),
+    ({"metricsApiKeySecretRef": {}}, "spec.metricsApiKeySecretRef.name is required"),
+    ({"metricsApiKeySecretRef": "prom"}, "spec.metricsApiKeySecretRef must be an object"),
+    ({"metricsApiKeySecretRef": {"name": "Prom_Token"}}, "spec.metricsApiKeySecretRef.name 'Prom_Token' is not valid"),
+    ({"metricsApiKeySecretRef": {"name": "prom", "key": "a/b"}}, "spec.metricsApiKeySecretRef.key 'a/b' is not valid"),
+    ({"apiKeySecretRef": {"name": "s", "key": "k"}, "metricsApiKeySecretRef": {"name": "s", "key": "k"}},
+     "same Secret entry as spec.apiKeySecretRef"),
+    ({"metricsApiKeySecretRef": {"name": "prom"}, "engine": {"extraArgs": ["--metrics-api-key=x"]}},
+     "both set the metrics key"),
+    ({"metricsApiKeySecretRef": {"name": "prom"}, "env": [{"name": "INFLIGHT_METRICS_API_KEY", "value": "x"}]},
+     "both set the metrics key"),
+    ({"metricsApiKeySecretRef": {"name": "prom"}, "inferencePool": {"enabled": True}},
+     "close /metrics to the InferencePool's endpoint picker"),
     ({"tolerations": {"key": "x"}}, "spec.tolerations must be a list of objects"),
 ]
 
@@ -134,6 +150,29 @@ def test_invalid_spec_raises_actionable_value_error(overrides: dict[str, Any], m
     with pytest.raises(ValueError) as info:
         make_spec(overrides)
     assert message in str(info.value)
+
+
+def test_crd_engine_integers_stop_where_the_runtime_does() -> None:
+    """The runtime refuses integers above MAX_CONFIG_INT; the CRD says so, so the API server
+    refuses them at apply time instead of the pod failing at start."""
+    from inflight.runtime.config import MAX_CONFIG_INT
+
+    engine = _openapi_schema()["properties"]["spec"]["properties"]["engine"]["properties"]
+    integers = {k: v for k, v in engine.items() if v.get("type") == "integer"}
+    assert {"maxNumSequences", "maxNumTokens", "maxModelLen", "maxQueueLen"} <= set(integers)
+    assert {k: v.get("maximum") for k, v in integers.items()} == dict.fromkeys(integers, MAX_CONFIG_INT)
+    make_spec({"engine": {"maxNumTokens": MAX_CONFIG_INT}})  # the ceiling itself is fine
+
+
+def test_metrics_key_ref_parses_with_the_crds_default_key() -> None:
+    from inflight.operator.spec import METRICS_KEY_ENV, MetricsKeyRef
+    from inflight.runtime.cli import METRICS_API_KEY_ENV
+
+    assert METRICS_KEY_ENV == METRICS_API_KEY_ENV  # the env var the runtime reads
+    assert make_spec({"metricsApiKeySecretRef": {"name": "prom"}}).metrics_api_key_secret_ref == MetricsKeyRef("prom")
+    assert make_spec({}).metrics_api_key_secret_ref is None
+    prop = _openapi_schema()["properties"]["spec"]["properties"]["metricsApiKeySecretRef"]
+    assert prop["required"] == ["name"] and prop["properties"]["key"]["default"] == MetricsKeyRef("x").key
 
 
 def test_missing_model_is_reported() -> None:

@@ -1,8 +1,9 @@
-"""The fair scheduler policy: tenants (the request's ``user``) share slots and the waiting
-queue by tokens served. A tenant arriving behind another's flood gets its first tokens within
-a few steps (a slot is taken from the flood), instead of after the flood; its requests are
-still token-identical to FCFS; the flooding tenant, not the newcomer, gets the 429; service
-state is dropped when a tenant goes idle. Steps are counted, never timed."""
+"""The fair scheduler policy: tenants (in the server the caller's key, divided by ``user``:
+tests/hostile/test_sybil_tenants.py) share slots and the waiting queue by tokens served. A
+tenant arriving behind another's flood gets its first tokens within a few steps (a slot is
+taken from the flood), instead of after the flood; its requests are still token-identical to
+FCFS; the flooding tenant, not the newcomer, gets the 429, and the global queue bound holds;
+service state is dropped when a tenant goes idle. Steps are counted, never timed."""
 
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def test_a_newcomer_behind_a_flood_gets_a_slot_at_once(llama_dir) -> None:
 
 def test_the_flooding_tenant_gets_the_429_not_the_newcomer(llama_dir) -> None:
     engine = _engine(llama_dir, "fair", max_num_sequences=2, max_queue_len=4)
-    for i in range(6):  # 2 can run, 4 wait: tenant a alone holds the whole queue
+    for i in range(5):  # 2 can run, 3 wait: the queue's last place is kept for another tenant
         engine.add_request(f"a{i}", [5, 6], SHORT, tenant="a")
-    with pytest.raises(QueueFullError):
+    with pytest.raises(QueueFullError, match="kept for other tenants"):
         engine.add_request("a-more", [5, 6], SHORT, tenant="a")
-    engine.add_request("b0", [7, 8], SHORT, tenant="b")  # b's share of the queue: 4 / 2 tenants
-    engine.add_request("b1", [7, 9], SHORT, tenant="b")
+    engine.add_request("b0", [7, 8], SHORT, tenant="b")  # b has nothing waiting: it takes that place
+    with pytest.raises(QueueFullError, match="the server's waiting queue is full"):
+        engine.add_request("b1", [7, 9], SHORT, tenant="b")  # the global bound holds under fair too
+    assert engine.scheduler.num_waiting == 2 + 4
     fcfs = _engine(llama_dir, "fcfs", max_num_sequences=2, max_queue_len=4)
     for i in range(6):
         fcfs.add_request(f"a{i}", [5, 6], SHORT, tenant="a")

@@ -84,7 +84,7 @@ class LiveServer:
         source = (CoreLaunch(str(self.model_dir), self.config, "warning", "text", stats_log=False)
                   if self.engine_process else lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
         app = create_app(self.settings, source)
-        self.runner = make_runner(app, self.settings.keepalive_timeout_s)
+        self.runner = make_runner(app, self.settings.keepalive_timeout_s, self.settings.connection_limits)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -148,8 +148,9 @@ def http(method: str, url: str, body: bytes | dict | list | None = None,
         return Reply(exc.code, dict(exc.headers), exc.read().decode())
 
 
-def metrics(url: str) -> dict[str, float]:
-    return parse_metrics(http("GET", f"{url}/metrics").text)
+def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """/metrics parsed; ``headers``: a key, for a server that has one."""
+    return parse_metrics(http("GET", f"{url}/metrics", headers=headers).text)
 
 
 def is_idle(url: str) -> bool:
@@ -226,9 +227,9 @@ class ServeProcess:
 
 
 async def _poll_metrics(session: aiohttp.ClientSession, url: str, out: list[dict[str, float]],
-                        stop: asyncio.Event) -> None:  # /metrics needs no key
+                        stop: asyncio.Event, headers: dict[str, str] | None) -> None:
     while not stop.is_set():
-        async with session.get(f"{url}/metrics") as resp:
+        async with session.get(f"{url}/metrics", headers=headers) as resp:
             out.append(parse_metrics(await resp.text()))
         await asyncio.sleep(0.005)
 
@@ -254,7 +255,7 @@ async def burst(url: str, num_streams: int, max_tokens: int, headers: dict[str, 
     samples: list[dict[str, float]] = []
     stop = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        poller = asyncio.create_task(_poll_metrics(session, url, samples, stop))
+        poller = asyncio.create_task(_poll_metrics(session, url, samples, stop, headers))
         chunks = await asyncio.gather(*[
             _stream_all(session, url, max_tokens, f"# task {i}\ndef f{i}(x):", headers) for i in range(num_streams)
         ])

@@ -58,7 +58,7 @@ def test_post_changes_the_running_engine(slow_keyed_server: LiveServer) -> None:
         assert reply.status == 200, reply.text
         assert reply.json()["max_num_sequences"] == 2 and reply.json()["max_queue_len"] == 10
         assert http("GET", f"{url}/admin/config", headers=AUTH).json()["max_num_sequences"] == 2
-        assert metrics(url)[f'inflight:max_num_sequences{{model_name="{MODEL_NAME}"}}'] == 2
+        assert metrics(url, INFERENCE_AUTH)[f'inflight:max_num_sequences{{model_name="{MODEL_NAME}"}}'] == 2
         _, samples = asyncio.run(asyncio.wait_for(burst(url, 6, 24, headers=INFERENCE_AUTH), 60))
         running = [s[f'inflight:num_requests_running{{model_name="{MODEL_NAME}"}}'] for s in samples]
         assert max(running) == 2

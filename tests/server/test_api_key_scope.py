@@ -1,13 +1,14 @@
 """With --api-key set, every route that runs the tokenizer, the template or the model needs it
 (/v1/*, /tokenize, /detokenize), and a client without it is refused before it sends a body
-(``Expect: 100-continue`` gets the 401, not a 100); probes and scrapers stay open."""
+(``Expect: 100-continue`` gets the 401, not a 100); probes stay open, and /metrics answers to
+the server's keys."""
 
 from __future__ import annotations
 
 import socket
 
 import pytest
-from conftest import API_KEY, MODEL_NAME
+from conftest import ADMIN_KEY, API_KEY, MODEL_NAME
 
 from tests.server.server_helpers import LiveServer, http
 
@@ -24,9 +25,16 @@ def test_tokenizer_routes_need_the_key(keyed_server: LiveServer, path: str, body
     assert http("POST", keyed_server.url + path, body, AUTH).status == 200
 
 
-@pytest.mark.parametrize("path", ["/health", "/ready", "/version", "/metrics"])
-def test_probes_and_metrics_stay_open(keyed_server: LiveServer, path: str) -> None:
+@pytest.mark.parametrize("path", ["/health", "/ready", "/version"])
+def test_probes_stay_open(keyed_server: LiveServer, path: str) -> None:
     assert http("GET", keyed_server.url + path).status == 200
+
+
+def test_metrics_answer_to_the_servers_keys(keyed_server: LiveServer) -> None:
+    assert http("GET", keyed_server.url + "/metrics").status == 401
+    assert http("GET", keyed_server.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status == 401
+    for key in (API_KEY, ADMIN_KEY):
+        assert http("GET", keyed_server.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).status == 200
 
 
 def _expect_continue(port: int, path: str, auth: bytes) -> bytes:

@@ -107,5 +107,7 @@ def test_key_required(keyed_server: LiveServer, headers: dict[str, str], path: s
 def test_right_key_and_open_probes(keyed_server: LiveServer) -> None:
     auth = {"Authorization": f"Bearer {API_KEY}"}
     assert http("POST", keyed_server.url + C, comp(), auth).status == 200
-    for probe in ("/health", "/ready", "/metrics"):  # probes and scrapes need no key
+    for probe in ("/health", "/ready"):  # probes need no key
         assert http("GET", keyed_server.url + probe).status == 200
+    assert http("GET", keyed_server.url + "/metrics").status == 401  # the server has a key: so has /metrics
+    assert http("GET", keyed_server.url + "/metrics", headers=auth).status == 200

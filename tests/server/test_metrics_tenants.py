@@ -1,8 +1,9 @@
 """Per-tenant metrics of the fair policy, through a real server whose engine core runs in its
-own process (so the figures cross the process boundary in the step stats): two tenants'
-tokens counted exactly, hostile ``user`` strings reported under safe labels without breaking
-the exposition format, and at most ``MAX_TRACKED_TENANTS`` named tenants however many
-distinct users send requests (the rest under "other"). Counts, never times."""
+own process (so the figures cross the process boundary in the step stats): two tenants (named
+by a gateway's header, and by ``--metrics-tenants``) counted exactly, hostile ``user`` strings
+and tenant ids never reaching a label, and however many tenants send requests, only the named
+ones and "other". Digest labels and their bound: tests/hostile/test_tenant_labels.py. Counts,
+never times."""
 
 from __future__ import annotations
 
@@ -22,23 +23,26 @@ from tests.server.server_helpers import MODEL_NAME, LiveServer, http, is_idle, w
 TENANT_METRICS = ("inflight:tenant_num_requests_running", "inflight:tenant_num_requests_waiting",
                   "inflight:tenant_prompt_tokens", "inflight:tenant_generation_tokens")  # fmt: skip
 SAFE_LABEL = re.compile(rf"[A-Za-z0-9_.:@/+=-]{{1,{MAX_TENANT_LABEL_CHARS}}}")
+TENANT_HEADER = "x-tenant-id"
 
 
 @pytest.fixture(scope="module")
 def fair_server(demo_model_dir: Path) -> Iterator[LiveServer]:
     config = EngineConfig(scheduler_policy="fair", max_num_sequences=8, num_kv_blocks=96, max_model_len=256,
-                          max_queue_len=256)  # fmt: skip
-    live = LiveServer(demo_model_dir, config, ServerSettings(model_name=MODEL_NAME), engine_process=True).start()
+                          max_queue_len=256, metrics_tenants="alice,bob")  # fmt: skip
+    settings = ServerSettings(model_name=MODEL_NAME, tenant_header=TENANT_HEADER)
+    live = LiveServer(demo_model_dir, config, settings, engine_process=True).start()
     yield live
     live.stop()
 
 
-def _complete(server: LiveServer, user: str | None, max_tokens: int, n: int = 1) -> dict:
+def _complete(server: LiveServer, tenant: str | None, max_tokens: int, n: int = 1, user: str | None = None) -> dict:
     body = {"model": MODEL_NAME, "prompt": "def add(a, b):", "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "n": n}  # fmt: skip
     if user is not None:
         body["user"] = user
-    reply = http("POST", f"{server.url}/v1/completions", body)
+    headers = {TENANT_HEADER: tenant} if tenant is not None else {}
+    reply = http("POST", f"{server.url}/v1/completions", body, headers=headers)
     assert reply.status == 200, reply.text
     return reply.json()["usage"]
 
@@ -85,25 +89,28 @@ HOSTILE = [
 ]
 
 
-def test_hostile_user_strings_become_safe_labels(fair_server: LiveServer) -> None:
+def test_hostile_user_strings_never_become_labels(fair_server: LiveServer) -> None:
     for user in HOSTILE:
-        _complete(fair_server, user, 1)
+        _complete(fair_server, None, 1, user=user)
+        _complete(fair_server, "alice", 1, user=user)  # users divide a tenant; they are never labels
+    for tenant in ("A" * 200, "x%2F/y", "Bob"):  # unnamed gateway tenant ids
+        _complete(fair_server, tenant, 1)
     series = _tenant_series(fair_server)
     labels = set(series["inflight:tenant_generation_tokens"])
-    assert all(SAFE_LABEL.fullmatch(label) for label in labels), labels
-    assert "A" * MAX_TENANT_LABEL_CHARS in labels
+    assert labels == {"alice", "bob", OTHER_TENANT} and all(SAFE_LABEL.fullmatch(label) for label in labels)
     text = http("GET", f"{fair_server.url}/metrics").text
     assert not any(line.startswith("inflight:fake") for line in text.splitlines())  # no forged series
 
 
-def test_the_number_of_named_tenants_is_capped(fair_server: LiveServer) -> None:
-    users = [f"user-{i}" for i in range(MAX_TRACKED_TENANTS + 8)]
+def test_only_the_named_tenants_have_series(fair_server: LiveServer) -> None:
+    before = _tenant_series(fair_server)["inflight:tenant_generation_tokens"][OTHER_TENANT]
+    tenants = [f"tenant-{i}" for i in range(MAX_TRACKED_TENANTS + 8)]
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda user: _complete(fair_server, user, 2), users))
+        list(pool.map(lambda tenant: _complete(fair_server, tenant, 2), tenants))
     series = _tenant_series(fair_server)
     generated = series["inflight:tenant_generation_tokens"]
-    assert len(generated) == MAX_TRACKED_TENANTS + 1 and OTHER_TENANT in generated
-    assert generated[OTHER_TENANT] >= 2 * 8  # at least the 8 beyond the cap, perhaps more
+    assert set(generated) == {"alice", "bob", OTHER_TENANT}
+    assert generated[OTHER_TENANT] == before + 2 * len(tenants)
     engine_total = http("GET", f"{fair_server.url}/metrics").text
     total = next(s.value for f in text_string_to_metric_families(engine_total)
                  if f.name == "inflight:generation_tokens" for s in f.samples)  # fmt: skip

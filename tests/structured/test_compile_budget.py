@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 
 import pytest
@@ -85,11 +86,15 @@ def test_in_flight_limit_and_seconds_bucket_per_client() -> None:
 
 def test_a_pending_compile_over_the_limit_is_refused_through_the_server(llama_server) -> None:  # noqa: ANN001
     """With one compile per client, a second distinct schema from the same key is a 429 while
-    the first is stalled; a different key compiles and generates meanwhile."""
+    the first is stalled; a different key compiles and generates meanwhile. (A client is the
+    key it authenticated with: for the test the server takes "hog" and "someone-else" as its
+    two inference keys; without keys every local client would be one peer address.)"""
     openai = pytest.importorskip("openai")
     state = llama_server.app[STATE]
     engine = llama_server.engine
     budget, state.compile_budget = state.compile_budget, CompileBudget(max_in_flight=1)
+    settings = state.settings
+    state.settings = dataclasses.replace(settings, api_key="hog", priority_api_key="someone-else")
     deadline, engine.structured.compile_deadline_s = engine.structured.compile_deadline_s, 60.0
     engine.structured._fault = GrammarFault("slow-compile", SLOW)  # noqa: SLF001 - the injected fault
 
@@ -124,4 +129,5 @@ def test_a_pending_compile_over_the_limit_is_refused_through_the_server(llama_se
         engine.structured.release_stalls()
         thread.join(60)
         state.compile_budget, engine.structured.compile_deadline_s = budget, deadline
+        state.settings = settings
     assert not isinstance(stalled["reply"], Exception), stalled["reply"]

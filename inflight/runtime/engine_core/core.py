@@ -12,7 +12,9 @@ on the structured-output manager's worker threads, never on the step loop), run 
 send its outputs and stats in one :class:`StepDone`. Idle, it blocks on the pipe.
 
 It writes ``time.monotonic()`` into a shared double while a step runs (0 between steps), so
-the front end's watchdog sees a step that never returns. It exits when the front end sends
+the front end's watchdog sees a step that never returns, and answers each :class:`Ping` with
+a :class:`Pong` between steps, so the watchdog sees a loop that no longer turns (a core
+frozen while idle: SIGSTOP, a hang outside the step). It exits when the front end sends
 :class:`Shutdown` or its end of the pipe closes, and dies with its parent
 (``PR_SET_PDEATHSIG`` on Linux), taking its tensor-parallel workers with it. A step that
 raises a plain ``Exception`` fails the requests in flight (:class:`FailAll`) and the loop
@@ -178,6 +180,9 @@ class EngineCore:
                 return False
             if isinstance(message, p.Shutdown):
                 return False
+            if isinstance(message, p.Ping):  # the heartbeat: not a command, no Stats for it
+                self.conn.send(p.Pong(message.seq))
+                continue
             self._apply(message)
             changed = True
         if changed:
@@ -196,7 +201,8 @@ class EngineCore:
                 self.engine.update_config(**message.changes)
             except ValueError as exc:
                 self.conn.send(p.RetuneDone(message.call_id, None, str(exc)))
-            else:
+            else:  # the new figures first: whoever waits on the answer then reads them in /metrics
+                self.conn.send(p.Stats(self.engine.stats()))
                 self.conn.send(p.RetuneDone(message.call_id, self.engine.summary()))
         else:
             raise TypeError(f"unknown message {type(message).__name__} on the engine-core pipe")

@@ -3,11 +3,12 @@
 One message per event each way, pickled over a ``multiprocessing`` pipe. The core speaks
 first: :class:`Prewarmed` once its imports are done and it has read what the start-up checks
 need (``served_facts``). The front end sends :class:`Go` (load the engine: its own start-up
-checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune` and
+checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune`, :class:`Ping` and
 :class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then
 :class:`Admitted` / :class:`Refused` per group, :class:`StepDone` per step that produced
 outputs (every new token of the step in one message, with the step's stats), :class:`Stats`
-after commands, :class:`RetuneDone`, :class:`FailAll` when a step raised and :class:`Dead`
+after commands, :class:`RetuneDone`, :class:`Pong` per :class:`Ping` (between two steps: the
+heartbeat that shows an idle core alive), :class:`FailAll` when a step raised and :class:`Dead`
 before it exits on a fatal error. :data:`PROTOCOL_VERSION` is checked in :class:`Prewarmed`
 and :class:`Ready`: both sides come from one install, so a mismatch means a stale process,
 and the front end refuses to serve with it.
@@ -27,7 +28,8 @@ from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejected
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.served_facts import ServedFacts
 
-PROTOCOL_VERSION = 5  # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed
+# 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed; 6: EngineRequest.cache_salt
+PROTOCOL_VERSION = 7  # 7: Ping/Pong (the idle core's heartbeat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,8 @@ class EngineRequest:
     params: SamplingParams
     priority: int = 0
     arrival_time: float | None = None  # time.monotonic(); one clock for every process of a host
-    tenant: str = ""  # the request's user field: the fair scheduler's unit of sharing
+    tenant: str = ""  # the fair scheduler's unit of sharing: <group>/<user> (server.tenancy)
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
 
 
 # ---- front end -> core ------------------------------------------------------------------
@@ -83,6 +86,13 @@ class Shutdown:
 @dataclass(frozen=True, slots=True)
 class Go:
     """The front end's first message: load the engine now (its checks passed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A heartbeat: answer with :class:`Pong` of the same ``seq`` between two steps."""
+
+    seq: int
 
 
 # ---- core -> front end ------------------------------------------------------------------
@@ -138,6 +148,13 @@ class RetuneDone:
     call_id: int
     summary: EngineSummary | None  # None when refused
     error: str | None = None  # the ValueError's message when refused
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to :class:`Ping` ``seq``: the core's loop is running (not frozen, not stuck)."""
+
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)

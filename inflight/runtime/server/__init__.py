@@ -4,7 +4,7 @@ One line per module:
 
 * ``app``          routes, middlewares (errors, auth, admission), /health /ready /metrics, watchdog, drain
 * ``serve``        the process lifecycle: bind, load with progress, SIGTERM/SIGHUP drain, exit code
-* ``auth``         the API key and admin key on every route, Expect: 100-continue checked first
+* ``auth``         the API key and admin key on every route, /metrics behind keys, Expect: 100-continue checked first
 * ``engine_client`` the front end's side of the engine: request groups, dispatch, death
 * ``engine_process`` the engine-core process: spawn, pipe, the front end's view of the engine
 * ``async_engine`` the engine step loop in a thread of this process (--single-process, tests)
@@ -14,7 +14,9 @@ One line per module:
 * ``tool_requests`` the tools a chat request offers, forced-call schemas, tool calls in a history
 * ``chat_support`` / ``chat_output`` / ``tool_calls`` / ``tool_stream`` / ``reasoning``  reading a chat reply
 * ``echo``         echo and prompt logprobs in completion bodies
-* ``compile_budget`` each client's allowance of grammar compile work (429 over it)
+* ``compile_budget`` each caller's allowance of grammar compile work (429 over it), fair turns at the compilers
+* ``principal``    who is calling: one normalised identity per authenticated key (or peer address)
+* ``cache_isolation`` the cache_salt a request's engine requests carry (--prefix-cache-isolation)
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
 * ``responses``    OpenAI response bodies, stream chunks, usage and logprobs layouts
@@ -23,7 +25,8 @@ One line per module:
 * ``metrics``      Prometheus metrics in a per-app registry
 * ``admin``        GET/POST /admin/config (live retuning)
 * ``state``        per-app settings and state (no module-level mutable state)
-* ``transport``    the aiohttp runner: parse errors answered and logged without echo, keep-alive
+* ``transport``    the aiohttp runner: parse errors answered and logged without echo, keep-alive,
+                   the connection cap, the request-head byte bound and deadline (``ConnectionLimits``)
 """
 
 from inflight.runtime.server.app import create_app, drain

@@ -3,7 +3,8 @@
 Owns the admin JSON shape: GET returns the live ``EngineConfig`` (snake_case names, plus
 ``resolved``: the device, dtype and kernel backend ``auto`` chose); POST
 takes an object of any of ``LIVE_TUNABLE_FIELDS`` and applies it on the engine thread via
-``engine.update_config``. Other fields or bad values are 400 OpenAI errors. Authentication
+``engine.update_config``. Other fields or bad values (outside ``EngineConfig``'s ranges, e.g. a
+400-digit integer) are 400 OpenAI errors naming the field and the range. Authentication
 is the app's middleware (the separate --admin-api-key; /admin is off without one). Knows nothing about the OpenAI generation API.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+from inflight.runtime.sampling_params import brief
 from inflight.runtime.server import auth
 from inflight.runtime.server.errors import bad_request, unavailable
 from inflight.runtime.server.openai_api import read_json
@@ -36,7 +38,7 @@ async def post_config(request: web.Request) -> web.Response:
     if not state.engine.is_ready:
         raise unavailable("the model is still loading; retry shortly", "loading")
     body = await read_json(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s)
-    changes = validate_changes(body)
+    changes = validate_changes(body, state.engine.engine.config)
     if changes:
         try:
             config: EngineConfig = await state.engine.update_config(changes)
@@ -55,8 +57,10 @@ def config_body(engine: Any, config: EngineConfig) -> dict[str, Any]:
     return body
 
 
-def validate_changes(body: object) -> dict[str, int]:
-    """The requested live changes, or a 400 naming the field that cannot be changed."""
+def validate_changes(body: object, current: EngineConfig) -> dict[str, int]:
+    """The requested live changes, or a 400 naming the field that cannot be changed or the
+    value out of its range (``EngineConfig``'s own bounds, checked on ``current`` before the
+    engine sees the change: the live config stays as it was)."""
     if not isinstance(body, dict):
         raise bad_request(
             f"the body must be a JSON object with any of: {', '.join(LIVE_TUNABLE_FIELDS)}"
@@ -74,7 +78,11 @@ def validate_changes(body: object) -> dict[str, int]:
                 name,
             )
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad_request(f"'{name}' must be an integer (got {value!r})", name)
+            raise bad_request(f"'{name}' must be an integer (got {brief(value)})", name)
+    try:
+        current.replace(**body)
+    except ValueError as exc:
+        raise bad_request(str(exc), _field_in(str(exc), body)) from None
     return dict(body)
 
 

@@ -5,7 +5,8 @@ carries a traceback), the inference key for /v1 and the separate admin key for /
 without one), refusing generation with 503 while loading, draining or after the engine died,
 counting refused requests in the metrics, counting requests in flight, the access log (one
 line per request, refused ones included; ``AccessLog``), the engine watchdog (a step that does
-not return within the stall timeout kills the engine), and ``drain`` (wait for requests in
+not return within the stall timeout, or an idle engine that answers no heartbeat for as long,
+kills the engine: :mod:`.watchdog`), and ``drain`` (wait for requests in
 flight up to a timeout, then answer the rest with a 503 or a stream error event). It picks the
 engine client (an engine-core process, :class:`~.engine_process.ProcessEngine`, for a
 ``CoreLaunch``; a thread, :class:`~.async_engine.AsyncEngine`, for a loader) but knows
@@ -41,6 +42,7 @@ from inflight.runtime.server.errors import (
 )
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
+from inflight.runtime.server.watchdog import StallWatch
 
 if TYPE_CHECKING:
     from inflight.runtime.engine import LLMEngine
@@ -107,14 +109,14 @@ async def _stop_engine(app: web.Application) -> None:
 
 
 async def _watch_engine(state: ServerState) -> None:
-    """Declare the engine dead when one step has run longer than the stall timeout."""
-    limit = state.settings.engine_stall_timeout_s
-    interval = min(1.0, limit / 4)
+    """Declare the engine dead when one step has run longer than the stall timeout, or its loop
+    has answered no heartbeat for as long with no step running (:class:`~.watchdog.StallWatch`)."""
+    watch = StallWatch(state.settings.engine_stall_timeout_s)
     while state.engine.dead_reason is None:
-        await asyncio.sleep(interval)
-        started = state.engine.step_started_at
-        if started is not None and time.monotonic() - started > limit:
-            state.engine.declare_dead(f"an engine step has not returned within the stall timeout ({limit:g} s)")
+        await asyncio.sleep(watch.interval_s)
+        reason = watch.tick(state.engine, time.monotonic())
+        if reason is not None:
+            state.engine.declare_dead(reason)
 
 
 async def drain(app: web.Application, timeout_s: float) -> bool:

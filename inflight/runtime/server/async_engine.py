@@ -11,7 +11,8 @@ Failure handling: a step that raises a plain ``Exception`` fails the requests in
 the loop goes on; an :class:`EngineFatalError`, any other ``BaseException`` escaping the
 thread, or :meth:`declare_dead` (the server's stall watchdog) makes the engine *dead* (see
 :class:`~.engine_client.EngineClient`). ``step_started_at`` lets the watchdog see a step that
-does not return. The default server runs the engine in a process of its own instead
+does not return, and a heartbeat is a command like the others (answered between steps), so it
+sees a thread stuck between steps too, as it sees a frozen engine-core process. The default server runs the engine in a process of its own instead
 (:mod:`.engine_process`); the event-loop side is shared (:mod:`.engine_client`).
 
 Tests inject a death, a stall or slow steps into this thread through
@@ -125,6 +126,14 @@ class AsyncEngine(EngineClient):
     def _abort(self, req_ids: tuple[str, ...]) -> None:
         self._commands.put((lambda engine: [engine.abort_request(r) for r in req_ids], None))
         self._wakeup.set()
+
+    def _send_ping(self, seq: int) -> None:
+        self._commands.put((lambda engine: self._answer_ping(seq), None))
+        self._wakeup.set()
+
+    def _answer_ping(self, seq: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop may be closed already
+            self._loop.call_soon_threadsafe(self._pong, seq)
 
     async def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()

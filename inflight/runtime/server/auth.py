@@ -5,8 +5,10 @@ inference key, the trusted caller's: accepted wherever the API key is, and only 
 carrying it may ask for a ``priority`` below ``--priority-floor`` (:func:`priority_refusal`; a
 400, never a silent clamp). The admin key stays off the inference routes.
 
-``/health``, ``/ready``, ``/version`` and ``/metrics`` stay open (probes and scrapers carry no
-key). Keys are compared in constant time. Knows nothing about what the routes do.
+``/health``, ``/ready`` and ``/version`` stay open (probes carry no key). ``/metrics`` is behind
+the keys where the server has them (:func:`metrics_refusal`): its prefix-cache counters and
+per-tenant series are no one else's business. Keys are compared in constant time. Knows nothing
+about what the routes do.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from inflight.runtime.server.errors import (
     bad_request,
     unauthorized,
 )
+from inflight.runtime.server.principal import bearer_token
 from inflight.runtime.server.state import STATE, ServerSettings
 
 # Paths that need --api-key when one is set.
@@ -35,10 +38,32 @@ def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
             return admin_disabled()
         if not bearer_matches(request, settings.admin_api_key):
             return admin_unauthorized()
+    elif request.path == "/metrics":
+        return metrics_refusal(request, settings)
     elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not (
             bearer_matches(request, settings.api_key) or is_trusted(request, settings)):
         return unauthorized()
     return None
+
+
+def metrics_refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
+    """The 401 for ``GET /metrics`` without a key that may read it, or None. With
+    ``--metrics-api-key``: that key or the admin key. Else, on a server with an inference key:
+    any of its keys (inference, priority, admin). Else (no inference key, so anyone may call
+    the API), or with ``--open-metrics``: anyone."""
+    if settings.open_metrics:
+        return None
+    if settings.metrics_api_key is not None:
+        readers = (settings.metrics_api_key, settings.admin_api_key)
+    elif settings.api_key or settings.priority_api_key:
+        readers = (settings.api_key, settings.priority_api_key, settings.admin_api_key)
+    else:
+        return None
+    if any(key and bearer_matches(request, key) for key in readers):
+        return None
+    return APIError(401, "GET /metrics needs 'Authorization: Bearer <key>' with the server's --metrics-api-key "
+                         "(or its --admin-api-key; without a metrics key, its --api-key)",
+                    "authentication_error", code="invalid_api_key")
 
 
 def is_trusted(request: web.Request, settings: ServerSettings) -> bool:
@@ -59,13 +84,16 @@ def priority_refusal(request: web.Request, settings: ServerSettings, priority: i
 
 
 def bearer_matches(request: web.Request, key: str) -> bool:
-    """Constant-time check of ``Authorization: Bearer <key>``; any odd header is a mismatch."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    """Constant-time check of ``Authorization: Bearer <key>`` (parsed as
+    :func:`principal.bearer_token` parses it); any odd header is a mismatch."""
+    token = bearer_token(request)
+    if token is None:
+        return False
     try:
-        sent = token.strip().encode("utf-8")
+        sent = token.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in the header (surrogate escapes)
         return False
-    return scheme.lower() == "bearer" and hmac.compare_digest(sent, key.encode("utf-8"))
+    return hmac.compare_digest(sent, key.encode("utf-8"))
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:

@@ -3,8 +3,10 @@
 :class:`EngineClient` owns what lives on the event loop: one :class:`RequestGroup` (an
 asyncio queue) per client request, the dispatch of each step's outputs to their groups,
 failing groups (a request the engine failed on fails only its own group; a client too slow to
-read its outputs is cut), and the engine's death (every waiting group gets
-:class:`EngineDeadError`, ``on_death(reason)`` tells the server to exit). How requests reach
+read its outputs is cut), the heartbeat (:meth:`EngineClient.ping`: the engine's loop answers
+between steps and :attr:`~EngineClient.heartbeat` advances, so the watchdog sees an idle engine
+that froze), and the engine's death (every waiting group gets :class:`EngineDeadError`,
+``on_death(reason)`` tells the server to exit). How requests reach
 the engine and outputs come back is a subclass's job: :class:`~.async_engine.AsyncEngine`
 runs the engine in a thread of this process, :class:`~.engine_process.ProcessEngine` in an
 engine-core process of its own. Knows nothing about HTTP or the OpenAI API.
@@ -124,8 +126,8 @@ class EngineClient:
     Subclasses implement :meth:`start`, :meth:`stop`, :meth:`stats`, :attr:`engine` (what the
     front end may read: tokenizer, config, validation), :attr:`step_started_at`,
     :meth:`update_config`, :meth:`_add` (all or none, raising the engine's rejection),
-    :meth:`_abort` and :meth:`_after_death`; and call :meth:`_dispatch`, :meth:`_set_ready`,
-    :meth:`fail_all` and :meth:`declare_dead` on the event loop.
+    :meth:`_abort`, :meth:`_send_ping` and :meth:`_after_death`; and call :meth:`_dispatch`,
+    :meth:`_set_ready`, :meth:`_pong`, :meth:`fail_all` and :meth:`declare_dead` on the event loop.
     """
 
     def __init__(
@@ -141,6 +143,8 @@ class EngineClient:
         self._groups: dict[str, RequestGroup] = {}  # touched on the event loop only
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self.dead_reason: str | None = None  # set once, on the event loop
+        self.heartbeat = 0  # the last heartbeat the engine's loop answered (event loop only)
+        self._pings_sent = 0
 
     # ---- what a subclass provides ------------------------------------------------------
 
@@ -171,6 +175,10 @@ class EngineClient:
         raise NotImplementedError
 
     def _abort(self, req_ids: tuple[str, ...]) -> None:
+        raise NotImplementedError
+
+    def _send_ping(self, seq: int) -> None:
+        """Have the engine's loop call :meth:`_pong` with ``seq`` (on the event loop) between steps."""
         raise NotImplementedError
 
     def _after_death(self, reason: str) -> None:
@@ -220,6 +228,18 @@ class EngineClient:
         finally:
             if group.unfinished:
                 self.abort(group.unfinished)
+
+    def ping(self) -> None:
+        """Send the engine's loop the next heartbeat unless the last one is still unanswered (a
+        frozen engine gets one, not one per tick); its answer, between two steps, advances
+        :attr:`heartbeat`. The watchdog calls this once per tick (:mod:`.watchdog`)."""
+        if self.dead_reason is None and self.heartbeat == self._pings_sent:
+            self._pings_sent += 1
+            self._send_ping(self._pings_sent)
+
+    def _pong(self, seq: int) -> None:
+        """The engine's loop answered heartbeat ``seq`` (event loop side)."""
+        self.heartbeat = max(self.heartbeat, seq)
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every group in flight with ``error`` and abort their requests."""

@@ -13,8 +13,10 @@ shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metr
 :class:`CoreView` is what the front end may read about the engine: the tokenizer (loaded
 here, with the class the core named), the summary the core published (config, vocabulary,
 EOS ids, resolved device), prompt validation against it, and a grammar compiler of its own
-for early 400s. Death: a :class:`Dead` message, the pipe closing (the core was killed) or the
-stall watchdog; on any of them the core is killed if still running. Knows nothing about HTTP.
+for early 400s. The watchdog's heartbeat travels as :class:`Ping` / :class:`Pong`. Death: a
+:class:`Dead` message, the pipe closing (the core was killed) or the stall watchdog (a step
+that never returns, or a core that answers no heartbeat: frozen while idle); on any of them
+the core is killed if still running. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -236,6 +238,10 @@ class ProcessEngine(EngineClient):
                 self._text.forget(req_id)
         self._outbox.put(p.Abort(req_ids))
 
+    def _send_ping(self, seq: int) -> None:
+        if not self._stopping:  # after Shutdown the core answers nothing more
+            self._outbox.put(p.Ping(seq))
+
     def _output_text(self) -> OutputText:
         if self._text is None:
             self._text = OutputText(self.engine.tokenizer, self.engine.summary.eos_token_ids)
@@ -305,6 +311,8 @@ class ProcessEngine(EngineClient):
                 self._on_step(message.stats)
         elif isinstance(message, p.Stats):
             self._stats = message.stats
+        elif isinstance(message, p.Pong):
+            self._pong(message.seq)
         elif isinstance(message, (p.Admitted, p.Refused)):
             self._answer(message.group_id, message)
         elif isinstance(message, p.RetuneDone):

@@ -2,9 +2,10 @@
 
 Owns what happens between a parsed request and its response: one engine request per
 (prompt, choice) with ids ``<request id>-<choice index>``, engine-side validation (400),
-admission (429 when the queue is full; 400 when the request has more choices than the queue
-can ever hold), streaming chunks or one body, usage, metrics, the per-request JSON log line,
-and aborting the unfinished engine requests when the client goes away or stops reading.
+admission as the request's tenant (:mod:`.tenancy`; 429 when the queue, or the tenant's share
+of it, is full; 400 when the request has more choices than the queue can ever hold),
+streaming chunks or one body, usage, metrics, the per-request JSON log line, and aborting the
+unfinished engine requests when the client goes away or stops reading.
 Engine failures are answered, never dropped: a request the engine failed on gets a 500 (a
 stream an error event), a dead engine or a drain cut a 503. Knows nothing about routing,
 auth or parsing JSON bodies.
@@ -52,6 +53,7 @@ from inflight.runtime.server.errors import (
 from inflight.runtime.server.protocol import GenerationRequest
 from inflight.runtime.server.responses import ChoiceState, TokenText
 from inflight.runtime.server.state import ServerState
+from inflight.runtime.server.tenancy import request_tenant
 
 request_log = logging.getLogger("inflight.server.requests")
 logger = logging.getLogger("inflight.server")
@@ -127,7 +129,8 @@ def plan(
                     error.param = "messages"
                 raise error from None
             req_id = f"{request_id}-{index}"
-            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival, req.user or ""))
+            engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival,
+                                                 cache_salt=req.cache_salt))  # the tenant: at run()
             choices[req_id] = ChoiceState(index, req_id)
     _check_response_size(req, engine_requests)
     _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
@@ -195,9 +198,13 @@ def _fill_context(params: SamplingParams, num_prompt_tokens: int, max_model_len:
 
 
 async def run(request: web.Request, state: ServerState, job: Job) -> web.StreamResponse:
-    """Admit the job (429 when the queue is full), then stream or collect its outputs."""
+    """Admit the job as its tenant (``server.tenancy``: the caller's key, address or gateway
+    tenant, divided by ``user``; 429 when the queue or the tenant's share of it is full), then
+    stream or collect its outputs."""
+    tenant = request_tenant(request, state.settings, job.req.user)
+    engine_requests = [dataclasses.replace(r, tenant=tenant) for r in job.engine_requests]
     try:
-        async with state.engine.generate(job.engine_requests) as group:
+        async with state.engine.generate(engine_requests) as group:
             if job.req.stream:
                 return await _stream(request, state, job, group)
             async for out in group:

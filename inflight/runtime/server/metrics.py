@@ -4,11 +4,15 @@ Owns the metric names (vLLM's, with the ``inflight:`` prefix; see docs/CONTRACTS
 buckets, and the ``model_name`` label. Engine gauges and cumulative counters are read from
 an ``EngineStats`` snapshot at scrape time (a custom collector), so they never drift from
 the engine; per-request histograms and the success / rejection counters are observed by
-the handlers. Knows nothing about HTTP routing or the OpenAI API.
+the handlers. A value that cannot be a sample (an integer too large for a float, a non-number)
+is left out of the scrape and logged once: a scrape never fails on a value (issue 46: one
+400-digit admin setting turned every scrape into a 500 and blinded the autoscaler). Knows
+nothing about HTTP routing or the OpenAI API.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -18,6 +22,7 @@ from prometheus_client.registry import Collector
 from inflight.runtime.outputs import EngineStats, RequestTimes, TenantStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+logger = logging.getLogger("inflight.server.metrics")
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -56,34 +61,91 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
 )
 
 
+class SampleGuard:
+    """Reported values as samples: one that no float can hold (an integer past ~1.8e308, a
+    non-number) is left out of the scrape and logged, once per metric, never raised."""
+
+    def __init__(self) -> None:
+        self._warned: set[str] = set()
+
+    def sample(self, name: str, value: object) -> float | None:
+        """``value`` as a sample for the metric ``name`` (NaN and infinities included, which the
+        exposition format writes), or None."""
+        if isinstance(value, (int, float)):
+            try:
+                return float(value)
+            except OverflowError:
+                pass
+        self.warn(name, f"a {type(value).__name__} value that no float can hold")
+        return None
+
+    def warn(self, name: str, why: object) -> None:
+        if name not in self._warned:
+            self._warned.add(name)
+            logger.warning("/metrics leaves out %s: %s", name, str(why)[:200])
+
+
 class _EngineStatsCollector(Collector):
     """Engine gauges and counters from a fresh ``EngineStats`` at each scrape."""
 
     def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None]) -> None:
         self._model_name = model_name
         self._get_stats = get_stats
+        self._guard = SampleGuard()
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._get_stats()
+        try:
+            stats = self._get_stats()
+        except Exception as exc:  # noqa: BLE001 - a scrape must answer whatever the snapshot does
+            self._guard.warn("the engine stats", exc)
+            return
         if stats is None:  # still loading
             return
         for name, doc, value in _GAUGES:
-            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
-            gauge.add_metric([self._model_name], float(value(stats)))
-            yield gauge
+            sample = self._sample(name, value, stats)
+            if sample is not None:
+                gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+                gauge.add_metric([self._model_name], sample)
+                yield gauge
         for name, doc, value in _COUNTERS:
-            counter = CounterMetricFamily(name, doc, labels=["model_name"])
-            counter.add_metric([self._model_name], float(value(stats)))
-            yield counter
+            sample = self._sample(name, value, stats)
+            if sample is not None:
+                counter = CounterMetricFamily(name, doc, labels=["model_name"])
+                counter.add_metric([self._model_name], sample)
+                yield counter
+        yield from self._guarded("the per-position acceptance counts", lambda: [self._per_position(stats)])
+        tenants = stats.tenants
+        if tenants is not None:
+            yield from self._guarded("the tenant metrics",
+                                     lambda: list(_tenant_metrics(self._model_name, tenants, self._guard)))
+
+    def _per_position(self, stats: EngineStats) -> Metric:
+        name = "inflight:spec_decode_num_accepted_tokens_per_pos"
         per_position = CounterMetricFamily(
-            "inflight:spec_decode_num_accepted_tokens_per_pos",
-            "Speculative decoding: draft tokens kept at each draft position (0 = first).",
+            name, "Speculative decoding: draft tokens kept at each draft position (0 = first).",
             labels=["model_name", "position"])  # fmt: skip
         for position, count in enumerate(stats.spec_accepted_per_position):
-            per_position.add_metric([self._model_name, str(position)], float(count))
-        yield per_position
-        if stats.tenants is not None:
-            yield from _tenant_metrics(self._model_name, stats.tenants)
+            sample = self._guard.sample(name, count)
+            if sample is not None:
+                per_position.add_metric([self._model_name, str(position)], sample)
+        return per_position
+
+    def _sample(self, name: str, read: Callable[[EngineStats], object], stats: EngineStats) -> float | None:
+        """``read(stats)`` as a sample, or None (logged once) when it cannot be one."""
+        try:
+            value = read(stats)
+        except Exception as exc:  # noqa: BLE001 - one bad field must not fail the scrape
+            self._guard.warn(name, exc)
+            return None
+        return self._guard.sample(name, value)
+
+    def _guarded(self, name: str, build: Callable[[], list[Metric]]) -> list[Metric]:
+        """``build()``'s families, or none (logged once) if building them fails."""
+        try:
+            return build()
+        except Exception as exc:  # noqa: BLE001 - one bad family must not fail the scrape
+            self._guard.warn(name, exc)
+            return []
 
 
 # (name, help, family, TenantStats column): the fair policy's per-tenant series.
@@ -99,13 +161,16 @@ _TENANT_METRICS: tuple[tuple[str, str, type[GaugeMetricFamily | CounterMetricFam
 )
 
 
-def _tenant_metrics(model_name: str, tenants: TenantStats) -> Iterator[Metric]:
-    """One series per tenant label; the engine has bounded and sanitised the labels
-    (inflight.runtime.tenant_stats), and prometheus_client escapes them."""
+def _tenant_metrics(model_name: str, tenants: TenantStats, guard: SampleGuard) -> Iterator[Metric]:
+    """One series per tenant label. The engine has chosen and bounded the labels
+    (inflight.runtime.tenant_stats: names from --metrics-tenants, keyed digests, "other"), so
+    none holds client text or names a tenant the operator did not; prometheus_client escapes them."""
     for name, doc, family, column in _TENANT_METRICS:
         metric = family(name, doc, labels=["model_name", "tenant"])
         for label, value in zip(tenants.labels, getattr(tenants, column), strict=True):
-            metric.add_metric([model_name, label], float(value))
+            sample = guard.sample(name, value)
+            if sample is not None:
+                metric.add_metric([model_name, label], sample)
         yield metric
 
 

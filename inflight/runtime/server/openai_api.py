@@ -14,6 +14,7 @@ names or the server lifecycle.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.server import auth, chat_support, generation
-from inflight.runtime.server.compile_budget import client_key
+from inflight.runtime.server.cache_isolation import engine_salt
 from inflight.runtime.server.errors import (
     bad_request,
     body_too_large,
@@ -33,6 +34,7 @@ from inflight.runtime.server.errors import (
     request_timeout,
     too_large_to_process,
 )
+from inflight.runtime.server.principal import principal
 from inflight.runtime.server.protocol import (
     check_model,
     parse_chat_request,
@@ -146,6 +148,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
     body, size = await _read_body(request, state)
     req = await _off_loop(state, size, lambda: parse_completion_request(body, state.settings.request_policy))
+    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
     check_model(req.model, state.settings.model_name)
     _check_priority(request, state, req.priority)
     engine = state.engine.engine
@@ -159,7 +162,7 @@ async def _completion_job(request: web.Request, state: ServerState) -> generatio
         prompt_ids = await _off_loop(state, size, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
-    await chat_support.compile_constraint(engine, req, state.compile_budget, client_key(request))
+    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     req = chat_support.expand_best_of(req)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
@@ -177,11 +180,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
     body, size = await _read_body(request, state)
     req = await _off_loop(state, size, lambda: parse_chat_request(body, state.settings.request_policy))
+    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
     check_model(req.model, state.settings.model_name)
     _check_priority(request, state, req.priority)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
-    await chat_support.compile_constraint(engine, req, state.compile_budget, client_key(request))
+    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await _off_loop(state, size, lambda: generation.plan(

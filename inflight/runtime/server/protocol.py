@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.runtime.generation_defaults import SamplingDefaults
+from inflight.runtime.input_checks import check_cache_salt
+from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.request_features import (
@@ -75,6 +77,7 @@ class GenerationRequest:
     priority: int
     user: str | None
     features: RequestFeatures = dataclasses.field(default_factory=RequestFeatures)
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""
@@ -149,6 +152,7 @@ def _build(
         priority=_get_int(obj, "priority", 0, -(2**31), 2**31 - 1),
         user=_get_str(obj, "user", None),
         features=features,
+        cache_salt=_parse_cache_salt(obj),
     )
 
 
@@ -191,6 +195,15 @@ def _with_defaults(obj: dict[str, Any], defaults: SamplingDefaults) -> dict[str,
     """``obj`` with the server's default for each sampling field it leaves out (or sends as null)."""
     missing = {name: value for name, value in defaults.values().items() if obj.get(name) is None}
     return {**obj, **missing} if missing else obj
+
+
+def _parse_cache_salt(obj: dict[str, Any]) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string (bounded), or absent."""
+    try:
+        check_cache_salt(obj.get("cache_salt"))
+    except RequestRejectedError as exc:
+        raise bad_request(str(exc), "cache_salt") from None
+    return obj.get("cache_salt")
 
 
 def _require_object(body: object) -> dict[str, Any]:

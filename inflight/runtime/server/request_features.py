@@ -57,8 +57,8 @@ UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
 }
 # Accepted as harmless (they do not change what the model writes): user (the fair scheduler's
 # tenant), metadata, store, service_tier, prompt_cache_key, safety_identifier,
-# guided_decoding_backend, request_id, cache_salt, kv_transfer_params, vllm_xargs,
-# mm_processor_kwargs.
+# guided_decoding_backend, request_id, kv_transfer_params, vllm_xargs, mm_processor_kwargs.
+# cache_salt is honoured (server/protocol.py parses it; it seeds the request's block hashes).
 
 # apply_chat_template's own arguments: a client must not set them through chat_template_kwargs.
 _TEMPLATE_RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",

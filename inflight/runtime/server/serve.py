@@ -9,8 +9,10 @@ code (0 after a drain, 1 when loading failed). A second SIGTERM or SIGINT exits 
 every waiting client has already been answered (503 or a stream error event); ``serve``
 gives those answers a moment to leave, then exits with code 1 through ``os._exit``, since a
 stalled engine thread might never let the interpreter finish. One start-up line states the
-sampling defaults requests get (``--generation-config``) and the logprobs ceiling. Knows
-nothing about argument parsing (``cli``) or request handling (``app``).
+sampling defaults requests get (``--generation-config``) and the logprobs ceiling. The runner
+applies ``ServerSettings.connection_limits`` (``transport``), with the soft open-file limit first
+raised to fit ``--max-connections``. Knows nothing about argument parsing (``cli``) or request
+handling (``app``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("inflight.server")
 FLUSH_TIMEOUT_S = 10.0
+FD_RESERVE = 256  # open files besides client connections: the engine pipes, model files, logs
 DEATH_ANSWER_S = 2.0  # after an engine death: time for the 503s and error events to leave
 EXIT_ENGINE_DEAD = 1
 # Each starts a drain; SIGHUP too (a closed terminal or a supervisor's reload must not kill
@@ -51,7 +55,8 @@ async def serve(
     """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
     ``access_log``: see :func:`~.app.create_app`."""
     app = create_app(settings, source, access_log)
-    runner = make_runner(app, settings.keepalive_timeout_s)
+    _ensure_fd_room(settings.connection_limits.max_connections)
+    runner = make_runner(app, settings.keepalive_timeout_s, settings.connection_limits)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -78,6 +83,22 @@ async def serve(
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)
     return code
+
+
+def _ensure_fd_room(max_connections: int) -> None:
+    """Raise the soft open-file limit so that ``max_connections`` sockets fit beside the
+    server's own files (as far as the hard limit allows; a warning says when it does not)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        except (ValueError, OSError):
+            raised = soft
+        if raised < wanted:
+            logger.warning("open-file limit %d leaves room for only about %d connections (--max-connections %d)",
+                           raised, max(raised - FD_RESERVE, 0), max_connections)
 
 
 def _log_request_defaults(settings: ServerSettings) -> None:

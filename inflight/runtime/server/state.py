@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +27,14 @@ from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineCli
 from inflight.runtime.server.metrics import ServerMetrics
 from inflight.runtime.server.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
 from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
+from inflight.runtime.server.transport import ConnectionLimits
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# none: share the prefix cache unless requests' cache_salt differs; key: never across callers;
+# tenant: never across the tenants a gateway names in tenant_header (else callers).
+PREFIX_CACHE_ISOLATION = ("none", "key", "tenant")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # RFC 9110 token, bounded
+_SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie")
 T = TypeVar("T")
 
 
@@ -36,7 +43,8 @@ class ServerSettings:
     """Server knobs that are not engine knobs (those live in ``EngineConfig``).
 
     ``admin_api_key``: the credential for /admin (off when ``None``; ``api_key`` never grants
-    it). ``engine_stall_timeout_s``: a step that has not returned by then kills the server.
+    it). ``engine_stall_timeout_s``: a step that has not returned by then, or an engine that has
+    answered no heartbeat for as long with no step running (frozen while idle), kills the server.
     ``keepalive_timeout_s``: an idle connection, or one that has not sent a whole request
     head, is closed after this. ``request_read_timeout_s``: the most a request body may take
     to arrive (408 after). ``stream_write_timeout_s`` and ``max_stream_backlog``: a stream
@@ -53,6 +61,17 @@ class ServerSettings:
     for unless it carries ``priority_api_key`` (``None``: any; lower is served first), so that
     under the ``priority`` and ``fair`` policies only trusted callers can jump the queue;
     ``priority_api_key`` is an inference key too (accepted wherever ``api_key`` is).
+    ``connection_limits``: the connection cap, the request-head byte bound and the head deadline
+    (``--max-connections``, ``--max-header-bytes``, ``--max-header-count``, ``--header-timeout``).
+    ``metrics_api_key``: the key ``/metrics`` answers to (with the admin key); without it,
+    ``/metrics`` answers to the server's inference or admin keys when it has an inference key,
+    and to anyone when it has none, or with ``open_metrics``. ``prefix_cache_isolation``:
+    ``none`` (requests share prefix-cache blocks unless their ``cache_salt`` differs) or ``key``
+    (each caller's requests are salted with its identity, ``principal``, so callers never share)
+    or ``tenant`` (salted with the tenant ``tenant_header`` names, else as ``key``).
+    ``tenant_header``: under the ``fair`` policy, the header a trusted gateway names each
+    request's tenant in (``None``: the tenant is the caller's API key or address; see
+    ``server.tenancy``).
     """
 
     model_name: str
@@ -73,6 +92,11 @@ class ServerSettings:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     priority_floor: int | None = None
     priority_api_key: str | None = None
+    connection_limits: ConnectionLimits = ConnectionLimits()
+    metrics_api_key: str | None = None
+    open_metrics: bool = False
+    prefix_cache_isolation: str = "none"
+    tenant_header: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -96,6 +120,30 @@ class ServerSettings:
             raise ValueError(f"tool_call_parser {self.tool_call_parser!r}: {tool_parser_choices()}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= 0, or -1 for no ceiling (got {self.max_logprobs}).")
+        self._check_metrics_and_isolation()
+        self._check_tenant_header()
+
+    def _check_metrics_and_isolation(self) -> None:
+        if self.metrics_api_key is not None and self.metrics_api_key in (
+                self.api_key, self.priority_api_key, self.admin_api_key):
+            raise ValueError("the --metrics-api-key must differ from --api-key, --priority-api-key and "
+                             "--admin-api-key (the admin key is accepted on /metrics anyway).")
+        if self.open_metrics and self.metrics_api_key is not None:
+            raise ValueError("--open-metrics leaves /metrics open to anyone; drop it or --metrics-api-key.")
+        if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
+            raise ValueError(f"prefix_cache_isolation must be one of {', '.join(PREFIX_CACHE_ISOLATION)} "
+                             f"(got {self.prefix_cache_isolation!r}).")
+
+    def _check_tenant_header(self) -> None:
+        header = self.tenant_header
+        if header is None:
+            return
+        if not _HEADER_NAME.fullmatch(header):
+            raise ValueError(f"tenant_header {header[:80]!r} is not an HTTP header name (letters, digits and "
+                             "-, e.g. x-gateway-inference-fairness-id).")
+        if header.lower() in _SECRET_HEADERS:
+            raise ValueError(f"tenant_header {header!r} carries credentials, which must never name a tenant; "
+                             "use the header your gateway sets the tenant in.")
 
     @property
     def request_policy(self) -> RequestPolicy:

@@ -6,7 +6,7 @@
 ``chat_template_kwargs``) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``
 (``token_strs``: each token as the tokenizer spells it, with ``return_token_strs: true``; else
 null); ``/detokenize`` takes ``{"tokens": [ids]}`` and answers ``{"prompt": text}``.
-Tokenizing runs off the event loop. Knows nothing about the engine beyond its tokenizer.
+Parsing the messages and tokenizing run off the event loop. Knows nothing about the engine beyond its tokenizer.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ async def tokenize(request: web.Request) -> web.Response:
     tokenizer = engine.tokenizer
     want_strs = _flag(body, "return_token_strs", False)
     if "messages" in body:
-        try:
-            req = parse_chat_request({"messages": body["messages"], **{k: body[k] for k in _CHAT_FIELDS if k in body}})
+        chat = {"messages": body["messages"], **{k: body[k] for k in _CHAT_FIELDS if k in body}}
+        try:  # on the worker pool: parsing checks every history tool call's arguments (issue 46)
+            req = await request.app[STATE].in_pool(lambda: parse_chat_request(chat))
         except MemoryError:
             raise too_large_to_process("the messages", "messages") from None
 
