@@ -53,7 +53,7 @@ from inflight.runtime.output_processor import SampledTokens
 from inflight.runtime.outputs import RequestOutput
 from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.sampler import SamplerOutput, SamplingRow
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 from inflight.runtime.step_worker import StepWorker
 
 if TYPE_CHECKING:

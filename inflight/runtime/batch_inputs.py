@@ -18,7 +18,7 @@ import torch
 
 from inflight.runtime.logit_rows import PromptLogprobSpan, logit_row_order
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from inflight import __version__, env_vars
 from inflight.runtime import cli_vllm, preflight
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
+from inflight.runtime.input_checks import kv_cache_problem
 from inflight.runtime.server.state import PREFIX_CACHE_ISOLATION, ServerSettings
 from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.server.transport import ConnectionLimits
@@ -369,7 +370,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
 
         progress.info("loading %s with %s", model_dir, config.to_dict())
         engine = LLMEngine.from_model_dir(model_dir, config, progress=progress.info)
-        refusal = preflight.kv_cache_problem(engine)
+        refusal = kv_cache_problem(engine)
         if refusal:
             raise ValueError(refusal)
         if args.stats_log:

@@ -43,14 +43,14 @@ from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.model.loader import Progress
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.model_runner import ModelRunner
-from inflight.runtime.request import Request
 from inflight.runtime.sampler import SamplingRow, shape_logits
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 from inflight.runtime.spec_verify import row_after, sampling_probs
 
 if TYPE_CHECKING:
     from inflight.runtime.distributed.comm import TensorParallel
     from inflight.runtime.distributed.launcher import WorkerGroup
+    from inflight.runtime.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from inflight.runtime.async_steps import StepPipeline
 from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.draft_proposer import DraftProposer, load_runners
-from inflight.runtime.engine_core.protocol import EngineRequest, EngineSummary
+from inflight.runtime.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.graph_backend import GraphBackend
 from inflight.runtime.input_checks import check_cache_salt, check_request, check_token_budget
 from inflight.runtime.kv_manager import KVCacheManager, release_window
@@ -49,7 +49,8 @@ from inflight.runtime.parked import ParkedRequests
 from inflight.runtime.request import Request
 from inflight.runtime.sampler import Sampler
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from inflight.runtime.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.scheduler import Scheduler
 from inflight.runtime.spec_grammar import plain_when_grammar_busy
 from inflight.runtime.spec_verify import verify_chunk
 from inflight.runtime.speculative import SpecStats

@@ -11,6 +11,8 @@ prompt from being stranded with chunked context off. Each failure is a
 
 from __future__ import annotations
 
+from typing import Any
+
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.kv_manager import cdiv
 from inflight.runtime.outputs import RequestRejectedError
@@ -102,3 +104,13 @@ def _check_params_for_vocab(params: SamplingParams, vocab: int) -> None:
             f"prompt_logprobs asks for {params.prompt_logprobs} alternatives; this model's vocabulary has "
             f"{vocab} tokens", "invalid_request", "prompt_logprobs",
         )
+
+
+def kv_cache_problem(engine: Any) -> str | None:
+    """vLLM's start-up refusal: the KV cache must hold at least one full-length sequence."""
+    capacity = engine.config.num_kv_blocks * engine.config.block_size
+    if capacity >= engine.max_model_len:
+        return None
+    return (f"the KV cache holds {capacity} tokens, fewer than one full-length sequence "
+            f"(max_model_len {engine.max_model_len}); raise --num-kv-blocks (on CUDA: "
+            "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")

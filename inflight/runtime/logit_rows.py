@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 
 # (chunk, first position, count): ``count`` prompt-logprob rows of ``chunk`` from ``first``.
 PromptLogprobSpan = tuple[ScheduledChunk, int, int]

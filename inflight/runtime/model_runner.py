@@ -43,7 +43,7 @@ from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.quantization import LoadTarget, load_weights
 from inflight.runtime.model.quantized import num_weights
 from inflight.runtime.model.rope import build_rope_tables
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 
 if TYPE_CHECKING:
     from inflight.runtime.distributed.comm import StepTensors, TensorParallel
@@ -86,7 +86,7 @@ class ModelRunner:
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
         target = LoadTarget(self.model_dir, hf_config, self.device, self.dtype,  # packed weights go in first
-                            get_kernel_ops(config.kernel_backend, self.device), tp is not None)
+                            get_kernel_ops(config.kernel_backend, self.device), tp is not None, big)
         self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
         self.spec = self.model.spec
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would

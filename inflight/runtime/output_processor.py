@@ -29,7 +29,7 @@ from inflight.runtime.outputs import EngineFatalError, RequestOutput, RequestTim
 from inflight.runtime.prompt_logprobs import span_logprobs
 from inflight.runtime.request import Request, RequestStatus
 from inflight.runtime.sampler import SamplingRow
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import MIN_GRACE_S as SLOW_ADVANCE_S
 from inflight.runtime.tenant_stats import TenantMeter

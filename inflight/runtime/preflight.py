@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.input_checks import kv_cache_problem
 from inflight.runtime.served_facts import ServedFacts, load_checked_tokenizer, read_served_facts
 
 MAX_PORT = 65535
@@ -52,16 +53,6 @@ def port_problem(host: str, port: int) -> str | None:
                 return f"port {port} on {host} is already in use (another server?); choose another with --port"
             return f"cannot bind {host}:{port}: {exc.strerror}"
     return None
-
-
-def kv_cache_problem(engine: Any) -> str | None:
-    """vLLM's start-up refusal: the KV cache must hold at least one full-length sequence."""
-    capacity = engine.config.num_kv_blocks * engine.config.block_size
-    if capacity >= engine.max_model_len:
-        return None
-    return (f"the KV cache holds {capacity} tokens, fewer than one full-length sequence "
-            f"(max_model_len {engine.max_model_len}); raise --num-kv-blocks (on CUDA: "
-            "--kv-cache-free-gpu-mem-fraction) or lower --max-model-len")
 
 
 def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Path:

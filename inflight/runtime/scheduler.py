@@ -32,43 +32,13 @@ Imports no torch; knows nothing about the model or sampling.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.fairness import FairShare, tenant_group
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.request import Request, RequestStatus
+from inflight.runtime.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.speculative import NgramIndex, parse_speculative_config
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledChunk:
-    """``num_tokens`` tokens of ``request`` starting at its ``num_computed_tokens``."""
-
-    request: Request
-    num_tokens: int
-    sample: bool  # this chunk completes the known tokens, so a new token is sampled
-    draft_token_ids: tuple[int, ...] = ()  # proposals after the last known token (num_tokens = 1 + len)
-    # Draft-model speculation: how many drafts the engine has the draft model propose before
-    # the forward (num_tokens = 1 + this); draft_token_ids is empty until it fills them in.
-    num_model_drafts: int = 0
-
-    @property
-    def speculative(self) -> bool:
-        """The request's last token plus drafts (the chunk advances once its tokens are verified)."""
-        return bool(self.draft_token_ids) or self.num_model_drafts > 0
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]
-    admitted: tuple[Request, ...]
-    preempted: tuple[Request, ...]
-    num_batched_tokens: int
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
 
 
 class Scheduler:

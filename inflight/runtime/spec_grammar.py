@@ -23,14 +23,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import llguidance.numpy as llnp
 import numpy as np
 
-from inflight.runtime.request import Request
-from inflight.runtime.scheduler import SchedulerOutput
+from inflight.runtime.sched_output import SchedulerOutput
 from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import QUICK_AGAIN_S as QUICK_MASK_S
+
+if TYPE_CHECKING:
+    from inflight.runtime.request import Request
 
 
 def speculates(matcher: RequestMatcher) -> bool:

@@ -39,7 +39,7 @@ from inflight.runtime.spec_grammar import draft_masks
 from inflight.runtime.structured.bitmask import apply_bitmask
 
 if TYPE_CHECKING:
-    from inflight.runtime.scheduler import ScheduledChunk
+    from inflight.runtime.sched_output import ScheduledChunk
 
 
 def verify_greedy(logits: torch.Tensor, drafts: tuple[int, ...]) -> list[int]:

@@ -13,7 +13,8 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.kv_manager import KVCacheManager
 from inflight.runtime.request import Request
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import Scheduler, SchedulerOutput
+from inflight.runtime.sched_output import SchedulerOutput
+from inflight.runtime.scheduler import Scheduler
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_core.protocol import EngineRequest
+from inflight.runtime.engine_types import EngineRequest
 from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.sampling_params import SamplingParams
 

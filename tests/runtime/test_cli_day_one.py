@@ -16,9 +16,10 @@ import pytest
 
 from inflight import __version__
 from inflight.runtime.cli import build_parser, engine_config_from_args, main
+from inflight.runtime.input_checks import kv_cache_problem
 from inflight.runtime.logs import configure_logging
 from inflight.runtime.outputs import EngineStats
-from inflight.runtime.preflight import kv_cache_problem, port_problem
+from inflight.runtime.preflight import port_problem
 from inflight.runtime.stats_log import stats_line
 
 

@@ -14,7 +14,7 @@ import torch
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_core.protocol import EngineRequest
+from inflight.runtime.engine_types import EngineRequest
 from inflight.runtime.sampler import SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_verify import verify_greedy, verify_sampled

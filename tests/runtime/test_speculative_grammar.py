@@ -14,7 +14,7 @@ import pytest
 
 from inflight.runtime.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import ScheduledChunk, SchedulerOutput
+from inflight.runtime.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.spec_grammar import draft_masks, plain_when_grammar_busy
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.manager import RequestMatcher

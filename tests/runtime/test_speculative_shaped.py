@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_core.protocol import EngineRequest
+from inflight.runtime.engine_types import EngineRequest
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampler import Sampler, SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import ScheduledChunk
+from inflight.runtime.sched_output import ScheduledChunk
 from inflight.runtime.spec_verify import verify_chunk
 from tests.runtime.test_speculative import CASE_KNOBS, SPEC, _engine, _requests
 

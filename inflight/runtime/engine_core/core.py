@@ -126,7 +126,7 @@ def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
 
 def _load(launch: CoreLaunch, tokenizer: Any) -> Any:
     from inflight.runtime.engine import LLMEngine
-    from inflight.runtime.preflight import kv_cache_problem
+    from inflight.runtime.input_checks import kv_cache_problem
     from inflight.runtime.stats_log import start_stats_log
 
     progress = logging.getLogger("inflight.loading")

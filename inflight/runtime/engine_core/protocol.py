@@ -1,4 +1,4 @@
-"""The messages between the front end and the engine-core process, and the engine summary.
+"""The messages between the front end and the engine-core process.
 
 One message per event each way, pickled over a ``multiprocessing`` pipe. The core speaks
 first: :class:`Prewarmed` once its imports are done and it has read what the start-up checks
@@ -23,37 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
-from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.served_facts import ServedFacts
+
+__all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carried here
 
 # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed; 6: EngineRequest.cache_salt
 PROTOCOL_VERSION = 7  # 7: Ping/Pong (the idle core's heartbeat)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSummary:
-    """What the front end may know about the loaded engine (published at start and after
-    each retune): enough to tokenize, validate and answer without reaching into it."""
-
-    config: EngineConfig  # live, with max_model_len and num_kv_blocks resolved
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    resolved: dict[str, str]  # what "auto" became: device, dtype, kernel_backend
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """One engine request to add (a client request with ``n`` choices makes ``n``)."""
-
-    req_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    priority: int = 0
-    arrival_time: float | None = None  # time.monotonic(); one clock for every process of a host
-    tenant: str = ""  # the fair scheduler's unit of sharing: <group>/<user> (server.tenancy)
-    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
 
 
 # ---- front end -> core ------------------------------------------------------------------

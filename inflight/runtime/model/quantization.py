@@ -72,6 +72,7 @@ class LoadTarget:
     dtype: torch.dtype
     ops: KernelOps  # the float kernel bundle chosen for the device
     tensor_parallel: bool
+    cpu_threads: int = 1  # threads a big step of this process uses on the CPU (the runner's policy)
 
 
 def _gguf_blocker(target: LoadTarget) -> str | None:
@@ -147,11 +148,10 @@ def load_weights(requested: str, target: LoadTarget, tp: Collectives | None = No
                   f"({summary.float32_bytes / 2**20:.0f} MiB as float32)")
     else:  # float32 on the native CPU kernels: linear weights prepacked for MKL's GEMM (cpu_packed)
         from inflight.kernels.cpu_packed import prepack_detail
-        from inflight.runtime.device_setup import cpu_thread_counts
 
         # MKL's packed weights in one column block per thread a big step of this rank uses (as
         # the model runner sets them), so a few-row product streams each block on its own thread.
-        threads = max(1, cpu_thread_counts()[1] // (1 if tp is None else tp.world_size))
+        threads = max(1, target.cpu_threads // (1 if tp is None else tp.world_size))
         detail = prepack_detail(model, ops.name, target.device, target.dtype, threads)
     if progress:
         progress(f"weights: quantization={choice.method} ({choice.why}){detail}")
