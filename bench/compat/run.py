@@ -198,7 +198,7 @@ def resolve_model(options: CompatOptions) -> tuple[Path, str]:
 
         return ensure_smollm2(options.models_dir, logger.info), SMOLLM2_NAME
     if options.model == "demo":
-        from inflight.runtime.demo_model import make_demo_model
+        from inflight.runtime.demo.model import make_demo_model
 
         path = options.models_dir / "demo"
         return (path if (path / "config.json").is_file() else make_demo_model(path)), "demo"

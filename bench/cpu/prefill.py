@@ -82,7 +82,7 @@ def _engine_burst(model_dir: Path, rounds: int) -> None:
     import dataclasses
 
     from inflight.kernels import reference
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.sampling_params import SamplingParams
 
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu"))

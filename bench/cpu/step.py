@@ -62,7 +62,7 @@ from inflight.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 MODIFIERS = ("unpacked", "alt-attn", "no-lanes", "one-thread", "split-attn", "per-layer", "no-copy", "copy", "mkl",
              "onednn")
@@ -102,7 +102,7 @@ def alt_attention(source: Path) -> Callable[..., torch.Tensor]:
 
 def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
                 alt: Callable[..., torch.Tensor] | None) -> LLMEngine:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     env = {}
     if "unpacked" in mods:
@@ -210,7 +210,7 @@ def lane_alone(engine: LLMEngine, prompts: list[list[int]], reps: int) -> dict[s
     KV is live; the replay rewrites the lane's slots with the same values): ms per op, "rest"
     and "step" (medians of ``reps``), and "calls", the Python-level calls per decoder layer
     (the lane's calls / layers). None when the engine runs no decode lanes."""
-    from inflight.runtime.cpu_lanes import lane_meta
+    from inflight.runtime.worker.cpu.lanes import lane_meta
 
     lanes = getattr(engine.runner, "_lanes", None)  # the runner's DecodeLanes, when it runs lanes
     if lanes is None:

@@ -62,7 +62,7 @@ def run_burst(work_dir: Path, quick: bool = False, dry_run: bool = False) -> dic
     """Serve the burst synchronously, then with ``--async-scheduling``; returns the async run's
     figures (the configuration the busy target is for), the synchronous run's under ``"sync"``,
     and a one-line summary of both."""
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     size = "tiny" if dry_run else "0.5b"
     model_dir = make_demo_model(work_dir / f"burst-{size}", "llama", size, eos=False)

@@ -22,7 +22,7 @@ import torch
 from bench.gpu.timing import ENGINE_TARGETS, copy_bandwidth, wall_median_ms
 
 if TYPE_CHECKING:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 PROMPT_LEN = 128
 WARMUP_STEPS = 3
@@ -183,9 +183,9 @@ def engine_table(
     """Print (and return) decode-step time vs (weight + K/V bytes) / copy bandwidth per batch,
     eager and (where the engine has them) with CUDA graphs; and where a step's time goes."""
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.demo_model import make_demo_model
-    from inflight.runtime.engine import LLMEngine
-    from inflight.runtime.graph_backend import RecordingGraphBackend
+    from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.demo.model import make_demo_model
+    from inflight.runtime.worker.graph_backend import RecordingGraphBackend
 
     rows: list[dict[str, float]] = []
     breakdowns: list[dict[str, float]] = []

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.sampling_params import SamplingParams
 
 WORK = Path("bench/.work/async-overlap")

@@ -168,7 +168,7 @@ async def _schemas(url: str, root_pid: int) -> list[tuple[int, float]]:
 
 
 async def _logprobs(url: str, reps: int) -> dict[str, Any]:
-    from inflight.runtime.server.generation import MAX_RESPONSE_ENTRIES
+    from inflight.runtime.server.openai.generation import MAX_RESPONSE_ENTRIES
 
     n, num_prompts, k = 16, 16, 20
     tokens = MAX_RESPONSE_ENTRIES // (n * num_prompts * (1 + k)) - 1  # max_tokens=1 adds 1 entry each

@@ -79,7 +79,7 @@ def wide_schema(num_props: int, salt: int) -> dict[str, Any]:
 def parser_100k(chars: int = 100_000, delta: int = 4) -> dict[str, float]:
     """The front end's streamed tool-call parser fed ``<tool_call>x``, spaces, ``y`` (``chars``
     characters) in ``delta``-character pieces: total and largest per-delta milliseconds."""
-    from inflight.runtime.server.tool_stream import ToolStream
+    from inflight.runtime.server.openai.tool_stream import ToolStream
 
     text = "<tool_call>x" + " " * (chars - 13) + "y"
     stream = ToolStream("hermes", None)

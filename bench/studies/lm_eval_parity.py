@@ -89,7 +89,7 @@ class _Server:
         from aiohttp import web
 
         from inflight.runtime.config import EngineConfig
-        from inflight.runtime.engine import LLMEngine
+        from inflight.runtime.core.engine import LLMEngine
         from inflight.runtime.server import ServerSettings, create_app
         from inflight.runtime.server.state import STATE
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = Path(tmp)
         model_dir = args.model
         if model_dir is None:
-            from inflight.runtime.demo_model import make_demo_model
+            from inflight.runtime.demo.model import make_demo_model
 
             model_dir = make_demo_model(tmp_path / "model", arch=args.arch, size=args.size)
         write_task(tmp_path, args.num_docs)

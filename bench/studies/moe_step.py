@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import SIZES, make_demo_model
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import SIZES, make_demo_model
 from inflight.runtime.sampling_params import SamplingParams
 
 PROMPT_LEN = 8

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.gpu.timing import wall_median_ms
-from inflight.runtime import block_pool
+from inflight.runtime.core import block_pool
 
 NUM_SEQS = 64
 PROMPT_LEN = 512
@@ -49,8 +49,8 @@ def _decode_step(hash_fn: Callable, prompts: list[list[int]]) -> None:
 def _engine_step_ms() -> float:
     from bench.gpu.engine import time_decode_steps
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.demo_model import make_demo_model
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.demo.model import make_demo_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_demo_model(Path(tmp) / "small", "llama", "small", eos=False)

@@ -67,7 +67,7 @@ def protocol_ms_per_step(num_seqs: int = NUM_SEQS, reps: int = 500) -> float:
 def engine_step_ms(model_dir: Path) -> float:
     from bench.gpu.engine import time_decode_steps
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", max_num_sequences=NUM_SEQS,
                                                               num_kv_blocks=1024))  # fmt: skip

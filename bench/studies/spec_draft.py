@@ -36,8 +36,8 @@ from safetensors.torch import load_file, save_file
 from bench.studies.speculative import GROUNDED
 from inflight.bench import report
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 from inflight.runtime.sampling_params import SamplingParams
 

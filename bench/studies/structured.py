@@ -86,7 +86,7 @@ async def _serve_and_measure(model_dir: Path, args: argparse.Namespace) -> list[
     from aiohttp import web
 
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.server import ServerSettings, create_app
     from inflight.runtime.server.state import STATE
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            from inflight.runtime.demo_model import make_demo_model
+            from inflight.runtime.demo.model import make_demo_model
 
             model_dir = make_demo_model(Path(tmp) / "model", arch=args.arch, size=args.size)
         results = asyncio.run(_serve_and_measure(model_dir, args))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 
 

@@ -71,7 +71,7 @@ def _path(text: str) -> Path:
 
 def run(command: str, options: SuiteOptions, args: argparse.Namespace | None = None) -> None:
     from inflight.bench import compare
-    from inflight.runtime.device_setup import cpu_threads
+    from inflight.runtime.worker.cpu.device_setup import cpu_threads
 
     threads = cpu_threads()
     log = logging.getLogger("inflight.bench")

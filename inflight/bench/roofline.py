@@ -76,7 +76,7 @@ def roofline_tok_s(rate: MatmulRate, num_params: int) -> float:
 
 def machine_facts(model_dirs: dict[str, Path]) -> dict[str, Any]:
     """Cores, torch threads (what the engine picks), versions, and each model's size."""
-    from inflight.runtime.device_setup import cpu_threads
+    from inflight.runtime.worker.cpu.device_setup import cpu_threads
 
     models = {}
     for name, path in model_dirs.items():

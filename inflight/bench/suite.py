@@ -39,7 +39,7 @@ def bench_model(options: SuiteOptions, size: str) -> Path:
     """``models/bench-<size>`` (llama, never stops on EOS), made on first use."""
     path = options.models_dir / f"bench-{size}"
     if not (path / "config.json").exists():
-        from inflight.runtime.demo_model import make_demo_model
+        from inflight.runtime.demo.model import make_demo_model
 
         logger.info("making the %s benchmark model in %s", size, path)
         make_demo_model(path, "llama", size, options.seed, eos=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 from inflight.bench.client import RequestSpec
 from inflight.bench.stats import percentile
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 
 DEFAULT_BLOCK_SIZES = (8, 16, 32)

@@ -3,7 +3,7 @@
 In a pure-decode step each layer's attention is, per-op, a split and three reshapes of the
 fused q/k/v projection, up to two norms, rotary, the KV store, paged decode attention and a
 reshape: ~20 Python-level calls, each a chance for a CPU decode lane
-(:mod:`inflight.runtime.cpu_lanes`) to lose the GIL to the other lane and wait to get it back.
+(:mod:`inflight.runtime.worker.cpu.lanes`) to lose the GIL to the other lane and wait to get it back.
 :func:`decode_attention_block` is the whole block with one signature, so a backend can run it
 as one native call (:mod:`.cpu_native`); this module holds its torch reference (the
 specification: exactly the per-op reference kernels, in the decoder's order) and the two value

@@ -2,7 +2,7 @@
 
 In a pure-decode step each layer of a Llama-family dense model is, per op, eight kernel calls
 (two RMSNorms with the residual, four linears, SiLU-and-mul and the attention block of
-:mod:`.decode_block`), each a point where a CPU decode lane (:mod:`inflight.runtime.cpu_lanes`)
+:mod:`.decode_block`), each a point where a CPU decode lane (:mod:`inflight.runtime.worker.cpu.lanes`)
 drops the GIL and may wait for the other lane to give it back. :func:`decode_layer_stack` is
 every layer plus the final norm with one signature, so a backend can run it as one native call
 (:mod:`.cpu_stack`); this module holds its torch reference (the specification: exactly the

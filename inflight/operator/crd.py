@@ -58,7 +58,7 @@ def _engine_property(name: str) -> dict[str, Any]:
 
 def _speculative_property() -> dict[str, Any]:
     """An object with vLLM's ``--speculative-config`` keys (rendered as that flag's JSON)."""
-    from inflight.runtime.speculative import METHODS
+    from inflight.runtime.spec_decode.speculative import METHODS
 
     def count(doc: str, maximum: int | None = None) -> dict[str, Any]:
         return {"type": "integer", "minimum": 1, "description": doc, **({"maximum": maximum} if maximum else {})}

@@ -23,7 +23,7 @@ RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
 FAILURE_MODES = ("FailClose", "FailOpen")
-METRICS_KEY_ENV = "INFLIGHT_METRICS_API_KEY"  # the runtime reads it (inflight.runtime.cli)
+METRICS_KEY_ENV = "INFLIGHT_METRICS_API_KEY"  # the runtime reads it (inflight.runtime.cli.command)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The serving runtime: engine, scheduler, KV block pool, model code and the HTTP server.
 
 ``from inflight.runtime import LLM, SamplingParams`` is the offline API; the step-level API
-the server drives is :class:`inflight.runtime.engine.LLMEngine`.
+the server drives is :class:`inflight.runtime.core.engine.LLMEngine`.
 """
 
 import os as _os
@@ -11,7 +11,7 @@ import sys as _sys
 # passively (sleep, not spin) or every op stalls on a descheduled thread. libgomp reads this
 # once, when torch loads it, so it is set here, before anything of ours imports torch; a
 # process that imported torch first keeps its policy (and the engine then keeps one core
-# free: see inflight.runtime.device_setup.cpu_thread_counts).
+# free: see inflight.runtime.worker.cpu.device_setup.cpu_thread_counts).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -27,7 +27,7 @@ def __getattr__(name: str):  # lazy: importing the package must not import torch
 
         return LLM
     if name == "LLMEngine":
-        from inflight.runtime.engine import LLMEngine
+        from inflight.runtime.core.engine import LLMEngine
 
         return LLMEngine
     raise AttributeError(name)

@@ -190,14 +190,14 @@ class EngineConfig:
         if self.speculative_config is not None:
             if not isinstance(self.speculative_config, str):
                 raise ValueError("speculative_config must be a JSON object given as text.")
-            from inflight.runtime.speculative import parse_speculative_config
+            from inflight.runtime.spec_decode.speculative import parse_speculative_config
 
             spec = parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
             if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
                 raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
                                  "is not split across devices yet); use method ngram with tensor parallelism")
         if self.metrics_tenants is not None:
-            from inflight.runtime.tenant_stats import parse_metrics_tenants
+            from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 
             if not isinstance(self.metrics_tenants, str):
                 raise ValueError("metrics_tenants must be tenant names separated by commas, given as text.")

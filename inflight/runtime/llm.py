@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.model.gguf_source import resolve_model_dir
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams

@@ -163,7 +163,7 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
-    tenants: TenantStats | None = None  # fair policy only (inflight.runtime.tenant_stats)
+    tenants: TenantStats | None = None  # fair policy only (inflight.runtime.core.tenant_stats)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -17,7 +17,7 @@ from inflight.bench.systems import RunningServer, SystemSpec
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("bench-model") / "tiny", size="tiny", eos=False)
 

@@ -176,7 +176,7 @@ def test_server_command_serves_under_the_given_name(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_openai_checks_through_the_runner(tmp_path: Path) -> None:
     pytest.importorskip("openai")
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     model_dir = make_demo_model(tmp_path / "tiny", size="tiny", eos=False)
     work = tmp_path / "work"

@@ -51,7 +51,7 @@ def test_peer_command_lines(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("peers-model") / "tiny", size="tiny", eos=False)
 

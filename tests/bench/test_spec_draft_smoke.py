@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from bench.studies.spec_draft import System, _draft, measure, truncated_copy
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 
 
 def test_a_truncated_draft_measured_beside_none(tmp_path: Path) -> None:

@@ -41,9 +41,9 @@ def _camel(name: str) -> str:
 
 def _runtime_flags() -> set[str]:
     try:
-        from inflight.runtime.cli import build_parser
+        from inflight.runtime.cli.command import build_parser
     except ImportError as err:
-        pytest.fail(f"inflight.runtime.cli.build_parser is missing ({err})")
+        pytest.fail(f"inflight.runtime.cli.command.build_parser is missing ({err})")
     parser = build_parser()
     flags: set[str] = set()
     stack = [parser]

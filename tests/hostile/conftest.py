@@ -13,7 +13,7 @@ from tests.server.server_helpers import LiveServer
 
 @pytest.fixture(scope="module")
 def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     model_dir = make_demo_model(tmp_path_factory.mktemp("hostile-model") / "demo", size="tiny")
     live = LiveServer(model_dir, hostile_engine_config(), hostile_settings(), engine_process=True).start()

@@ -283,7 +283,7 @@ def serve_and_run(max_examples: int = 150) -> Report:
     import tempfile
     from pathlib import Path
 
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
     from tests.server.server_helpers import LiveServer
 
     with tempfile.TemporaryDirectory() as tmp:

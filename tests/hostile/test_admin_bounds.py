@@ -32,7 +32,7 @@ HUGE = int("9" * 400)  # the issue's value: valid JSON, past any float
 @pytest.fixture(scope="module")
 def admin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The two-process server with an admin key (no inference key: /metrics is open)."""
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
     from inflight.runtime.server import ServerSettings
 
     model_dir = make_demo_model(tmp_path_factory.mktemp("admin-model") / "demo", size="tiny")

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime.block_pool import KVBlockPool, hash_full_blocks
-from inflight.runtime.input_checks import MAX_CACHE_SALT_CHARS, check_cache_salt
-from inflight.runtime.kv_manager import KVCacheManager
+from inflight.runtime.core.block_pool import KVBlockPool, hash_full_blocks
+from inflight.runtime.core.input_checks import MAX_CACHE_SALT_CHARS, check_cache_salt
+from inflight.runtime.core.kv_manager import KVCacheManager
+from inflight.runtime.core.request import Request
 from inflight.runtime.outputs import RequestRejectedError
-from inflight.runtime.request import Request
 from inflight.runtime.sampling_params import SamplingParams
 from tests.server.server_helpers import LiveServer, http, parse_metrics
 
@@ -115,7 +115,7 @@ def _serve(model_dir: Path, **settings: object) -> LiveServer:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("salt-model") / "demo", size="tiny")
 

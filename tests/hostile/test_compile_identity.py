@@ -125,7 +125,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A server with one inference key and its engine in this process (the test reaches its
     grammar compiler to stall a compile)."""
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
     from inflight.runtime.server import ServerSettings
 
     model_dir: Path = make_demo_model(tmp_path_factory.mktemp("identity-model") / "demo", size="tiny")

@@ -38,7 +38,7 @@ ENGINE = EngineConfig(max_num_sequences=2, num_kv_blocks=32, max_model_len=256)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("limits-model") / "demo", size="tiny")
 

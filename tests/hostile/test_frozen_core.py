@@ -152,7 +152,7 @@ def test_the_core_answers_a_ping_between_steps_and_sends_no_stats_for_it() -> No
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("frozen-core-model") / "demo", size="tiny")
 

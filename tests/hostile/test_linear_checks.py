@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inflight.runtime import json_text
-from inflight.runtime.server import tool_stream
+from inflight.runtime.server.openai import tool_stream
 from tests.hostile.suite import API_KEY, MODEL
 from tests.server.server_helpers import LiveServer, Reply, ServeProcess, http
 
@@ -155,7 +155,7 @@ BIG_REQUESTS = {
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("linear-model") / "demo", size="tiny")
 

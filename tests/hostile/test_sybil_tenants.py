@@ -23,10 +23,10 @@ import aiohttp
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.fairness import OVERFLOW, FairShare, tenant_name
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.fairness import OVERFLOW, FairShare, tenant_name
+from inflight.runtime.core.request import Request
 from inflight.runtime.outputs import QueueFullError
-from inflight.runtime.request import Request
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.principal import key_digest
@@ -45,7 +45,7 @@ FLOOD_TIMEOUT_S = 120.0  # only so that a failing test cannot hang the suite
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("sybil-model") / "demo", size="tiny")
 

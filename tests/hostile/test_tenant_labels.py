@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.request import Request
+from inflight.runtime.core.request import Request
+from inflight.runtime.core.tenant_stats import MAX_TRACKED_TENANTS, OTHER_TENANT, TenantMeter
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import ServerSettings
-from inflight.runtime.tenant_stats import MAX_TRACKED_TENANTS, OTHER_TENANT, TenantMeter
 from tests.server.server_helpers import MODEL_NAME, LiveServer, http, is_idle, wait_until
 
 TENANT_HEADER = "x-gateway-inference-fairness-id"  # llm-d's
@@ -64,7 +64,7 @@ def _server(model_dir: Path, metrics_tenants: str | None) -> LiveServer:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("labels-model") / "demo", size="tiny")
 

@@ -67,7 +67,7 @@ def poison_allocations(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny seeded qwen3 demo model (llama-family, plus per-head qk RMSNorm), made once."""
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return Path(
         make_demo_model(tmp_path_factory.mktemp("qwen3-tiny"), arch="qwen3", size="tiny", seed=1)

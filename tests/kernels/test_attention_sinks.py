@@ -156,7 +156,7 @@ def test_triton_prefill_matches_reference(case, device, make_paged_cache, poison
 
 def _generate(model_dir, backend: str, device: torch.device) -> dict[str, list[int]]:
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.sampling_params import SamplingParams
 
     config = EngineConfig(kernel_backend=backend, device=device.type, dtype="float32", block_size=16,
@@ -177,7 +177,7 @@ def _generate(model_dir, backend: str, device: torch.device) -> dict[str, list[i
 def test_gpt_oss_engine_on_triton_matches_torch_backend(tmp_path, device) -> None:
     """A gpt-oss engine on the Triton kernels (sinks in decode and prefill, biased clamped
     experts; the interpreter on the CPU) generates what it does on the torch references."""
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     overrides = {"sliding_window": 8, "swiglu_limit": 1.0}
     model_dir = make_demo_model(tmp_path, "gpt_oss", seed=2, config_overrides=overrides)

@@ -42,7 +42,7 @@ def test_time_decode_steps_on_cpu_engine(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench_engine, "TIMED_STEPS", 4)

@@ -189,7 +189,7 @@ def test_engine_with_k_quant_weights_decodes_as_its_dequantized_twin(tmp_path: P
     monkeypatch.setenv("INFLIGHT_CPU_PREPACK", "0")  # both models' weights are replaced below: keep them float
     from inflight.kernels.dispatch import with_quantized_linear
     from inflight.runtime import LLM, SamplingParams
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
     from inflight.runtime.model.quantized import QuantizedEmbedding, quantize_model
 
     # tiny llama, widened so every in_features (hidden 256, intermediate 512, heads 4 x 64) fills super-blocks

@@ -156,7 +156,7 @@ def test_a_weight_whose_packed_product_disagrees_stays_float(monkeypatch, caplog
 
 def test_engine_runs_on_packed_weights_unless_switched_off(tiny_model_dir, monkeypatch) -> None:
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=32, max_num_sequences=4)
     runners = {}

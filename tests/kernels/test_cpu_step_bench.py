@@ -56,7 +56,7 @@ def test_split_attn_runs_the_attention_block_op_by_op(tiny_model_dir) -> None:
 
 
 def test_one_lane_replays_alone_with_its_ops_and_calls_counted(tiny_model_dir, monkeypatch) -> None:
-    from inflight.runtime import cpu_lanes
+    from inflight.runtime.worker.cpu import lanes as cpu_lanes
 
     monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
     monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)  # a tiny model's step is worth lanes here

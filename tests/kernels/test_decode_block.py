@@ -156,7 +156,7 @@ def test_bundles_carry_the_block_where_they_have_one() -> None:
 def test_decoder_logits_match_with_and_without_the_block(ops_name, tiny_model_dir) -> None:
     """A tiny Qwen3 (qk-norm) decode step through the one-call block equals the per-op path."""
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend=ops_name)  # fmt: skip

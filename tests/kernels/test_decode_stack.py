@@ -180,8 +180,8 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, fmt, 
     with MKL-packed weights alone and with their float copies (few-row products on those), and
     with oneDNN-packed weights and their float copies (the stack then takes only those products)."""
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.demo_model import make_demo_model
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.demo.model import make_demo_model
 
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
     monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", fmt)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def _generate(model_dir: Path, backend: str, device: torch.device) -> dict[str, list[int]]:
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.sampling_params import SamplingParams
 
     config = EngineConfig(

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="session")
 def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny seeded Qwen3-MoE demo model: a dense layer, then an expert layer (8 experts, top-2)."""
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("qwen3-moe-tiny"), arch="qwen3_moe", size="tiny", seed=1)
 

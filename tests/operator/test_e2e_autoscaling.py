@@ -68,7 +68,7 @@ def _ready(port: int) -> bool:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     """Two runtime processes on 127.0.0.1 serving a tiny demo model; yields their ports."""
     model = tmp_path_factory.mktemp("e2e") / "demo"
-    subprocess.run([sys.executable, "-m", "inflight.runtime.demo_model", str(model), "--size", "tiny"],
+    subprocess.run([sys.executable, "-m", "inflight.runtime.demo.model", str(model), "--size", "tiny"],
                    check=True, capture_output=True, timeout=120)
     ports = [_free_port(), _free_port()]
     logs = [pathlib.Path(model.parent / f"server-{i}.log").open("w") for i in range(2)]

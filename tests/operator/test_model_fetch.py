@@ -34,7 +34,7 @@ HF_SPEC = {"model": {"servedModelName": "tiny", "hf": {"repoId": "org/tiny-llama
 @pytest.fixture(scope="module")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     model = tmp_path_factory.mktemp("hub") / "tiny"
-    subprocess.run([sys.executable, "-m", "inflight.runtime.demo_model", str(model), "--size", "tiny"],
+    subprocess.run([sys.executable, "-m", "inflight.runtime.demo.model", str(model), "--size", "tiny"],
                    check=True, capture_output=True, timeout=120)
     return model
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from inflight.operator import render
 from inflight.operator.render import Owner
-from inflight.runtime import cli
+from inflight.runtime.cli import command as cli
 from inflight.runtime.server.auth import metrics_refusal
 from tests.operator.helpers import make_spec
 

@@ -166,7 +166,7 @@ def test_crd_engine_integers_stop_where_the_runtime_does() -> None:
 
 def test_metrics_key_ref_parses_with_the_crds_default_key() -> None:
     from inflight.operator.spec import METRICS_KEY_ENV, MetricsKeyRef
-    from inflight.runtime.cli import METRICS_API_KEY_ENV
+    from inflight.runtime.cli.command import METRICS_API_KEY_ENV
 
     assert METRICS_KEY_ENV == METRICS_API_KEY_ENV  # the env var the runtime reads
     assert make_spec({"metricsApiKeySecretRef": {"name": "prom"}}).metrics_api_key_secret_ref == MetricsKeyRef("prom")

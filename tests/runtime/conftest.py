@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.kv_manager import KVCacheManager
-from inflight.runtime.request import Request
+from inflight.runtime.core.block_pool import KVBlockPool
+from inflight.runtime.core.kv_manager import KVCacheManager
+from inflight.runtime.core.request import Request
+from inflight.runtime.core.sched_output import SchedulerOutput
+from inflight.runtime.core.scheduler import Scheduler
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.sched_output import SchedulerOutput
-from inflight.runtime.scheduler import Scheduler
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 
 CORPUS = (

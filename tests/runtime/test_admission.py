@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_types import EngineRequest
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.sampling_params import SamplingParams
 

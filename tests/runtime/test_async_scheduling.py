@@ -1,4 +1,4 @@
-"""Async scheduling (inflight.runtime.async_steps) on the CPU: the same tokens as the
+"""Async scheduling (inflight.runtime.core.async_steps) on the CPU: the same tokens as the
 synchronous engine, the one-step lag for stops, aborts and grammars, the overlap itself
 (step N+1 is submitted while step N runs), and recovery when a step fails on the worker."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured.params import StructuredOutputsParams
 

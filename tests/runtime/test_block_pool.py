@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inflight.runtime.block_pool import KVBlockPool, hash_full_blocks
+from inflight.runtime.core.block_pool import KVBlockPool, hash_full_blocks
 
 NUM_BLOCKS = 16
 

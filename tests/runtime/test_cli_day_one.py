@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from inflight import __version__
-from inflight.runtime.cli import build_parser, engine_config_from_args, main
-from inflight.runtime.input_checks import kv_cache_problem
+from inflight.runtime.cli.command import build_parser, engine_config_from_args, main
+from inflight.runtime.cli.preflight import port_problem
+from inflight.runtime.core.input_checks import kv_cache_problem
+from inflight.runtime.core.stats_log import stats_line
 from inflight.runtime.logs import configure_logging
 from inflight.runtime.outputs import EngineStats
-from inflight.runtime.preflight import port_problem
-from inflight.runtime.stats_log import stats_line
 
 
 def test_version_flag_matches_the_package() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime.cli import main
-from inflight.runtime.preflight import port_problem
-from inflight.runtime.serving_dir import read_chat_template, serving_dir
+from inflight.runtime.cli.command import main
+from inflight.runtime.cli.preflight import port_problem
+from inflight.runtime.cli.serving_dir import read_chat_template, serving_dir
 from inflight.runtime.tokenizer import load_tokenizer
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}>>{% endif %}"

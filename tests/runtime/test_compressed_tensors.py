@@ -14,7 +14,7 @@ import torch
 from inflight.kernels.dispatch import packed_linear_backend
 from inflight.kernels.intq_reference import IntQuantWeight, dequantize
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model import compressed_tensors as ct
 from inflight.runtime.model.quantized import summarize_packed
 

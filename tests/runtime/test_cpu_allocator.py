@@ -1,4 +1,4 @@
-"""glibc's malloc keeps what a step frees (inflight.runtime.cpu_allocator): a step-sized block
+"""glibc's malloc keeps what a step frees (inflight.runtime.worker.cpu.allocator): a step-sized block
 comes from the heap rather than its own mmap, and once freed it stays in the heap (no trim),
 where the next step's allocations reuse it without faulting pages in; the switch turns it off.
 Each case runs in a fresh process: the settings are process-wide."""
@@ -15,7 +15,7 @@ import pytest
 
 PROBE = """
 import ctypes, json, resource, sys, torch
-from inflight.runtime.cpu_allocator import keep_freed_memory
+from inflight.runtime.worker.cpu.allocator import keep_freed_memory
 said = keep_freed_memory()
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

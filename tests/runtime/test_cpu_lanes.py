@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_packed
-from inflight.runtime import cpu_lanes
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.cpu_lanes import DecodeLanes
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.worker.cpu import lanes as cpu_lanes
+from inflight.runtime.worker.cpu.lanes import DecodeLanes
 
 from .hf_reference import hf_greedy, prompts_of_lengths, run_staggered
 
@@ -116,7 +116,7 @@ def test_a_higher_floor_keeps_few_row_steps_whole() -> None:
 
 def test_the_runner_raises_the_floor_only_for_float_copies(model_factory, monkeypatch) -> None:
     from inflight.runtime.config import EngineConfig
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
     monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
     floors = {}

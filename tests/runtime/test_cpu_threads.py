@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inflight.runtime import device_setup
+from inflight.runtime.worker.cpu import device_setup
 
 
 @pytest.fixture

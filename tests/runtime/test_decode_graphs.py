@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.decode_graphs import DecodeGraphs, capture_sizes
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.graph_backend import HostSyncError, RecordingGraphBackend, no_host_sync
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
+from inflight.runtime.worker.graph_backend import HostSyncError, RecordingGraphBackend, no_host_sync
 from tests.devices import on_devices
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]

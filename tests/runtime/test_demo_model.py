@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.demo_model import main
+from inflight.runtime.demo.model import main
 
 
 def test_tokenizer_has_special_tokens_and_chat_template(llama_dir):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from tests.devices import on_devices
 
 from .hf_reference import assert_engine_matches_hf, prompts_of_lengths

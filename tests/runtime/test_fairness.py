@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.fairness import FairShare
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.fairness import FairShare
+from inflight.runtime.core.request import Request
 from inflight.runtime.outputs import QueueFullError
-from inflight.runtime.request import Request
 from inflight.runtime.sampling_params import SamplingParams
 
 LONG = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.float_export import float_checkpoint_dir
 from inflight.runtime.model.gguf_convert import check_supported, convert_gguf, unpermute_rows
 from inflight.runtime.model.gguf_source import model_dir_problem, resolve_model_dir

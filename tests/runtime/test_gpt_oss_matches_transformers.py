@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.loader import load_hf_config, load_model
 from inflight.runtime.model.spec import spec_from_hf_config
 
@@ -172,7 +172,7 @@ def test_mxfp4_without_a_partner_is_refused(model_dir: Path, tmp_path: Path) -> 
 
 
 def test_tensor_parallel_2_matches_1(model_dir: Path) -> None:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.llm import LLM
     from inflight.runtime.sampling_params import SamplingParams
 

@@ -7,7 +7,7 @@ keeps running; under ``static`` the same inputs admit nothing until the batch ha
 from __future__ import annotations
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 
 

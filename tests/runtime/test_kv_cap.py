@@ -9,9 +9,9 @@ import json
 import pytest
 
 from inflight.operator import engine_args
-from inflight.runtime.cli import build_parser, engine_config_from_args
+from inflight.runtime.cli.command import build_parser, engine_config_from_args
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 
 
 @pytest.mark.parametrize(("blocks", "cap", "expected"), [(100, 16 * 40, 40), (100, 16 * 400, 100), (100, 16 * 40 + 15, 40),

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import torch
 
-from inflight.runtime.logit_rows import logit_row_order, split_logits
+from inflight.runtime.worker.logit_rows import logit_row_order, split_logits
 
 
 def test_sampled_rows_come_first_then_prompt_logprob_spans() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
 from tests.devices import on_devices
 
 from .hf_reference import assert_engine_matches_hf, prompts_of_lengths

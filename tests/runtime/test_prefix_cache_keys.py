@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inflight.runtime import block_pool
-from inflight.runtime.block_pool import KVBlockPool, hash_block, hash_full_blocks
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core import block_pool
+from inflight.runtime.core.block_pool import KVBlockPool, hash_block, hash_full_blocks
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 
 BLOCK = 16

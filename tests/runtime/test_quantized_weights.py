@@ -12,7 +12,7 @@ import torch
 from inflight.kernels.dispatch import with_quantized_linear
 from inflight.kernels.quant_reference import QuantizedWeight, dequantize
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.quantized import (
     QuantizedEmbedding,
     quantize_model,

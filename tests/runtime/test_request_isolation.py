@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.outputs import EngineFatalError, RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
 

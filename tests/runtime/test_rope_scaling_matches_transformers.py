@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.rope import rope_parameters
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inflight.runtime import LLM, SamplingParams
-from inflight.runtime.sampler import Sampler, SamplingRow
+from inflight.runtime.worker.sampler import Sampler, SamplingRow
 
 from .hf_reference import _hf_model, hf_greedy
 

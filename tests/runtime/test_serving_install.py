@@ -12,7 +12,7 @@ BLOCK_OPERATOR_DEPS = "import sys; sys.modules.update(kopf=None, kubernetes=None
 
 def test_serving_imports_without_the_operator_dependencies() -> None:
     code = BLOCK_OPERATOR_DEPS + (
-        "import inflight.runtime.cli, inflight.runtime.server.app, inflight.runtime.llm, "
+        "import inflight.runtime.cli.command, inflight.runtime.server.app, inflight.runtime.llm, "
         "inflight.operator.model_fetch; print('ok')"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

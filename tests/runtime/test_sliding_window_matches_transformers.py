@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_types import EngineRequest
-from inflight.runtime.sampler import SamplingRow
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.spec_verify import verify_greedy, verify_sampled
-from inflight.runtime.speculative import NgramIndex, parse_speculative_config
+from inflight.runtime.spec_decode.speculative import NgramIndex, parse_speculative_config
+from inflight.runtime.spec_decode.verify import verify_greedy, verify_sampled
 from inflight.runtime.structured import StructuredOutputsParams
+from inflight.runtime.worker.sampler import SamplingRow
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
@@ -206,7 +206,7 @@ def test_no_speculation_from_the_batch_size_cut_off(model_factory) -> None:
 def test_speculating_rows_run_on_decode_graphs(model_factory) -> None:
     """Draft rows are decode rows (each attends up to itself), so a speculating step can
     replay a captured decode graph: tokens stay those of the eager engine without speculation."""
-    from inflight.runtime.graph_backend import RecordingGraphBackend
+    from inflight.runtime.worker.graph_backend import RecordingGraphBackend
 
     model_dir = model_factory("mistral")
     requests = _requests(1000)[:4]

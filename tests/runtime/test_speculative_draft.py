@@ -22,11 +22,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.sampler import SamplingRow
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.spec_verify import verify_sampled
+from inflight.runtime.spec_decode.verify import verify_sampled
+from inflight.runtime.worker.sampler import SamplingRow
 from tests.runtime.test_speculative import ARCHS, CASE_KNOBS, _engine, _requests, _run, run_choices
 
 # Chi-square critical values at p = 0.001 by degrees of freedom.
@@ -200,7 +200,7 @@ def test_n_choices_and_sampled_requests_with_a_draft_model(model_factory, drafts
 
 
 def test_draft_passes_run_on_decode_graphs(model_factory, drafts) -> None:
-    from inflight.runtime.graph_backend import RecordingGraphBackend
+    from inflight.runtime.worker.graph_backend import RecordingGraphBackend
 
     model_dir = model_factory("llama")
     requests = _requests(1000)[:4]
@@ -331,7 +331,7 @@ def test_a_draft_model_must_exist_and_share_the_vocabulary(model_factory, tmp_pa
 
 
 def test_serve_refuses_a_bad_draft_before_loading(model_factory, tmp_path: Path, capsys, logging_restored) -> None:
-    from inflight.runtime.cli import main
+    from inflight.runtime.cli.command import main
 
     target = model_factory("llama")
     other_vocab = model_factory("llama", "small")
@@ -363,7 +363,7 @@ def test_the_cr_carries_a_draft_model_to_the_flag() -> None:
 def test_blocks_leave_only_once_out_of_both_models_windows(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from inflight.runtime.kv_manager import release_window
+    from inflight.runtime.core.kv_manager import release_window
 
     def spec(window: int | None, layers: int = 2) -> SimpleNamespace:
         return SimpleNamespace(sliding_window=window, sliding_layers=tuple(range(layers)) if window else (),

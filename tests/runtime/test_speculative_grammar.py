@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.sched_output import ScheduledChunk, SchedulerOutput
-from inflight.runtime.spec_grammar import draft_masks, plain_when_grammar_busy
+from inflight.runtime.spec_decode.grammar import draft_masks, plain_when_grammar_busy
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.manager import RequestMatcher
 from tests.runtime.test_speculative import SPEC, _engine, _requests

@@ -13,13 +13,13 @@ import json
 import pytest
 import torch
 
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.engine_types import EngineRequest
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.engine_types import EngineRequest
+from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.outputs import TokenLogprob
-from inflight.runtime.sampler import Sampler, SamplingRow
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.sched_output import ScheduledChunk
-from inflight.runtime.spec_verify import verify_chunk
+from inflight.runtime.spec_decode.verify import verify_chunk
+from inflight.runtime.worker.sampler import Sampler, SamplingRow
 from tests.runtime.test_speculative import CASE_KNOBS, SPEC, _engine, _requests
 
 CHI2_999 = {3: 16.27, 4: 18.47, 5: 20.52}  # chi-square critical values at p = 0.001

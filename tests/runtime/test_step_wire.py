@@ -134,7 +134,7 @@ def test_every_step_field_has_a_type_the_wire_carries(cls: type) -> None:
 
 
 def test_batch_inputs_fields_are_carried_or_rank0_only() -> None:
-    from inflight.runtime.model_runner import BatchInputs
+    from inflight.runtime.worker.model_runner import BatchInputs
 
     batch = typing.get_type_hints(BatchInputs)
     step = typing.get_type_hints(StepInputs)

@@ -1,4 +1,4 @@
-"""The fair policy's per-tenant counts (inflight.runtime.tenant_stats): a tenant's group is
+"""The fair policy's per-tenant counts (inflight.runtime.core.tenant_stats): a tenant's group is
 labelled by a keyed digest, or by its name when ``--metrics-tenants`` names it; a bounded
 number of digest series (the rest under "other"); the requests of each tenant running and
 waiting; and a fair engine whose per-tenant tokens add up to its totals. The server side (the
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.request import Request
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.request import Request
+from inflight.runtime.core.tenant_stats import MAX_TENANT_LABEL_CHARS, TenantMeter, parse_metrics_tenants
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.tenant_stats import MAX_TENANT_LABEL_CHARS, TenantMeter, parse_metrics_tenants
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 

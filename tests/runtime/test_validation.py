@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.outputs import QueueFullError, RequestRejectedError
 from inflight.runtime.sampling_params import SamplingParams
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from inflight.runtime import vllm_flags
-from inflight.runtime.cli import build_parser, engine_config_from_args, main
-from inflight.runtime.cli_vllm import check_given, normalize_argv
-from inflight.runtime.vllm_flags import ALIAS, FLAGS, NOTICE, ONLY, REFUSED, VllmFlag
+from inflight.runtime.cli import vllm_flags
+from inflight.runtime.cli.command import build_parser, engine_config_from_args, main
+from inflight.runtime.cli.vllm_aliases import check_given, normalize_argv
+from inflight.runtime.cli.vllm_flags import ALIAS, FLAGS, NOTICE, ONLY, REFUSED, VllmFlag
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "from-vllm.md"
 # A valid value for each inflight flag an alias names (others take "7").
@@ -61,7 +61,7 @@ def test_every_vllm_spelling_does_what_the_table_says(name: str, flag: VllmFlag)
 def test_the_table_covers_vllms_release_and_its_doc_is_generated() -> None:
     assert len(FLAGS) - len(vllm_flags.LEGACY) == 261  # vLLM 0.22.1's `vllm serve` flags
     doc = DOC.read_text()
-    assert doc == vllm_flags.with_tables(doc), "docs/from-vllm.md is stale: python -m inflight.runtime.vllm_flags"
+    assert doc == vllm_flags.with_tables(doc), "docs/from-vllm.md is stale: python -m inflight.runtime.cli.vllm_flags"
     for name, _ in _spellings():
         assert f"`{name}`" in doc
 

@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from inflight.runtime.block_pool import KVBlockPool
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import make_demo_model
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.kv_manager import KVCacheManager, cdiv, release_window
-from inflight.runtime.request import Request, RequestStatus
+from inflight.runtime.core.block_pool import KVBlockPool
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.kv_manager import KVCacheManager, cdiv, release_window
+from inflight.runtime.core.request import Request, RequestStatus
+from inflight.runtime.core.scheduler import Scheduler
+from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.scheduler import Scheduler
 
 from .fake_engine import FakeEngine
 from .hf_reference import hf_greedy, prompts_of_lengths

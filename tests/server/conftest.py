@@ -23,7 +23,7 @@ MAIN_CONFIG = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("server-model") / "demo", size="tiny")
 

@@ -32,7 +32,7 @@ from inflight.runtime.server.state import STATE
 from inflight.runtime.server.transport import make_runner
 
 if TYPE_CHECKING:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 MODEL_NAME = "demo"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ class LiveServer:
         return self
 
     async def _start(self) -> None:
-        from inflight.runtime.engine import LLMEngine
+        from inflight.runtime.core.engine import LLMEngine
         from inflight.runtime.engine_core.core import CoreLaunch
 
         source = (CoreLaunch(str(self.model_dir), self.config, "warning", "text", stats_log=False)

@@ -17,11 +17,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from inflight.runtime.cli.serving_dir import serving_dir
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from inflight.runtime.server import ServerSettings, create_app
 from inflight.runtime.server.state import STATE
-from inflight.runtime.serving_dir import serving_dir
 from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 KEY = "sekrit-key-1"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from inflight.runtime.cli import build_parser, engine_config_from_args, main
+from inflight.runtime.cli.command import build_parser, engine_config_from_args, main
 from inflight.runtime.config import EngineConfig
 
 
@@ -74,7 +74,7 @@ def test_python_dash_m_entry_point() -> None:
 
 
 def test_api_key_from_env_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    from inflight.runtime.cli import server_settings_from_args
+    from inflight.runtime.cli.command import server_settings_from_args
 
     monkeypatch.delenv("INFLIGHT_API_KEY", raising=False)
     assert server_settings_from_args(parse()).api_key is None
@@ -88,7 +88,7 @@ def test_api_key_from_env_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_admin_key_and_hardening_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
 
-    from inflight.runtime.cli import server_settings_from_args
+    from inflight.runtime.cli.command import server_settings_from_args
     from inflight.runtime.server import ServerSettings
 
     monkeypatch.delenv("INFLIGHT_ADMIN_API_KEY", raising=False)

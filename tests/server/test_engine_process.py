@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_supervision import _clients
 
-from inflight.runtime.cli import main
+from inflight.runtime.cli.command import main
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.engine_faults import FAULT_ENV

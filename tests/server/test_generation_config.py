@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from inflight.runtime.cli import main
+from inflight.runtime.cli.command import main
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import SamplingDefaults, load_sampling_defaults
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.errors import APIError
-from inflight.runtime.server.protocol import (
+from inflight.runtime.server.openai.protocol import (
     RequestPolicy,
     parse_chat_request,
     parse_completion_request,

@@ -13,7 +13,8 @@ import pytest
 from conftest import MODEL_NAME
 
 from inflight.runtime import json_text
-from inflight.runtime.server import openai_api, tool_calls
+from inflight.runtime.server.openai import api as openai_api
+from inflight.runtime.server.openai import tool_calls
 from tests.server.server_helpers import LiveServer, http
 
 C = "/v1/completions"

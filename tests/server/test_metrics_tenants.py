@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.tenant_stats import MAX_TENANT_LABEL_CHARS, MAX_TRACKED_TENANTS, OTHER_TENANT
 from inflight.runtime.server import ServerSettings
-from inflight.runtime.tenant_stats import MAX_TENANT_LABEL_CHARS, MAX_TRACKED_TENANTS, OTHER_TENANT
 from tests.server.server_helpers import MODEL_NAME, LiveServer, http, is_idle, wait_until
 
 TENANT_METRICS = ("inflight:tenant_num_requests_running", "inflight:tenant_num_requests_waiting",

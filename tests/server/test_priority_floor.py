@@ -67,7 +67,7 @@ def test_the_priority_key_is_an_inference_key_only(floored_server: LiveServer) -
 
 
 def test_the_flag() -> None:
-    from inflight.runtime.cli import build_parser, server_settings_from_args
+    from inflight.runtime.cli.command import build_parser, server_settings_from_args
 
     def settings(*argv: str) -> ServerSettings:
         return server_settings_from_args(build_parser().parse_args(["serve", "--model", "m", *argv]))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import MODEL_NAME
 
-from inflight.runtime.prompt_logprobs import span_logprobs
+from inflight.runtime.core.prompt_logprobs import span_logprobs
 from tests.server.server_helpers import LiveServer, http
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inflight.runtime.server.errors import APIError
-from inflight.runtime.server.protocol import (
+from inflight.runtime.server.openai.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     parse_chat_request,
     parse_completion_request,

@@ -11,7 +11,8 @@ from inflight.runtime.outputs import (
     RequestRejectedError,
     TokenLogprob,
 )
-from inflight.runtime.server import errors, responses, streaming
+from inflight.runtime.server import errors
+from inflight.runtime.server.openai import responses, streaming
 
 META = {"id": "cmpl-1", "created": 1, "model": "demo"}
 TEXT = {1: "a", 2: "bc", 3: "d"}.get

@@ -24,14 +24,14 @@ import pytest
 from conftest import MODEL_NAME
 
 from inflight.runtime import chat_templates
-from inflight.runtime.cli import build_parser, server_settings_from_args
+from inflight.runtime.cli.command import build_parser, server_settings_from_args
+from inflight.runtime.cli.serving_dir import read_chat_template, serving_dir
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.demo_model import CHAT_TEMPLATE
+from inflight.runtime.demo.model import CHAT_TEMPLATE
 from inflight.runtime.server import ServerSettings
-from inflight.runtime.server.chat_support import AUTO_OFF, output_plan
 from inflight.runtime.server.errors import APIError
-from inflight.runtime.server.protocol import parse_chat_request
-from inflight.runtime.serving_dir import read_chat_template, serving_dir
+from inflight.runtime.server.openai.chat_support import AUTO_OFF, output_plan
+from inflight.runtime.server.openai.protocol import parse_chat_request
 from tests.server.server_helpers import LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
@@ -209,8 +209,8 @@ def test_builtin_template_names_resolve_to_package_data(tmp_path: Path, monkeypa
 
 
 def test_hermes_blocks_holding_a_list_of_calls_are_read() -> None:
-    from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream, build_message
-    from inflight.runtime.server.tool_calls import parse_tool_calls
+    from inflight.runtime.server.openai.chat_output import ChatOutputPlan, ChatStream, build_message
+    from inflight.runtime.server.openai.tool_calls import parse_tool_calls
 
     text = ('On it. <tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
             '{"name": "get_time", "arguments": {}}]</tool_call>')
@@ -233,8 +233,8 @@ def test_start_up_says_when_auto_tools_meet_a_template_without_tools(
     demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     template: str, warned: bool,
 ) -> None:
-    from inflight.runtime.cli import engine_config_from_args
-    from inflight.runtime.preflight import check_served, served_dir
+    from inflight.runtime.cli.command import engine_config_from_args
+    from inflight.runtime.cli.preflight import check_served, served_dir
 
     monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))
     args = build_parser().parse_args(["serve", str(demo_model_dir), "--chat-template", template,

@@ -81,7 +81,7 @@ def _logprob_body(max_tokens: int) -> dict[str, object]:
 def test_a_response_at_the_size_ceiling_is_served_and_one_past_it_is_400(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inflight.runtime.server import generation
+    from inflight.runtime.server.openai import generation
 
     monkeypatch.setattr(generation, "MAX_RESPONSE_ENTRIES", 4 * (3 * 3 + 10 * 2))  # 116: max_tokens=3 fits
     reply = http("POST", server.url + C, _logprob_body(3))

@@ -18,7 +18,7 @@ CONFIG = dict(max_num_sequences=8, num_kv_blocks=512, max_model_len=1024, max_qu
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Iterator[LiveServer]:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     model_dir = make_demo_model(tmp_path_factory.mktemp(f"structured-{arch}") / arch, arch=arch, size="tiny")
     live = LiveServer(model_dir, EngineConfig(**CONFIG), ServerSettings(model_name=MODEL_NAME)).start()

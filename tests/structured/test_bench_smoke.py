@@ -10,7 +10,7 @@ from bench.studies import structured
 
 
 def test_structured_bench_runs(tmp_path: Path) -> None:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     model = make_demo_model(tmp_path / "m", arch="llama", size="tiny")
     out = tmp_path / "bench.json"

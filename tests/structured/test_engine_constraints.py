@@ -12,7 +12,7 @@ import torch
 from schemas import SCHEMAS
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.bitmask import apply_bitmask
@@ -22,7 +22,7 @@ jsonschema = pytest.importorskip("jsonschema")  # absent on a bare GPU machine (
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("engine-structured") / "qwen3", arch="qwen3", size="tiny")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.cache import GrammarCache, estimate_bytes
@@ -23,7 +23,7 @@ SLOW = "slow-marker"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("grammar-budgets") / "llama", arch="llama", size="tiny")
 

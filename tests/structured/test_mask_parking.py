@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine import LLMEngine
-from inflight.runtime.request import Request
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.request import Request
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams, mask_fills
 from inflight.runtime.structured.faults import GrammarFault
@@ -30,7 +30,7 @@ CONFIG = EngineConfig(max_num_sequences=4, num_kv_blocks=128, max_model_len=512)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo_model import make_demo_model
+    from inflight.runtime.demo.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("mask-parking") / "llama", arch="llama", size="tiny")
 

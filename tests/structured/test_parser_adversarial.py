@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.runtime.server.tool_calls import parse_tool_calls
+from inflight.runtime.server.openai.tool_calls import parse_tool_calls
 
 SPACES = " " * 100_000
 DEEP = "[" * 100_000

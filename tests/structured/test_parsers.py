@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from inflight.runtime.server.chat_output import ChatOutputPlan, ChatStream, build_message
-from inflight.runtime.server.reasoning import ReasoningStream, split_reasoning
-from inflight.runtime.server.tool_calls import ToolCall, detect_family, parse_tool_calls
+from inflight.runtime.server.openai.chat_output import ChatOutputPlan, ChatStream, build_message
+from inflight.runtime.server.openai.reasoning import ReasoningStream, split_reasoning
+from inflight.runtime.server.openai.tool_calls import ToolCall, detect_family, parse_tool_calls
 
 W = ToolCall("get_weather", json.dumps({"city": "Oslo"}))
 T = ToolCall("get_time", json.dumps({"tz": "utc"}))
@@ -130,10 +130,10 @@ def test_chat_stream_reassembles_to_the_whole_message(plan: ChatOutputPlan, text
 def test_auto_tools_need_a_template_that_renders_them() -> None:
     from types import SimpleNamespace
 
-    from inflight.runtime.demo_model import CHAT_TEMPLATE
-    from inflight.runtime.server.chat_support import output_plan
+    from inflight.runtime.demo.model import CHAT_TEMPLATE
     from inflight.runtime.server.errors import APIError
-    from inflight.runtime.server.protocol import parse_chat_request
+    from inflight.runtime.server.openai.chat_support import output_plan
+    from inflight.runtime.server.openai.protocol import parse_chat_request
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from inflight.runtime import json_text
-from inflight.runtime.server import tool_calls
-from inflight.runtime.server.tool_calls import MARKERS, ToolCall, parse_tool_calls, partial_marker_len
-from inflight.runtime.server.tool_stream import REPARSE_ALWAYS_CHARS, ToolStream
+from inflight.runtime.server.openai import tool_calls
+from inflight.runtime.server.openai.tool_calls import MARKERS, ToolCall, parse_tool_calls, partial_marker_len
+from inflight.runtime.server.openai.tool_stream import REPARSE_ALWAYS_CHARS, ToolStream
 
 MODES = ["hermes", "llama3", "mistral", "required"]
 FRAGMENTS = [

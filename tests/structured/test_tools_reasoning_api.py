@@ -269,6 +269,6 @@ def test_forced_call_on_an_open_schema_adds_no_undeclared_keys(any_server) -> No
      {"type": "object", "properties": {"properties": {"type": "object"}}, "additionalProperties": False}),
 ])
 def test_tool_parameter_schemas_are_closed_by_table(schema, closed) -> None:
-    from inflight.runtime.server.tool_requests import _closed
+    from inflight.runtime.server.openai.tool_requests import _closed
 
     assert _closed(schema) == closed

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = dist.PrefixStore(KEY_PREFIX, store)
     try:
         config = EngineConfig(**json.loads(args.config))
-        from inflight.runtime.model_runner import ModelRunner
+        from inflight.runtime.worker.model_runner import ModelRunner
 
         keys.set(f"joined/{args.rank}", "1")
         control = init_groups(store, args.rank, args.world_size, backend_for(config.device))

@@ -112,8 +112,8 @@ def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
     """Import the engine and read the model's facts and tokenizer (transformers' config classes):
     what loading needs before it reads a weight, and what the front end's checks need."""
     try:
-        from inflight.runtime.engine import LLMEngine  # noqa: F401 - torch and the model code
-        from inflight.runtime.served_facts import read_served_facts
+        from inflight.runtime.core.engine import LLMEngine  # noqa: F401 - torch and the model code
+        from inflight.runtime.engine_core.served_facts import read_served_facts
 
         facts, tokenizer = read_served_facts(Path(launch.model_dir), launch.config)
     except ValueError as exc:
@@ -125,9 +125,9 @@ def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
 
 
 def _load(launch: CoreLaunch, tokenizer: Any) -> Any:
-    from inflight.runtime.engine import LLMEngine
-    from inflight.runtime.input_checks import kv_cache_problem
-    from inflight.runtime.stats_log import start_stats_log
+    from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.core.input_checks import kv_cache_problem
+    from inflight.runtime.core.stats_log import start_stats_log
 
     progress = logging.getLogger("inflight.loading")
     progress.info("engine core (pid %d): loading %s with %s", os.getpid(), launch.model_dir, launch.config.to_dict())

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.runtime.engine_types import EngineRequest, EngineSummary
+from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
+from inflight.runtime.engine_core.served_facts import ServedFacts
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
-from inflight.runtime.served_facts import ServedFacts
 
 __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carried here
 

@@ -41,7 +41,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_logit_rows] int64, laid out as inflight.runtime.logit_rows says
+    sample_indices: torch.Tensor  # [num_logit_rows] int64, laid out as inflight.runtime.worker.logit_rows says
 
 
 # ``BatchInputs`` fields that stay in rank 0 (the engine process) and never cross the wire.

@@ -20,7 +20,7 @@ from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.sampling_params import brief
 from inflight.runtime.server import auth
 from inflight.runtime.server.errors import bad_request, unavailable
-from inflight.runtime.server.openai_api import read_json
+from inflight.runtime.server.openai.api import read_json
 from inflight.runtime.server.state import STATE
 
 logger = logging.getLogger("inflight.server.admin")

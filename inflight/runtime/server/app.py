@@ -28,7 +28,7 @@ from aiohttp import web
 from inflight import __version__
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
-from inflight.runtime.server import admin, auth, openai_api, tokenize_api
+from inflight.runtime.server import admin, auth
 from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
 from inflight.runtime.server.engine_client import EngineClient
 from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
@@ -41,11 +41,13 @@ from inflight.runtime.server.errors import (
     unavailable,
 )
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
+from inflight.runtime.server.openai import api as openai_api
+from inflight.runtime.server.openai import tokenize_api
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
 from inflight.runtime.server.watchdog import StallWatch
 
 if TYPE_CHECKING:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
 access_logger = logging.getLogger(ACCESS_LOGGER)

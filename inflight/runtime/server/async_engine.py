@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
-from inflight.runtime.engine_types import EngineRequest
 from inflight.runtime.outputs import EngineFatalError, EngineStats, FailedSteps
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
@@ -49,7 +49,7 @@ from inflight.runtime.server.engine_client import (
 )
 
 if TYPE_CHECKING:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 __all__ = [
     "AsyncEngine", "BacklogError", "EngineDeadError", "EngineRequest", "EngineStepError",

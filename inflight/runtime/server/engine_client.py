@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.engine_types import EngineRequest
+from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.outputs import EngineStats, RequestOutput
 
 logger = logging.getLogger("inflight.server.engine")

@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.input_checks import check_request
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import CoreLaunch, run_core
-from inflight.runtime.input_checks import check_request
-from inflight.runtime.output_text import OutputText
+from inflight.runtime.engine_core.output_text import OutputText
+from inflight.runtime.engine_core.served_facts import ServedFacts
 from inflight.runtime.outputs import EngineStats, RequestOutput
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.served_facts import ServedFacts
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
     EngineClient,

@@ -163,7 +163,7 @@ _TENANT_METRICS: tuple[tuple[str, str, type[GaugeMetricFamily | CounterMetricFam
 
 def _tenant_metrics(model_name: str, tenants: TenantStats, guard: SampleGuard) -> Iterator[Metric]:
     """One series per tenant label. The engine has chosen and bounded the labels
-    (inflight.runtime.tenant_stats: names from --metrics-tenants, keyed digests, "other"), so
+    (inflight.runtime.core.tenant_stats: names from --metrics-tenants, keyed digests, "other"), so
     none holds client text or names a tenant the operator did not; prometheus_client escapes them."""
     for name, doc, family, column in _TENANT_METRICS:
         metric = family(name, doc, labels=["model_name", "tenant"])

@@ -36,7 +36,7 @@ from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
 if TYPE_CHECKING:
-    from inflight.runtime.engine import LLMEngine
+    from inflight.runtime.core.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
 FLUSH_TIMEOUT_S = 10.0

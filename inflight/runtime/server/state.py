@@ -25,8 +25,8 @@ from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.server.compile_budget import CompileBudget
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineClient
 from inflight.runtime.server.metrics import ServerMetrics
-from inflight.runtime.server.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
-from inflight.runtime.server.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
+from inflight.runtime.server.openai.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
+from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.server.transport import ConnectionLimits
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024

@@ -1,6 +1,6 @@
 """Which tenant a request belongs to, for the ``fair`` scheduler policy: a name the client cannot mint.
 
-A tenant is ``<group>/<user>`` (:func:`inflight.runtime.fairness.tenant_name`):
+A tenant is ``<group>/<user>`` (:func:`inflight.runtime.core.fairness.tenant_name`):
 
 * the **group** is what the server itself checked: the caller's identity
   (:func:`~inflight.runtime.server.principal.principal`: ``key:<digest>`` of the API key it
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inflight.runtime.fairness import SEPARATOR, tenant_name
+from inflight.runtime.core.fairness import SEPARATOR, tenant_name
 from inflight.runtime.server.principal import key_digest, principal
 from inflight.runtime.server.state import ServerSettings
 

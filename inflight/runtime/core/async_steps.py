@@ -1,0 +1,287 @@
+"""Async scheduling: the engine thread prepares step N+1 while step N runs (``--async-scheduling``).
+
+The synchronous step schedules, runs the forward pass and the sampling, then turns the tokens
+into outputs, so the device idles while the host schedules and packs the next batch and the
+host idles while the device runs. Here the device work runs on a :class:`StepWorker` thread
+(one job after another, as on one CUDA stream), and each :meth:`StepPipeline.step` call does:
+
+1. schedule step N+1 *optimistically*: step N's chunks were advanced when N was launched, and
+   each request that samples in N carries a **placeholder** for its token (``-1 - row``, the
+   row of N's sampled tokens), so a decode of N+1 costs one token as usual;
+2. pack N+1 and submit its forward pass; on the worker, placeholders in its input ids are
+   replaced from N's sampled token tensor (a gather on the device, no host sync);
+3. wait for N's tokens, put them in place of the placeholders and process them (stop rules,
+   grammars, finished requests free their blocks): these are the call's outputs;
+4. register N's full blocks in the prefix cache (only what has run: never a block the step
+   in flight still writes);
+5. decide N+1's sampling on the host (its requests' penalties and grammar masks now see N's
+   tokens), submit it, and give each request that samples a placeholder for its token.
+
+**The one-step lag.** A request that stops at N (EOS, a stop token, its grammar's end, an
+abort) has already been scheduled in N+1: its row there is computed and thrown away, and its
+blocks are freed at step 3 (safe: any later step that reuses them runs after N+1 on the
+worker). A request that N finishes by length is never scheduled in N+1. Requests that finish
+free their slot one step later than synchronously, so a waiting request boards one step later;
+tokens are the same, greedy or seeded, as the synchronous engine's.
+
+**Grammar masks.** N+1's masks can only start once N's tokens have advanced the grammars (step
+3); they fill while N+1's forward runs, and the sampler's grace is counted from N+1's launch.
+A row whose mask is late (or whose grammar is slow) is decided deferred on the host, so the
+next schedule already knows its request is parked.
+
+**What runs synchronously.** Steps with a chunk that wants prompt logprobs drain the pipeline
+(N is finished first, then the step runs in place); speculative decoding and tensor parallelism
+are refused with async scheduling (``EngineConfig``). If a step fails on the worker, the step
+launched after it is rolled back and the failed one is run again synchronously, where the
+engine's retry finds the request that made it fail (:meth:`LLMEngine.run_scheduled`).
+Knows nothing about the model or kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from inflight.runtime.core.output_processor import SampledTokens
+from inflight.runtime.core.request import Request, RequestStatus
+from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.outputs import RequestOutput
+from inflight.runtime.worker.batch_inputs import BatchInputs
+from inflight.runtime.worker.sampler import SamplerOutput, SamplingRow
+from inflight.runtime.worker.step_worker import StepWorker
+
+if TYPE_CHECKING:
+    from inflight.runtime.core.engine import LLMEngine
+
+logger = logging.getLogger("inflight.engine")
+
+
+def placeholder(row: int) -> int:
+    """The token id standing for row ``row`` of the step in flight's sampled tokens."""
+    return -1 - row
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """A step's sampled tokens: per batch row (``-1`` for a row not sampled), and on the device
+    for the next step's placeholders."""
+
+    output: SamplerOutput  # for the rows in ``rows``, in that order
+    rows: tuple[int, ...]  # batch rows sampled
+    token_ids: torch.Tensor  # [num_sampled_chunks] int64 on the device
+
+
+@dataclass(slots=True)
+class Launched:
+    """One step submitted to the worker, and what the host needs to finish it."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    starts: tuple[int, ...]  # each chunk's num_computed_tokens when it was scheduled
+    sampled_chunks: tuple[ScheduledChunk, ...]  # one logits row each, in this order
+    forward: Future[torch.Tensor]  # [num_sampled_chunks, vocab] float32 logits
+    launched_at: float
+    sample: Future[Sampled] | None = None
+    rows: tuple[int, ...] = ()  # batch rows sampled (their requests get a placeholder)
+    deferred: tuple[int, ...] = ()  # batch rows whose grammar mask was late: no token
+
+
+class StepPipeline:
+    """Async scheduling for one engine (see module docstring)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.worker = StepWorker(engine.runner.device)
+        self.inflight: Launched | None = None
+        self.num_drains = 0  # steps run synchronously (prompt logprobs, recovery)
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight is not None
+
+    def close(self) -> None:
+        self.worker.close()
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        eng = self.engine
+        settled = eng.parked.settle()
+        sched = eng.schedule()  # optimistic: the step in flight's tokens are placeholders
+        previous = self.inflight
+        if sched.chunks and not self._pipelinable(sched.chunks):
+            self.inflight = None
+            outputs, ok = self._resolve(previous, None) if previous else ([], True)
+            if not ok:  # the step before failed and ran again: this one is scheduled anew
+                return settled + outputs
+            return settled + outputs + self._run_sync(sched.chunks)
+        launched = self._launch(sched.chunks) if sched.chunks else None
+        outputs: list[RequestOutput] = []
+        if previous is not None:
+            outputs, ok = self._resolve(previous, launched)
+            if not ok:
+                launched = None  # rolled back: its requests are scheduled again next step
+        if launched is not None:
+            try:
+                self._start_sampling(launched)
+            except Exception:  # noqa: BLE001 - the synchronous retry isolates the cause
+                self.inflight = None
+                return settled + outputs + self._run_now(launched)
+        self.inflight = launched
+        if previous is None and launched is None and not settled:
+            eng.parked.wait()  # only parked requests are left: wait for a mask, briefly
+        return settled + outputs
+
+    def _pipelinable(self, chunks: tuple[ScheduledChunk, ...]) -> bool:
+        """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs)."""
+        for chunk in chunks:
+            req = chunk.request
+            if req.params.prompt_logprobs is not None and req.num_computed_tokens < req.num_prompt_tokens - 1:
+                return False
+        return True
+
+    # -- launching ----------------------------------------------------------------------
+    def _launch(self, chunks: tuple[ScheduledChunk, ...]) -> Launched:
+        """Pack ``chunks``, submit their forward pass and advance them (optimistically)."""
+        eng = self.engine
+        starts = tuple(c.request.num_computed_tokens for c in chunks)
+        batch = eng.runner.prepare(chunks)
+        waits = any(s + c.num_tokens == c.request.num_tokens and c.request.token_ids[-1] < 0
+                    for c, s in zip(chunks, starts, strict=True))  # fmt: skip
+        previous = self.inflight.sample if waits and self.inflight is not None else None
+        if waits and previous is None:
+            raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
+        forward = self.worker.submit(self._forward_job, batch, previous)
+        for chunk in chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+        return Launched(chunks, starts, batch.sampled_chunks, forward, time.monotonic())
+
+    def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None) -> torch.Tensor:
+        """On the worker: put the previous step's tokens in place of placeholders, run the pass."""
+        if previous is not None:
+            ids = batch.input_ids  # [num_tokens] int64
+            prev = previous.result().token_ids
+            ids.copy_(torch.where(ids < 0, prev[(-1 - ids).clamp(min=0)], ids))
+        if batch.prompt_logprob_spans or any(n != 1 for n in batch.sample_counts):
+            raise RuntimeError("an async step has prompt logprobs or speculation")
+        return self.engine.runner.execute(batch)
+
+    def _start_sampling(self, launched: Launched) -> None:
+        """Decide the step's sampling on the host and submit it; placeholders for its tokens.
+        Everything that can raise (grammar masks) runs before any request's state changes."""
+        eng = self.engine
+        live: list[int] = []
+        slow: list[int] = []  # parked after N's token: a slow grammar advances off the step (parked.py)
+        for i, chunk in enumerate(launched.sampled_chunks):
+            req = chunk.request
+            if req.status is RequestStatus.RUNNING:  # else it ended while the step ran
+                (slow if req.parked else live).append(i)
+        rows = [eng.output_processor.sampling_row(launched.sampled_chunks[i].request) for i in live]
+        pending = eng.sampler.prepare_masks(rows, eng.vocab_size)
+        if pending is not None:  # the grace counts from the forward pass's launch
+            pending = dataclasses.replace(pending, started=launched.launched_at)
+        settled = eng.sampler.settle_masks(rows, pending, eng.vocab_size)
+        deferred = tuple(live[j] for j in sorted(settled.deferred))
+        for i in slow:
+            launched.sampled_chunks[i].request.num_computed_tokens -= 1  # recomputed once unparked
+        for i in deferred:
+            req = launched.sampled_chunks[i].request
+            req.num_computed_tokens -= 1  # its last position is recomputed once the mask is ready
+            eng.parked.park(req, eng.output_processor.matcher_of(req))
+        launched.rows, launched.deferred = tuple(live), deferred
+        launched.sample = self.worker.submit(self._sample_job, launched, rows, settled)
+        for i in live:
+            if i not in deferred:
+                launched.sampled_chunks[i].request.token_ids.append(placeholder(i))
+
+    def _run_now(self, launched: Launched) -> list[RequestOutput]:
+        """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
+        engine's retry fails only the requests that cause it."""
+        logger.exception("deciding an async step's sampling failed; running it again synchronously")
+        _undo(launched)
+        return self._run_sync(launched.chunks)
+
+    def _run_sync(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
+        """Run the still-running ``chunks`` now, synchronously (a drain of the pipeline)."""
+        self.num_drains += 1
+        live = tuple(c for c in chunks if c.request.status is RequestStatus.RUNNING)
+        return self.engine.run_scheduled(live) if live else []
+
+    def _sample_job(self, launched: Launched, rows: list[SamplingRow], settled: object) -> Sampled:
+        """On the worker: sample the rows the host decided on."""
+        logits = launched.forward.result()
+        if len(launched.rows) != logits.shape[0]:
+            logits = logits[torch.tensor(launched.rows, dtype=torch.long, device=logits.device)]
+        output = self.engine.sampler.sample(logits, rows, settled)  # type: ignore[arg-type]
+        tokens = [-1] * len(launched.sampled_chunks)
+        for i, token_id in zip(launched.rows, output.token_ids, strict=True):
+            tokens[i] = token_id
+        return Sampled(output, launched.rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device))
+
+    # -- resolving ------------------------------------------------------------------------
+    def _resolve(self, launched: Launched, after: Launched | None) -> tuple[list[RequestOutput], bool]:
+        """Wait for ``launched``'s tokens and process them: (outputs, True); or, if it failed,
+        roll back ``after`` and run ``launched`` again synchronously: (outputs, False)."""
+        assert launched.sample is not None
+        try:
+            sampled = launched.sample.result()
+        except Exception:
+            logger.exception("an async engine step failed; running it again synchronously")
+            return self._recover(launched, after), False
+        eng = self.engine
+        deferred = set(launched.deferred)
+        for chunk, start in zip(launched.chunks, launched.starts, strict=True):
+            req = chunk.request
+            if req.status is RequestStatus.RUNNING:  # only what has run goes in the prefix cache
+                eng.kv.cache_computed_blocks(req, start + chunk.num_tokens)
+        items: list[SampledTokens] = []
+        for j, i in enumerate(sampled.rows):
+            if i in deferred:
+                continue
+            chunk = launched.sampled_chunks[i]
+            req = chunk.request
+            _drop_placeholder(req, i)
+            if req.status is not RequestStatus.FINISHED:  # else aborted after its sampling started
+                items.append(SampledTokens(chunk, (sampled.output.token_ids[j],), (sampled.output.logprobs[j],)))
+        outputs = eng.output_processor.process(items, [], eng.advance)
+        eng.parked.park_slow_grammars(item.chunk.request for item in items)
+        return outputs, True
+
+    def _recover(self, failed: Launched, after: Launched | None) -> list[RequestOutput]:
+        """``failed`` raised on the worker: undo ``after`` and ``failed``, then run ``failed``'s
+        chunks synchronously (the engine's retry fails only the requests that cause it)."""
+        if after is not None:
+            _undo(after)
+        for i in failed.rows:
+            _drop_placeholder(failed.sampled_chunks[i].request, i)
+        for i in failed.deferred:
+            self.engine.parked.discard(failed.sampled_chunks[i].request.req_id)
+        _roll_back(failed)
+        return self._run_sync(failed.chunks)
+
+
+def _roll_back(launched: Launched) -> None:
+    """Put each still-running chunk's computed count back to where it was scheduled."""
+    for chunk, start in zip(launched.chunks, launched.starts, strict=True):
+        if chunk.request.status is RequestStatus.RUNNING:
+            chunk.request.num_computed_tokens = start
+
+
+def _undo(launched: Launched) -> None:
+    """Wait for ``launched``'s forward pass (its failure is expected: it may have read a failed
+    step's tokens) and roll its chunks back."""
+    try:
+        launched.forward.result()
+    except Exception:  # noqa: BLE001 - it is run again, or its requests fail, in the retry
+        pass
+    _roll_back(launched)
+
+
+def _drop_placeholder(req: Request, row: int) -> None:
+    """Take back the placeholder ``req`` carries for ``row``'s token, if it still does."""
+    if req.token_ids and req.token_ids[-1] == placeholder(row):
+        req.token_ids.pop()

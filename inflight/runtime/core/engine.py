@@ -1,0 +1,407 @@
+"""LLMEngine: the step-level API (add, abort, step, stats) over scheduler, runner and sampler.
+
+Each :meth:`LLMEngine.step` schedules one iteration, runs one forward pass over the packed
+batch, samples one token for each sequence whose known tokens are all computed (or verifies a
+speculating sequence's drafts), and hands the tokens to its
+:class:`~inflight.runtime.core.output_processor.OutputProcessor`, which owns each request's output
+state, applies the stop rules and returns a :class:`RequestOutput` delta per request that
+produced a token or finished. Finished requests free their KV blocks in the same step, so
+waiting requests board at the next one. Single-threaded: callers serialize access (the server
+runs it in one thread). Which logits rows belong to whom is :mod:`inflight.runtime.worker.logit_rows`.
+
+Requests are checked against the loaded model and the live config in :meth:`validate_request`
+before they are queued, so no request should make a step raise. If the forward pass or the
+sampler raises anyway, the step is retried request by request to find the culprits, which
+finish with ``finish_reason == "error"`` (their blocks freed) while the others go on; a
+forward pass that fails for every request alone raises :class:`EngineFatalError`. The engine
+knows no request's output state (detokenizer, generator, grammar matcher, logprobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
+from inflight.runtime.core.async_steps import StepPipeline
+from inflight.runtime.core.block_pool import KVBlockPool
+from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
+from inflight.runtime.core.input_checks import check_cache_salt, check_request, check_token_budget
+from inflight.runtime.core.kv_manager import KVCacheManager, release_window
+from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
+from inflight.runtime.core.parked import ParkedRequests
+from inflight.runtime.core.request import Request
+from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.core.scheduler import Scheduler
+from inflight.runtime.core.tenant_stats import parse_metrics_tenants
+from inflight.runtime.outputs import (
+    EngineFatalError,
+    EngineStats,
+    QueueFullError,
+    RequestOutput,
+    RequestRejectedError,
+)
+from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.spec_decode.draft_proposer import DraftProposer, load_runners
+from inflight.runtime.spec_decode.grammar import plain_when_grammar_busy
+from inflight.runtime.spec_decode.speculative import SpecStats
+from inflight.runtime.spec_decode.verify import verify_chunk
+from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
+from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
+from inflight.runtime.worker.graph_backend import GraphBackend
+from inflight.runtime.worker.logit_rows import split_logits
+from inflight.runtime.worker.model_runner import ModelRunner
+from inflight.runtime.worker.sampler import Sampler
+
+logger = logging.getLogger("inflight.engine")
+
+
+class LLMEngine:
+    """See module docstring. Build with :meth:`from_model_dir`."""
+
+    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True,
+                 drafter: DraftProposer | None = None) -> None:
+        self.runner = runner
+        self.drafter = drafter  # draft-model speculation: its proposer (runner and KV cache)
+        self.detokenize = detokenize  # False in an engine-core process: see OutputProcessor
+        self.tokenizer = tokenizer
+        self.max_model_len = runner.max_model_len
+        self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
+        check_token_budget(self.config)
+        self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
+        self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool, config.block_size,  # a draft model reads the same blocks
+                                 release_window(runner.spec, *([drafter.spec] if drafter else [])))
+        self.scheduler = Scheduler(self.config, self.kv)
+        self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(runner.device)
+        self.output_processor = OutputProcessor(
+            tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
+            detokenize, count_tenants=config.scheduler_policy == "fair",
+            metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
+        )
+        self._arrivals = 0
+        self._num_tokens_last_step = 0
+        self._num_steps = 0
+        self._spec = SpecStats()
+        self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
+        self.pipeline = StepPipeline(self) if config.async_scheduling else None
+
+    @classmethod
+    def from_model_dir(
+        cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None,
+        graph_backend: GraphBackend | None = None, detokenize: bool = True, tokenizer: Any = None,
+    ) -> LLMEngine:
+        """``graph_backend``: capture decode graphs with it (tests use the CPU stand-in); by
+        default CUDA graphs on CUDA unless ``config.enforce_eager``. ``tokenizer``: the
+        directory's, already loaded (else loaded here)."""
+        config = config or EngineConfig()
+        torch.manual_seed(config.seed)
+        if progress:
+            progress(f"loading model from {model_dir}")
+        workers = None
+        if config.tensor_parallel_size > 1:
+            from inflight.runtime.distributed.launcher import WorkerGroup
+
+            if progress:
+                progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
+            workers = WorkerGroup.start(model_dir, config)
+        try:
+            runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
+                                           graph_backend)  # fmt: skip
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+            engine = cls(runner, tokenizer, config, detokenize, drafter)
+        except BaseException:
+            if workers is not None:
+                workers.close()
+            raise
+        if progress:
+            progress("model loaded")
+        return engine
+
+    def close(self) -> None:
+        """Release what outlives the Python objects (tensor-parallel worker processes, mask threads)."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self.sampler.masks.close()
+        self.runner.close()
+        if self.drafter is not None:
+            self.drafter.close()
+
+    # -- requests ---------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt)
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise :class:`RequestRejectedError` for a request that can never run (no state change)."""
+        check_request(prompt_token_ids, params, self.config, self.runner.spec.vocab_size)
+
+    def add_request(
+        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int = 0, arrival_time: float | None = None, tenant: str = "",
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue one request. ``cache_salt`` (vLLM's): only requests with the same salt share
+        prefix-cache blocks (see :mod:`inflight.runtime.core.block_pool`)."""
+        if req_id in self.output_processor:
+            raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
+        self.validate_request(prompt_token_ids, params)
+        check_cache_salt(cache_salt)
+        self.check_admission(1, tenant)
+        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt)
+
+    def add_requests(self, requests: Sequence[EngineRequest]) -> None:
+        """Add every request or none: on a rejection, abort the ones already added and re-raise.
+
+        The whole group is admitted or refused (``QueueFullError``) together.
+        """
+        self.check_admission(len(requests), requests[0].tenant if requests else "")
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
+                                 arrival_time=r.arrival_time, tenant=r.tenant, cache_salt=r.cache_salt)
+                added.append(r.req_id)
+        except BaseException:
+            for req_id in added:
+                self.abort_request(req_id)
+            raise
+
+    def check_admission(self, num_new: int, tenant: str = "") -> None:
+        """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
+
+        ``max_queue_len`` bounds the requests that cannot run now, under every policy: up to
+        ``max_num_sequences`` unfinished requests run, and at most ``max_queue_len`` more wait.
+        So a burst of ``max_num_sequences + max_queue_len`` into an idle engine is accepted
+        whole. Under the fair policy the waiting queue is also shared between tenants
+        (:meth:`FairShare.queue_refusal`): a tenant holding its share is refused, not others,
+        and one tenant's flood leaves the last places to tenants with nothing waiting.
+        """
+        unfinished = self.scheduler.num_running + self.scheduler.num_waiting + num_new
+        if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
+            raise QueueFullError(self.config.max_queue_len)
+        fair = self.scheduler.fair
+        if fair is not None:
+            free_slots = max(0, self.config.max_num_sequences - self.scheduler.num_running)
+            refusal = fair.queue_refusal(fair.resolve(tenant), self.scheduler.waiting, num_new, free_slots,
+                                         self.config.max_queue_len)
+            if refusal is not None:
+                raise QueueFullError(*refusal)
+
+    def _add(
+        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int, arrival_time: float | None, tenant: str = "", cache_salt: str | None = None,
+    ) -> None:
+        if self.scheduler.fair is not None:  # a stranger beyond the tenant bound shares the overflow
+            tenant = self.scheduler.fair.resolve(tenant)
+        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant, cache_salt)
+        self._arrivals += 1
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.runner.device)
+            seed = params.seed if params.seed is not None else hash((self.config.seed, req.arrival_seq))
+            generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+        matcher: RequestMatcher | None = None
+        if params.structured is not None:
+            try:  # compiled already (the server compiles before adding); else compiles here
+                matcher = self.structured.new_matcher(params.structured)
+            except ValueError as exc:
+                raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
+        self.output_processor.add(req, generator, matcher)
+        self.scheduler.add(req)
+
+    def abort_request(self, req_id: str) -> RequestOutput | None:
+        self.parked.discard(req_id)
+        return self.output_processor.finish(req_id, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        """True while requests are in flight, or when a dead tensor-parallel worker awaits
+        the next :meth:`step` to raise ``EngineFatalError``."""
+        workers = self.runner.workers
+        if self.pipeline is not None and self.pipeline.busy:
+            return True
+        return self.scheduler.has_unfinished() or (workers is not None and workers.failure is not None)
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the batch (forward + sample), process the tokens.
+
+        A row whose grammar mask is late gets no token: its request is parked (it computed
+        all but its last position, which is recomputed once the mask is ready). Under async
+        scheduling the outputs are the previous step's (:mod:`inflight.runtime.core.async_steps`)."""
+        self.runner.check_health()
+        if self.pipeline is not None:
+            return self.pipeline.step()
+        settled = self.parked.settle()
+        sched = self.schedule()
+        if sched.is_empty:
+            if not settled:
+                self.parked.wait()  # only parked requests are left: wait for a mask, briefly
+            return settled
+        return settled + self.run_scheduled(sched.chunks)
+
+    def run_scheduled(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
+        """Run scheduled chunks now and process their tokens (the synchronous step's body)."""
+        ran, failed, sampled = self._forward_and_sample(chunks)
+        deferred = {id(s.chunk) for s in sampled if not s.token_ids}
+        for chunk in ran:
+            if chunk.speculative:  # a speculating chunk advances once its tokens are in
+                continue
+            if id(chunk) in deferred:
+                self.advance(chunk, chunk.num_tokens - 1)
+                self.parked.park(chunk.request, self.output_processor.matcher_of(chunk.request))
+            else:
+                self.advance(chunk, chunk.num_tokens)
+        if deferred:
+            sampled = [s for s in sampled if s.token_ids]
+        outputs = self.output_processor.process(sampled, failed, self.advance)
+        self.parked.park_slow_grammars(s.chunk.request for s in sampled)
+        return outputs
+
+    def schedule(self) -> SchedulerOutput:
+        """The step's batch (a busy grammar's chunk without drafts), the step counted, times stamped."""
+        sched = plain_when_grammar_busy(self.scheduler.schedule(), self.output_processor.matcher_of)
+        self._num_steps += 1
+        self._num_tokens_last_step = sched.num_batched_tokens
+        now = time.monotonic()
+        for req in sched.admitted:
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+        return sched
+
+    def _forward_and_sample(
+        self, chunks: tuple[ScheduledChunk, ...]
+    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[SampledTokens]]:
+        """Run the batch: (chunks that ran, requests that made it fail, sampled tokens)."""
+        try:
+            return chunks, [], self._run_batch(chunks)
+        except EngineFatalError:
+            raise
+        except Exception:
+            logger.exception("engine step failed; retrying its %d request(s) one by one", len(chunks))
+        ok, failed, sampled = [], [], []
+        for chunk in chunks:
+            try:
+                sampled.extend(self._run_batch((chunk,)))
+                ok.append(chunk)
+            except EngineFatalError:
+                raise
+            except Exception:
+                failed.append(chunk.request)
+        if len(chunks) > 1 and not ok:
+            raise EngineFatalError(f"the engine step fails for each of its {len(chunks)} requests alone")
+        logger.error("failed request(s) %s; %d other(s) go on", [r.req_id for r in failed], len(ok))
+        return tuple(ok), failed, sampled
+
+    def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[SampledTokens]:
+        """Forward + sample ``chunks`` without advancing them (a retry writes the same KV slots).
+
+        A retry after a failed batch may draw a sampled request's random numbers again, so
+        only a failed step can change what a seeded request in it generates."""
+        proposal = self.drafter.propose(chunks, self.output_processor.sampling_row) if self.drafter else None
+        batch = self.runner.prepare(proposal.chunks if proposal else chunks)
+        rows = [self.output_processor.sampling_row(c.request) for c in batch.sampled_chunks]
+        plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
+        plain_rows = [rows[i] for i in plain]
+        masks = self.sampler.prepare_masks(plain_rows, self.runner.spec.vocab_size)  # filled during the forward
+        split = split_logits(self.runner.execute(batch), batch.sample_counts, batch.prompt_logprob_spans)
+        for chunk, first, span in split.prompt_spans:
+            self.output_processor.collect_prompt_logprobs(chunk.request, first, span)
+        logits = split.sampled
+        if len(plain) == len(rows):  # no speculation this step: one row per chunk
+            sampled = self.sampler.sample(logits, rows, masks)
+            return [SampledTokens(c, (t,), (lp,)) if i not in sampled.deferred else SampledTokens(c, (), ())
+                    for i, (c, t, lp) in enumerate(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs,
+                                                       strict=True))]  # fmt: skip
+        starts = split.starts
+        index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
+        sampled = self.sampler.sample(logits[index], plain_rows, masks)
+        out: list[SampledTokens] = []
+        plain_out = iter(enumerate(zip(sampled.token_ids, sampled.logprobs, strict=True)))
+        for i, chunk in enumerate(batch.sampled_chunks):
+            if not chunk.draft_token_ids:
+                j, (token_id, logprob) = next(plain_out)
+                out.append(SampledTokens(chunk, (token_id,), (logprob,)) if j not in sampled.deferred
+                           else SampledTokens(chunk, (), ()))
+                continue
+            block = logits[starts[i] : starts[i + 1]]
+            tokens, logprobs = verify_chunk(block, chunk, rows[i], proposal.probs_of(chunk) if proposal else None)
+            self._spec.record(len(chunk.draft_token_ids), len(tokens) - 1)
+            out.append(SampledTokens(chunk, tokens, logprobs))
+        return out
+
+    def advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
+        """``chunk`` computed ``num_computed`` more positions: count them, cache full blocks."""
+        req = chunk.request
+        req.num_computed_tokens += num_computed
+        self.kv.cache_computed_blocks(req)
+        self.kv.release_out_of_window(req)  # all-windowed models: blocks no query reads again
+
+    # -- what the front end may know ----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.spec.vocab_size
+
+    @property
+    def resolved(self) -> dict[str, str]:
+        """What ``auto`` turned into on this machine: device, dtype, kernel backend."""
+        runner = self.runner
+        return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
+                "kernel_backend": runner.ops.name, "quantization": runner.quantization.method}
+
+    def summary(self) -> EngineSummary:
+        """The frozen view an engine-core process publishes to its front end."""
+        return EngineSummary(self.config, self.vocab_size, tuple(self.eos_token_ids), self.resolved)
+
+    # -- stats and live config ----------------------------------------------------------
+    def stats(self) -> EngineStats:
+        out, tenants = self.output_processor, self.output_processor.tenants
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_kv_blocks=self.pool.num_blocks,
+            num_used_kv_blocks=self.pool.num_used_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_generation_tokens=out.num_generation_tokens,
+            num_tokens_last_step=self._num_tokens_last_step,
+            num_steps=self._num_steps,
+            max_num_sequences=self.config.max_num_sequences,
+            spec_num_drafts=self._spec.num_drafts,
+            spec_num_draft_tokens=self._spec.num_draft_tokens,
+            spec_num_accepted_tokens=self._spec.num_accepted_tokens,
+            spec_accepted_per_position=tuple(self._spec.accepted_per_position),
+            tenants=(tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
+                     if tenants is not None else None),
+        )
+
+    def update_config(self, **changes: Any) -> EngineConfig:
+        """Change live-tunable knobs (``LIVE_TUNABLE_FIELDS``) without a restart."""
+        bad = sorted(set(changes) - set(LIVE_TUNABLE_FIELDS))
+        if bad:
+            raise ValueError(
+                f"cannot change {', '.join(bad)} on a running engine; live-tunable: {', '.join(LIVE_TUNABLE_FIELDS)}"
+            )
+        config = self.config.replace(**changes)
+        check_token_budget(config)
+        self.config = config
+        self.scheduler.config = self.config
+        return self.config
+
+    def warmup(self) -> None:
+        """Run one tiny request through every stage so the first real one pays no start-up cost."""
+        req_id = "__warmup__"
+        self._add(req_id, self.encode_prompt("warm up"), SamplingParams(max_tokens=2, temperature=0.0), 0, None)
+        while req_id in self.output_processor or self.has_unfinished_requests():  # async: the step after too
+            self.step()
+        self.pool.reset_prefix_cache()
+        self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
+        self._num_steps = 0
+        self.output_processor.reset_counts()

@@ -1,0 +1,177 @@
+"""KVCacheManager: maps requests onto blocks of the pool, including prefix-cache hits.
+
+It answers "can this request get slots for N more tokens?" (allocating them if so), frees a
+request's blocks, and registers blocks in the prefix cache as they fill with computed
+tokens. Imports no torch; knows nothing about scheduling policy.
+
+Sliding windows: when *every* layer of the model attends within a window of ``W`` tokens (a
+query at position ``p`` reads keys ``p - W + 1 .. p``), a request's blocks wholly before
+``num_computed_tokens - W + 1`` can never be read again: every future query sits at
+``num_computed_tokens`` or later (speculative rollback only drops drafts beyond it; only
+preemption moves it back, and preemption frees everything). Those blocks are released
+(:meth:`KVCacheManager.release_out_of_window`) while their entries stay in ``block_ids`` as
+placeholders, so ``block_table[pos // block_size]`` still finds every live block. The kernels
+never weigh a key before the window: the native and Triton ones never load those blocks, the
+torch reference gathers them and masks them out, so a placeholder only needs to be a valid
+block index holding finite values, which the released id is (another request may own it by
+then; it is masked, like the stale tail of a last block or the padding of a table).
+One block table serves all layers, so a model with any global (full-attention) layer, such as
+Gemma 3 or Qwen2 with ``max_window_layers`` below its layer count, releases nothing: see
+:func:`release_window`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from inflight.runtime.core.block_pool import KVBlockPool, hash_full_blocks
+from inflight.runtime.core.request import Request
+
+if TYPE_CHECKING:
+    from inflight.runtime.model.spec import ModelSpec
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def release_window(*specs: ModelSpec) -> int | None:
+    """The window (tokens) beyond which a request's blocks may be released, or None.
+
+    The models' (the served one's, and a draft model's that reads the same blocks) largest
+    ``sliding_window`` when every layer of each is windowed; None when any layer attends to
+    the whole context (it may read every block, and the block table is shared by all layers).
+    """
+    windows = []
+    for spec in specs:
+        if spec.sliding_window is None or set(spec.sliding_layers) != set(range(spec.num_layers)):
+            return None
+        windows.append(spec.sliding_window)
+    return max(windows, default=None)
+
+
+class KVCacheManager:
+    """Per-request block bookkeeping on top of a :class:`KVBlockPool`.
+
+    ``sliding_window``: from :func:`release_window`; None keeps every block a request fills.
+    """
+
+    def __init__(self, pool: KVBlockPool, block_size: int, sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens (got {sliding_window}).")
+        self.pool = pool
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of which found cached
+
+    def find_prefix_hit(self, req: Request) -> list[int]:
+        """Cached blocks covering a prefix of ``req``'s tokens (at least one token stays to compute)."""
+        if not self.pool.enable_prefix_caching or req.num_computed_tokens > 0:
+            return []
+        if req.params.prompt_logprobs is not None:  # cached tokens would have no logits
+            return []
+        req.block_hashes = self._hashes(req, req.token_ids)
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        return self.pool.find_cached(req.block_hashes[:max_blocks], req.token_ids, self.block_size)
+
+    def blocks_needed(self, req: Request, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
+        """Fresh blocks ``req`` needs to hold ``num_new_tokens`` more tokens."""
+        total_tokens = req.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens
+        return max(0, cdiv(total_tokens, self.block_size) - len(req.block_ids) - num_hit_blocks)
+
+    def num_out_of_window(self, num_computed_tokens: int) -> int:
+        """Leading blocks no query at ``num_computed_tokens`` or later can read (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, (num_computed_tokens - self.sliding_window + 1) // self.block_size)
+
+    def release_out_of_window(self, req: Request) -> int:
+        """Give back ``req``'s leading blocks that fell wholly outside the window; how many.
+
+        Their table entries stay as placeholders. With prefix caching a block is released only
+        once it is registered in the cache (it stays findable there until evicted, like any
+        freed cached block); a block other requests share stays theirs (ref counts).
+        """
+        upto = min(self.num_out_of_window(req.num_computed_tokens), len(req.block_ids))
+        if self.pool.enable_prefix_caching:
+            upto = min(upto, req.num_cached_blocks)
+        if upto <= req.num_released_blocks:
+            return 0
+        self.pool.free(req.block_ids[req.num_released_blocks : upto])
+        released = upto - req.num_released_blocks
+        req.num_released_blocks = upto
+        return released
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
+    ) -> bool:
+        """Give ``req`` room for ``num_new_tokens`` more tokens (after any prefix hit).
+
+        First releases ``req``'s blocks already out of the window (never read again, so that
+        stays done). Otherwise returns False, changing nothing, when the pool has too few free
+        blocks. A prefix hit (only at admission, on an empty table) shares just the hit blocks
+        still inside the window; the ones before it become placeholders straight away.
+        """
+        hit_blocks = hit_blocks or []
+        if hit_blocks and req.block_ids:
+            raise RuntimeError(f"prefix hit for {req.req_id!r}, which already holds blocks")
+        self.release_out_of_window(req)
+        num_fresh = self.blocks_needed(req, num_new_tokens, len(hit_blocks))
+        num_skip = min(len(hit_blocks), self.num_out_of_window(len(hit_blocks) * self.block_size))
+        shared = hit_blocks[num_skip:]
+        # Sharing a cached block that sits in the free queue uses up one free block.
+        if num_fresh + self.pool.num_free_among(shared) > self.pool.num_free_blocks:
+            return False
+        if hit_blocks:
+            # Shared before allocating, so the fresh blocks cannot evict them. A skipped one
+            # may be evicted and even come back to this request as a fresh block: harmless,
+            # its placeholder entry is never weighed.
+            self.pool.share(shared)
+            req.block_ids.extend(hit_blocks)
+            req.num_released_blocks = num_skip
+            req.num_computed_tokens += len(hit_blocks) * self.block_size
+            req.num_cached_blocks = len(req.block_ids)
+        fresh = self.pool.allocate(num_fresh)
+        if fresh is None:  # cannot happen after the check above
+            raise RuntimeError("KV block pool refused an allocation it had room for")
+        req.block_ids.extend(fresh)
+        return True
+
+    def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_cache_queries += num_prompt_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def cache_computed_blocks(self, req: Request, num_computed: int | None = None) -> None:
+        """Register the blocks that are now full of computed tokens in the prefix cache (with a
+        draft model, only once its KV fills them too: ``Request.draft_kv_lag``). ``num_computed``:
+        count only this many (async scheduling: the tokens of steps that have run, not of the
+        step still in flight)."""
+        if not self.pool.enable_prefix_caching:
+            return
+        computed = req.num_computed_tokens if num_computed is None else min(num_computed, req.num_computed_tokens)
+        num_full = (computed - req.draft_kv_lag) // self.block_size
+        if num_full <= req.num_cached_blocks:
+            return
+        bs = self.block_size
+        req.block_hashes = self._hashes(req, req.token_ids[: num_full * bs])
+        for i in range(req.num_cached_blocks, num_full):
+            self.pool.cache_block(req.block_ids[i], req.block_hashes[i], req.token_ids[i * bs : (i + 1) * bs])
+        req.num_cached_blocks = num_full
+
+    def _hashes(self, req: Request, token_ids: list[int]) -> list[bytes]:
+        """Chained keys of the full blocks of ``token_ids`` (a prefix of ``req``'s), extending the
+        ones ``req`` has; the chain starts from ``req``'s salted root (``cache_salt``)."""
+        known = req.block_hashes[: len(token_ids) // self.block_size]
+        root = self.pool.root_hash if known or req.cache_salt is None else self.pool.root_for(req.cache_salt)
+        return hash_full_blocks(token_ids, self.block_size, known, root)
+
+    def free(self, req: Request) -> None:
+        """Release all of ``req``'s held blocks (not the placeholders of released ones); full
+        ones stay in the prefix cache until evicted."""
+        held = req.block_ids[req.num_released_blocks :]
+        if held:
+            self.pool.free(held)
+        req.block_ids = []
+        req.num_released_blocks = 0
+        req.num_cached_blocks = 0

@@ -1,0 +1,270 @@
+"""OutputProcessor: each request's output state, and a step's sampled tokens made into outputs.
+
+Owns one :class:`RequestOutputState` per live request (its detokenizer when the engine
+detokenizes, its random generator, its grammar matcher, the logprobs not sent yet and the
+prompt logprobs collected so far) and the engine-wide token counts. Each step the engine hands
+it the tokens it sampled (:meth:`OutputProcessor.process`); the processor appends them to their
+requests, applies the stop rules (EOS and stop tokens once ``min_tokens`` is reached, stop
+strings, ``max_tokens``, ``max_model_len``, the end of a grammar), finishes requests with their
+reason and builds one :class:`RequestOutput` delta per request. A request whose tokens cannot
+be appended finishes with ``finish_reason == "error"`` while the others go on.
+
+Knows nothing about the model, the layout of the logits or scheduling policy: a finished
+request goes to the ``release`` callback (the scheduler frees its blocks), and a speculating
+request's computed count moves through the caller's ``advance``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inflight.runtime.core.detokenizer import IncrementalDetokenizer
+from inflight.runtime.core.prompt_logprobs import span_logprobs
+from inflight.runtime.core.request import Request, RequestStatus
+from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.tenant_stats import TenantMeter
+from inflight.runtime.outputs import EngineFatalError, RequestOutput, RequestTimes, TokenLogprob
+from inflight.runtime.structured.manager import RequestMatcher
+from inflight.runtime.structured.mask_fills import MIN_GRACE_S as SLOW_ADVANCE_S
+from inflight.runtime.worker.sampler import SamplingRow
+
+logger = logging.getLogger("inflight.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTokens:
+    """What one chunk emitted this step: one token, or a speculating chunk's accepted drafts
+    plus one, each with its logprob entry (None when the request asks for none)."""
+
+    chunk: ScheduledChunk
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob | None, ...]
+
+
+class RequestOutputState:
+    """Per-request engine-side state that is not scheduling state."""
+
+    __slots__ = ("request", "detok", "generator", "matcher", "pending_logprobs", "prompt_logprobs",
+                 "prompt_logprobs_sent")  # fmt: skip
+
+    def __init__(
+        self, request: Request, detok: IncrementalDetokenizer | None, generator: torch.Generator | None,
+        matcher: RequestMatcher | None = None,
+    ) -> None:
+        self.request = request
+        self.detok = detok
+        self.generator = generator
+        self.matcher = matcher  # structured outputs: advanced once per accepted output token
+        self.pending_logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (token 0 has no context)
+        self.prompt_logprobs_sent = False
+
+
+class OutputProcessor:
+    """See module docstring."""
+
+    def __init__(
+        self, tokenizer: Any, eos_token_ids: tuple[int, ...], max_model_len: int,
+        release: Callable[[Request], None], detokenize: bool = True, count_tenants: bool = False,
+        metrics_tenants: tuple[str, ...] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        # False in an engine-core process: outputs carry token ids only, and the front end
+        # detokenizes and applies stop strings (inflight.runtime.engine_core.output_text).
+        self.detokenize = detokenize
+        self._release = release
+        self._states: dict[str, RequestOutputState] = {}
+        self._count_tenants = count_tenants
+        self._metrics_tenants = metrics_tenants  # the tenants counted under their own names
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.tenants = TenantMeter(metrics_tenants) if count_tenants else None
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._states
+
+    def reset_counts(self) -> None:
+        """Forget the token counts (after the warm-up)."""
+        self.num_prompt_tokens = self.num_generation_tokens = 0
+        self.tenants = TenantMeter(self._metrics_tenants) if self._count_tenants else None
+
+    # -- requests ---------------------------------------------------------------------
+    def add(self, req: Request, generator: torch.Generator | None, matcher: RequestMatcher | None) -> None:
+        """Start keeping ``req``'s output state."""
+        params = req.params
+        skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, skip) if self.detokenize else None
+        self._states[req.req_id] = RequestOutputState(req, detok, generator, matcher)
+
+    def sampling_row(self, req: Request) -> SamplingRow:
+        """What the sampler needs to know about ``req`` this step."""
+        state = self._states[req.req_id]
+        return SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, state.generator,
+                           self.eos_token_ids, state.matcher)  # fmt: skip
+
+    def collect_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
+        """Record ``req``'s prompt logprobs from ``logits`` (``[count, vocab]``, positions
+        ``first ..``). Only positions not collected yet are kept, so a recompute (or a retried
+        step) adds nothing twice."""
+        collected = self._states[req.req_id].prompt_logprobs
+        if first + logits.shape[0] > len(collected) >= first:
+            entries = span_logprobs(logits, req.prompt_token_ids, first, req.params.prompt_logprobs or 0)
+            collected.extend(entries[len(collected) - first :])
+
+    def finish(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
+        """Finish a live request now (``abort``, ``error`` with its message): its last output,
+        or None if unknown."""
+        state = self._states.get(req_id)
+        return None if state is None else self._finish(state, reason, (), "", error)
+
+    def end(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
+        """End a live request between steps (its grammar completed, failed or ran out of
+        time) with the text its detokenizer still holds; None if unknown."""
+        state = self._states.get(req_id)
+        return None if state is None else self._output_after(state, (), reason, error)
+
+    def matcher_of(self, req: Request) -> RequestMatcher | None:
+        """``req``'s grammar state (None for a free request)."""
+        return self._states[req.req_id].matcher
+
+    # -- one step ---------------------------------------------------------------------
+    def process(
+        self, sampled: Sequence[SampledTokens], failed: Sequence[Request],
+        advance: Callable[[ScheduledChunk, int], None],
+    ) -> list[RequestOutput]:
+        """One step's outputs: an ``error`` one for each request in ``failed``, then one for
+        each chunk in ``sampled``. ``advance(chunk, n)`` moves a speculating chunk that is still
+        running once its tokens are in: it computed one position per token it emitted (its
+        last known token and the drafts it kept; the new one is computed next step)."""
+        outputs = [self._finish(self._states[req.req_id], "error", (), "") for req in failed]
+        now = time.monotonic()
+        for item in sampled:
+            req = item.chunk.request
+            try:
+                out = self._append_tokens(req, item.token_ids, item.logprobs, now)
+                if item.chunk.draft_token_ids and req.status is RequestStatus.RUNNING:
+                    advance(item.chunk, len(item.token_ids))
+            except EngineFatalError:
+                raise
+            except Exception:
+                logger.exception("request %s failed while appending its token", req.req_id)
+                out = self._finish(self._states[req.req_id], "error", (), "")
+            outputs.append(out)
+        return outputs
+
+    def _append_tokens(
+        self, req: Request, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob | None, ...], now: float
+    ) -> RequestOutput:
+        """Append the step's tokens (one, or a speculating request's accepted drafts plus one)
+        until one of them finishes the request; one output for all of them."""
+        state = self._states[req.req_id]
+        first = req.first_token_time is None
+        if first:
+            req.first_token_time = now
+            self.num_prompt_tokens += req.num_prompt_tokens
+        reason = error = None
+        new_ids: list[int] = []
+        for token_id, logprob in zip(token_ids, logprobs, strict=True):
+            req.append_token(token_id)
+            new_ids.append(token_id)
+            self.num_generation_tokens += 1
+            if logprob is not None:
+                state.pending_logprobs.append(logprob)
+            reason = self._stop_reason(req, token_id, state.detok is not None and state.detok.append(token_id))
+            if state.matcher is not None and state.matcher.slow and reason is None and len(token_ids) == 1:
+                state.matcher.pending_token = token_id  # a slow grammar advances off the step, in its next fill
+            elif state.matcher is not None:
+                error = _grammar_error(req, state.matcher, token_id)
+                if error is not None:
+                    reason = "error"
+                elif state.matcher.is_finished:
+                    reason = "stop"
+            if reason is not None:
+                break
+        if self.tenants is not None:
+            self.tenants.count(req.tenant, req.num_prompt_tokens if first else 0, len(new_ids))
+        return self._output_after(state, tuple(new_ids), reason, error)
+
+    def _output_after(
+        self, state: RequestOutputState, new_ids: tuple[int, ...], reason: str | None, error: str | None
+    ) -> RequestOutput:
+        detok = state.detok
+        if reason is None:
+            return self._delta(state, new_ids, detok.take_delta(False) if detok else "", None)
+        text = ""
+        if detok is not None:
+            detok.flush()
+            text = detok.take_delta(True)
+        return self._finish(state, reason, new_ids, text, error)
+
+    def _stop_reason(self, req: Request, token_id: int, hit_stop_string: bool) -> str | None:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token_id in self.eos_token_ids:
+                return "stop"
+            if token_id in p.stop_token_ids or hit_stop_string:
+                return "stop"
+        elif hit_stop_string:
+            return "stop"
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # -- outputs ----------------------------------------------------------------------
+    def _finish(
+        self, state: RequestOutputState, reason: str, new_ids: tuple[int, ...], text: str, error: str | None = None
+    ) -> RequestOutput:
+        """Release ``state``'s request with ``reason``, forget it, and return its last output."""
+        req = state.request
+        self._release(req)
+        req.finish_reason = reason
+        times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
+        out = self._delta(state, new_ids, text, times, error)
+        del self._states[req.req_id]
+        return out
+
+    def _delta(
+        self, state: RequestOutputState, new_ids: tuple[int, ...], text: str,
+        times: RequestTimes | None, error: str | None = None,
+    ) -> RequestOutput:
+        """The output since the last one; ``times`` is set once the request has finished."""
+        req, finished = state.request, times is not None
+        logprobs = tuple(state.pending_logprobs) if req.params.logprobs is not None else None
+        state.pending_logprobs.clear()
+        prompt_logprobs = None
+        if req.params.prompt_logprobs is not None and not state.prompt_logprobs_sent and (new_ids or finished):
+            prompt_logprobs, state.prompt_logprobs_sent = tuple(state.prompt_logprobs), True
+        return RequestOutput(
+            req_id=req.req_id, new_token_ids=new_ids, new_text=text, finished=finished,
+            finish_reason=req.finish_reason if finished else None, num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
+            new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs, error=error,
+        )
+
+
+def _grammar_error(req: Request, matcher: RequestMatcher, token_id: int) -> str | None:
+    """Advance ``req``'s grammar past ``token_id``; why the request cannot go on, or None.
+
+    Called once per accepted token, never for tokens recomputed after a preemption. A token
+    the grammar refuses (the matcher hit an internal limit, e.g. llguidance's row limit on a
+    very large choice list, so no mask constrained the draw) ends the request with an error:
+    output that does not match the constraint must never finish as ``stop``.
+    """
+    started = time.thread_time()
+    accepted = matcher.accept(token_id)
+    if time.thread_time() - started > SLOW_ADVANCE_S:
+        matcher.slow = True  # later tokens advance it off the step (mask_fills)
+    if accepted:
+        return None
+    message = matcher.error_message()
+    logger.warning("request %s: token %d does not match its grammar (%s); ending it with an error",
+                   req.req_id, token_id, message)
+    return f"the output could not follow its structured-output constraint: {message}"

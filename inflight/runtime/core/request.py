@@ -1,0 +1,105 @@
+"""Request: the engine's mutable record of one generation request as it moves through states.
+
+A request is WAITING (not admitted, or preempted and waiting to be recomputed), RUNNING
+(holds KV blocks, is scheduled every step) or FINISHED. ``num_computed_tokens`` counts the
+tokens whose K/V are in the cache; the scheduler hands out the rest in chunks. ``block_ids`` is
+the request's block table (entry ``i`` holds positions ``i * block_size ..``); on a model whose
+every layer is windowed its first ``num_released_blocks`` entries are placeholders for blocks
+already given back (see :mod:`inflight.runtime.core.kv_manager`). Imports no torch and knows nothing
+about the model.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.spec_decode.speculative import NgramIndex
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One request's tokens, KV blocks and progress."""
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        arrival_seq: int = 0,
+        tenant: str = "",
+        cache_salt: str | None = None,
+    ) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.arrival_seq = arrival_seq  # tie-breaker: order of add_request calls
+        self.tenant = tenant  # the scheduler's fair policy shares slots between tenants
+        self.cache_salt = cache_salt  # seeds block_hashes: only requests with the same salt share KV
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.block_ids: list[int] = []  # the block table, placeholders included
+        self.num_released_blocks = 0  # leading entries of block_ids no longer held (out of the window)
+        self.block_hashes: list[bytes] = []  # chained SHA-256 keys of the full blocks of token_ids (from the salt)
+        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
+        self.num_preemptions = 0
+        self.admitted_seq = -1  # order of the latest admission (for preemption victims)
+        self.finish_reason: str | None = None
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.ngram: NgramIndex | None = None  # speculative decoding: this sequence's n-gram index
+        # Draft-model speculation: trailing computed positions whose draft-model KV is not written
+        # yet (0, or 1 after a step kept every draft); the next draft pass writes them.
+        self.draft_kv_lag = 0
+        self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def awaits_token(self) -> bool:
+        """Async scheduling: its last token is a placeholder for one the step in flight samples."""
+        return bool(self.token_ids) and self.token_ids[-1] < 0
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks this request holds a reference on (its table less the released placeholders)."""
+        return len(self.block_ids) - self.num_released_blocks
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, {self.status.value}, computed={self.num_computed_tokens}/"
+            f"{self.num_tokens}, blocks={self.num_held_blocks}/{len(self.block_ids)})"
+        )

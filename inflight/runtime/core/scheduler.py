@@ -1,0 +1,305 @@
+"""The iteration-level scheduler: which requests run in the next step, and how many tokens each.
+
+Every step gets a token budget (``max_num_tokens``). Running requests go first (a decode
+costs one token, an unfinished prompt its next chunk; a request parked while its grammar's
+token mask is filled sits out, and so does one whose last token the step in flight samples
+under async scheduling), then waiting requests in policy
+order while the budget, ``max_num_sequences`` and free KV blocks allow. When blocks run
+out, running requests are preempted by recompute: the most recently admitted first, or under
+``priority`` the lowest priority (highest ``priority`` value) first. ``fair`` shares slots
+and admissions between tenants by tokens served (:mod:`inflight.runtime.core.fairness`).
+``static`` is the naive baseline: it admits a batch only when nothing is running.
+
+A chunked prompt puts at most ``long_prefill_token_threshold`` tokens into one step (vLLM's
+knob; off by default). Under ``fair`` the cap is per tenant group (all the prompt chunks of
+its users in the step together; by default an eighth of the budget): a tenant with many long
+prompts, or many users, cannot fill a step, so one arriving behind it waits for a short step
+and boards with its prompt beside at most that much of the other's.
+
+On a model whose every layer is windowed, each step first gives back the running requests'
+blocks that fell wholly outside the window (:meth:`KVCacheManager.release_out_of_window`), so
+they are free for this step's allocations and admissions.
+
+With speculative decoding on, a decoding request whose parameters allow it (and while fewer
+than ``disable_by_batch_size`` requests run) speculates: its chunk is its last token plus up
+to ``num_speculative_tokens`` draft tokens, each costing one token of the budget and a KV
+slot; the engine keeps what the model agrees with. N-gram drafts are proposed here; a draft
+model's are proposed by the engine just before the forward (the chunk says how many).
+
+Imports no torch; knows nothing about the model or sampling.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.fairness import FairShare, tenant_group
+from inflight.runtime.core.kv_manager import KVCacheManager
+from inflight.runtime.core.request import Request, RequestStatus
+from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.spec_decode.speculative import NgramIndex, parse_speculative_config
+
+
+class Scheduler:
+    """Holds the waiting and running queues and decides each step's batch."""
+
+    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # in admission order
+        self.num_preemptions = 0
+        self._admissions = 0
+        self.spec = parse_speculative_config(config.speculative_config)
+        self.fair = FairShare() if config.scheduler_policy == "fair" else None
+        self._prefill_cap: int | None = None  # the long-prefill cap of this step
+        self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant group
+        self._yielding: frozenset[str] = frozenset()  # fair: tenants whose prompts sit this step out
+
+    # -- queue management -------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        if self.fair is not None:
+            self.fair.add(req.tenant)
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take ``req`` out of whichever queue holds it and free its blocks."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        if self.fair is not None and req.status is not RequestStatus.FINISHED:
+            self.fair.remove(req.tenant)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _policy_key(self, req: Request) -> tuple[int, ...]:
+        if self.fair is not None:
+            return self.fair.order_key(req)
+        if self.config.scheduler_policy == "priority":
+            return (req.priority, req.arrival_seq)
+        return (req.arrival_seq,)
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_tokens
+        self._prefill_cap = self.config.prefill_token_cap()  # the config is live-tunable
+        self._step_prefill.clear()
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+        for req in self.running:
+            self.kv.release_out_of_window(req)
+        yielded: list[Request] = []
+        if self.fair is not None:
+            self.fair.begin_step()
+            yielded = self._rebalance_slots()
+        self._yielding = self._fair_yielding()
+        budget = self._schedule_running(budget, chunks, preempted)
+        admitted: list[Request] = []
+        if not preempted and self._may_admit():
+            budget = self._schedule_waiting(budget, chunks, admitted)
+        if self.fair is not None:  # admissions were charged as they boarded
+            boarded = {id(r) for r in admitted}
+            for chunk in chunks:
+                if id(chunk.request) not in boarded:
+                    self.fair.charge(chunk.request.tenant, chunk.num_tokens)
+        num_batched = self.config.max_num_tokens - budget
+        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched)
+
+    def _rebalance_slots(self) -> list[Request]:
+        """Fair policy, every slot taken: a waiting tenant below its share of slots takes one
+        from the tenant furthest above its share (before anything is scheduled this step)."""
+        yielded: list[Request] = []
+        fair = self.fair
+        assert fair is not None
+        while self.waiting and len(self.running) >= self.config.max_num_sequences:
+            candidate = min(self.waiting, key=fair.order_key)
+            victim = fair.slot_victim(candidate, self.running, self.config.max_num_sequences, self.waiting)
+            if victim is None:
+                break
+            self._preempt(victim)
+            yielded.append(victim)
+        return yielded
+
+    def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
+        """Tokens of ``req`` to run now: all ``remaining``, or a chunk when chunking applies (no
+        more than the long-prefill cap leaves); 0 = wait."""
+        # Recompute after preemption is always chunked: it resumes work already accepted.
+        if remaining > 1 and req.tenant in self._yielding:
+            return 0
+        if self.config.enable_chunked_context or req.num_preemptions > 0:
+            room = self._prefill_room(req) if remaining > 1 else budget
+            return max(0, min(remaining, budget, room))
+        return remaining if remaining <= budget else 0
+
+    def _may_prefill(self, req: Request) -> bool:
+        """Whether ``req``'s tenant may put prompt tokens into this step (fair: it does not
+        yield, and it has room left under the long-prefill cap when its prompt is chunked)."""
+        if req.tenant in self._yielding:
+            return False
+        chunked = self.config.enable_chunked_context or req.num_preemptions > 0
+        return not chunked or self._prefill_room(req) > 0
+
+    def _prefill_room(self, req: Request) -> int:
+        """Prompt tokens ``req`` may still put into this step: the long-prefill cap, or under
+        the fair policy what its tenant group has left of it (the budget when there is no cap)."""
+        cap = self._prefill_cap
+        if cap is None:
+            return self.config.max_num_tokens
+        return cap - self._step_prefill[tenant_group(req.tenant)] if self.fair is not None else cap
+
+    def _schedule_running(
+        self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
+    ) -> int:
+        speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if req.parked or self._ends_in_flight(req):
+                i += 1
+                continue
+            num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
+            if num_new == 0:  # no room, or (fair) its prompt waits while a less-served tenant boards
+                i += 1
+                continue
+            if speculate and num_new == 1:
+                drafted = self._speculative_chunk(req, budget - 1)
+                if drafted is not None and self.kv.allocate_slots(req, drafted.num_tokens):
+                    chunks.append(drafted)
+                    budget -= drafted.num_tokens
+                    i += 1
+                    continue
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self._pick_victim(i)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # req itself was preempted; running[i] is now the next request
+            chunks.append(self._chunk(req, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _ends_in_flight(self, req: Request) -> bool:
+        """Async scheduling: the token the step in flight samples for ``req`` is its last one
+        (``max_tokens`` or the context length), so it sits this step out and finishes then."""
+        if not req.awaits_token:
+            return False
+        max_len = self.config.max_model_len
+        return req.num_output_tokens >= req.params.max_tokens or (max_len is not None and req.num_tokens >= max_len)
+
+    def _fair_yielding(self) -> frozenset[str]:
+        """Fair policy: the tenants whose prompt tokens (running chunks and admissions) sit
+        this step out because a less-served tenant's request can board (a slot and a block are
+        free): it boards ahead of them in a short step."""
+        fair = self.fair
+        if fair is None or not self.waiting or len(self.running) >= self.config.max_num_sequences:
+            return frozenset()
+        head = min(self.waiting, key=fair.order_key)
+        if self.kv.blocks_needed(head, 1) > self.kv.pool.num_free_blocks:
+            return frozenset()  # it cannot board now: yielding would only stall the others
+        return fair.yielding(head)
+
+    def _speculative_chunk(self, req: Request, room: int) -> ScheduledChunk | None:
+        """A decoding request's last token plus drafts (n-gram proposals, or room for the draft
+        model's), never more than could be emitted (each step emits the accepted drafts plus
+        one token) or fit its context; None when it does not speculate this step."""
+        spec = self.spec
+        assert spec is not None
+        p = req.params
+        if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
+            return None
+        max_len = self.config.max_model_len or 0
+        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1,
+                max_len - req.num_tokens)  # fmt: skip
+        if k <= 0:
+            return None
+        if spec.method == "draft_model":
+            return ScheduledChunk(req, 1 + k, True, num_model_drafts=k)
+        if req.ngram is None:
+            req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        drafts = req.ngram.propose(req.token_ids, k)
+        return ScheduledChunk(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
+
+    def _pick_victim(self, first_unscheduled: int) -> Request:
+        """A request not yet scheduled this step: the newest, or the lowest priority."""
+        candidates = self.running[first_unscheduled:]
+        if self.config.scheduler_policy == "priority":
+            return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
+        return max(candidates, key=lambda r: r.admitted_seq)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+        self.num_preemptions += 1
+
+    def _may_admit(self) -> bool:
+        if self.config.scheduler_policy == "static":
+            return not self.running
+        return True
+
+    def _schedule_waiting(
+        self, budget: int, chunks: list[ScheduledChunk], admitted: list[Request]
+    ) -> int:
+        static = self.config.scheduler_policy == "static"
+        self.waiting.sort(key=self._policy_key)
+        while self.waiting and len(self.running) < self.config.max_num_sequences:
+            if self.fair is not None:  # service changes as requests board: pick again each time
+                # (among tenants with room left under the long-prefill cap)
+                head = min(filter(self._may_prefill, self.waiting), key=self._policy_key, default=None)
+                if head is None:
+                    break
+                self.waiting.remove(head)
+                self.waiting.insert(0, head)
+            if budget == 0 and not static:
+                break
+            req = self.waiting[0]
+            hit_blocks = self.kv.find_prefix_hit(req)
+            num_hit_tokens = len(hit_blocks) * self.kv.block_size
+            remaining = req.num_tokens - num_hit_tokens
+            num_new = self._chunk_size(req, remaining, budget)
+            if num_new == 0 and not static:
+                break
+            # Static batching reserves room for the whole prompt at admission.
+            reserve = remaining if static else num_new
+            if not self.kv.allocate_slots(req, reserve, hit_blocks):
+                break
+            if req.num_preemptions == 0:
+                self.kv.record_lookup(req.num_prompt_tokens, num_hit_tokens)
+                req.num_cached_tokens = num_hit_tokens
+            self.waiting.pop(0)
+            req.status = RequestStatus.RUNNING
+            req.admitted_seq = self._admissions
+            self._admissions += 1
+            self.running.append(req)
+            admitted.append(req)
+            if num_new > 0:
+                chunks.append(self._chunk(req, num_new))
+                budget -= num_new
+                if self.fair is not None:
+                    self.fair.charge(req.tenant, num_new)
+        return budget
+
+    def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
+        if req.num_tokens - req.num_computed_tokens > 1:  # a prompt chunk (or a recompute)
+            self._step_prefill[tenant_group(req.tenant)] += num_new
+        return ScheduledChunk(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)

@@ -1,0 +1,247 @@
+"""The OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and
+GET /v1/models/{id}.
+
+Owns reading the JSON body (400 malformed in any way: bad JSON, bad encoding, bad
+compression, nesting past ``MAX_JSON_DEPTH``, integers past Python's digit limit, strings
+that are not valid Unicode; 413 too large, or too large to parse in the memory left (a
+``MemoryError`` from parsing, tokenizing or planning what a client sent is its error, never a
+500); 408 too slow), checking the model name, and
+turning prompts or chat messages into token ids (``chat_support.render_chat``). For a body past ``INLINE_BODY_BYTES`` the parsing, tokenizing and planning
+run on the state's worker pool, so a huge prompt never blocks the event loop. Hands the rest to ``generation``. Knows nothing about the engine thread, metrics
+names or the server lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from inflight.runtime.outputs import RequestRejectedError
+from inflight.runtime.server import auth
+from inflight.runtime.server.cache_isolation import engine_salt
+from inflight.runtime.server.errors import (
+    bad_request,
+    body_too_large,
+    from_rejection,
+    queue_full,
+    request_timeout,
+    too_large_to_process,
+)
+from inflight.runtime.server.openai import chat_support, generation
+from inflight.runtime.server.openai.protocol import (
+    check_model,
+    parse_chat_request,
+    parse_completion_request,
+)
+from inflight.runtime.server.principal import principal
+from inflight.runtime.server.state import STATE, ServerState
+
+MAX_JSON_DEPTH = 64
+# Bodies up to this size are parsed, tokenized and planned on the event loop (well under a
+# millisecond per KiB); bigger ones go to the worker pool, so they neither block the loop nor
+# make small requests queue behind them.
+INLINE_BODY_BYTES = 16 * 1024
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+async def read_json(request: web.Request, max_bytes: int, timeout_s: float = 60.0,
+                    offload: Offload | None = None) -> Any:
+    """The request body as JSON: 413 past ``max_bytes``, 408 past ``timeout_s``, else 400
+    for anything that is not a JSON document of valid Unicode nested at most ``MAX_JSON_DEPTH``.
+    ``offload(fn)``: run the decoding of a body over ``INLINE_BODY_BYTES`` there (a worker
+    pool), not on the event loop."""
+    return (await read_json_sized(request, max_bytes, timeout_s, offload))[0]
+
+
+async def read_json_sized(request: web.Request, max_bytes: int, timeout_s: float,
+                          offload: Offload | None = None) -> tuple[Any, int]:
+    """:func:`read_json` plus the body's size in bytes."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise body_too_large(max_bytes)
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout_s)
+    except web.HTTPRequestEntityTooLarge:
+        raise body_too_large(max_bytes) from None
+    except asyncio.TimeoutError:
+        raise request_timeout(timeout_s) from None
+    except (web.RequestPayloadError, ClientPayloadError, HttpProcessingError) as exc:  # e.g. bad gzip
+        cause = exc.__cause__ or exc
+        raise bad_request(f"the request body could not be read: {type(cause).__name__} "
+                          f"(check Content-Encoding and Transfer-Encoding)") from None
+    if len(raw) > max_bytes:
+        raise body_too_large(max_bytes)
+    if offload is not None and len(raw) > INLINE_BODY_BYTES:
+        return await offload(lambda: _decode_json(raw)), len(raw)
+    return _decode_json(raw), len(raw)
+
+
+def _decode_json(raw: bytes) -> Any:
+    try:
+        body = json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259); json.loads(bytes) would guess
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise bad_request(f"the request body is not acceptable JSON: {str(exc)[:200]}") from None
+    except MemoryError:
+        raise too_large_to_process(f"the request body ({len(raw)} bytes of JSON)") from None
+    _check_json_value(body)
+    return body
+
+
+def _check_json_value(body: Any) -> None:
+    """400 for nesting deeper than ``MAX_JSON_DEPTH`` or strings with lone surrogates (which
+    no tokenizer can encode), walking the document iteratively (numbers cost one type check)."""
+    _check_string(body)
+    stack: list[tuple[Any, int]] = [(body, 1)] if type(body) in (dict, list) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise bad_request(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+        if type(value) is dict:
+            for key in value:
+                _check_string(key)
+            value = value.values()
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                _check_string(item)
+            elif kind is list or kind is dict:
+                stack.append((item, depth + 1))
+
+
+def _check_string(value: Any) -> None:
+    if type(value) is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request("the request body has a string that is not valid Unicode "
+                              "(a lone UTF-16 surrogate escape such as \\ud800)") from None
+
+
+async def _off_loop(state: ServerState, body_bytes: int, fn: Any) -> Any:
+    """``fn()`` (parsing, tokenizing, planning) inline for a small body, else on the worker
+    pool (429 when too many jobs are already waiting for it)."""
+    if body_bytes <= INLINE_BODY_BYTES:
+        return fn()
+    if state.num_tokenizing >= state.settings.max_pending_tokenizations:
+        raise queue_full("too many prompts are being tokenized; retry shortly")
+    return await state.in_pool(fn)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        job = await _completion_job(request, state)
+    except MemoryError:  # parsing, tokenizing or planning what the client sent ran out of memory
+        raise too_large_to_process("the request") from None
+    return await generation.run(request, state, job)
+
+
+async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
+    body, size = await _read_body(request, state)
+    req = await _off_loop(state, size, lambda: parse_completion_request(body, state.settings.request_policy))
+    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
+    check_model(req.model, state.settings.model_name)
+    _check_priority(request, state, req.priority)
+    engine = state.engine.engine
+
+    special = req.features.add_special_tokens is not False
+
+    def encode_all() -> list[list[int]]:
+        return [_encode(engine, p, special) if isinstance(p, str) else list(p) for p in req.prompts]
+
+    try:
+        prompt_ids = await _off_loop(state, size, encode_all)
+    except RequestRejectedError as exc:
+        raise from_rejection(exc, "prompt") from None
+    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
+    req = chat_support.expand_best_of(req)
+    decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
+    return await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        job = await _chat_job(request, state)
+    except MemoryError:  # parsing, templating or planning what the client sent ran out of memory
+        raise too_large_to_process("the request") from None
+    return await generation.run(request, state, job)
+
+
+async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
+    body, size = await _read_body(request, state)
+    req = await _off_loop(state, size, lambda: parse_chat_request(body, state.settings.request_policy))
+    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
+    check_model(req.model, state.settings.model_name)
+    _check_priority(request, state, req.priority)
+    engine = state.engine.engine
+    prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
+    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
+    output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
+    decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
+    return await _off_loop(state, size, lambda: generation.plan(
+        state, req, prompt_ids, "chatcmpl", None if output.is_plain else output, decorate))
+
+
+def _check_priority(request: web.Request, state: ServerState, priority: int) -> None:
+    error = auth.priority_refusal(request, state.settings, priority)
+    if error is not None:
+        raise error
+
+
+async def _read_body(request: web.Request, state: ServerState) -> tuple[Any, int]:
+    return await read_json_sized(request, state.settings.max_body_bytes, state.settings.request_read_timeout_s,
+                                 lambda fn: _off_loop(state, INLINE_BODY_BYTES + 1, fn))
+
+
+def _encode(engine: Any, prompt: str, add_special_tokens: bool) -> list[int]:
+    """A text prompt's ids: with BOS as transformers adds it, or as written (vLLM's
+    ``add_special_tokens: false``)."""
+    if add_special_tokens:
+        return engine.encode_prompt(prompt)
+    if not prompt:
+        raise RequestRejectedError("prompt must not be empty", "invalid_request", "prompt")
+    return list(engine.tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    engine = state.engine.engine if state.engine.is_ready else None
+    card: dict[str, Any] = {
+        "id": state.settings.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "inflight",
+    }
+    if engine is not None:
+        card["max_model_len"] = engine.max_model_len
+    return card
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the served model's card (as listed by GET /v1/models), 404
+    ``model_not_found`` for any other id (the openai client's ``models.retrieve``)."""
+    state = request.app[STATE]
+    check_model(request.match_info["model_id"], state.settings.model_name)
+    return web.json_response(_model_card(state))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions, expect_handler=auth.expect_continue)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=auth.expect_continue)
+    app.router.add_get("/v1/models", models)
+    # ``.+``: a served name may hold slashes (``org/name``), sent raw or percent-encoded.
+    app.router.add_get("/v1/models/{model_id:.+}", model)

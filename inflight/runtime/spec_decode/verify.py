@@ -1,0 +1,140 @@
+"""Verification of speculative drafts against the target model's logits at each draft position.
+
+``logits`` holds ``1 + k`` rows for a sequence that ran its last token plus ``k`` drafts: row
+``i`` is the target's distribution for the token after position ``i``. Greedy: drafts are
+kept while each equals the row's argmax; the first disagreement is replaced by the argmax
+(and if all agree, the last row's argmax is a free extra token). So greedy output is exactly
+what decoding one token at a time gives. Sampling (temperature and the top-k / top-p / min-p
+filters, :func:`sampling_probs`): with ``p`` the target's distribution and ``q`` the one the
+draft was drawn from, a draft ``d`` is kept with probability ``min(1, p(d) / q(d))``; the
+first one rejected is replaced by a draw from ``max(0, p - q)`` renormalized, which makes
+every emitted token distributed as the target model (Leviathan et al., Chen et al. 2023); if
+all are kept, one more token is drawn from the last row. An n-gram proposal is deterministic,
+so its ``q`` is a point mass on ``d``: the test is ``p(d)`` and the residual is ``p`` without
+``d``. A draft model's ``q`` is its own distribution under the same temperature and filters
+(:mod:`inflight.runtime.spec_decode.draft_proposer`). Draws use the request's own generator.
+
+Each row is first shaped as the sampler shapes a one-token step's row (:func:`shape_logits`):
+``logit_bias``, and the penalties as of that row's own position, i.e. counted over the output
+so far plus the drafts before the row (which were kept if the row's token is emitted). So a
+request with penalties or a bias verifies against the distribution it would sample from
+without speculation, and each emitted token gets the logprob entries (chosen token and top
+alternatives, before temperature) that decoding it alone would give. A grammar-bound
+request's rows then get the grammar's mask of their own position
+(:mod:`inflight.runtime.spec_decode.grammar`), as the sampler masks a one-token row. Knows nothing
+about scheduling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from inflight.runtime.outputs import TokenLogprob
+from inflight.runtime.spec_decode.grammar import draft_masks
+from inflight.runtime.structured.bitmask import apply_bitmask
+from inflight.runtime.worker.sampler import SamplingRow, filter_logits, shape_logits, token_logprobs
+
+if TYPE_CHECKING:
+    from inflight.runtime.core.sched_output import ScheduledChunk
+
+
+def verify_greedy(logits: torch.Tensor, drafts: tuple[int, ...]) -> list[int]:
+    """``logits`` ``[1 + k, vocab]``: the accepted drafts plus one token."""
+    best = logits.argmax(dim=-1).tolist()
+    out = []
+    for i, draft in enumerate(drafts):
+        if best[i] != draft:
+            out.append(best[i])
+            return out
+        out.append(draft)
+    out.append(best[len(drafts)])
+    return out
+
+
+def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """``[n, vocab]`` float32: row ``i``'s sampling distribution under ``rows[i]``'s temperature
+    and top-k / top-p / min-p filters."""
+    temperature = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+    return torch.softmax(filter_logits(logits.float() / temperature[:, None], rows), dim=-1)
+
+
+def target_probs(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    """``[1 + k, vocab]`` sampling distributions of the request (temperature, then filters)."""
+    return sampling_probs(logits, [row] * logits.shape[0])
+
+
+def verify_sampled(
+    logits: torch.Tensor, drafts: tuple[int, ...], row: SamplingRow, draft_probs: torch.Tensor | None = None
+) -> list[int]:
+    """Rejection sampling of ``drafts`` (see module docstring): accepted drafts plus one token.
+
+    ``draft_probs`` ``[k, vocab]``: the distribution each draft was drawn from; None for
+    deterministic proposals (n-gram)."""
+    probs = target_probs(logits, row)
+    gen = row.generator
+    accept = torch.rand(len(drafts), generator=gen, device=probs.device).tolist() if drafts else []
+    out: list[int] = []
+    for i, draft in enumerate(drafts):
+        q_draft = 1.0 if draft_probs is None else float(draft_probs[i, draft])
+        if accept[i] * q_draft < float(probs[i, draft]):  # u < p(d) / q(d), without dividing by q
+            out.append(draft)
+            continue
+        if draft_probs is None:
+            residual = probs[i].clone()
+            residual[draft] = 0.0
+        else:
+            residual = (probs[i] - draft_probs[i].to(probs.device, torch.float32)).clamp_(min=0.0)
+        total = float(residual.sum())
+        if total <= 0.0:  # p <= q everywhere, so p == q: the draft cannot be rejected
+            out.append(draft)
+            continue
+        out.append(int(torch.multinomial(residual / total, 1, generator=gen)))
+        return out
+    out.append(int(torch.multinomial(probs[len(drafts)], 1, generator=gen)))
+    return out
+
+
+def position_rows(row: SamplingRow, drafts: tuple[int, ...]) -> list[SamplingRow]:
+    """The ``1 + k`` verification rows' sampling rows: row ``i`` sees the output so far plus
+    ``drafts[:i]`` (what its penalties and min_tokens count)."""
+    return [row_after(row, drafts[:i]) for i in range(len(drafts) + 1)]
+
+
+def row_after(row: SamplingRow, drafts: Sequence[int]) -> SamplingRow:
+    """``row`` for the position after ``drafts``: its output counted with them."""
+    if not drafts or (not row.params.needs_penalties and not row.params.min_tokens):
+        return row
+    return dataclasses.replace(row, output_token_ids=[*row.output_token_ids, *drafts])
+
+
+@torch.inference_mode()
+def verify_chunk(
+    logits: torch.Tensor, chunk: ScheduledChunk, row: SamplingRow, draft_probs: torch.Tensor | None = None
+) -> tuple[tuple[int, ...], tuple[TokenLogprob | None, ...]]:
+    """The tokens a speculating ``chunk`` emits (its accepted drafts plus one) and their
+    logprob entries (None each unless the request asks for logprobs). ``logits`` ``[1 + k,
+    vocab]`` float32 is shaped in place.
+
+    A draft model's chunk whose drafts are all kept leaves the draft model's KV one position
+    behind the target's (its last draft was never fed to it): ``Request.draft_kv_lag`` says so
+    until the next step's draft pass writes it."""
+    drafts = chunk.draft_token_ids
+    rows = position_rows(row, drafts)
+    shape_logits(logits, rows)
+    if row.matcher is not None:  # a grammar: each row's mask is the one of its own position
+        masks = draft_masks(row.matcher, drafts, logits.shape[-1])
+        apply_bitmask(logits, range(masks.shape[0]), masks)
+    if row.params.greedy:
+        tokens = verify_greedy(logits, drafts)
+    else:
+        tokens = verify_sampled(logits, drafts, row, draft_probs)
+    if chunk.num_model_drafts:
+        chunk.request.draft_kv_lag = int(len(tokens) > len(drafts))
+    n = len(tokens)
+    if row.params.logprobs is None:
+        return tuple(tokens), (None,) * n
+    return tuple(tokens), tuple(token_logprobs(logits[:n], rows[:n], tokens))

@@ -1,0 +1,129 @@
+"""Pure-decode steps on captured graphs: static buffers, capture sizes, padding, replay.
+
+A step whose every sequence feeds one token (no prompt chunk) runs on a graph captured for
+the next capture size up (``1, 2, 4, 8, 16, 32, 48, ...``, as vLLM and nano-vllm pad). The
+graphs read fixed input buffers (token ids, positions, KV slots, a block table as wide as
+``max_model_len`` needs, context lengths) and write fixed logits, so a step only copies its
+inputs in, replays, and reads its rows back out. Padding rows feed token 0 at position 0,
+write no KV (slot -1, which the KV store skips) and attend to one token of block 0 (never a
+zero length, so the softmax stays finite); their logits are never read. The graphs are
+captured once, largest first so the smaller ones reuse its memory. Knows nothing about
+scheduling or sampling; the capture mechanics live in :mod:`inflight.runtime.worker.graph_backend`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.worker.graph_backend import GraphBackend
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURE_SIZE = 512
+# The model: (input_ids, positions, metadata) -> float32 logits [num_tokens, vocab].
+LogitsFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+def capture_sizes(max_num_sequences: int, limit: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
+    """``1, 2, 4, 8``, then every multiple of 16, up to ``max_num_sequences`` (capped at
+    ``limit``; the top size is always included)."""
+    top = max(1, min(max_num_sequences, limit))
+    sizes = {s for s in (1, 2, 4, 8) if s <= top} | set(range(16, top + 1, 16)) | {top}
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGraphStats:
+    sizes: tuple[int, ...]
+    capture_seconds: float
+    memory_bytes: int
+
+
+class DecodeGraphs:
+    """Captured pure-decode steps for a list of batch sizes, over one set of static buffers."""
+
+    def __init__(
+        self, logits_fn: LogitsFn, backend: GraphBackend, sizes: tuple[int, ...],
+        max_blocks_per_seq: int, device: torch.device,
+    ) -> None:  # fmt: skip
+        if not sizes:
+            raise ValueError("DecodeGraphs needs at least one capture size")
+        self.sizes = tuple(sorted(sizes))
+        self.max_size = self.sizes[-1]
+        self._logits_fn = logits_fn
+        self.backend = backend
+        n, dev = self.max_size, device
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=dev)
+        self._empty_tables = torch.zeros(0, 1, dtype=torch.int32, device=dev)
+        self._empty_lens = torch.zeros(0, dtype=torch.int32, device=dev)
+        self._query_start = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.logits: dict[int, torch.Tensor] = {}  # size -> its graph's output
+        self._replays: dict[int, Callable[[], None]] = {}
+        self.stats: DecodeGraphStats | None = None
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The capture size a step of ``num_seqs`` decodes runs at; None if too large."""
+        for size in self.sizes:
+            if size >= num_seqs:
+                return size
+        return None
+
+    def capture(self) -> DecodeGraphStats:
+        """Capture every size (largest first); logs and returns the time and memory taken."""
+        start = time.perf_counter()
+        for size in reversed(self.sizes):
+            self._replays[size] = self.backend.capture(self._step_fn(size))
+        self.stats = DecodeGraphStats(self.sizes, time.perf_counter() - start, self.backend.memory_bytes())
+        logger.info("captured %s graphs for decode batch sizes %s in %.1f s (%.0f MiB)",
+                    self.backend.name, ",".join(map(str, self.sizes)), self.stats.capture_seconds,
+                    self.stats.memory_bytes / 2**20)  # fmt: skip
+        return self.stats
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size], num_decode_tokens=size,
+            decode_block_tables=self.block_tables[:size], decode_context_lens=self.context_lens[:size],
+            prefill_block_tables=self._empty_tables, prefill_query_start_loc=self._query_start,
+            prefill_context_lens=self._empty_lens, num_prefills=0,
+        )  # fmt: skip
+
+    def _step_fn(self, size: int) -> Callable[[], None]:
+        meta = self._meta(size)
+
+        def step() -> None:
+            self.logits[size] = self._logits_fn(self.input_ids[:size], self.positions[:size], meta)
+
+        return step
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Logits ``[num_seqs, vocab]`` of a pure-decode step (a view of the graph's output,
+        valid until the next replay)."""
+        n = meta.num_decode_tokens
+        size = self.padded_size(n)
+        if size is None or meta.num_prefills or input_ids.shape[0] != n:
+            raise ValueError(f"not a pure-decode step of at most {self.max_size} sequences")
+        width = meta.decode_block_tables.shape[1]
+        if width > self.block_tables.shape[1]:
+            raise ValueError(f"block table of {width} blocks exceeds the graphs' {self.block_tables.shape[1]}")
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        self.block_tables[:n, :width].copy_(meta.decode_block_tables, non_blocking=True)
+        self.context_lens[:n].copy_(meta.decode_context_lens, non_blocking=True)
+        if size > n:  # padding rows: no KV write, attend to one token
+            self.slot_mapping[n:size].fill_(-1)
+            self.context_lens[n:size].fill_(1)
+        self._replays[size]()
+        return self.logits[size][:n]

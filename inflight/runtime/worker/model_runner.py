@@ -1,0 +1,276 @@
+"""ModelRunner: owns the model, the paged KV cache tensors and the step's input tensors.
+
+It packs a step's chunks into one batch (:mod:`inflight.runtime.worker.batch_inputs`), runs the
+decoder, and returns the final hidden states' logits for the sequences that sample this step.
+It sizes the KV cache from the config (explicit block count, the free-GPU-memory fraction on
+CUDA, or a capped default on the CPU), counting the bytes of any other cache indexed by the
+same block tables (a draft model's, :mod:`inflight.runtime.spec_decode.draft_proposer`), whose runner
+loads its weights first and allocates its cache afterwards with the same block count. Knows
+nothing about sampling or scheduling policy; where it runs is :mod:`.device_setup`.
+
+Under tensor parallelism every rank has a ModelRunner holding its shard of the weights and
+of the KV cache (its KV heads, every block). Rank 0's runner also prepares the batch and
+broadcasts it (:meth:`execute`); the other ranks' runners run what they receive
+(:meth:`execute_received`). The block count is agreed across ranks (the minimum), so the
+scheduler's one block table is valid on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_column_blocks, has_float_copies
+from inflight.kernels.dispatch import get_kernel_ops
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.loader import Progress, load_hf_config
+from inflight.runtime.model.quantization import LoadTarget, load_weights
+from inflight.runtime.model.quantized import num_weights
+from inflight.runtime.model.rope import build_rope_tables
+from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
+from inflight.runtime.worker.cpu.allocator import keep_freed_memory
+from inflight.runtime.worker.cpu.device_setup import (
+    BIG_STEP_PARAM_TOKENS,
+    cpu_lanes,
+    cpu_thread_counts,
+    resolve_device,
+    resolve_dtype,
+)
+from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
+from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
+from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
+
+if TYPE_CHECKING:
+    from inflight.runtime.distributed.comm import StepTensors, TensorParallel
+    from inflight.runtime.distributed.launcher import WorkerGroup
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CACHE_CAP_BYTES = 4 << 30
+
+
+class ModelRunner:
+    """Runs the decoder over the paged KV cache.
+
+    ``kv_bytes_beside``: bytes per block of other caches indexed by the same block tables,
+    counted when the block count is sized. ``allocate_kv=False`` loads the weights only; the
+    owner then calls :meth:`allocate_kv_cache` with the block count.
+    """
+
+    def __init__(
+        self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None,
+        tp: TensorParallel | None = None, workers: WorkerGroup | None = None,
+        graph_backend: GraphBackend | None = None, kv_bytes_beside: int = 0, allocate_kv: bool = True,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.tp = tp
+        self.workers = workers  # rank 0 of a tensor-parallel group: the other ranks' processes
+        world = tp.world_size if tp is not None else 1
+        self.device = resolve_device(config.device, tp.rank if tp is not None else 0, world)
+        small, big = cpu_thread_counts()
+        self._cpu_threads = (max(1, small // world), max(1, big // world)) if self.device.type == "cpu" else None
+        self._lanes: DecodeLanes | None = None
+        if self._cpu_threads is not None:
+            torch.set_num_threads(self._cpu_threads[0])
+            allocator = keep_freed_memory()
+            if progress:
+                progress(allocator)
+        elif world > 1:
+            torch.cuda.set_device(self.device)
+        hf_config = load_hf_config(model_dir)
+        checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
+        target = LoadTarget(self.model_dir, hf_config, self.device, self.dtype,  # packed weights go in first
+                            get_kernel_ops(config.kernel_backend, self.device), tp is not None, big)
+        self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
+        self.spec = self.model.spec
+        self._num_params = num_weights(self.model)  # packed weights count as the float ones would
+        self.num_local_kv_heads = self.model.layout.num_kv_heads
+        self.block_size = config.block_size
+        num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
+                     if self._cpu_threads is not None and world == 1 else 0)
+        if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
+            self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
+                                      row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))
+        self.max_model_len = self._resolve_max_model_len(config)
+        # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones
+        self.cos_sin = build_rope_tables(self.hf_config, self.spec, self.max_model_len).to(self.device)
+        self.num_kv_blocks = 0
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.graphs: DecodeGraphs | None = None
+        if allocate_kv:
+            num_blocks = self._resolve_num_blocks(config, self.bytes_per_block + kv_bytes_beside)
+            if tp is not None:
+                num_blocks = tp.agree_num_blocks(num_blocks)
+            self.allocate_kv_cache(num_blocks, config, graph_backend, progress)
+
+    def allocate_kv_cache(
+        self, num_blocks: int, config: EngineConfig, graph_backend: GraphBackend | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Allocate the paged KV cache (``num_blocks`` blocks) and capture the decode graphs over it."""
+        if self.kv_caches:
+            raise RuntimeError("the KV cache is allocated already")
+        self.num_kv_blocks = num_blocks
+        shape = (num_blocks, self.block_size, self.num_local_kv_heads, self.spec.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.spec.num_layers)
+        ]
+        if progress:
+            progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
+                     f"({self.kv_cache_bytes / 2**20:.0f} MiB), kernels: {self.ops.name}")
+        self.graphs = self._capture_graphs(config, graph_backend, progress)
+
+    def _capture_graphs(
+        self, config: EngineConfig, backend: GraphBackend | None, progress: Progress | None
+    ) -> DecodeGraphs | None:
+        """Decode graphs: on CUDA unless ``enforce_eager``, a tensor-parallel group or kernels
+        that read tensors on the host; anywhere when a backend is given (the CPU tests)."""
+        if backend is None:
+            why_not = ("enforce_eager" if config.enforce_eager else "not CUDA" if self.device.type != "cuda"
+                       else "tensor parallel" if self.tp is not None
+                       else f"the {self.ops.name} kernels read tensors on the host" if not self.ops.graph_safe
+                       else None)  # fmt: skip
+            if why_not is not None:
+                if self.device.type == "cuda":
+                    logger.info("decode steps run eagerly (%s)", why_not)
+                return None
+            backend = CudaGraphBackend(self.device)
+        elif not self.ops.graph_safe:
+            raise ValueError(f"decode graphs need graph-safe kernels; the {self.ops.name} kernels read "
+                             "tensors on the host (use the triton or cpu kernel backend)")
+        graphs = DecodeGraphs(
+            self._logits, backend, capture_sizes(config.max_num_sequences),
+            -(-self.max_model_len // self.block_size), self.device,
+        )  # fmt: skip
+        with torch.inference_mode():
+            stats = graphs.capture()
+        if progress:
+            progress(f"decode graphs ({backend.name}) for batch sizes up to {graphs.max_size}: "
+                     f"{len(stats.sizes)} captured in {stats.capture_seconds:.1f} s, "
+                     f"{stats.memory_bytes / 2**20:.0f} MiB")  # fmt: skip
+        return graphs
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Float32 logits of every row (what a captured decode graph computes)."""
+        hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
+        logits = self.model.compute_logits(hidden, self.ops)
+        assert logits is not None  # graphs run without tensor parallelism
+        return logits
+
+    # -- sizing ------------------------------------------------------------------------
+    def _resolve_max_model_len(self, config: EngineConfig) -> int:
+        limit = self.spec.max_position_embeddings  # a sliding window is enforced in attention, not here
+        if config.max_model_len is None:
+            return limit
+        if config.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds what the model supports ({limit})."
+            )
+        return config.max_model_len
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block of this runner's cache on this rank (its KV heads)."""
+        elem = torch.finfo(self.dtype).bits // 8
+        return 2 * self.spec.num_layers * self.block_size * self.num_local_kv_heads * self.spec.head_dim * elem
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_kv_blocks * self.bytes_per_block
+
+    def _resolve_num_blocks(self, config: EngineConfig, bytes_per_block: int) -> int:
+        num = self._num_blocks_before_cap(config, bytes_per_block)
+        if config.max_tokens_in_paged_kv_cache is not None:
+            num = min(num, config.max_tokens_in_paged_kv_cache // self.block_size)
+        return num
+
+    def _num_blocks_before_cap(self, config: EngineConfig, bytes_per_block: int) -> int:
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            free, _total = torch.cuda.mem_get_info(self.device)
+            budget = int(free * config.kv_cache_free_gpu_mem_fraction)
+            num = budget // bytes_per_block
+        else:
+            wanted = config.max_num_sequences * -(-self.max_model_len // self.block_size)
+            num = min(wanted, CPU_KV_CACHE_CAP_BYTES // bytes_per_block)
+        if num < 1:
+            raise ValueError("no memory left for even one KV block; lower max_model_len or free memory.")
+        return int(num)
+
+    # -- one step ----------------------------------------------------------------------
+    def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
+        """Pack the scheduled chunks (see :func:`inflight.runtime.worker.batch_inputs.prepare_batch`)."""
+        return prepare_batch(chunks, self.block_size, self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: BatchInputs) -> torch.Tensor:
+        """Logits ``[num_sampled, vocab]`` (float32) for the sampling rows of ``batch``.
+
+        Rank 0 of a tensor-parallel group first broadcasts the batch; any failure from then
+        on leaves the ranks out of step, so it raises ``EngineFatalError``.
+        """
+        if self.graphs is not None and self.workers is None and self._graphable(batch):
+            return self.graphs.run(batch.input_ids, batch.positions, batch.meta)[batch.sample_indices]
+        if self.workers is None:
+            # Rows of one speculating sequence read each other's KV: lanes may not split them.
+            lanes_ok = all(count == 1 for count in batch.sample_counts)
+            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices, lanes_ok)
+        else:
+            logits = self.workers.run_step(
+                lambda: self._forward(batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
+                (batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
+            )
+        assert logits is not None  # rank 0 always gets the gathered logits
+        return logits
+
+    def _graphable(self, batch: BatchInputs) -> bool:
+        """A pure-decode step no larger than the largest captured size."""
+        graphs, meta = self.graphs, batch.meta
+        return (graphs is not None and meta.num_prefills == 0 and not batch.prompt_logprob_spans
+                and graphs.padded_size(meta.num_decode_tokens) is not None)
+
+    @torch.inference_mode()
+    def execute_received(self, step: StepTensors) -> None:
+        """Ranks 1..N-1: run a step broadcast by rank 0 (logits go to rank 0)."""
+        self._forward(*step)
+
+    def check_health(self) -> None:
+        """Raise ``EngineFatalError`` if a tensor-parallel worker has died (rank 0)."""
+        if self.workers is not None:
+            self.workers.check()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers and the decode lanes, if any (idempotent)."""
+        if self.workers is not None:
+            self.workers.close()
+        if self._lanes is not None:
+            self._lanes.close()
+
+    def _set_cpu_threads(self, num_tokens: int) -> None:
+        """Every core for a big step, one kept for the event loop otherwise (see cpu_thread_counts).
+
+        Compared with what torch has now, not with what this runner set last: lanes and
+        another runner in the process (a draft model's) set it too."""
+        small, big = self._cpu_threads  # type: ignore[misc]
+        want = big if num_tokens * self._num_params >= BIG_STEP_PARAM_TOKENS else small
+        if want != torch.get_num_threads():
+            torch.set_num_threads(want)
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 sample_indices: torch.Tensor, lanes_ok: bool = True) -> torch.Tensor | None:
+        if self._cpu_threads is not None:
+            if lanes_ok and self._lanes is not None and self._lanes.takes(meta, self._num_params):
+                return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
+            self._set_cpu_threads(input_ids.shape[0])
+        hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
+        return self.model.compute_logits(hidden[sample_indices], self.ops)
