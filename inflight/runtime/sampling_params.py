@@ -1,7 +1,8 @@
 """SamplingParams: how one request's tokens are chosen and when it stops (vLLM vocabulary).
 
-Validation happens at construction and raises ``ValueError`` naming the field and the fix,
-so the server can turn it into an HTTP 400 with ``param`` set. The bounds here are the ones
+Validation happens at construction and raises :class:`ParamError` (a ``ValueError`` whose
+``field`` names the offending field) with the fix, so the server can turn it into an HTTP 400
+with ``param`` set. The bounds here are the ones
 that hold for any model (counts, lengths, integer ranges a tensor can hold); the checks that
 need the loaded model (token ids below the vocabulary size, the context length) live in
 ``LLMEngine.validate_request``. Knows nothing about torch.
@@ -19,6 +20,14 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_TOP_K = 2**31 - 1  # larger means "no top-k" anyway; bigger ints overflow int64 tensors
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 GREEDY_TEMPERATURE = 1e-5
+
+
+class ParamError(ValueError):
+    """A sampling parameter out of its bounds; ``field`` is its name."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +62,7 @@ class SamplingParams:
         _int_at_least("max_tokens", self.max_tokens, 1)
         _int_at_least("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(
+            raise ParamError("min_tokens",
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
             )
         _number_in("temperature", self.temperature, 0.0, 2.0, low_open=False)
@@ -62,18 +71,18 @@ class SamplingParams:
         _number_in("presence_penalty", self.presence_penalty, -2.0, 2.0, low_open=False)
         _number_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, low_open=False)
         if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
-            raise ValueError(
+            raise ParamError("repetition_penalty",
                 f"repetition_penalty must be in (0, 10] (got {brief(self.repetition_penalty)}); 1 disables it."
             )
         if (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                 or not -1 <= self.top_k <= MAX_TOP_K):
-            raise ValueError(
+            raise ParamError("top_k",
                 f"top_k must be an integer in [-1, {MAX_TOP_K}] (got {brief(self.top_k)}); 0 or -1 disables it."
             )
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX
         ):
-            raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1] (got {brief(self.seed)}).")
+            raise ParamError("seed", f"seed must be an integer in [-2**63, 2**64 - 1] (got {brief(self.seed)}).")
         # The ceiling on these counts is the server's (--max-logprobs); the engine checks them
         # against the vocabulary (input_checks).
         if self.logprobs is not None:
@@ -82,30 +91,30 @@ class SamplingParams:
             _int_at_least("prompt_logprobs", self.prompt_logprobs, 0)
         _check_logit_bias(self)
         if self.structured is not None and not isinstance(self.structured, StructuredOutputsParams):
-            raise ValueError("structured must be a StructuredOutputsParams.")
+            raise ParamError("structured", "structured must be a StructuredOutputsParams.")
         if self.structured is not None and self.min_tokens:
-            raise ValueError("min_tokens cannot be combined with a structured-output constraint: the grammar "
+            raise ParamError("min_tokens", "min_tokens cannot be combined with a structured-output constraint: the grammar "
                              "decides where the output ends, and min_tokens would ban the end it needs.")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false (got {brief(self.ignore_eos)}).")
+            raise ParamError("ignore_eos", f"ignore_eos must be true or false (got {brief(self.ignore_eos)}).")
         self._check_stops()
 
     def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings (got {len(self.stop)}).")
+            raise ParamError("stop", f"stop takes at most {MAX_STOP_STRINGS} strings (got {len(self.stop)}).")
         for s in self.stop:
             if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
-                raise ValueError(
+                raise ParamError("stop",
                     f"stop must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters "
                     f"(got {brief(s)})."
                 )
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(
+            raise ParamError("stop_token_ids",
                 f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids (got {len(self.stop_token_ids)})."
             )
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"stop_token_ids must be non-negative integers (got {brief(t)}).")
+                raise ParamError("stop_token_ids", f"stop_token_ids must be non-negative integers (got {brief(t)}).")
 
     @property
     def greedy(self) -> bool:
@@ -139,9 +148,9 @@ def _check_logit_bias(params: SamplingParams) -> None:
     pairs = []
     for token, value in bias:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"logit_bias keys must be non-negative token ids (got {token!r}).")
+            raise ParamError("logit_bias", f"logit_bias keys must be non-negative token ids (got {token!r}).")
         if not _is_number(value) or not -100.0 <= value <= 100.0:
-            raise ValueError(f"logit_bias values must be in [-100, 100] (got {value!r} for token {token}).")
+            raise ParamError("logit_bias", f"logit_bias values must be in [-100, 100] (got {value!r} for token {token}).")
         pairs.append((token, float(value)))
     object.__setattr__(params, "logit_bias", tuple(pairs))
 
@@ -152,11 +161,11 @@ def _is_number(value: object) -> bool:
 
 def _int_at_least(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum} (got {brief(value)}).")
+        raise ParamError(name, f"{name} must be an integer >= {minimum} (got {brief(value)}).")
 
 
 def _number_in(name: str, value: object, low: float, high: float, *, low_open: bool) -> None:
     ok = _is_number(value) and (low < value if low_open else low <= value) and value <= high  # type: ignore[operator]
     if not ok:
         bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}] (got {brief(value)}).")
+        raise ParamError(name, f"{name} must be in {bracket}{low:g}, {high:g}] (got {brief(value)}).")

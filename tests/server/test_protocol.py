@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inflight.runtime.sampling_params import ParamError, SamplingParams
 from inflight.runtime.server.errors import APIError
 from inflight.runtime.server.openai.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -117,3 +118,28 @@ def test_body_must_be_an_object() -> None:
     for body in ([], "x", 3, None):
         with pytest.raises(APIError):
             parse_completion_request(body)
+
+
+def test_fields_left_out_keep_sampling_params_own_defaults() -> None:
+    """No sampling default is typed twice: a body without sampling fields parses to
+    ``SamplingParams()`` as it is."""
+    assert parse_completion_request({"prompt": "x"}).params == SamplingParams()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"temperature": 3}, "temperature"), ({"top_p": 0}, "top_p"), ({"min_p": 2}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"top_k": 2**40}, "top_k"),
+    ({"max_tokens": 2, "min_tokens": 5}, "min_tokens"), ({"stop": ["x" * 300]}, "stop"),
+    ({"stop_token_ids": list(range(300))}, "stop_token_ids"), ({"seed": 2**70}, "seed"),
+    ({"logit_bias": {"5": 200}}, "logit_bias"),
+])
+def test_an_out_of_bounds_sampling_field_is_named_by_the_typed_error(body: dict, field: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_completion_request({"prompt": "x", **body})
+    assert info.value.status == 400 and info.value.param == field, info.value.message
+
+
+def test_sampling_params_name_the_field_they_refuse() -> None:
+    with pytest.raises(ParamError) as info:
+        SamplingParams(frequency_penalty=9.0)
+    assert info.value.field == "frequency_penalty" and isinstance(info.value, ValueError)

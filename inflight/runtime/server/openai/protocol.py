@@ -11,6 +11,7 @@ Knows nothing about tokenizers, the engine or HTTP transport: the handlers encod
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
+from inflight.runtime.server.openai.fields import get_bool, get_int, get_number, get_str, refuse_unsupported
 from inflight.runtime.server.openai.request_features import (
     RequestFeatures,
     engine_prompt_logprobs,
@@ -29,18 +31,19 @@ from inflight.runtime.server.openai.tool_requests import chat_message
 
 MAX_N = 16
 MAX_PROMPTS = 64
-DEFAULT_COMPLETION_MAX_TOKENS = 16
+# OpenAI's default for completions: SamplingParams' own default
+DEFAULT_COMPLETION_MAX_TOKENS = next(f.default for f in dataclasses.fields(SamplingParams) if f.name == "max_tokens")
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-# Known OpenAI fields this server does not implement: a request that uses them is refused
-# rather than silently answered differently. Values that mean "off" are accepted.
-# Output-shaping fields (response_format, tools, echo, ...) are parsed in request_features.
-_UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
-    "suffix": (None, ""),
-    "functions": (None, []),
-}
-
 Prompt = str | tuple[int, ...]
+# The sampling fields read straight into SamplingParams (those a request leaves out keep its
+# defaults); max_tokens, stop, stop_token_ids and the logprob counts are read apart.
+_SAMPLING_FIELDS: dict[str, Callable[[dict[str, Any], str], object]] = {
+    "temperature": get_number, "top_p": get_number, "min_p": get_number,
+    "presence_penalty": get_number, "frequency_penalty": get_number, "repetition_penalty": get_number,
+    "top_k": lambda obj, name: get_int(obj, name, -1), "seed": get_int,
+    "min_tokens": lambda obj, name: get_int(obj, name, 0), "ignore_eos": get_bool,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ def parse_chat_request(body: object, policy: RequestPolicy = RequestPolicy()) ->
     """Validate a /v1/chat/completions body."""
     obj = _require_object(body)
     messages = _parse_messages(obj.get("messages"))
-    want_logprobs = _get_bool(obj, "logprobs", False)
+    want_logprobs = bool(get_bool(obj, "logprobs"))
     top = logprobs_count(obj, "top_logprobs", policy.max_logprobs)
     if top is not None and not want_logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
@@ -129,11 +132,11 @@ def _build(
     num_logprobs: int | None,
     policy: RequestPolicy,
 ) -> GenerationRequest:
-    _refuse_unsupported(obj)
-    model = _get_str(obj, "model", None)
-    stream = _get_bool(obj, "stream", False)
+    refuse_unsupported(obj)
+    model = get_str(obj, "model")
+    stream = bool(get_bool(obj, "stream"))
     include_usage = _parse_stream_options(obj.get("stream_options"), stream)
-    n = _get_int(obj, "n", 1, 1, MAX_N)
+    n = get_int(obj, "n", 1, MAX_N) or 1
     features = parse_features(obj, is_chat, n, policy.max_logprobs)
     max_tokens_param, max_tokens = _parse_max_tokens(obj, is_chat)
     params = _sampling_params(_with_defaults(obj, policy.defaults), max_tokens, num_logprobs, max_tokens_param,
@@ -149,8 +152,8 @@ def _build(
         stream=stream,
         include_usage=include_usage,
         num_logprobs=num_logprobs,
-        priority=_get_int(obj, "priority", 0, -(2**31), 2**31 - 1),
-        user=_get_str(obj, "user", None),
+        priority=get_int(obj, "priority", -(2**31), 2**31 - 1) or 0,
+        user=get_str(obj, "user"),
         features=features,
         cache_salt=_parse_cache_salt(obj),
     )
@@ -164,29 +167,20 @@ def _sampling_params(
     if features.structured is not None and obj.get("min_tokens"):
         raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
                           "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
-    kwargs: dict[str, Any] = {
-        "max_tokens": DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
-        "temperature": _get_number(obj, "temperature", 1.0),
-        "top_p": _get_number(obj, "top_p", 1.0),
-        "top_k": _get_int(obj, "top_k", 0, -1, None),
-        "min_p": _get_number(obj, "min_p", 0.0),
-        "seed": _get_int(obj, "seed", None, None, None),
-        "presence_penalty": _get_number(obj, "presence_penalty", 0.0),
-        "frequency_penalty": _get_number(obj, "frequency_penalty", 0.0),
-        "repetition_penalty": _get_number(obj, "repetition_penalty", 1.0),
-        "stop": _parse_stop(obj.get("stop")),
-        "stop_token_ids": _parse_token_list(obj.get("stop_token_ids", []), "stop_token_ids"),
-        "min_tokens": _get_int(obj, "min_tokens", 0, 0, None),
-        "ignore_eos": _get_bool(obj, "ignore_eos", False),
-        "logprobs": num_logprobs,
-        "structured": features.structured,
-        "logit_bias": features.logit_bias,
-        "prompt_logprobs": engine_prompt_logprobs(features, num_logprobs, is_chat),
-    }
+    kwargs: dict[str, Any] = {name: value for name, read in _SAMPLING_FIELDS.items()
+                              if (value := read(obj, name)) is not None}  # the rest: SamplingParams' defaults
+    if max_tokens is not None:
+        kwargs["max_tokens"] = max_tokens
+    if obj.get("stop") is not None:
+        kwargs["stop"] = _parse_stop(obj["stop"])
+    if obj.get("stop_token_ids") is not None:
+        kwargs["stop_token_ids"] = _parse_token_list(obj["stop_token_ids"], "stop_token_ids")
+    kwargs.update(logprobs=num_logprobs, structured=features.structured, logit_bias=features.logit_bias,
+                  prompt_logprobs=engine_prompt_logprobs(features, num_logprobs, is_chat))
     try:
         return SamplingParams(**kwargs)
-    except ValueError as exc:
-        field_name = str(exc).split(" ", 1)[0]
+    except ValueError as exc:  # SamplingParams' ParamError names its field
+        field_name = getattr(exc, "field", None)
         param = max_tokens_param if field_name == "max_tokens" else field_name
         raise bad_request(str(exc), param if param in obj else None) from None
 
@@ -210,12 +204,6 @@ def _require_object(body: object) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
-
-
-def _refuse_unsupported(obj: dict[str, Any]) -> None:
-    for name, off_values in _UNSUPPORTED_UNLESS_OFF.items():
-        if name in obj and obj[name] not in off_values:
-            raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
 
 
 def _parse_prompt(value: object) -> tuple[Prompt, ...]:
@@ -306,65 +294,14 @@ def _parse_stream_options(value: object, stream: bool) -> bool:
         raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
     if not isinstance(value, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    return _get_bool(value, "include_usage", False, param="stream_options")
+    return bool(get_bool(value, "include_usage", param="stream_options"))
 
 
 def _parse_max_tokens(obj: dict[str, Any], is_chat: bool) -> tuple[str, int | None]:
     name = "max_tokens"
     if is_chat and obj.get("max_completion_tokens") is not None:
         name = "max_completion_tokens"
-    return name, _get_int(obj, name, None, 1, None)
-
-
-def _get_int(
-    obj: dict[str, Any], name: str, default: int | None, minimum: int | None, maximum: int | None
-) -> int | None:
-    value = obj.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", name)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise bad_request(f"'{name}' must be {_bounds(minimum, maximum)} (got {brief(value)})", name)
-    return value
-
-
-def _bounds(minimum: int | None, maximum: int | None) -> str:
-    if maximum is None:
-        return f">= {minimum}"
-    if minimum is None:
-        return f"<= {maximum}"
-    return f"between {minimum} and {maximum}"
-
-
-def _get_number(obj: dict[str, Any], name: str, default: float) -> float:
-    value = obj.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"'{name}' must be a number (got {brief(value)})", name)
-    try:
-        return float(value)
-    except OverflowError:  # an integer literal too large for a float
-        raise bad_request(f"'{name}' is out of range (got {brief(value)})", name) from None
-
-
-def _get_bool(obj: dict[str, Any], name: str, default: bool, param: str | None = None) -> bool:
-    value = obj.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false (got {brief(value)})", param or name)
-    return value
-
-
-def _get_str(obj: dict[str, Any], name: str, default: str | None) -> str | None:
-    value = obj.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string (got {brief(value)})", name)
-    return value
+    return name, get_int(obj, name, 1)
 
 
 def check_model(model: str | None, served: str) -> None:

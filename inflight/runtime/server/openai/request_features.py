@@ -20,46 +20,11 @@ from typing import Any
 
 from inflight.runtime.sampling_params import brief
 from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.openai.fields import get_bool, get_int
 from inflight.runtime.server.openai import tool_requests
 from inflight.runtime.structured import StructuredOutputsParams
 
 MAX_LOGIT_BIAS = 1024
-# Fields that would change the output and are not implemented: refused unless "off".
-UNIMPLEMENTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
-    "suffix": (None, ""),
-    "functions": (None, []),
-    "function_call": (None, "none", "auto"),
-    "audio": (None,),
-    "modalities": (None, ["text"]),
-    "prediction": (None,),
-    "web_search_options": (None,),
-    "reasoning_effort": (None,),
-    "guided_whitespace_pattern": (None,),
-    "use_beam_search": (None, False),
-    "include_stop_str_in_output": (None, False),
-    "skip_special_tokens": (None, True),
-    "truncate_prompt_tokens": (None,),
-    "documents": (None, []),
-    "chat_template": (None,),
-    # vLLM's sampling extras we do not implement (beam search is refused, so length_penalty
-    # could only be 1; spaces_between_special_tokens only matters with skip_special_tokens off).
-    "length_penalty": (None, 1.0),
-    "spaces_between_special_tokens": (None, True),
-    "allowed_token_ids": (None,),
-    "bad_words": (None, []),
-    "logits_processors": (None, []),
-    "structural_tag": (None,),
-    "return_tokens_as_token_ids": (None, False),
-    "return_token_ids": (None, False),
-    "include_reasoning": (None, True),
-    "prompt_embeds": (None,),
-    "verbosity": (None,),
-}
-# Accepted as harmless (they do not change what the model writes): user (the fair scheduler's
-# tenant), metadata, store, service_tier, prompt_cache_key, safety_identifier,
-# guided_decoding_backend, request_id, kv_transfer_params, vllm_xargs, mm_processor_kwargs.
-# cache_salt is honoured (server/protocol.py parses it; it seeds the request's block hashes).
-
 # apply_chat_template's own arguments: a client must not set them through chat_template_kwargs.
 _TEMPLATE_RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
                       "continue_final_message", "tokenize", "padding", "truncation", "max_length",
@@ -89,9 +54,6 @@ class RequestFeatures:
 def parse_features(obj: dict[str, Any], is_chat: bool, n: int, max_logprobs: int | None) -> RequestFeatures:
     """Validate the output-shaping fields of a request body (400 naming the field on error);
     ``max_logprobs``: the server's ceiling on ``prompt_logprobs`` (``None``: none)."""
-    for name, off in UNIMPLEMENTED_UNLESS_OFF.items():
-        if obj.get(name) is not None and obj[name] not in off:
-            raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
     tools, choice, tool_name, parallel = tool_requests.parse_tools(obj) if is_chat else ((), "none", None, True)
     if not is_chat:
         for name in ("tools", "tool_choice", "response_format", "chat_template_kwargs"):
@@ -112,26 +74,19 @@ def parse_features(obj: dict[str, Any], is_chat: bool, n: int, max_logprobs: int
         logit_bias=_parse_logit_bias(obj.get("logit_bias")), echo=_parse_echo(obj, is_chat),
         best_of=_parse_best_of(obj, is_chat, n), prompt_logprobs=_parse_prompt_logprobs(obj, max_logprobs),
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
-        add_special_tokens=_bool_field(obj, "add_special_tokens"),
+        add_special_tokens=get_bool(obj, "add_special_tokens"),
     )
 
 
 def _parse_template_flags(obj: dict[str, Any]) -> tuple[bool, bool]:
     """(add_generation_prompt, continue_final_message), as vLLM takes them: both true is a 400;
     ``add_generation_prompt`` defaults to true, or to false when the final message is continued."""
-    continue_final = _bool_field(obj, "continue_final_message") or False
-    add_generation_prompt = _bool_field(obj, "add_generation_prompt")
+    continue_final = get_bool(obj, "continue_final_message") or False
+    add_generation_prompt = get_bool(obj, "add_generation_prompt")
     if continue_final and add_generation_prompt:
         raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                           "continue_final_message")
     return (not continue_final if add_generation_prompt is None else add_generation_prompt), continue_final
-
-
-def _bool_field(obj: dict[str, Any], name: str) -> bool | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false (got {value!r})", name)
-    return value
 
 
 def _parse_prompt_logprobs(obj: dict[str, Any], max_logprobs: int | None) -> int | None:
@@ -159,15 +114,6 @@ def logprobs_count(obj: dict[str, Any], name: str, max_logprobs: int | None) -> 
     return value
 
 
-def _int_field(obj: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise bad_request(f"'{name}' must be an integer between {low} and {high} (got {value!r})", name)
-    return value
-
-
 def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
     value = obj.get("echo")
     if value is None:
@@ -180,7 +126,7 @@ def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
 
 
 def _parse_best_of(obj: dict[str, Any], is_chat: bool, n: int) -> int | None:
-    best_of = _int_field(obj, "best_of", 1, 16)
+    best_of = get_int(obj, "best_of", 1, 16)
     if best_of is None:
         return None
     if is_chat:

@@ -1,0 +1,115 @@
+"""Reading the fields of an OpenAI request body: one reader per JSON type, and the one table of
+fields this server refuses unless they say "off".
+
+Each reader returns ``None`` when the field is absent or null (the caller, or
+``SamplingParams``' own default, decides what that means: no default is typed twice) and
+raises a 400 naming the field when it has the wrong type or is out of the bounds given. The
+error messages read the same whichever part of the request parses the field. Knows nothing
+about what the fields mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.runtime.sampling_params import brief
+from inflight.runtime.server.errors import bad_request
+
+# Fields that would change the output and are not implemented: refused unless "off" (a
+# request that uses them is refused rather than silently answered differently).
+UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
+    "suffix": (None, ""),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "guided_whitespace_pattern": (None,),
+    "use_beam_search": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "documents": (None, []),
+    "chat_template": (None,),
+    # vLLM's sampling extras we do not implement (beam search is refused, so length_penalty
+    # could only be 1; spaces_between_special_tokens only matters with skip_special_tokens off).
+    "length_penalty": (None, 1.0),
+    "spaces_between_special_tokens": (None, True),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "logits_processors": (None, []),
+    "structural_tag": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "include_reasoning": (None, True),
+    "prompt_embeds": (None,),
+    "verbosity": (None,),
+}
+# Accepted as harmless (they do not change what the model writes): user (divides its caller's
+# share under the fair policy), metadata, store, service_tier, prompt_cache_key,
+# safety_identifier, guided_decoding_backend, request_id, kv_transfer_params, vllm_xargs,
+# mm_processor_kwargs. cache_salt is honoured (it seeds the request's block hashes).
+
+
+def refuse_unsupported(obj: dict[str, Any]) -> None:
+    """400 naming the first field of :data:`UNSUPPORTED_UNLESS_OFF` that ``obj`` turns on."""
+    for name, off in UNSUPPORTED_UNLESS_OFF.items():
+        if obj.get(name) is not None and obj[name] not in off:
+            raise bad_request(f"'{name}' is not supported by this server; leave it out", name)
+
+
+def get_int(obj: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None,
+            param: str | None = None) -> int | None:
+    """An integer field within ``[minimum, maximum]`` (either end open when ``None``)."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", param or name)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise bad_request(f"'{name}' must be {bounds(minimum, maximum)} (got {brief(value)})", param or name)
+    return value
+
+
+def bounds(minimum: int | None, maximum: int | None) -> str:
+    """``>= a``, ``<= b`` or ``between a and b``."""
+    if maximum is None:
+        return f">= {minimum}"
+    if minimum is None:
+        return f"<= {maximum}"
+    return f"between {minimum} and {maximum}"
+
+
+def get_number(obj: dict[str, Any], name: str) -> float | None:
+    """A number field (an integer is taken as a float)."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_request(f"'{name}' must be a number (got {brief(value)})", name)
+    try:
+        return float(value)
+    except OverflowError:  # an integer literal too large for a float
+        raise bad_request(f"'{name}' is out of range (got {brief(value)})", name) from None
+
+
+def get_bool(obj: dict[str, Any], name: str, param: str | None = None) -> bool | None:
+    """A boolean field."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false (got {brief(value)})", param or name)
+    return value
+
+
+def get_str(obj: dict[str, Any], name: str) -> str | None:
+    """A string field."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'{name}' must be a string (got {brief(value)})", name)
+    return value
