@@ -36,6 +36,8 @@ from inflight.runtime.server.errors import (
 )
 from inflight.runtime.server.openai import chat_support, generation
 from inflight.runtime.server.openai.protocol import (
+    GenerationRequest,
+    RequestPolicy,
     check_model,
     parse_chat_request,
     parse_completion_request,
@@ -138,20 +140,35 @@ async def _off_loop(state: ServerState, body_bytes: int, fn: Any) -> Any:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    return await _run_job(request, _completion_job)
+
+
+async def _run_job(request: web.Request,
+                   make_job: Callable[[web.Request, ServerState], Awaitable[generation.Job]]) -> web.StreamResponse:
+    """Plan the job (a 413-style answer when what the client sent runs out of memory while it
+    is parsed, templated, tokenized or planned), then run it."""
     state = request.app[STATE]
     try:
-        job = await _completion_job(request, state)
-    except MemoryError:  # parsing, tokenizing or planning what the client sent ran out of memory
+        job = await make_job(request, state)
+    except MemoryError:
         raise too_large_to_process("the request") from None
     return await generation.run(request, state, job)
 
 
-async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
+async def _parsed(request: web.Request, state: ServerState,
+                  parse: Callable[[object, RequestPolicy], GenerationRequest]) -> tuple[GenerationRequest, int]:
+    """The request body parsed off the loop, salted for the prefix cache, its model and
+    priority checked; with the body's size (for the off-loop threshold)."""
     body, size = await _read_body(request, state)
-    req = await _off_loop(state, size, lambda: parse_completion_request(body, state.settings.request_policy))
+    req = await _off_loop(state, size, lambda: parse(body, state.settings.request_policy))
     req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
     check_model(req.model, state.settings.model_name)
     _check_priority(request, state, req.priority)
+    return req, size
+
+
+async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
+    req, size = await _parsed(request, state, parse_completion_request)
     engine = state.engine.engine
 
     special = req.features.add_special_tokens is not False
@@ -170,20 +187,11 @@ async def _completion_job(request: web.Request, state: ServerState) -> generatio
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    try:
-        job = await _chat_job(request, state)
-    except MemoryError:  # parsing, templating or planning what the client sent ran out of memory
-        raise too_large_to_process("the request") from None
-    return await generation.run(request, state, job)
+    return await _run_job(request, _chat_job)
 
 
 async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
-    body, size = await _read_body(request, state)
-    req = await _off_loop(state, size, lambda: parse_chat_request(body, state.settings.request_policy))
-    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
-    check_model(req.model, state.settings.model_name)
-    _check_priority(request, state, req.priority)
+    req, size = await _parsed(request, state, parse_chat_request)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
