@@ -75,7 +75,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "seconds one collective inside a tensor-parallel step may take; read at import"),
     EnvVar("INFLIGHT_TP_INLINE_INTS", int, 8192, (f"{_TP}.comm",),
            "int64s of a step message carried inline (larger steps take a second broadcast); read at import"),
-    EnvVar("INFLIGHT_TEST_ENGINE_FAULT", str, None, (f"{_S}.async_engine", f"{_R}.engine_core.core"),
+    EnvVar("INFLIGHT_TEST_ENGINE_FAULT", str, None, (f"{_R}.engine_core.core",),
            "die-after-steps:N, stall-after-steps:N or slow-steps:MS: an injected engine-thread death, "
            "stall, or MS milliseconds of sleep before every step", test_only=True),
     EnvVar("INFLIGHT_TEST_GRAMMAR_FAULT", str, None, (f"{_R}.structured.faults",),

@@ -1,7 +1,7 @@
 """Test-only fault injection for the engine's step loop: a death, a stall or slow steps on demand.
 
-The step loop is the engine thread of ``async_engine`` (``--single-process``) or the
-engine-core process (:mod:`inflight.runtime.engine_core.core`); both read the variable.
+The step loop (:class:`inflight.runtime.engine_core.core.EngineCore`, in the engine-core
+process or on a thread with ``--single-process``) reads the variable when it starts.
 ``INFLIGHT_TEST_ENGINE_FAULT=die-after-steps:N`` makes the loop die of a
 ``BaseException`` (not an ``Exception``, like ``SystemExit``) before step N+1;
 ``stall-after-steps:N`` makes step N+1 never return; ``slow-steps:MS`` makes every step

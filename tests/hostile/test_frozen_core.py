@@ -5,7 +5,7 @@ An engine core SIGSTOPped while idle never starts a step, so the step clock alon
 (``Ping`` -> ``Pong``) between steps, and the watchdog declares an engine that answers none for
 the stall timeout dead: every waiting client gets 503 ``engine_dead``, ``/health`` and
 ``/ready`` say 503, the core is killed and ``inflight serve`` exits 1, as on a crash. The
-in-process (thread) engine answers the same heartbeat as a command between steps.
+in-process engine runs the same loop on a thread, over an in-memory channel, and answers the same way.
 
 The watchdog's verdict is tested tick by tick on a fake engine (no clock, no sleep); the
 servers are real (an engine-core process stopped with SIGSTOP, an engine thread held between
@@ -29,6 +29,7 @@ import pytest
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import EngineCore
+from inflight.runtime.engine_core.inproc import ThreadStepClock, duplex
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.state import STATE
 from inflight.runtime.server.watchdog import StallWatch
@@ -147,6 +148,37 @@ def test_the_core_answers_a_ping_between_steps_and_sends_no_stats_for_it() -> No
     assert answers == [p.Pong(7)]
 
 
+def test_the_in_memory_channel_reads_like_a_pipe() -> None:
+    front, back = duplex()
+    assert not back.poll(0)
+    front.send(p.Ping(1))
+    front.send(p.Ping(2))
+    assert back.poll(0) and back.poll(0)  # polling twice takes nothing away
+    assert back.recv() == p.Ping(1)
+    front.close()  # what was sent before the close is still read, then the end
+    assert back.recv() == p.Ping(2)
+    for _ in range(2):
+        assert back.poll(0)
+        with pytest.raises(EOFError):
+            back.recv()
+    with pytest.raises(OSError):
+        back.send(p.Pong(1))
+    with pytest.raises(EOFError):
+        front.recv()  # a closed end's own reader sees the end too
+
+
+def test_the_same_loop_on_a_thread_answers_pings_and_ends_when_the_front_end_goes() -> None:
+    front, back = duplex()
+    core = EngineCore(_IdleEngine(), back, ThreadStepClock())
+    front.send(p.Ping(3))
+    thread = threading.Thread(target=core.run, daemon=True)
+    thread.start()
+    assert front.poll(PATIENCE_S) and front.recv() == p.Pong(3)
+    front.close()
+    thread.join(PATIENCE_S)
+    assert not thread.is_alive()
+
+
 # ---- real servers ------------------------------------------------------------------------
 
 
@@ -244,11 +276,17 @@ def test_a_core_stopped_while_idle_is_declared_dead_and_every_client_answered(pr
 def test_an_engine_thread_held_between_steps_is_declared_dead_too(model_dir: Path) -> None:
     settings = ServerSettings(model_name=MODEL_NAME, engine_stall_timeout_s=STALL_S)
     live = LiveServer(model_dir, CONFIG, settings).start()
-    gate = threading.Event()
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with live.app[STATE].engine.between_steps():
+            held.set()
+            gate.wait()
+
     try:
-        engine = live.app[STATE].engine
-        # A command the loop runs between steps and that does not return: the thread's own freeze.
-        asyncio.run_coroutine_threadsafe(engine.call(lambda _: gate.wait()), live.loop)
+        # The loop held between two steps, and never let go: the thread's own freeze.
+        threading.Thread(target=hold, daemon=True).start()
+        assert held.wait(PATIENCE_S)
         outcomes = _clients_during_freeze(live.url)
         _assert_answered_and_dead(live.url, outcomes)
     finally:

@@ -17,7 +17,8 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_faults import FAULT_ENV
 from inflight.runtime.outputs import EngineFatalError
 from inflight.runtime.server import ServerSettings
-from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError
+from inflight.runtime.server.engine_client import EngineDeadError
+from inflight.runtime.server.engine_inproc import InprocEngine
 from inflight.runtime.server.state import STATE
 from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, stream_error_code, wait_until
 
@@ -249,14 +250,22 @@ class _Boom(BaseException):
     """Not an Exception: the engine thread dies of it."""
 
 
-def test_a_command_queued_while_the_dead_thread_is_being_reported_is_answered() -> None:
-    """The thread dies and schedules declare_dead on the loop; a request the loop was already
-    about to add (queued after the thread drained its commands) still gets engine_dead, not
-    silence. Deterministic: the loop is blocked until the thread is gone."""
+def test_a_command_sent_while_the_dead_thread_is_being_reported_is_answered() -> None:
+    """The core's thread dies and its Dead message is on its way to the event loop; a command the
+    loop was already about to send (after the thread stopped reading) still gets engine_dead,
+    not silence. Deterministic: the loop is blocked until the thread is gone."""
     die = threading.Event()
 
     class DyingEngine:
         def warmup(self) -> None: ...
+
+        def summary(self) -> object:
+            return None
+
+        def stats(self) -> object:
+            return None
+
+        def close(self) -> None: ...
 
         def has_unfinished_requests(self) -> bool:
             return die.is_set()
@@ -266,15 +275,16 @@ def test_a_command_queued_while_the_dead_thread_is_being_reported_is_answered() 
 
     async def scenario() -> list[str]:
         deaths: list[str] = []
-        engine = AsyncEngine(DyingEngine, on_death=deaths.append)  # type: ignore[arg-type]
+        engine = InprocEngine(DyingEngine, on_death=deaths.append)  # type: ignore[arg-type]
         engine.start()
         await engine.wait_ready()
-        added = asyncio.create_task(engine.call(lambda e: "added"))  # runs after the join below
+        added = asyncio.create_task(engine.update_config({}))  # sends after the join below
         die.set()
-        engine._thread.join(10)  # blocks the loop: declare_dead is queued behind `added`
-        assert not engine._thread.is_alive()
+        engine._core.thread.join(10)  # blocks the loop: Dead is handled after `added` has sent
+        assert not engine._core.thread.is_alive()
         with pytest.raises(EngineDeadError, match="injected"):
             await asyncio.wait_for(added, 10)
+        await engine.stop()
         return deaths
 
     deaths = asyncio.run(scenario())

@@ -37,7 +37,6 @@ from inflight import __version__, env_vars
 from inflight.runtime.cli import preflight
 from inflight.runtime.cli import vllm_aliases as cli_vllm
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.core.input_checks import kv_cache_problem
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.server.state import PREFIX_CACHE_ISOLATION, ServerSettings
@@ -366,14 +365,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
             core.kill()
         raise
 
-    def load() -> Any:
-        from inflight.runtime.core.engine import LLMEngine
+    def load() -> Any:  # --single-process: the core's own load, on the engine thread
+        from inflight.runtime.engine_core.core import CoreLaunch, load_engine
 
-        progress.info("loading %s with %s", model_dir, config.to_dict())
-        engine = LLMEngine.from_model_dir(model_dir, config, progress=progress.info)
-        refusal = kv_cache_problem(engine)
-        if refusal:
-            raise ValueError(refusal)
+        engine = load_engine(CoreLaunch(str(model_dir), config), tokenizer)
         if args.stats_log:
             start_stats_log(engine.stats)
         return engine

@@ -1,25 +1,28 @@
-"""The engine-core process: the step loop alone in a process, fed over a pipe.
+"""The engine core: the one step loop, fed protocol messages over a pipe or an in-memory channel.
 
-:func:`run_core` is the process's entry point (spawned by the front end,
-:mod:`inflight.runtime.server.engine_process`). It imports the engine and reads what the
-start-up checks need (``served_facts``: seconds of torch and transformers imports the front
-end thus never makes) at once and sends them in :class:`Prewarmed`, waits for :class:`Go` (a
-start the front end refuses ends here, having loaded and logged nothing), then loads and
-warms the engine (a problem it sent in :class:`Prewarmed` is its :class:`LoadFailed`), sends
-:class:`Ready` with the engine summary, then loops: apply every message waiting on the pipe
-(add groups, aborts, retunes), admit groups whose grammars finished compiling (compiles run
-on the structured-output manager's worker threads, never on the step loop), run one step and
-send its outputs and stats in one :class:`StepDone`. Idle, it blocks on the pipe.
+:class:`EngineCore` is the loop, whichever way it runs: apply every message waiting on its
+connection (add groups, aborts, retunes, heartbeats), admit groups whose grammars finished
+compiling (compiles run on the structured-output manager's worker threads, never on the step
+loop), run one step and send its outputs and stats in one :class:`StepDone`. Idle, it blocks on
+the connection. It writes ``time.monotonic()`` into a step clock while a step runs (0 between
+steps), so the front end's watchdog sees a step that never returns, and answers each
+:class:`Ping` with a :class:`Pong` between steps, so the watchdog sees a loop that no longer
+turns (a core frozen while idle: SIGSTOP, a hang outside the step). Failure policy, defined here
+once: a step that raises a plain ``Exception`` fails the requests in flight (:class:`FailAll`)
+and the loop goes on; :data:`MAX_FAILED_STEPS_IN_A_ROW` in a row, an :class:`EngineFatalError`
+or any other ``BaseException`` (the test-only fault hook of :mod:`~inflight.runtime.engine_faults`
+raises one) send :class:`Dead` and end the loop. Each turn of the loop holds :attr:`EngineCore.turn`.
 
-It writes ``time.monotonic()`` into a shared double while a step runs (0 between steps), so
-the front end's watchdog sees a step that never returns, and answers each :class:`Ping` with
-a :class:`Pong` between steps, so the watchdog sees a loop that no longer turns (a core
-frozen while idle: SIGSTOP, a hang outside the step). It exits when the front end sends
-:class:`Shutdown` or its end of the pipe closes, and dies with its parent
-(``PR_SET_PDEATHSIG`` on Linux), taking its tensor-parallel workers with it. A step that
-raises a plain ``Exception`` fails the requests in flight (:class:`FailAll`) and the loop
-goes on; three in a row, an :class:`EngineFatalError` or any other ``BaseException`` send
-:class:`Dead` and end the process with code 1. Knows nothing about HTTP.
+Two places run it. :func:`run_core` is the engine-core process's entry point (spawned by the front
+end, :mod:`inflight.runtime.server.engine_process`): it imports the engine and reads what the
+start-up checks need (``served_facts``: seconds of torch and transformers imports the front end
+thus never makes) and sends them in :class:`Prewarmed`, waits for :class:`Go` (a start the front
+end refuses ends here, having loaded and logged nothing), then loads and warms the engine (a
+problem it sent in :class:`Prewarmed` is its :class:`LoadFailed`), sends :class:`Ready` and
+runs the loop until :class:`Shutdown` or its pipe closes; it dies with its parent
+(``PR_SET_PDEATHSIG`` on Linux), taking its tensor-parallel workers with it, and exits 1 after
+:class:`Dead`. :mod:`.inproc` runs the same loop on a thread of the server's process
+(``--single-process``, and the tests). Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
@@ -47,8 +50,28 @@ logger = logging.getLogger("inflight.engine_core")
 
 IDLE_WAIT_S = 0.05
 FAILED_STEP_BACKOFF_S = 0.01
-MAX_FAILED_STEPS_IN_A_ROW = 3
+MAX_FAILED_STEPS_IN_A_ROW = 3  # steps that raise a plain Exception; then the core is dead
 EXIT_DEAD = 1
+
+
+class Conn(Protocol):
+    """What the loop uses of its connection: a ``multiprocessing`` pipe end, or
+    :class:`~.inproc.Channel` on a thread."""
+
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+    def poll(self, timeout: float | None = 0.0) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class StepClock(Protocol):
+    """Where the loop writes ``time.monotonic()`` of the step in progress (0.0 between steps):
+    a shared double across processes, a plain attribute on a thread."""
+
+    value: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +93,7 @@ class _PendingGroup:
     compiles: list[concurrent.futures.Future[Any]]
 
 
-def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
+def run_core(conn: Conn, launch: CoreLaunch, step_clock: StepClock) -> None:
     """The process entry point (see module docstring). ``step_clock``: a shared double."""
     _die_with_parent()
     _name_process()
@@ -89,23 +112,26 @@ def run_core(conn: Connection, launch: CoreLaunch, step_clock: Any) -> None:
         _send_quietly(conn, p.LoadFailed(prewarmed.problem))
         os._exit(EXIT_DEAD)
     try:
-        engine = _load(launch, tokenizer)
+        engine = load_engine(launch, tokenizer)
+        engine.warmup()
+        if launch.stats_log:
+            from inflight.runtime.core.stats_log import start_stats_log
+
+            start_stats_log(engine.stats)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
-        _send_quietly(conn, p.LoadFailed(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
+        _send_quietly(conn, p.LoadFailed(load_failure(exc)))
         os._exit(EXIT_DEAD)
-    conn.send(p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats()))
     core = EngineCore(engine, conn, step_clock)
-    try:
-        core.run()
-    except BaseException as exc:  # noqa: BLE001 - tell the front end why, then go
-        logger.critical("the engine core died", exc_info=True)
-        _send_quietly(conn, p.Dead(f"the engine core died: {exc!r}"))
-        engine.close()
-        os._exit(EXIT_DEAD)
-    engine.close()
+    conn.send(p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats()))
+    died = core.serve("the engine core")
     logging.shutdown()
     sys.stderr.flush()
-    os._exit(0)  # nothing left to clean up; the interpreter's teardown of torch takes ~1 s
+    os._exit(EXIT_DEAD if died else 0)  # nothing left to clean up; the interpreter's teardown of torch takes ~1 s
+
+
+def load_failure(exc: BaseException) -> str:
+    """The :class:`LoadFailed` line for a load that raised ``exc``."""
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
 
 
 def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
@@ -124,10 +150,12 @@ def _prewarm(launch: CoreLaunch) -> tuple[p.Prewarmed, Any]:
     return p.Prewarmed(p.PROTOCOL_VERSION, facts), tokenizer
 
 
-def _load(launch: CoreLaunch, tokenizer: Any) -> Any:
+def load_engine(launch: CoreLaunch, tokenizer: Any = None) -> Any:
+    """The engine a core runs: token ids only (the front end detokenizes and applies stop
+    strings, :mod:`.output_text`), refused (``ValueError``) when its KV cache cannot hold one
+    request of ``max_model_len``. Not warmed up yet."""
     from inflight.runtime.core.engine import LLMEngine
     from inflight.runtime.core.input_checks import kv_cache_problem
-    from inflight.runtime.core.stats_log import start_stats_log
 
     progress = logging.getLogger("inflight.loading")
     progress.info("engine core (pid %d): loading %s with %s", os.getpid(), launch.model_dir, launch.config.to_dict())
@@ -138,34 +166,51 @@ def _load(launch: CoreLaunch, tokenizer: Any) -> Any:
     if refusal:
         engine.close()
         raise ValueError(refusal)
-    engine.warmup()
-    if launch.stats_log:
-        start_stats_log(engine.stats)
     return engine
 
 
 class EngineCore:
-    """The loop of one engine-core process over one engine and one pipe."""
+    """The step loop over one loaded engine and one connection (see the module docstring).
 
-    def __init__(self, engine: Any, conn: Connection, step_clock: Any) -> None:
+    ``turn`` is held for each turn of the loop (messages, admission, one step) and released
+    while it waits idle: whoever holds it holds the loop between two steps (the in-process
+    client's :meth:`~inflight.runtime.server.engine_inproc.InprocEngine.between_steps`, tests only).
+    """
+
+    def __init__(self, engine: Any, conn: Conn, step_clock: StepClock) -> None:
         self.engine = engine
         self.conn = conn
         self.step_clock = step_clock
+        self.turn = threading.Lock()
         self._fault = parse_fault(env_vars.read_str(FAULT_ENV) or "")
         self._pending: list[_PendingGroup] = []
         self._failures = FailedSteps(MAX_FAILED_STEPS_IN_A_ROW)
 
+    def serve(self, who: str) -> bool:
+        """:meth:`run`, then close the engine; True when the loop died (``Dead`` was sent,
+        naming ``who``: "the engine core", "the engine thread")."""
+        try:
+            self.run()
+        except BaseException as exc:  # noqa: BLE001 - tell the front end why, then go
+            logger.critical("%s died", who, exc_info=True)
+            _send_quietly(self.conn, p.Dead(f"{who} died: {exc!r}"))
+            self.engine.close()
+            return True
+        self.engine.close()
+        return False
+
     def run(self) -> None:
-        """Until :class:`Shutdown` or the front end's end of the pipe closes."""
+        """Until :class:`Shutdown` or the front end's end of the connection closes."""
         while True:
             busy = self.engine.has_unfinished_requests() or self._pending
             if not busy:
                 self.conn.poll(IDLE_WAIT_S)
-            if not self._apply_messages():
-                return
-            self._admit_compiled()
-            if self.engine.has_unfinished_requests():
-                self._step()
+            with self.turn:
+                if not self._apply_messages():
+                    return
+                self._admit_compiled()
+                if self.engine.has_unfinished_requests():
+                    self._step()
 
     # ---- messages ---------------------------------------------------------------------
 
@@ -261,7 +306,7 @@ class EngineCore:
         self.conn.send(p.StepDone(tuple(outputs), self.engine.stats()))
 
 
-def _send_quietly(conn: Connection, message: object) -> None:
+def _send_quietly(conn: Conn, message: object) -> None:
     try:
         conn.send(message)
     except (OSError, ValueError):

@@ -6,8 +6,9 @@ One line per module:
 * ``serve``        the process lifecycle: bind, load with progress, SIGTERM/SIGHUP drain, exit code
 * ``auth``         the API key and admin key on every route, /metrics behind keys, Expect: 100-continue checked first
 * ``engine_client`` the front end's side of the engine: request groups, dispatch, death
-* ``engine_process`` the engine-core process: spawn, pipe, the front end's view of the engine
-* ``async_engine`` the engine step loop in a thread of this process (--single-process, tests)
+* ``core_client``  the protocol messages spoken to an engine core, wherever its loop runs; the text path
+* ``engine_process`` the engine core in a process of its own: spawn, pipe, the front end's view of the engine
+* ``engine_inproc`` the same engine core on a thread of this process (--single-process, tests)
 * ``openai_api``   /v1/completions, /v1/chat/completions, /v1/models: bodies, prompts, chat template
 * ``tokenize_api`` /tokenize and /detokenize
 * ``request_features`` the output-shaping fields: structured outputs, template flags, echo, logprobs

@@ -9,8 +9,8 @@ not return within the stall timeout, or an idle engine that answers no heartbeat
 kills the engine: :mod:`.watchdog`), and ``drain`` (wait for requests in
 flight up to a timeout, then answer the rest with a 503 or a stream error event). It picks the
 engine client (an engine-core process, :class:`~.engine_process.ProcessEngine`, for a
-``CoreLaunch``; a thread, :class:`~.async_engine.AsyncEngine`, for a loader) but knows
-nothing about how either runs the engine, request schemas (``protocol``) or process signals
+``CoreLaunch``; the same core loop on a thread, :class:`~.engine_inproc.InprocEngine`, for a
+loader) but knows nothing about how either runs the engine, request schemas (``protocol``) or process signals
 (``serve``).
 """
 
@@ -29,8 +29,8 @@ from inflight import __version__
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.server import admin, auth
-from inflight.runtime.server.async_engine import AsyncEngine, EngineDeadError, RequestsCutError
-from inflight.runtime.server.engine_client import EngineClient
+from inflight.runtime.server.engine_client import EngineClient, EngineDeadError, RequestsCutError
+from inflight.runtime.server.engine_inproc import InprocEngine
 from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
 from inflight.runtime.server.errors import (
     APIError,
@@ -63,8 +63,9 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
                access_log: AccessLog = AccessLog()) -> web.Application:
     """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
     of its own (the default of ``inflight serve``, which hands over that process already
-    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``) runs it in
-    a thread of this process (``--single-process``, and tests that reach into the engine).
+    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``, built with
+    ``detokenize=False``) runs the same core loop on a thread of this process
+    (``--single-process``, and tests that reach into the engine).
 
     Call inside a running event loop. The engine loads and warms up at startup.
     """
@@ -75,7 +76,7 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
         max_backlog=settings.max_stream_backlog,
     )
     engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, (CoreLaunch, CoreProcess))
-                            else AsyncEngine(source, **hooks))  # fmt: skip
+                            else InprocEngine(source, **hooks))  # fmt: skip
     state = ServerState(settings, engine, metrics)
     app = web.Application(
         middlewares=[*([_access_log] if access_log.enabled else []), _errors, _auth, _admission],

@@ -7,9 +7,10 @@ read its outputs is cut), the heartbeat (:meth:`EngineClient.ping`: the engine's
 between steps and :attr:`~EngineClient.heartbeat` advances, so the watchdog sees an idle engine
 that froze), and the engine's death (every waiting group gets :class:`EngineDeadError`,
 ``on_death(reason)`` tells the server to exit). How requests reach
-the engine and outputs come back is a subclass's job: :class:`~.async_engine.AsyncEngine`
-runs the engine in a thread of this process, :class:`~.engine_process.ProcessEngine` in an
-engine-core process of its own. Knows nothing about HTTP or the OpenAI API.
+the engine and outputs come back is a subclass's job: :class:`~.core_client.CoreClient` speaks the
+engine core's protocol, to a process of its own (:class:`~.engine_process.ProcessEngine`) or to
+the same loop on a thread (:class:`~.engine_inproc.InprocEngine`). Knows nothing about HTTP or
+the OpenAI API.
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@
 its checks of the model need from it (:meth:`CoreProcess.served_facts`), so torch and
 transformers' config classes are imported there only, and it loads nothing until told to.
 :class:`ProcessEngine` starts it (or adopts it started), sends it :class:`Go`, and talks to it
-over a pipe in the messages of :mod:`inflight.runtime.engine_core.protocol`: a sender thread
-writes (so a large prompt never blocks the event loop on a full pipe), a reader thread
-receives and hands each message to the event loop. The step loop thus never
-shares a GIL with HTTP, parsing, templates, detokenized text on the wire or metrics.
+over a pipe as every :class:`~.core_client.CoreClient` does; the step clock is a shared double.
+The step loop thus never shares a GIL with HTTP, parsing, templates, detokenized text on the
+wire or metrics.
 
 :class:`CoreView` is what the front end may read about the engine: the tokenizer (loaded
 here, with the class the core named), the summary the core published (config, vocabulary,
@@ -22,32 +21,23 @@ the core is killed if still running. Knows nothing about HTTP.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import multiprocessing
-import queue
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.input_checks import check_request
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import CoreLaunch, run_core
-from inflight.runtime.engine_core.output_text import OutputText
 from inflight.runtime.engine_core.served_facts import ServedFacts
-from inflight.runtime.outputs import EngineStats, RequestOutput
+from inflight.runtime.outputs import EngineStats
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.server.engine_client import (
-    DEFAULT_MAX_BACKLOG,
-    EngineClient,
-    EngineDeadError,
-    EngineStepError,
-)
+from inflight.runtime.server.core_client import STOP_TIMEOUT_S, CoreClient
+from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG
 
 logger = logging.getLogger("inflight.server.engine")
 
-STOP_TIMEOUT_S = 10.0
 PREWARM_POLL_S = 0.2  # how often a front end waiting for Prewarmed checks the core still runs
 
 
@@ -148,8 +138,10 @@ class CoreProcess:
             self.process.join(STOP_TIMEOUT_S)
 
 
-class ProcessEngine(EngineClient):
+class ProcessEngine(CoreClient):
     """The front end's handle on an engine-core process. Create on the event loop."""
+
+    core_name = "the engine core process"
 
     def __init__(
         self,
@@ -158,211 +150,42 @@ class ProcessEngine(EngineClient):
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
-        super().__init__(on_step, on_death, max_backlog)
         self._core = core if isinstance(core, CoreProcess) else CoreProcess(core)
-        self._outbox: queue.SimpleQueue[object | None] = queue.SimpleQueue()
-        self._view: CoreView | None = None
-        self._text: OutputText | None = None  # made with the view (it needs the tokenizer)
-        self._stats: EngineStats | None = None
-        self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future[Any]] = {}  # group / retune id -> its answer
-        self._stopping = False
-
-    # ---- lifecycle ---------------------------------------------------------------------
-
-    def start(self) -> None:
-        if not self._core.started:
-            self._core.start()
-        self._outbox.put(p.Go())  # first on the pipe: the writer thread sends in order
-        threading.Thread(target=self._read, name="inflight-core-reader", daemon=True).start()
-        threading.Thread(target=self._write, name="inflight-core-writer", daemon=True).start()
-
-    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        self._stopping = True
-        self._outbox.put(p.Shutdown())
-        self._outbox.put(None)
-        await asyncio.to_thread(self._core.process.join, timeout)
-        self.kill()
-
-    def kill(self) -> None:
-        """End the core process now if it still runs (a stalled or dying engine)."""
-        self._core.kill()
+        super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog)
 
     @property
     def pid(self) -> int | None:
         return self._core.process.pid
 
-    # ---- what the front end reads ------------------------------------------------------
+    def _start_core(self) -> None:
+        if not self._core.started:
+            self._core.start()
+        self._outbox.put(p.Go())  # first on the pipe: the writer thread sends in order
 
-    @property
-    def engine(self) -> CoreView:
-        if self._view is None:
-            raise RuntimeError("the engine is not loaded yet")
-        return self._view
+    def _join(self, timeout: float) -> None:
+        self._core.process.join(timeout)
 
-    @property
-    def step_started_at(self) -> float | None:
-        started = self._core.step_clock.value
-        return started or None
+    def kill(self) -> None:
+        """End the core process now if it still runs (a stalled or dying engine)."""
+        self._core.kill()
 
-    def stats(self) -> EngineStats | None:
-        return self._stats
-
-    # ---- commands ----------------------------------------------------------------------
-
-    async def update_config(self, changes: dict[str, Any]) -> EngineConfig:
-        done: p.RetuneDone = await self._ask(lambda call_id: p.Retune(call_id, dict(changes)))
-        if done.summary is None:
-            raise ValueError(done.error or "the engine refused the change")
-        self.engine.summary = done.summary
-        return done.summary.config
-
-    async def _add(self, requests: Sequence[p.EngineRequest]) -> None:
-        text = self._output_text()
-        for r in requests:
-            text.add(r.req_id, r.params)
-        try:
-            answer = await self._ask(lambda group_id: p.AddGroup(group_id, tuple(requests)))
-        except BaseException:
-            for r in requests:
-                text.forget(r.req_id)
-            raise
-        if isinstance(answer, p.Refused):
-            for r in requests:
-                text.forget(r.req_id)
-            raise answer.error
-
-    def _abort(self, req_ids: tuple[str, ...]) -> None:
-        if self._text is not None:
-            for req_id in req_ids:
-                self._text.forget(req_id)
-        self._outbox.put(p.Abort(req_ids))
-
-    def _send_ping(self, seq: int) -> None:
-        if not self._stopping:  # after Shutdown the core answers nothing more
-            self._outbox.put(p.Ping(seq))
-
-    def _output_text(self) -> OutputText:
-        if self._text is None:
-            self._text = OutputText(self.engine.tokenizer, self.engine.summary.eos_token_ids)
-        return self._text
-
-    def _with_text(self, outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
-        """Detokenize the core's token-only outputs; end requests at their stop strings."""
-        text = self._output_text()
-        done, stopped = [], []
-        for out in outputs:
-            processed, stop_here = text.process(out)
-            if processed is not None:
-                done.append(processed)
-            if stop_here:
-                stopped.append(out.req_id)
-        if stopped:  # the core keeps computing them until it reads this
-            self._outbox.put(p.Abort(tuple(stopped)))
-        return done
-
-    async def _ask(self, make: Callable[[int], object]) -> Any:
-        if self.dead_reason is not None:
-            raise EngineDeadError(self.dead_reason)
-        call_id = next(self._ids)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._waiting[call_id] = future
-        self._outbox.put(make(call_id))
-        try:
-            return await future
-        finally:
-            self._waiting.pop(call_id, None)
-
-    def _after_death(self, reason: str) -> None:
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(EngineDeadError(reason))
-        self._waiting.clear()
-        self._outbox.put(None)
-        self.kill()
-
-    # ---- threads -----------------------------------------------------------------------
-
-    def _write(self) -> None:
-        while (message := self._outbox.get()) is not None:
-            try:
-                self._core.conn.send(message)
-            except (OSError, ValueError):  # the core is gone; the reader reports it
-                return
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._core.conn.recv()
-            except (EOFError, OSError):
-                break
-            self._loop.call_soon_threadsafe(self._on_message, message)
+    def _core_ended(self) -> str:
         self._core.process.join(STOP_TIMEOUT_S)
-        code = self._core.process.exitcode
-        self._loop.call_soon_threadsafe(self._on_exit, code)
+        return f"exit code {self._core.process.exitcode}"
 
-    # ---- event-loop side of the messages -----------------------------------------------
+    def _on_prewarmed(self, message: p.Prewarmed) -> None:  # a core started here, not checked by the CLI
+        self._core.prewarmed = message
 
-    def _on_message(self, message: object) -> None:
-        if isinstance(message, p.StepDone):
-            self._stats = message.stats
-            self._dispatch(self._with_text(message.outputs))
-            if self._on_step is not None:
-                self._on_step(message.stats)
-        elif isinstance(message, p.Stats):
-            self._stats = message.stats
-        elif isinstance(message, p.Pong):
-            self._pong(message.seq)
-        elif isinstance(message, (p.Admitted, p.Refused)):
-            self._answer(message.group_id, message)
-        elif isinstance(message, p.RetuneDone):
-            self._answer(message.call_id, message)
-        elif isinstance(message, p.FailAll):
-            self.fail_all(EngineStepError(message.reason))
-        elif isinstance(message, p.Prewarmed):  # a core started here, not checked by the CLI
-            self._core.prewarmed = message
-        elif isinstance(message, p.Ready):
-            self._on_ready(message)
-        elif isinstance(message, p.LoadFailed):
-            self._set_ready(RuntimeError(message.error))
-        elif isinstance(message, p.Dead):
-            self.declare_dead(message.reason)
+    def _summary_changed(self, summary: p.EngineSummary) -> None:
+        assert isinstance(self._view, CoreView)
+        self._view.summary = summary
 
-    def _answer(self, call_id: int, message: object) -> None:
-        future = self._waiting.get(call_id)
-        if future is not None and not future.done():
-            future.set_result(message)
-
-    def _on_ready(self, ready: p.Ready) -> None:
-        if ready.version != p.PROTOCOL_VERSION:
-            self.declare_dead(f"the engine core speaks protocol {ready.version}, this front end "
-                              f"{p.PROTOCOL_VERSION}: a stale install")  # fmt: skip
-            return
-        self._stats = ready.stats
-        self._loop.create_task(self._finish_ready(ready.summary))
-
-    async def _finish_ready(self, summary: p.EngineSummary) -> None:
+    async def _make_view(self, summary: p.EngineSummary) -> CoreView:
         """The tokenizer and grammar compiler of the front end, built off the event loop."""
         from inflight.runtime.tokenizer import load_tokenizer
 
-        try:
-            tokenizer = self._core.tokenizer
-            if tokenizer is None:  # a core this engine started: nothing checked the model here
-                tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir,
-                                                    self._core.tokenizer_class)
-            self._view = await asyncio.to_thread(CoreView, summary, tokenizer)
-        except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
-            self._set_ready(exc)
-            self.kill()
-            return
-        self._set_ready(None)
-
-    def _on_exit(self, code: int | None) -> None:
-        if self._stopping:
-            return
-        if not self._ready.done():  # died while loading: wait_ready() reports it
-            self._set_ready(RuntimeError(f"the engine core exited while loading (exit code {code})"))
-            return
-        if self._ready.exception() is not None:
-            return
-        self.declare_dead(f"the engine core process exited (exit code {code})")
+        tokenizer = self._core.tokenizer
+        if tokenizer is None:  # a core this engine started: nothing checked the model here
+            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir,
+                                                self._core.tokenizer_class)
+        return await asyncio.to_thread(CoreView, summary, tokenizer)

@@ -3,12 +3,12 @@
 Owns the process lifecycle: the HTTP port opens first (so /health answers and /ready says
 503 while the model loads), SIGTERM / SIGINT / SIGHUP start a drain (new requests 503, requests in
 flight finish up to the drain timeout; one log line says so, and for Ctrl-C that pressing it
-again exits now), then the runner and the engine thread stop and ``serve`` returns the exit
+again exits now), then the runner and the engine core stop and ``serve`` returns the exit
 code (0 after a drain, 1 when loading failed). A second SIGTERM or SIGINT exits at once
 (``os._exit``, code 128 + signal). When the engine dies or stalls,
 every waiting client has already been answered (503 or a stream error event); ``serve``
 gives those answers a moment to leave, then exits with code 1 through ``os._exit``, since a
-stalled engine thread might never let the interpreter finish. One start-up line states the
+stalled engine thread (``--single-process``) might never let the interpreter finish. One start-up line states the
 sampling defaults requests get (``--generation-config``) and the logprobs ceiling. The runner
 applies ``ServerSettings.connection_limits`` (``transport``), with the soft open-file limit first
 raised to fit ``--max-connections``. Knows nothing about argument parsing (``cli``) or request
@@ -31,7 +31,8 @@ from aiohttp import web
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import AccessLog
 from inflight.runtime.server.app import create_app, drain
-from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
+from inflight.runtime.server.core_client import CoreClient
+from inflight.runtime.server.engine_process import CoreProcess
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
@@ -126,7 +127,7 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -
 def _kill_engine_process(app: web.Application) -> None:
     """Before ``os._exit``: an engine-core process (stalled, maybe) must not outlive us."""
     engine = app[STATE].engine
-    if isinstance(engine, ProcessEngine):
+    if isinstance(engine, CoreClient):
         engine.kill()
 
 

@@ -32,7 +32,7 @@ from inflight.runtime.outputs import (
     RequestTimes,
 )
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.server.async_engine import (
+from inflight.runtime.server.engine_client import (
     BacklogError,
     EngineDeadError,
     EngineRequest,

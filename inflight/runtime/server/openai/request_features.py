@@ -20,8 +20,8 @@ from typing import Any
 
 from inflight.runtime.sampling_params import brief
 from inflight.runtime.server.errors import bad_request
-from inflight.runtime.server.openai.fields import get_bool, get_int
 from inflight.runtime.server.openai import tool_requests
+from inflight.runtime.server.openai.fields import get_bool, get_int
 from inflight.runtime.structured import StructuredOutputsParams
 
 MAX_LOGIT_BIAS = 1024
