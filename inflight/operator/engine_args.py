@@ -39,6 +39,7 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "num_kv_blocks": "CPU-only cache sizing; GPU pods size the cache by kvCacheFreeGpuMemFraction",
     "device": "pods get a GPU; 'auto' picks it",
+    "sim_profile": "the simulated device's step-time file, for tests and benches; extraArgs sets it",
     "seed": "a per-request concern, not a deployment one",
     "kernel_backend": "'auto' picks Triton on CUDA; override with extraArgs for debugging",
     "long_prefill_token_threshold": "scheduler fine-tuning whose default follows schedulerPolicy; extraArgs sets it",

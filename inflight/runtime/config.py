@@ -15,7 +15,7 @@ from inflight.kernels.backends import KERNEL_BACKENDS  # the --kernel-backend ch
 
 SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "sim")
 QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
@@ -102,7 +102,11 @@ class EngineConfig:
         default="auto",
         metadata=_help("auto | float32 | bfloat16 | float16. auto: the checkpoint's dtype on CUDA, float32 on the CPU."),
     )
-    device: str = field(default="auto", metadata=_help("auto | cpu | cuda."))
+    device: str = field(
+        default="auto",
+        metadata=_help("auto | cpu | cuda | sim. sim: a simulated device (no weights loaded; a modelled step "
+                       "time, deterministic tokens; docs/simulated-device.md)."),
+    )
     seed: int = field(default=0, metadata=_help("Seed for requests that bring no seed of their own."))
     tensor_parallel_size: int = field(
         default=1,
@@ -146,6 +150,13 @@ class EngineConfig:
             "Prepare step N+1 on the host while step N runs (forward passes and sampling on a "
             "worker thread): finished requests leave one step later, tokens are unchanged "
             "(docs/gpu.md). Not with speculative decoding or tensor parallelism."
+        ),
+    )
+    sim_profile: str | None = field(
+        default=None,
+        metadata=_help(
+            "device sim: a JSON file of the step-time profile (base_ms, decode_row_ms, prefill_token_ms, "
+            "attention_ms_per_1k_context); unset: H100 figures (docs/simulated-device.md)."
         ),
     )
     metrics_tenants: str | None = field(
@@ -206,6 +217,13 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
 
+        if self.device == "sim" and (self.tensor_parallel_size > 1 or self.speculative_config is not None):
+            raise ValueError("device sim runs neither tensor parallelism nor speculative decoding yet; "
+                             "drop tensor_parallel_size / speculative_config.")
+        if self.sim_profile is not None and not isinstance(self.sim_profile, str):
+            raise ValueError("sim_profile must be the path of a JSON file, given as text.")
+        if self.sim_profile is not None and self.device != "sim":
+            raise ValueError("sim_profile is the simulated device's; set device sim or drop sim_profile.")
         if self.async_scheduling is True and (self.speculative_config is not None or self.tensor_parallel_size > 1):
             raise ValueError("async_scheduling cannot be combined with "
                              + ("speculative decoding" if self.speculative_config is not None

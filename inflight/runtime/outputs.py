@@ -164,6 +164,9 @@ class EngineStats:
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
     tenants: TenantStats | None = None  # fair policy only (inflight.runtime.core.tenant_stats)
+    # Cumulative seconds the device spent executing steps (its rate is NVML's utilisation);
+    # None where it is not measured (only the simulated device measures it yet).
+    device_busy_seconds: float | None = None
 
     @property
     def kv_cache_usage(self) -> float:

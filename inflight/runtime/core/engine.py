@@ -57,6 +57,7 @@ from inflight.runtime.worker.graph_backend import GraphBackend
 from inflight.runtime.worker.logit_rows import split_logits
 from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.sampler import Sampler
+from inflight.runtime.worker.sim_device import SimRunner
 
 logger = logging.getLogger("inflight.engine")
 
@@ -64,7 +65,7 @@ logger = logging.getLogger("inflight.engine")
 class LLMEngine:
     """See module docstring. Build with :meth:`from_model_dir`."""
 
-    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True,
+    def __init__(self, runner: ModelRunner | SimRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True,
                  drafter: DraftProposer | None = None) -> None:
         self.runner = runner
         self.drafter = drafter  # draft-model speculation: its proposer (runner and KV cache)
@@ -79,7 +80,7 @@ class LLMEngine:
                                  release_window(runner.spec, *([drafter.spec] if drafter else [])))
         self.scheduler = Scheduler(self.config, self.kv)
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
-        self.sampler = Sampler(runner.device)
+        self.sampler = runner.new_sampler() if isinstance(runner, SimRunner) else Sampler(runner.device)
         self.output_processor = OutputProcessor(
             tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
             detokenize, count_tenants=config.scheduler_policy == "fair",
@@ -112,8 +113,11 @@ class LLMEngine:
                 progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
             workers = WorkerGroup.start(model_dir, config)
         try:
-            runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
-                                           graph_backend)  # fmt: skip
+            if config.device == "sim":  # validated: no tensor parallelism, no speculation
+                runner, drafter = SimRunner(model_dir, config, progress), None
+            else:
+                runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
+                                               graph_backend)  # fmt: skip
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
             engine = cls(runner, tokenizer, config, detokenize, drafter)
         except BaseException:
@@ -350,9 +354,7 @@ class LLMEngine:
     @property
     def resolved(self) -> dict[str, str]:
         """What ``auto`` turned into on this machine: device, dtype, kernel backend."""
-        runner = self.runner
-        return {"device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-                "kernel_backend": runner.ops.name, "quantization": runner.quantization.method}
+        return self.runner.resolved
 
     def summary(self) -> EngineSummary:
         """The frozen view an engine-core process publishes to its front end."""
@@ -373,6 +375,7 @@ class LLMEngine:
             num_generation_tokens=out.num_generation_tokens,
             num_tokens_last_step=self._num_tokens_last_step,
             num_steps=self._num_steps,
+            device_busy_seconds=self.runner.device_busy_seconds,
             max_num_sequences=self.config.max_num_sequences,
             spec_num_drafts=self._spec.num_drafts,
             spec_num_draft_tokens=self._spec.num_draft_tokens,

@@ -30,7 +30,8 @@ from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejected
 __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carried here
 
 # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed; 6: EngineRequest.cache_salt
-PROTOCOL_VERSION = 7  # 7: Ping/Pong (the idle core's heartbeat)
+# 7: Ping/Pong (the idle core's heartbeat)
+PROTOCOL_VERSION = 8  # 8: EngineStats.device_busy_seconds (the simulated device's busy time)
 
 
 # ---- front end -> core ------------------------------------------------------------------

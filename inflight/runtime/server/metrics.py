@@ -60,6 +60,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.spec_num_accepted_tokens),
 )
 
+_DEVICE_BUSY = "inflight:device_busy_seconds"  # a counter: exposed as inflight:device_busy_seconds_total
+
 
 class SampleGuard:
     """Reported values as samples: one that no float can hold (an integer past ~1.8e308, a
@@ -113,6 +115,13 @@ class _EngineStatsCollector(Collector):
                 counter = CounterMetricFamily(name, doc, labels=["model_name"])
                 counter.add_metric([self._model_name], sample)
                 yield counter
+        if stats.device_busy_seconds is not None:  # measured: its rate is the device's utilisation (NVML's)
+            sample = self._sample(_DEVICE_BUSY, lambda s: s.device_busy_seconds, stats)
+            if sample is not None:
+                busy = CounterMetricFamily(_DEVICE_BUSY, "Seconds the device spent executing steps; "
+                                           "rate() of it is the device's utilisation (NVML's).", labels=["model_name"])
+                busy.add_metric([self._model_name], sample)
+                yield busy
         yield from self._guarded("the per-position acceptance counts", lambda: [self._per_position(stats)])
         tenants = stats.tenants
         if tenants is not None:

@@ -207,6 +207,17 @@ class ModelRunner:
             raise ValueError("no memory left for even one KV block; lower max_model_len or free memory.")
         return int(num)
 
+    @property
+    def resolved(self) -> dict[str, str]:
+        """What ``auto`` turned into on this machine: device, dtype, kernel backend, quantization."""
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "kernel_backend": self.ops.name, "quantization": self.quantization.method}
+
+    @property
+    def device_busy_seconds(self) -> float | None:
+        """Seconds the device spent executing (NVML's utilisation over time); None: not measured here."""
+        return None
+
     # -- one step ----------------------------------------------------------------------
     def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
         """Pack the scheduled chunks (see :func:`inflight.runtime.worker.batch_inputs.prepare_batch`)."""
