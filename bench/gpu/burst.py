@@ -58,34 +58,38 @@ def _prompts(n: int, words: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(vocab) for _ in range(words)) for _ in range(n)]
 
 
-def run_burst(work_dir: Path, quick: bool = False, dry_run: bool = False) -> dict[str, Any]:
+def run_burst(work_dir: Path, quick: bool = False, dry_run: bool = False, timeout_s: float = 1200.0) -> dict[str, Any]:
     """Serve the burst synchronously, then with ``--async-scheduling``; returns the async run's
     figures (the configuration the busy target is for), the synchronous run's under ``"sync"``,
-    and a one-line summary of both."""
+    and a one-line summary of both. The clients give up ``timeout_s`` after the start (what
+    has not answered by then counts as errors), half of what is left for each burst."""
     from inflight.runtime.demo.model import make_demo_model
 
+    deadline = time.monotonic() + timeout_s
     size = "tiny" if dry_run else "0.5b"
     model_dir = make_demo_model(work_dir / f"burst-{size}", "llama", size, eos=False)
-    sync = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, ())
-    report = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, ("--async-scheduling",))
+    sync = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, (), (deadline - time.monotonic()) / 2)
+    report = _one_burst(work_dir, Path(model_dir), size, quick, dry_run, ("--async-scheduling",),
+                        deadline - time.monotonic())  # fmt: skip
     report["sync"] = sync
     report["summary"] = f"async scheduling: {report['summary']}; synchronous: {sync['summary']}"
     return report
 
 
 def _one_burst(work_dir: Path, model_dir: Path, size: str, quick: bool, dry_run: bool,
-               extra: tuple[str, ...]) -> dict[str, Any]:
-    num, words, max_tokens = (6, 12, 8) if dry_run else ((256, 100, 128) if quick else (512, 100, 256))
+               extra: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+    num, words, max_tokens = (6, 12, 8) if dry_run else ((256, 100, 64) if quick else (512, 100, 256))
     flags = ("--device", "cpu", "--num-kv-blocks", "256") if dry_run else (
         "--device", "cuda", "--max-num-sequences", "256", "--max-num-tokens", "8192")
     spec = SystemSpec("inflight", "inflight", flags=flags + extra)
     specs = [RequestSpec(p, max_tokens) for p in _prompts(num, words)]
+    begun = time.perf_counter()  # the server's start counts against timeout_s too
     with RunningServer(spec, model_dir, work_dir / "burst-server.log") as server:
         sampler = None if dry_run else BusySampler()
         if sampler:
             sampler.start()
         t0 = time.perf_counter()
-        run = run_workload(server.url, server.model_name, specs, timeout_s=600)
+        run = run_workload(server.url, server.model_name, specs, timeout_s=max(5.0, timeout_s - (t0 - begun)))
         wall = time.perf_counter() - t0
         samples = sampler.stop() if sampler else []
     done = [r for r in run.results if not r.error]

@@ -1,41 +1,57 @@
-"""``make gpu-check`` (``python -m bench.gpu.check``): the GPU path proven in one command.
+"""``make gpu-check`` (``python -m bench.gpu.check``): the GPU path proven inside a 15-minute loan.
 
-Runs, in order, on a bare offline GPU machine (the wheels it lacks travel in ``.whl/``, see
-``docs/gpu.md``): the environment, the Triton compile check, every kernel test and the
-engine's token-exact tests on CUDA (``-m gpu``), the kernel benchmark (correctness on fresh
-inputs, decode-attention bandwidth against the measured copy bandwidth), the engine decode
-step against its roofline with and without CUDA graphs, and a served burst that samples how
-busy the GPU is. Writes one markdown and one JSON report naming the device.
+Two parts, each one command of at most ~5 minutes on a bare offline GPU machine (the wheels
+it lacks travel in ``.whl/``, see ``docs/gpu.md``):
 
-Without CUDA it is a dry run of the harness itself: the pytest steps only collect, the
+- ``--part kernels`` (``make gpu-check PART=1``): the environment, the Triton compile check
+  (bf16; ``--compile-dtypes`` for more), the kernel benchmark (correctness on fresh inputs,
+  copy bandwidth, decode-attention bandwidth) and the engine decode step against its roofline,
+  eager and with CUDA graphs; it writes the simulated device's profile for this GPU
+  (``sim-profile-<device>.json``, :mod:`bench.gpu.sim_fit`).
+- ``--part serve`` (``PART=2``): the environment, the ``gpu``-marked tests only (``-m gpu``:
+  kernels on CUDA, engine tokens against transformers, CUDA graphs against eager) and a short
+  served burst that samples how busy the GPU is.
+
+Without ``--part`` every step runs. Each step runs in a child process under its own timeout:
+a step that overruns is killed (its process tree too) and recorded as ``timeout``, a failing
+one as ``fail``, and the next step runs. The report (``<device>[-<part>].md`` and ``.json``)
+is rewritten in ``--out`` after every step, so a command cut short still leaves the steps
+that finished.
+
+Without CUDA it is a dry run of the harness itself: the pytest step only collects, the
 benchmarks run at toy sizes on the CPU, and the report says "dry run" and goes to a scratch
-directory (``tests/bench/test_gpu_check.py`` keeps this working). Each step is bounded in
-time and a failing step never stops the ones after it. Owns the step list, the timeouts and
-the report; the measurements live in :mod:`bench.gpu.kernels`,
+directory (``tests/bench/test_gpu_check.py`` keeps this working). Owns the step list, the
+timeouts and the report; the measurements live in :mod:`bench.gpu.kernels`,
 :mod:`bench.gpu.engine` and :mod:`bench.gpu.burst`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 DEFAULT_OUT = Path("bench/results/gpu")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTEST_WORKERS = 4  # pytest-xdist workers sharing the one GPU, where xdist is installed
+COMPILE_DTYPES = ("bf16",)  # what the engine runs on a GPU; --compile-dtypes bf16,fp16,fp32 for all
+GPU_TESTS = ["-m", "gpu", "tests/kernels", "tests/runtime/test_engine_matches_transformers.py",
+             "tests/runtime/test_decode_graphs.py"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +62,39 @@ class CheckContext:
     work_dir: Path  # generated models, logs
     dry_run: bool
     quick: bool
+    compile_dtypes: tuple[str, ...] = COMPILE_DTYPES
+    timeout_s: float = 600.0  # the running step's own limit (its subprocesses stay inside it)
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v
+                           for f in fields(self)})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckContext:
+        d = json.loads(text)
+        return cls(**{**d, "out_dir": Path(d["out_dir"]), "work_dir": Path(d["work_dir"]),
+                      "compile_dtypes": tuple(d["compile_dtypes"])})  # fmt: skip
 
 
 @dataclass(slots=True)
 class StepResult:
     name: str
-    status: str  # "pass" | "fail" | "skip"
+    status: str  # "pass" | "fail" | "timeout" | "skip"
     seconds: float = 0.0
     summary: str = ""
     data: dict[str, Any] = field(default_factory=dict)
 
 
 StepFn = Callable[[CheckContext], StepResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step: a module-level function (the child process imports it by name) and its limit."""
+
+    name: str
+    fn: StepFn
+    timeout_s: float
 
 
 def _env_step(ctx: CheckContext) -> StepResult:
@@ -98,56 +135,87 @@ def _importable(module: str) -> bool:
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``cmd`` with its output in ``log``; (exit code, the output's last 4000 chars)."""
+    """Run ``cmd`` with its output in ``log``; (exit code, the output's last 4000 chars).
+    Past ``timeout_s`` it and its descendants are killed and the code is 124."""
     full_env = {**os.environ, **(env or {})}
     with open(log, "wb") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=full_env,
-                                timeout=timeout_s, check=False).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            rc = 124
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=full_env)
+        rc = wait_or_kill(proc, timeout_s)
     text = log.read_text(errors="replace")
     if rc == 124:
         text += f"\n[gpu-check: killed after {timeout_s:.0f} s]"
     return rc, text[-4000:]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux ``/proc``; none elsewhere), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> int:  # type: ignore[type-arg]
+    """``proc``'s exit code; past ``timeout_s`` it is killed with every descendant (servers in
+    sessions of their own too, pytest's workers) and the code is 124."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.wait()
+    return 124
+
+
 def _compile_step(ctx: CheckContext) -> StepResult:
     log = ctx.work_dir / "compile_check.log"
     env = {"TRITON_INTERPRET": "0"}
+    dtypes = ctx.compile_dtypes[:1] if ctx.dry_run else ctx.compile_dtypes  # one dtype proves the harness
     results = []
-    for dtype in ("bf16", "fp16", "fp32"):
+    for dtype in dtypes:
         cmd = [sys.executable, "-m", "bench.gpu.compile_check", "--arch", "90", "--dtype", dtype]
-        rc, text = _run(cmd, log, 300, env)
+        rc, text = _run(cmd, log, max(10.0, ctx.timeout_s / len(dtypes) - 5), env)
         results.append((dtype, rc, text))
-        if ctx.dry_run:
-            break  # one dtype proves the harness
     failed = [d for d, rc, _ in results if rc != 0]
-    summary = "sm_90: " + ", ".join(f"{d} {'ok' if rc == 0 else 'FAILED'}" for d, rc, _ in results)
+    summary = "sm_90: " + ", ".join(f"{d} {'ok' if rc == 0 else 'timed out' if rc == 124 else 'FAILED'}"
+                                    for d, rc, _ in results)  # fmt: skip
     return StepResult("compile check", "fail" if failed else "pass", summary=summary,
                       data={"output": {d: t for d, _, t in results}})  # fmt: skip
 
 
-def pytest_step(name: str, selection: list[str], timeout_s: float) -> StepFn:
-    """A step that runs ``pytest selection`` (on CUDA) or only collects it (dry run)."""
+def run_pytest(ctx: CheckContext, name: str, selection: list[str]) -> StepResult:
+    """``pytest selection`` on CUDA, or only its collection (dry run), inside the step's limit."""
+    log = ctx.work_dir / f"pytest-{re.sub(r'[^a-z0-9]+', '-', name)}.log"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+    if ctx.dry_run:
+        cmd.append("--collect-only")
+    elif _importable("xdist"):
+        cmd += ["-n", str(PYTEST_WORKERS)]
+    rc, text = _run(cmd, log, max(10.0, ctx.timeout_s - 10))
+    failures = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    ok = rc == 0 or (ctx.dry_run and rc == 5)
+    summary = text.strip().splitlines()[-1] if text.strip() else f"exit {rc}"
+    return StepResult(name, "timeout" if rc == 124 else "pass" if ok else "fail", summary=summary,
+                      data={"exit_code": rc, "failures": failures[:40], "tail": text[-2500:]})  # fmt: skip
 
-    def step(ctx: CheckContext) -> StepResult:
-        log = ctx.work_dir / f"pytest-{re.sub(r'[^a-z0-9]+', '-', name)}.log"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
-        if ctx.dry_run:
-            cmd.append("--collect-only")
-        elif _importable("xdist"):
-            cmd += ["-n", str(PYTEST_WORKERS)]
-        rc, text = _run(cmd, log, timeout_s)
-        failures = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
-        ok = rc == 0 or (ctx.dry_run and rc == 5)
-        summary = text.strip().splitlines()[-1] if text.strip() else f"exit {rc}"
-        return StepResult(name, "pass" if ok else "fail", summary=summary,
-                          data={"exit_code": rc, "failures": failures[:40],
-                                "tail": text[-2500:]})  # fmt: skip
 
-    step.__name__ = name
-    return step
+def _gpu_tests_step(ctx: CheckContext) -> StepResult:
+    """Only the ``gpu``-marked tests: kernels on CUDA, engine tokens vs transformers, graphs vs eager."""
+    return run_pytest(ctx, "gpu tests", GPU_TESTS)
 
 
 def _kernel_bench_step(ctx: CheckContext) -> StepResult:
@@ -155,89 +223,184 @@ def _kernel_bench_step(ctx: CheckContext) -> StepResult:
 
     report = gpu_kernels.run_kernel_bench(quick=ctx.quick, dry_run=ctx.dry_run)
     failed = [c["kernel"] + "/" + c["dtype"] for c in report["checks"] if not c["ok"]]
+    broken = [f"batch {r['batch']} context {r['context']}" for r in report["decode"] if r.get("error")]
     target = report.get("decode_target")
-    summary = f"copy {report['copy_gb_per_s']:.0f} GB/s"
+    copy = report.get("copy_gb_per_s")
+    summary = f"copy {copy:.0f} GB/s" if copy else f"copy bandwidth FAILED ({report.get('copy_error')})"
     if target:
         summary += f"; decode attention worst {100 * target['worst_fraction']:.0f}% of copy at batch 64, context 2k-8k"
     if failed:
         summary += f"; FAILED checks: {', '.join(failed)}"
-    return StepResult("kernel bench", "fail" if failed else "pass", summary=summary, data=report)
+    if broken:
+        summary += f"; decode points that raised: {', '.join(broken)}"
+    return StepResult("kernel bench", "fail" if failed or broken or not copy else "pass", summary=summary, data=report)
 
 
 def _engine_step(ctx: CheckContext) -> StepResult:
-    """In a child process, so its KV caches and graphs free the GPU for the served burst."""
-    out = ctx.work_dir / "engine.json"
-    cmd = [sys.executable, "-m", "bench.gpu.engine", "--json", str(out), "--work-dir", str(ctx.work_dir)]
-    cmd += ["--quick"] * ctx.quick + ["--dry-run"] * ctx.dry_run
-    rc, text = _run(cmd, ctx.work_dir / "engine.log", 420)
-    print(text[-3000:])
-    if rc != 0 or not out.exists():
-        return StepResult("engine step", "fail", summary=f"exit {rc}: {text.strip().splitlines()[-1:]}",
-                          data={"tail": text[-3000:]})  # fmt: skip
-    report = json.loads(out.read_text())
-    return StepResult("engine step", "pass", summary=report["summary"], data=report)
+    """The decode step vs its roofline, and the simulated device's profile fitted to it."""
+    from bench.gpu import engine as gpu_engine
+    from bench.gpu import sim_fit
+
+    report = gpu_engine.run_engine_bench(ctx.work_dir, ctx.quick, ctx.dry_run)
+    summary = report["summary"]
+    try:
+        fitted = sim_fit.write_profile(report, ctx.out_dir, dry_run=ctx.dry_run)
+        report["sim_profile"] = fitted
+        summary += f"; sim profile {Path(fitted['path']).name}"
+    except Exception as exc:  # the engine's figures stand without the profile
+        report["sim_profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        summary += f"; sim profile FAILED ({type(exc).__name__}: {exc})"[:200]
+    return StepResult("engine step", "pass" if "path" in report["sim_profile"] else "fail", summary=summary,
+                      data=report)  # fmt: skip
 
 
 def _burst_step(ctx: CheckContext) -> StepResult:
     from bench.gpu import burst as gpu_burst
 
-    report = gpu_burst.run_burst(ctx.work_dir, quick=ctx.quick, dry_run=ctx.dry_run)
+    report = gpu_burst.run_burst(ctx.work_dir, quick=ctx.quick, dry_run=ctx.dry_run,
+                                 timeout_s=max(10.0, ctx.timeout_s - 5))  # fmt: skip
     status = "fail" if report["num_errors"] else "pass"
     return StepResult("served burst", status, summary=report["summary"], data=report)
 
 
-STEPS: tuple[StepFn, ...] = (
-    _env_step,
-    _compile_step,
-    pytest_step("kernel tests", ["tests/kernels"], 420),
-    pytest_step("engine tests on CUDA", ["-m", "gpu", "tests/runtime/test_engine_matches_transformers.py",
-                                         "tests/runtime/test_decode_graphs.py"], 420),
-    _kernel_bench_step,
-    _engine_step,
-    _burst_step,
-)
+# Each part fits one ~5-minute command (docs/gpu.md): the limits add up to 300 s.
+ENV = Step("environment", _env_step, 20)
+STEPS: dict[str, Step] = {s.name: s for s in (
+    ENV,
+    Step("compile check", _compile_step, 60),
+    Step("gpu tests", _gpu_tests_step, 150),
+    Step("kernel bench", _kernel_bench_step, 80),
+    Step("engine step", _engine_step, 140),
+    Step("served burst", _burst_step, 130),
+)}  # fmt: skip
+PARTS: dict[str, tuple[str, ...]] = {
+    "kernels": ("environment", "compile check", "kernel bench", "engine step"),
+    "serve": ("environment", "gpu tests", "served burst"),
+}
+PART_ALIASES = {"1": "kernels", "2": "serve"}
+DRY_RUN_TIMEOUT_S = 600.0  # the CPU interprets what the GPU runs: the dry run's steps are slower
 
 
-def run_steps(ctx: CheckContext, steps: tuple[StepFn, ...] = STEPS, only: set[str] | None = None) -> list[StepResult]:
-    """Run each step (a failure is recorded, never raised) and print one line per step."""
-    results = []
+def _step_ref(fn: StepFn) -> str:
+    ref = f"{fn.__module__}:{fn.__qualname__}"
+    if "<locals>" in ref:
+        raise ValueError(f"step function {ref} must be defined at module level (a child process imports it)")
+    return ref
+
+
+def _resolve(ref: str) -> StepFn:
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run_one(step: Step, ctx: CheckContext) -> StepResult:
+    """``step`` in a child process under ``step.timeout_s``: its result, or a ``timeout``
+    or ``fail`` record; never raises."""
+    ctx = CheckContext(**{**{f.name: getattr(ctx, f.name) for f in fields(ctx)}, "timeout_s": step.timeout_s})
+    stem = re.sub(r"[^a-z0-9]+", "-", step.name.lower())
+    ctx_file, result_file = ctx.work_dir / f"step-{stem}.ctx.json", ctx.work_dir / f"step-{stem}.result.json"
+    result_file.unlink(missing_ok=True)
+    try:
+        ctx_file.write_text(ctx.to_json())
+        cmd = [sys.executable, "-m", "bench.gpu.check", "--child-step", _step_ref(step.fn),
+               "--child-ctx", str(ctx_file), "--child-result", str(result_file)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+        rc = wait_or_kill(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env), step.timeout_s)
+    except Exception as exc:
+        return StepResult(step.name, "fail", summary=f"{type(exc).__name__}: {exc}"[:300],
+                          data={"traceback": traceback.format_exc()[-4000:]})  # fmt: skip
+    if rc == 124:
+        return StepResult(step.name, "timeout", summary=f"killed after its {step.timeout_s:.0f} s limit",
+                          data={"timeout_s": step.timeout_s})  # fmt: skip
+    if not result_file.exists():
+        return StepResult(step.name, "fail", summary=f"the step's process exited {rc} without a result")
+    result = StepResult(**json.loads(result_file.read_text()))
+    result.name = step.name
+    return result
+
+
+def _child(ref: str, ctx_file: Path, result_file: Path) -> int:
+    """Run one step in this process and write its result (a raised exception is a ``fail``)."""
+    ctx = CheckContext.from_json(ctx_file.read_text())
+    try:
+        result = _resolve(ref)(ctx)
+    except Exception as exc:
+        result = StepResult(ref, "fail", summary=f"{type(exc).__name__}: {exc}"[:300],
+                            data={"traceback": traceback.format_exc()[-4000:]})  # fmt: skip
+    result_file.write_text(json.dumps(asdict(result), default=str))
+    return 0
+
+
+def run_steps(
+    ctx: CheckContext, steps: list[Step] | tuple[Step, ...],
+    on_progress: Callable[[list[StepResult], str | None], object] | None = None,
+) -> list[StepResult]:
+    """Each step in its own process under its own limit (a failure or a timeout is recorded,
+    never raised); prints one line per step and calls ``on_progress(results, next step)``
+    before each step and after the last (the report is rewritten there)."""
+    results: list[StepResult] = []
     for step in steps:
-        name = step.__name__.strip("_").removesuffix("_step").replace("_", " ")
-        if only and name not in only:
-            continue
+        if on_progress:
+            on_progress(results, step.name)
+        print(f"\n== gpu-check: {step.name} (limit {step.timeout_s:.0f} s) ==", flush=True)
         start = time.perf_counter()
-        print(f"\n== gpu-check: {name} ==", flush=True)
-        try:
-            result = step(ctx)
-        except Exception as exc:  # one broken step must not hide the others' results
-            result = StepResult(name, "fail", summary=f"{type(exc).__name__}: {exc}"[:300],
-                                data={"traceback": traceback.format_exc()[-4000:]})  # fmt: skip
+        result = run_one(step, ctx)
         result.seconds = time.perf_counter() - start
         print(f"-- {result.status.upper()} {result.name} ({result.seconds:.0f} s): {result.summary}", flush=True)
         results.append(result)
+    if on_progress:
+        on_progress(results, None)
     return results
 
 
+def select_steps(part: str | None, only: list[str] | None, dry_run: bool) -> list[Step]:
+    names = list(PARTS[PART_ALIASES.get(part, part)]) if part else list(STEPS)
+    if only:  # a step's name or a word of it: env, compile, tests, kernel, engine, burst
+        unknown = [o for o in only if not any(o in n for n in STEPS)]
+        if unknown:
+            raise SystemExit(f"gpu-check: no step {unknown}; the steps are {list(STEPS)}")
+        names = [n for n in names if any(o in n for o in only)]
+    steps = [STEPS[n] for n in names]
+    if dry_run:
+        steps = [Step(s.name, s.fn, max(s.timeout_s, DRY_RUN_TIMEOUT_S)) for s in steps]
+    return steps
+
+
 def device_slug(results: list[StepResult]) -> str:
-    device = next((r.data.get("device", "") for r in results if r.name == "environment"), "")
+    """The device's name as the steps found it (this process never opens a CUDA context)."""
+    device = next((r.data["device"] for r in results if r.name == "environment" and r.data.get("device")), "")
     if not device:
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-dry-run"
+        device = next((r.data["device"] for r in results if isinstance(r.data.get("device"), str)), "")
+    if not device:
+        device = "gpu" if torch.cuda.is_available() else "cpu-dry-run"
     return re.sub(r"[^a-z0-9]+", "-", str(device).lower()).strip("-")
 
 
-def write_report(ctx: CheckContext, results: list[StepResult]) -> tuple[Path, Path]:
-    """``<device>.md`` and ``<device>.json`` in ``ctx.out_dir``."""
+def write_report(
+    ctx: CheckContext, results: list[StepResult], part: str | None = None, running: str | None = None
+) -> tuple[Path, Path]:
+    """``<device>[-<part>].md`` and ``.json`` in ``ctx.out_dir`` (``running``: the step under
+    way, when the report is written between steps)."""
     from bench.gpu.report import render_markdown
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    slug = device_slug(results)
+    slug = device_slug(results) + (f"-{part}" if part else "")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    payload = {"date": stamp, "dry_run": ctx.dry_run, "quick": ctx.quick,
-               "steps": [asdict(r) for r in results]}  # fmt: skip
+    payload: dict[str, Any] = {"date": stamp, "dry_run": ctx.dry_run, "quick": ctx.quick,
+                               "steps": [asdict(r) for r in results]}  # fmt: skip
+    if part:
+        payload["part"] = part
+    if running:
+        payload["running"] = running
     json_path = ctx.out_dir / f"{slug}.json"
     md_path = ctx.out_dir / f"{slug}.md"
-    json_path.write_text(json.dumps(payload, indent=2, default=str))
-    md_path.write_text(render_markdown(payload))
+    for path, text in ((json_path, json.dumps(payload, indent=2, default=str)), (md_path, render_markdown(payload))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # a reader (or a cut command) never sees half a report
     return md_path, json_path
 
 
@@ -246,30 +409,55 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
                         help=f"report directory (default {DEFAULT_OUT} on a GPU, a scratch one in a dry run)")
-    parser.add_argument("--quick", action="store_true", help="smaller tables (a few minutes less)")
+    parser.add_argument("--part", choices=[*PARTS, *PART_ALIASES], default=None,
+                        help="kernels (1): environment, compile check, kernel bench, engine step; "
+                             "serve (2): environment, gpu tests, served burst; default every step")
+    parser.add_argument("--quick", action="store_true", help="smaller tables (the parts imply it)")
+    parser.add_argument("--full", action="store_true", help="the full tables even with --part")
+    parser.add_argument("--compile-dtypes", default=",".join(COMPILE_DTYPES),
+                        help="dtypes the compile check lowers (comma-separated among bf16, fp16, fp32)")
     parser.add_argument("--dry-run", action="store_true", help="exercise the harness on the CPU")
     parser.add_argument("--only", action="append", default=None,
-                        help="run only this step (repeatable): env, compile, kernel tests, "
-                             "engine tests on CUDA, kernel bench, engine, burst")
+                        help=f"run only this step (repeatable): {', '.join(STEPS)}")
+    parser.add_argument("--child-step", help=argparse.SUPPRESS)
+    parser.add_argument("--child-ctx", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-result", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.child_step:
+        return _child(args.child_step, args.child_ctx, args.child_result)
     dry_run = args.dry_run or not torch.cuda.is_available()
     if dry_run and not args.dry_run:
         print("gpu-check: no CUDA device visible, so this is a dry run of the harness on the CPU "
               "(nothing here measures a GPU).", flush=True)  # fmt: skip
     if dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    dtypes = tuple(d.strip() for d in args.compile_dtypes.split(",") if d.strip())
+    if not dtypes or set(dtypes) - {"bf16", "fp16", "fp32"}:
+        raise SystemExit(f"gpu-check: --compile-dtypes takes bf16, fp16, fp32 (got {args.compile_dtypes!r})")
+    part = PART_ALIASES.get(args.part, args.part)
     work = Path(tempfile.mkdtemp(prefix="inflight-gpu-check-"))
-    out = args.out or (work / "report" if dry_run else DEFAULT_OUT)
-    ctx = CheckContext(out_dir=out, work_dir=work, dry_run=dry_run, quick=args.quick)
-    results = run_steps(ctx, only=set(args.only) if args.only else None)
-    md, js = write_report(ctx, results)
-    print("\n" + "\n".join(f"{r.status.upper():<5} {r.name:<22} {r.seconds:>5.0f} s  {r.summary}" for r in results))
+    out = (args.out or (work / "report" if dry_run else DEFAULT_OUT)).resolve()
+    quick = args.quick or (part is not None and not args.full)
+    ctx = CheckContext(out_dir=out, work_dir=work, dry_run=dry_run, quick=quick, compile_dtypes=dtypes)
+    steps = select_steps(part, args.only, dry_run)
+    print(f"gpu-check{f' part {part}' if part else ''}: {', '.join(s.name for s in steps)}; "
+          f"limits add up to {sum(s.timeout_s for s in steps):.0f} s; report rewritten in {out} after each step",
+          flush=True)  # fmt: skip
+    paths: list[tuple[Path, Path]] = []
+
+    def progress(results: list[StepResult], running: str | None) -> None:
+        if results:  # the device's name comes from the first step
+            paths.append(write_report(ctx, results, part, running))
+
+    results = run_steps(ctx, steps, on_progress=progress)
+    md, js = paths[-1] if paths else write_report(ctx, results, part)
+    print("\n" + "\n".join(f"{r.status.upper():<7} {r.name:<14} {r.seconds:>5.0f} s  {r.summary}" for r in results))
     print(f"\nreport: {md} and {js}; logs in {work}")
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return 1 if any(r.status != "pass" for r in results) else 0
 
 
 if __name__ == "__main__":

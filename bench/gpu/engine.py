@@ -24,6 +24,8 @@ from bench.gpu.timing import ENGINE_TARGETS, copy_bandwidth, wall_median_ms
 if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
 
+BATCHES = (1, 16, 64, 256)
+QUICK_BATCHES = (1, 64, 256)  # batch 1 and 64 for the targets, 64 and 256 for the simulator's profile
 PROMPT_LEN = 128
 WARMUP_STEPS = 3
 TIMED_STEPS = 20
@@ -220,7 +222,7 @@ def engine_table(
                 kv = batch * mean_context * sizes.kv_bytes_per_token
                 roofline = (sizes.weight_bytes + kv) / copy_bw
                 rows.append({"batch": batch, "graphs": graphs, "async": overlap, "step_ms": seconds * 1e3,
-                             "kv_mb": kv / 1e6, "roofline_ms": roofline * 1e3,
+                             "kv_mb": kv / 1e6, "context_tokens": batch * mean_context, "roofline_ms": roofline * 1e3,
                              "x_roofline": seconds / roofline})  # fmt: skip
                 print(
                     f"{batch:>6} {seconds * 1e3:>9.2f} {kv / 1e6:>8.1f} {roofline * 1e3:>12.3f} "
@@ -256,7 +258,7 @@ def run_engine_bench(work_dir: Path, quick: bool = False, dry_run: bool = False)
         rows, breakdowns, profiles = engine_table(copy_bw, (1, 2), size="tiny", device="cpu", work_dir=work_dir)
     else:
         copy_bw = copy_bandwidth()
-        rows, breakdowns, profiles = engine_table(copy_bw, (1, 64) if quick else (1, 16, 64, 256), work_dir=work_dir)
+        rows, breakdowns, profiles = engine_table(copy_bw, QUICK_BATCHES if quick else BATCHES, work_dir=work_dir)
     best = {b: min((r["x_roofline"] for r in rows if r["batch"] == b and r["graphs"] == (len(graph_modes()) > 1)),
                    default=None) for b in ENGINE_TARGETS}
     parts = [f"batch {b}: {x:.2f}x roofline (target {ENGINE_TARGETS[b]}x)" for b, x in best.items() if x]

@@ -27,14 +27,21 @@ def _checks(data: dict[str, Any]) -> list[str]:
     lines = ["", "### Kernels against their torch reference (fresh random inputs)", "",
              "| kernel | dtype | max abs err | result |", "|---|---|---:|---|"]  # fmt: skip
     for c in data.get("checks", []):
-        lines.append(f"| {c['kernel']} | {c['dtype'][6:]} | {c['max_abs_err']:.2e} | {'ok' if c['ok'] else 'FAIL'} |")
+        verdict = "ok" if c["ok"] else f"FAIL: {c['error']}".replace("|", "\\|") if c.get("error") else "FAIL"
+        lines.append(f"| {c['kernel']} | {c['dtype'][6:]} | {c['max_abs_err']:.2e} | {verdict} |")
     return lines
 
 
 def _decode(data: dict[str, Any]) -> list[str]:
-    lines = ["", f"### Paged decode attention vs copy bandwidth ({data['copy_gb_per_s']:.0f} GB/s)", "",
+    copy = data.get("copy_gb_per_s")
+    against = f"{copy:.0f} GB/s" if copy else f"not measured ({data.get('copy_error')}); % of a nominal 1000 GB/s"
+    lines = ["", f"### Paged decode attention vs copy bandwidth ({against})", "",
              "| batch | context | splits | us | GB/s | % of copy |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in data.get("decode", []):
+        if r.get("error"):
+            error = str(r["error"]).replace("|", "\\|")
+            lines.append(f"| {r['batch']} | {r['context']} | | FAILED: {error} | | |")
+            continue
         lines.append(f"| {r['batch']} | {r['context']} | {r['splits']} | {1e3 * r['ms']:.1f} | "
                      f"{r['gb_per_s']:.0f} | {100 * r['fraction_of_copy']:.1f}% |")  # fmt: skip
     return lines
@@ -46,7 +53,17 @@ def _engine(data: dict[str, Any]) -> list[str]:
     for r in data.get("rows", []):
         mode = ("CUDA graphs" if r.get("graphs") else "eager") + (" + async scheduling" if r.get("async") else "")
         lines.append(f"| {r['batch']} | {mode} | {r['step_ms']:.2f} | {r['roofline_ms']:.3f} | {r['x_roofline']:.2f}x |")
-    return lines
+    return lines + _sim_profile(data.get("sim_profile"))
+
+
+def _sim_profile(sim: dict[str, Any] | None) -> list[str]:
+    if not sim:
+        return []
+    if "profile" not in sim:
+        return ["", f"Simulated-device profile: not written ({sim.get('error')})."]
+    fields = ", ".join(f"{k} {v:.4g}" for k, v in sim["profile"].items())
+    dry = " (DRY RUN: CPU figures, not a GPU's)" if sim.get("dry_run") else ""
+    return ["", f"Simulated-device profile{dry}: `{sim['file']}` ({fields}; {sim['fit']})."]
 
 
 def _breakdown(data: dict[str, Any]) -> list[str]:
@@ -125,6 +142,8 @@ def render_markdown(payload: dict[str, Any]) -> str:
                                                 if k in env), ""]  # fmt: skip
     if payload["dry_run"]:
         lines += ["No GPU: every figure below is a toy measurement on the CPU that proves the harness runs.", ""]
+    if payload.get("running"):
+        lines += [f"In progress: the `{payload['running']}` step is running (this report is rewritten after each step).", ""]
     lines += _steps(payload) + _targets(payload)
     for note in payload.get("notes", []):
         lines += ["", f"Note: {note}"]
@@ -133,6 +152,6 @@ def render_markdown(payload: dict[str, Any]) -> str:
             if step["data"]:
                 lines += section(step["data"])
     for step in payload["steps"]:
-        if step["status"] == "fail" and step["data"].get("failures"):
+        if step["status"] in ("fail", "timeout") and step["data"].get("failures"):
             lines += ["", f"### Failures in {step['name']}", "", "```", *step["data"]["failures"], "```"]
     return "\n".join(lines) + "\n"

@@ -30,6 +30,20 @@ TOLERANCES = {
 }
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``gpu`` marker for the kernel tests that need the device, so ``make gpu-check``
+    runs only those (``-m gpu``): on CUDA every test of a kernel on the ``device`` fixture, and
+    anywhere the tests skipped without CUDA. (A session-wide hook: it picks its own items.)"""
+    here = Path(__file__).parent
+    for item in items:
+        if here not in Path(str(item.path)).parents:
+            continue
+        needs_cuda = any(str(m.kwargs.get("reason", "")).lower().startswith("needs cuda")
+                         for m in item.iter_markers("skipif"))  # fmt: skip
+        if needs_cuda or (HAS_CUDA and "device" in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture
 def assert_close() -> Callable[..., None]:
     """Compare a kernel's output with the reference's at tolerances fitting the dtype

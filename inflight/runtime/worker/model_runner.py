@@ -17,7 +17,10 @@ scheduler's one block table is valid on every rank.
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,11 +150,23 @@ class ModelRunner:
             raise ValueError(f"decode graphs need graph-safe kernels; the {self.ops.name} kernels read "
                              "tensors on the host (use the triton or cpu kernel backend)")
         graphs = DecodeGraphs(
-            self._logits, backend, capture_sizes(config.max_num_sequences),
+            _weak_logits(self), backend, capture_sizes(config.max_num_sequences),
             -(-self.max_model_len // self.block_size), self.device,
         )  # fmt: skip
-        with torch.inference_mode():
-            stats = graphs.capture()
+        # Collect what is garbage now, then keep the collector out of the capture: what is alive
+        # is frozen (no pass scans it) and automatic passes are off until the capture ends (a
+        # finalizer run inside a capture could free or sync a tensor and break it).
+        gc.collect()
+        gc.freeze()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.inference_mode():
+                stats = graphs.capture()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+            gc.unfreeze()
         if progress:
             progress(f"decode graphs ({backend.name}) for batch sizes up to {graphs.max_size}: "
                      f"{len(stats.sizes)} captured in {stats.capture_seconds:.1f} s, "
@@ -285,3 +300,18 @@ class ModelRunner:
             self._set_cpu_threads(input_ids.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
         return self.model.compute_logits(hidden[sample_indices], self.ops)
+
+
+def _weak_logits(runner: ModelRunner) -> Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]:
+    """``runner._logits`` through a weak reference: the runner owns its graphs, and a graph
+    holding the runner back would make a cycle that keeps the KV cache alive after the engine
+    is dropped, until a cyclic-GC pass happens to run."""
+    ref = weakref.ref(runner)
+
+    def logits(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        live = ref()
+        if live is None:
+            raise RuntimeError("the model runner of these decode graphs is gone")
+        return live._logits(input_ids, positions, meta)
+
+    return logits

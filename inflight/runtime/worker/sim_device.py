@@ -70,7 +70,8 @@ class SimProfile:
 
     @classmethod
     def load(cls, path: str | Path | None) -> SimProfile:
-        """The profile in the JSON file ``path`` (any subset of the fields), or the defaults."""
+        """The profile in the JSON file ``path`` (any subset of the fields; keys starting with
+        ``_`` are notes, e.g. where ``make gpu-check`` measured it), or the defaults."""
         if path is None:
             return cls()
         try:
@@ -78,8 +79,11 @@ class SimProfile:
         except (OSError, ValueError) as exc:
             raise ValueError(f"sim_profile {str(path)!r}: cannot read a JSON object ({exc})") from None
         names = {f.name for f in fields(cls)}
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
         if not isinstance(data, dict) or set(data) - names:
-            raise ValueError(f"sim_profile {str(path)!r}: a JSON object with keys among {', '.join(sorted(names))}")
+            raise ValueError(f"sim_profile {str(path)!r}: a JSON object with keys among {', '.join(sorted(names))}"
+                             " (and notes under keys starting with _)")
         return cls(**data)
 
     def step_ms(self, num_decode_rows: int, num_prefill_tokens: int, num_context_tokens: int) -> float:
