@@ -26,7 +26,7 @@ once, float32, native CPU kernels, the engine's own thread and lane choices. A v
 
 A run: ``batch`` sequences with random ``--prompt-len``-token prompts are prefilled, one
 decode step runs untimed, then ``steps`` decode steps are timed one by one (``LLMEngine.step``,
-detokenization off); its figure is the median step. Every round runs every model and variant,
+token ids only); its figure is the median step. Every round runs every model and variant,
 variants in a rotated order; the report gives the median (min-max) over rounds and each
 variant's ratio to the first (the median of the per-round ratios). ``--profile`` adds one run
 per variant with every ``KernelOps`` call timed: milliseconds per step per op (linears split by
@@ -119,7 +119,7 @@ def load_engine(model_dir: Path, mods: frozenset[str], batch: int, max_len: int,
     config = EngineConfig(max_num_sequences=batch, max_model_len=max_len, block_size=16, dtype="float32",
                           num_kv_blocks=batch * -(-max_len // 16) + 8, device="cpu", kernel_backend="auto")
     with _env(env):
-        engine = LLMEngine.from_model_dir(model_dir, config, detokenize=False)
+        engine = LLMEngine.from_model_dir(model_dir, config)
     if "alt-attn" in mods:
         if alt is None:
             raise ValueError("variant alt-attn needs --alt-attention FILE")

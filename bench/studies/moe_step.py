@@ -11,7 +11,7 @@ the same matmul FLOPs per token. Both are loaded at once as in-process engines o
 ``KernelOps.fused_moe``'s torch reference, which sorts the (token, expert) pairs by expert and
 runs two matmuls per active expert). For each batch size, ``batch`` sequences with short
 random prompts are prefilled, one decode step is run untimed, then ``steps`` decode steps are
-timed one by one (``LLMEngine.step``, detokenization off); a run's figure is the median step.
+timed one by one (``LLMEngine.step``, token ids only); a run's figure is the median step.
 MoE and dense runs are interleaved, ``rounds`` times, in a rotated order; the report gives
 the median and (min-max) over rounds, the MoE/dense ratio per batch size (median of the
 per-round ratios), and the share of the MoE step spent inside ``fused_moe`` (its time summed
@@ -112,7 +112,7 @@ def load_engine(model_dir: Path, max_batch: int) -> LLMEngine:
     config = EngineConfig(max_num_sequences=max_batch, max_model_len=MAX_MODEL_LEN, block_size=16,
                           num_kv_blocks=max_batch * blocks_per_seq + 8, dtype="float32", device="cpu",
                           kernel_backend="auto")
-    engine = LLMEngine.from_model_dir(model_dir, config, detokenize=False)
+    engine = LLMEngine.from_model_dir(model_dir, config)
     engine.warmup()
     return engine
 
@@ -187,7 +187,7 @@ def write_markdown(path: Path, report: dict[str, Any]) -> None:
         f"| parameters per token (active) | {counts['moe']['active'] / 1e6:.1f}M | {counts['dense']['active'] / 1e6:.1f}M |",
         "",
         f"Each run: `batch` sequences, {PROMPT_LEN}-token random prompts, prefilled, one untimed decode step, then "
-        "the timed decode steps (`LLMEngine.step`, detokenization off); a run's figure is its median step. "
+        "the timed decode steps (`LLMEngine.step`, token ids only); a run's figure is its median step. "
         f"{report['rounds']} rounds, MoE and dense interleaved in a rotated order; median (min-max) over rounds. "
         "MoE/dense is the median of the per-round ratios. The fused_moe column is the time inside "
         "`KernelOps.fused_moe` (the expert matmuls, the sort/gather/weighted sum; not the router matmul), "

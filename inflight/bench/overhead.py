@@ -4,7 +4,7 @@ Builds an in-process :class:`LLMEngine`, fills it with ``num_running`` decoding 
 (short prompts, long outputs), then times decode steps. The scheduler, the batch
 preparation, the forward (``runner.execute``: decoder + LM head) and the sampler are timed
 by wrapping those methods on the instances; what is left of the step is stop checks,
-detokenization and output building. Overhead = step - forward. Knows nothing about servers.
+and output building (token ids: the engine makes no text). Overhead = step - forward. Knows nothing about servers.
 """
 
 from __future__ import annotations

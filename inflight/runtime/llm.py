@@ -10,6 +10,11 @@ exactly as concurrent server requests would. A prompt may also be a dict as vLLM
 ``{"prompt": text}`` or ``{"prompt_token_ids": ids}``, with an optional ``"cache_salt"``: only
 prompts with the same salt share prefix-cache blocks. With ``tensor_parallel_size=N`` the engine
 starts N-1 worker processes; ``close()`` (or a ``with`` block, or interpreter exit) stops them.
+
+Text takes the server's one path: the engine sends token ids only, and
+:class:`~inflight.runtime.engine_core.output_text.OutputText` detokenizes them and ends a request
+at its stop string (cut from the text), which is then aborted in the engine
+(:func:`~inflight.runtime.engine_core.output_text.step_with_text`), as the front end does.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.engine_core.output_text import OutputText, step_with_text
 from inflight.runtime.model.gguf_source import resolve_model_dir
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
@@ -33,8 +39,19 @@ class LLM:
 
     def __init__(self, model: str | Path, **engine_config: Any) -> None:
         model_dir = resolve_model_dir(model)  # a .gguf file converts once into a cached directory
-        self.engine = LLMEngine.from_model_dir(model_dir, EngineConfig(**engine_config))
-        self.tokenizer = self.engine.tokenizer
+        self._attach(LLMEngine.from_model_dir(model_dir, EngineConfig(**engine_config)))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """The offline API over an engine already built (tests compare two engines this way)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self._text = OutputText(self.tokenizer, engine.eos_token_ids)  # the one text path
         self._counter = 0
 
     def close(self) -> None:
@@ -69,6 +86,7 @@ class LLM:
             self._counter += 1
             ids, cache_salt = self._parse_prompt(prompt)
             self.engine.add_request(req_id, ids, p, cache_salt=cache_salt)
+            self._text.add(req_id, p)
             req_ids.append(req_id)
             prompt_ids.append(ids)
         return self._run(req_ids, prompt_ids)
@@ -90,7 +108,7 @@ class LLM:
         logprobs: dict[str, list[TokenLogprob]] = {r: [] for r in req_ids}
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(req_ids):
-            for out in self.engine.step():
+            for out in step_with_text(self.engine, self._text):
                 tokens[out.req_id].extend(out.new_token_ids)
                 texts[out.req_id].append(out.new_text)
                 if out.new_logprobs:

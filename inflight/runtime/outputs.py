@@ -92,8 +92,9 @@ class RequestTimes:
 class RequestOutput:
     """What one step produced for one request: new tokens since the last step.
 
-    ``new_text`` is the detokenized delta; text that might be the start of a stop string is
-    held back until it is known not to be. When ``finished`` is true this is the request's
+    ``new_text`` is the detokenized delta, filled in outside the engine (whose outputs carry
+    ``""``) by :class:`~inflight.runtime.engine_core.output_text.OutputText`; text that might be
+    the start of a stop string is held back until it is known not to be. When ``finished`` is true this is the request's
     last output and ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``
     (the engine failed on it, or ``error`` says why the request itself could not go on).
     """

@@ -160,7 +160,7 @@ def test_decoder_logits_match_with_and_without_the_block(ops_name, tiny_model_di
 
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend=ops_name)  # fmt: skip
-    engine = LLMEngine.from_model_dir(tiny_model_dir, config, detokenize=False)
+    engine = LLMEngine.from_model_dir(tiny_model_dir, config)
     runner = engine.runner
     try:
         block_ops = runner.ops

@@ -188,7 +188,7 @@ def test_decoder_logits_match_with_and_without_the_stack(arch, float_copy, fmt, 
     model_dir = make_demo_model(tmp_path / arch, arch=arch, size="tiny", seed=2)
     config = EngineConfig(max_num_sequences=4, max_model_len=64, block_size=16, dtype="float32",
                           num_kv_blocks=32, device="cpu", kernel_backend="cpu")  # fmt: skip
-    engine = LLMEngine.from_model_dir(model_dir, config, detokenize=False)
+    engine = LLMEngine.from_model_dir(model_dir, config)
     runner = engine.runner
     try:
         assert runner.ops.decode_layer_stack is not None

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from inflight.runtime.core.detokenizer import IncrementalDetokenizer
+from inflight.runtime.engine_core.detokenizer import IncrementalDetokenizer
 
 EOS = 256
 

@@ -16,6 +16,7 @@ import torch
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.engine_core.output_text import OutputText, step_with_text
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.verify import verify_chunk
@@ -35,12 +36,14 @@ SHAPES = {
 def _run(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]]) -> dict[str, tuple]:
     """req_id -> (text, token ids, finish reason, logprob entries or None)."""
     out: dict[str, list] = {}
+    text = OutputText(engine.tokenizer, engine.eos_token_ids)  # the one text path, as LLM takes it
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
+        text.add(str(i), params)
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        for o in engine.step():
+        for o in step_with_text(engine, text):
             entry = out.setdefault(o.req_id, ["", [], None, None])
             entry[0] += o.new_text
             entry[1].extend(o.new_token_ids)

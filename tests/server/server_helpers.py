@@ -82,7 +82,7 @@ class LiveServer:
         from inflight.runtime.engine_core.core import CoreLaunch
 
         source = (CoreLaunch(str(self.model_dir), self.config, "warning", "text", stats_log=False)
-                  if self.engine_process else lambda: LLMEngine.from_model_dir(self.model_dir, self.config, detokenize=False))
+                  if self.engine_process else lambda: LLMEngine.from_model_dir(self.model_dir, self.config))
         app = create_app(self.settings, source)
         self.runner = make_runner(app, self.settings.keepalive_timeout_s, self.settings.connection_limits)
         await self.runner.setup()

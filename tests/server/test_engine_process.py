@@ -24,6 +24,8 @@ from inflight.runtime.cli.command import main
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.engine_faults import FAULT_ENV
+from inflight.runtime.llm import LLM
+from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server import engine_process
 from inflight.runtime.server.state import ServerSettings
 from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, metrics, wait_until
@@ -219,7 +221,8 @@ def test_greedy_text_is_the_same_in_one_process_and_two(demo_model_dir: Path, st
 def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: Path) -> None:
     """The engine core sends token ids only; the front end detokenizes and ends a request at its
     stop string (aborting it in the core). Same text, finish reason and usage as one process,
-    and with async scheduling (the abort reaches the core while a step is in flight)."""
+    with async scheduling (the abort reaches the core while a step is in flight) and through
+    the offline ``LLM``, which takes the same text path (``OutputText``, then an abort)."""
     body = {"model": MODEL_NAME, "prompt": "def fib(n):", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     results = []
     for mode in ((), ("--single-process",), ("--async-scheduling",)):
@@ -238,3 +241,11 @@ def test_stop_strings_end_requests_alike_in_one_process_and_two(demo_model_dir: 
         finally:
             server.stop()
     assert results[0] == results[1] == results[2]
+    with LLM(demo_model_dir, max_num_sequences=2, num_kv_blocks=64, max_model_len=512) as llm:
+        greedy = {"max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+        free = llm.generate("def fib(n):", SamplingParams(**greedy))[0].text
+        stop = free[12:15]
+        stopped = llm.generate(["def fib(n):"] * 2, SamplingParams(**greedy, stop=(stop,)))
+        offline = (free, [(o.text, o.finish_reason) for o in stopped], sum(len(o.token_ids) for o in stopped))
+        assert llm.engine.stats().num_used_kv_blocks == 0 and not llm.engine.has_unfinished_requests()
+    assert offline == results[0][:3]

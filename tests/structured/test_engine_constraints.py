@@ -13,6 +13,7 @@ from schemas import SCHEMAS
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.engine_core.output_text import OutputText, step_with_text
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.bitmask import apply_bitmask
@@ -32,12 +33,14 @@ def _run(engine: LLMEngine, requests: dict[str, SamplingParams],
     """Run ``requests`` to the end (each on its own prompt unless ``prompt_ids`` is shared)."""
     texts = {r: "" for r in requests}
     reasons: dict[str, str] = {}
+    text = OutputText(engine.tokenizer, engine.eos_token_ids)
     for req_id, params in requests.items():
         engine.add_request(req_id, prompt_ids or engine.encode_prompt(f"prompt {req_id}"), params)
+        text.add(req_id, params)
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        for out in engine.step():
+        for out in step_with_text(engine, text):
             texts[out.req_id] += out.new_text
             if out.finished:
                 reasons[out.req_id] = out.finish_reason or ""
@@ -84,9 +87,11 @@ def test_stop_strings_and_logprobs_with_a_grammar(model_dir: Path) -> None:
     regex = StructuredOutputsParams.regex("ab(cd)+e")
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=1, structured=regex, stop=("cd",), logprobs=2)
     engine.add_request("s", engine.encode_prompt("x"), params)
+    text = OutputText(engine.tokenizer, engine.eos_token_ids)  # stop strings: the one text path
+    text.add("s", params)
     outs = []
     while engine.has_unfinished_requests():
-        outs.extend(engine.step())
+        outs.extend(step_with_text(engine, text))
     assert "".join(o.new_text for o in outs) == "ab" and outs[-1].finish_reason == "stop"
     logprobs = [lp for o in outs for lp in (o.new_logprobs or ())]
     assert logprobs and all(lp.logprob <= 0.0 and len(lp.top) == 2 for lp in logprobs)
@@ -132,9 +137,11 @@ def test_padded_vocabulary_never_samples_padding(tmp_path: Path, model_dir: Path
     assert engine.runner.spec.vocab_size == len(tokenizer) + 61
     params = SamplingParams(max_tokens=120, temperature=1.0, seed=3, structured=StructuredOutputsParams.json_schema(SCHEMAS[9]))
     engine.add_request("p", engine.encode_prompt("x"), params)
+    output_text = OutputText(engine.tokenizer, engine.eos_token_ids)
+    output_text.add("p", params)
     ids, text = [], ""
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in step_with_text(engine, output_text):
             ids.extend(out.new_token_ids)
             text += out.new_text
     assert max(ids) < len(tokenizer)

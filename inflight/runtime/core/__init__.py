@@ -5,6 +5,7 @@ pool, the step (``engine.LLMEngine``) and its async pipeline, and output process
 budget; ``sched_output`` the plain data it hands on), ``fairness`` and ``tenant_stats`` (the fair
 policy), ``kv_manager`` and ``block_pool`` (paged KV with prefix caching), ``input_checks``,
 ``engine`` (add / abort / step), ``async_steps`` (step N+1 prepared while N runs), ``parked``,
-``output_processor``, ``prompt_logprobs``, ``detokenizer``, ``stats_log``. Never imports
+``output_processor`` (on token ids: text and stop strings are ``engine_core``'s),
+``prompt_logprobs``, ``stats_log``. Never imports
 ``engine_core``, ``server`` or ``cli`` (tests/test_import_graph.py).
 """

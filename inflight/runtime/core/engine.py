@@ -5,7 +5,9 @@ batch, samples one token for each sequence whose known tokens are all computed (
 speculating sequence's drafts), and hands the tokens to its
 :class:`~inflight.runtime.core.output_processor.OutputProcessor`, which owns each request's output
 state, applies the stop rules and returns a :class:`RequestOutput` delta per request that
-produced a token or finished. Finished requests free their KV blocks in the same step, so
+produced a token or finished. Token ids only: the engine neither detokenizes nor looks for
+stop strings; :class:`~inflight.runtime.engine_core.output_text.OutputText` does, for every
+caller (the server's front end, the offline ``LLM``), and aborts a request at its stop string. Finished requests free their KV blocks in the same step, so
 waiting requests board at the next one. Single-threaded: callers serialize access (the server
 runs it in one thread). Which logits rows belong to whom is :mod:`inflight.runtime.worker.logit_rows`.
 
@@ -14,7 +16,7 @@ before they are queued, so no request should make a step raise. If the forward p
 sampler raises anyway, the step is retried request by request to find the culprits, which
 finish with ``finish_reason == "error"`` (their blocks freed) while the others go on; a
 forward pass that fails for every request alone raises :class:`EngineFatalError`. The engine
-knows no request's output state (detokenizer, generator, grammar matcher, logprobs).
+knows no request's output state (generator, grammar matcher, logprobs).
 """
 
 from __future__ import annotations
@@ -65,11 +67,10 @@ logger = logging.getLogger("inflight.engine")
 class LLMEngine:
     """See module docstring. Build with :meth:`from_model_dir`."""
 
-    def __init__(self, runner: ModelRunner | SimRunner, tokenizer: Any, config: EngineConfig, detokenize: bool = True,
+    def __init__(self, runner: ModelRunner | SimRunner, tokenizer: Any, config: EngineConfig,
                  drafter: DraftProposer | None = None) -> None:
         self.runner = runner
         self.drafter = drafter  # draft-model speculation: its proposer (runner and KV cache)
-        self.detokenize = detokenize  # False in an engine-core process: see OutputProcessor
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
@@ -82,8 +83,7 @@ class LLMEngine:
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = runner.new_sampler() if isinstance(runner, SimRunner) else Sampler(runner.device)
         self.output_processor = OutputProcessor(
-            tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler.remove,
-            detokenize, count_tenants=config.scheduler_policy == "fair",
+            self.eos_token_ids, self.max_model_len, self.scheduler.remove, count_tenants=config.scheduler_policy == "fair",
             metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
         )
         self._arrivals = 0
@@ -96,7 +96,7 @@ class LLMEngine:
     @classmethod
     def from_model_dir(
         cls, model_dir: str | Path, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None,
-        graph_backend: GraphBackend | None = None, detokenize: bool = True, tokenizer: Any = None,
+        graph_backend: GraphBackend | None = None, tokenizer: Any = None,
     ) -> LLMEngine:
         """``graph_backend``: capture decode graphs with it (tests use the CPU stand-in); by
         default CUDA graphs on CUDA unless ``config.enforce_eager``. ``tokenizer``: the
@@ -119,7 +119,7 @@ class LLMEngine:
                 runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
                                                graph_backend)  # fmt: skip
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
-            engine = cls(runner, tokenizer, config, detokenize, drafter)
+            engine = cls(runner, tokenizer, config, drafter)
         except BaseException:
             if workers is not None:
                 workers.close()

@@ -1,13 +1,18 @@
 """OutputProcessor: each request's output state, and a step's sampled tokens made into outputs.
 
-Owns one :class:`RequestOutputState` per live request (its detokenizer when the engine
-detokenizes, its random generator, its grammar matcher, the logprobs not sent yet and the
-prompt logprobs collected so far) and the engine-wide token counts. Each step the engine hands
-it the tokens it sampled (:meth:`OutputProcessor.process`); the processor appends them to their
-requests, applies the stop rules (EOS and stop tokens once ``min_tokens`` is reached, stop
-strings, ``max_tokens``, ``max_model_len``, the end of a grammar), finishes requests with their
-reason and builds one :class:`RequestOutput` delta per request. A request whose tokens cannot
-be appended finishes with ``finish_reason == "error"`` while the others go on.
+Owns one :class:`RequestOutputState` per live request (its random generator, its grammar
+matcher, the logprobs not sent yet and the prompt logprobs collected so far) and the
+engine-wide token counts. Each step the engine hands it the tokens it sampled
+(:meth:`OutputProcessor.process`); the processor appends them to their requests, applies the
+stop rules on token ids (EOS and stop tokens once ``min_tokens`` is reached, ``max_tokens``,
+``max_model_len``, the end of a grammar), finishes requests with their reason and builds one
+:class:`RequestOutput` delta per request. A request whose tokens cannot be appended finishes
+with ``finish_reason == "error"`` while the others go on.
+
+Token ids only: outputs carry no text (``new_text == ""``) and stop strings are not looked
+for here. Text and stop strings have one home whatever the mode, the offline ``LLM``
+included: :class:`~inflight.runtime.engine_core.output_text.OutputText`, whose caller aborts
+a request that reached its stop string.
 
 Knows nothing about the model, the layout of the logits or scheduling policy: a finished
 request goes to the ``release`` callback (the scheduler frees its blocks), and a speculating
@@ -20,11 +25,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from inflight.runtime.core.detokenizer import IncrementalDetokenizer
 from inflight.runtime.core.prompt_logprobs import span_logprobs
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk
@@ -50,15 +53,13 @@ class SampledTokens:
 class RequestOutputState:
     """Per-request engine-side state that is not scheduling state."""
 
-    __slots__ = ("request", "detok", "generator", "matcher", "pending_logprobs", "prompt_logprobs",
+    __slots__ = ("request", "generator", "matcher", "pending_logprobs", "prompt_logprobs",
                  "prompt_logprobs_sent")  # fmt: skip
 
     def __init__(
-        self, request: Request, detok: IncrementalDetokenizer | None, generator: torch.Generator | None,
-        matcher: RequestMatcher | None = None,
+        self, request: Request, generator: torch.Generator | None, matcher: RequestMatcher | None = None,
     ) -> None:
         self.request = request
-        self.detok = detok
         self.generator = generator
         self.matcher = matcher  # structured outputs: advanced once per accepted output token
         self.pending_logprobs: list[TokenLogprob] = []
@@ -70,16 +71,11 @@ class OutputProcessor:
     """See module docstring."""
 
     def __init__(
-        self, tokenizer: Any, eos_token_ids: tuple[int, ...], max_model_len: int,
-        release: Callable[[Request], None], detokenize: bool = True, count_tenants: bool = False,
-        metrics_tenants: tuple[str, ...] = (),
+        self, eos_token_ids: tuple[int, ...], max_model_len: int, release: Callable[[Request], None],
+        count_tenants: bool = False, metrics_tenants: tuple[str, ...] = (),
     ) -> None:
-        self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        # False in an engine-core process: outputs carry token ids only, and the front end
-        # detokenizes and applies stop strings (inflight.runtime.engine_core.output_text).
-        self.detokenize = detokenize
         self._release = release
         self._states: dict[str, RequestOutputState] = {}
         self._count_tenants = count_tenants
@@ -99,10 +95,7 @@ class OutputProcessor:
     # -- requests ---------------------------------------------------------------------
     def add(self, req: Request, generator: torch.Generator | None, matcher: RequestMatcher | None) -> None:
         """Start keeping ``req``'s output state."""
-        params = req.params
-        skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop, skip) if self.detokenize else None
-        self._states[req.req_id] = RequestOutputState(req, detok, generator, matcher)
+        self._states[req.req_id] = RequestOutputState(req, generator, matcher)
 
     def sampling_row(self, req: Request) -> SamplingRow:
         """What the sampler needs to know about ``req`` this step."""
@@ -123,11 +116,11 @@ class OutputProcessor:
         """Finish a live request now (``abort``, ``error`` with its message): its last output,
         or None if unknown."""
         state = self._states.get(req_id)
-        return None if state is None else self._finish(state, reason, (), "", error)
+        return None if state is None else self._finish(state, reason, (), error)
 
     def end(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
         """End a live request between steps (its grammar completed, failed or ran out of
-        time) with the text its detokenizer still holds; None if unknown."""
+        time); None if unknown."""
         state = self._states.get(req_id)
         return None if state is None else self._output_after(state, (), reason, error)
 
@@ -144,7 +137,7 @@ class OutputProcessor:
         each chunk in ``sampled``. ``advance(chunk, n)`` moves a speculating chunk that is still
         running once its tokens are in: it computed one position per token it emitted (its
         last known token and the drafts it kept; the new one is computed next step)."""
-        outputs = [self._finish(self._states[req.req_id], "error", (), "") for req in failed]
+        outputs = [self._finish(self._states[req.req_id], "error", ()) for req in failed]
         now = time.monotonic()
         for item in sampled:
             req = item.chunk.request
@@ -156,7 +149,7 @@ class OutputProcessor:
                 raise
             except Exception:
                 logger.exception("request %s failed while appending its token", req.req_id)
-                out = self._finish(self._states[req.req_id], "error", (), "")
+                out = self._finish(self._states[req.req_id], "error", ())
             outputs.append(out)
         return outputs
 
@@ -178,7 +171,7 @@ class OutputProcessor:
             self.num_generation_tokens += 1
             if logprob is not None:
                 state.pending_logprobs.append(logprob)
-            reason = self._stop_reason(req, token_id, state.detok is not None and state.detok.append(token_id))
+            reason = self._stop_reason(req, token_id)
             if state.matcher is not None and state.matcher.slow and reason is None and len(token_ids) == 1:
                 state.matcher.pending_token = token_id  # a slow grammar advances off the step, in its next fill
             elif state.matcher is not None:
@@ -196,46 +189,40 @@ class OutputProcessor:
     def _output_after(
         self, state: RequestOutputState, new_ids: tuple[int, ...], reason: str | None, error: str | None
     ) -> RequestOutput:
-        detok = state.detok
         if reason is None:
-            return self._delta(state, new_ids, detok.take_delta(False) if detok else "", None)
-        text = ""
-        if detok is not None:
-            detok.flush()
-            text = detok.take_delta(True)
-        return self._finish(state, reason, new_ids, text, error)
+            return self._delta(state, new_ids, None)
+        return self._finish(state, reason, new_ids, error)
 
-    def _stop_reason(self, req: Request, token_id: int, hit_stop_string: bool) -> str | None:
+    def _stop_reason(self, req: Request, token_id: int) -> str | None:
         p = req.params
         if req.num_output_tokens >= p.min_tokens:
             if not p.ignore_eos and token_id in self.eos_token_ids:
                 return "stop"
-            if token_id in p.stop_token_ids or hit_stop_string:
+            if token_id in p.stop_token_ids:
                 return "stop"
-        elif hit_stop_string:
-            return "stop"
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
         return None
 
     # -- outputs ----------------------------------------------------------------------
     def _finish(
-        self, state: RequestOutputState, reason: str, new_ids: tuple[int, ...], text: str, error: str | None = None
+        self, state: RequestOutputState, reason: str, new_ids: tuple[int, ...], error: str | None = None
     ) -> RequestOutput:
         """Release ``state``'s request with ``reason``, forget it, and return its last output."""
         req = state.request
         self._release(req)
         req.finish_reason = reason
         times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
-        out = self._delta(state, new_ids, text, times, error)
+        out = self._delta(state, new_ids, times, error)
         del self._states[req.req_id]
         return out
 
     def _delta(
-        self, state: RequestOutputState, new_ids: tuple[int, ...], text: str,
-        times: RequestTimes | None, error: str | None = None,
+        self, state: RequestOutputState, new_ids: tuple[int, ...], times: RequestTimes | None,
+        error: str | None = None,
     ) -> RequestOutput:
-        """The output since the last one; ``times`` is set once the request has finished."""
+        """The output since the last one (token ids, no text); ``times`` is set once the request
+        has finished."""
         req, finished = state.request, times is not None
         logprobs = tuple(state.pending_logprobs) if req.params.logprobs is not None else None
         state.pending_logprobs.clear()
@@ -243,7 +230,7 @@ class OutputProcessor:
         if req.params.prompt_logprobs is not None and not state.prompt_logprobs_sent and (new_ids or finished):
             prompt_logprobs, state.prompt_logprobs_sent = tuple(state.prompt_logprobs), True
         return RequestOutput(
-            req_id=req.req_id, new_token_ids=new_ids, new_text=text, finished=finished,
+            req_id=req.req_id, new_token_ids=new_ids, new_text="", finished=finished,
             finish_reason=req.finish_reason if finished else None, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
             new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs, error=error,

@@ -161,7 +161,7 @@ def load_engine(launch: CoreLaunch, tokenizer: Any = None) -> Any:
     progress.info("engine core (pid %d): loading %s with %s", os.getpid(), launch.model_dir, launch.config.to_dict())
     # Token ids only: the front end detokenizes and applies stop strings (output_text.py).
     engine = LLMEngine.from_model_dir(Path(launch.model_dir), launch.config, progress=progress.info,
-                                      detokenize=False, tokenizer=tokenizer)
+                                      tokenizer=tokenizer)
     refusal = kv_cache_problem(engine)
     if refusal:
         engine.close()

@@ -98,8 +98,8 @@ class ThreadStepClock:
 class InprocCore:
     """The engine core on a thread, and the front end's end of its channel (``conn``).
 
-    ``loader`` builds the engine (``() -> LLMEngine``, not warmed up; build it with
-    ``detokenize=False``, as :func:`~.core.load_engine` does: the front end makes the text).
+    ``loader`` builds the engine (``() -> LLMEngine``, not warmed up, as
+    :func:`~.core.load_engine` does; it sends token ids only: the front end makes the text).
     ``core`` is the running loop once loaded (None before, or when loading failed).
     """
 

@@ -63,8 +63,8 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
                access_log: AccessLog = AccessLog()) -> web.Application:
     """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
     of its own (the default of ``inflight serve``, which hands over that process already
-    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``, built with
-    ``detokenize=False``) runs the same core loop on a thread of this process
+    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``, token ids only like
+    every engine) runs the same core loop on a thread of this process
     (``--single-process``, and tests that reach into the engine).
 
     Call inside a running event loop. The engine loads and warms up at startup.

@@ -169,16 +169,9 @@ class CoreClient(EngineClient):
 
     def _with_text(self, outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
         """Detokenize the core's token-only outputs; end requests at their stop strings."""
-        text = self._output_text()
-        done, stopped = [], []
-        for out in outputs:
-            processed, stop_here = text.process(out)
-            if processed is not None:
-                done.append(processed)
-            if stop_here:
-                stopped.append(out.req_id)
+        done, stopped = self._output_text().process_step(outputs)
         if stopped:  # the core keeps computing them until it reads this
-            self._outbox.put(p.Abort(tuple(stopped)))
+            self._outbox.put(p.Abort(stopped))
         return done
 
     async def _ask(self, make: Callable[[int], object]) -> Any:

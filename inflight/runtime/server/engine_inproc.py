@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 class InprocEngine(CoreClient):
     """The front end's handle on an engine core running on a thread. Create on the event loop.
 
-    ``loader`` builds the engine on that thread (``() -> LLMEngine``, not warmed up; with
-    ``detokenize=False``: the front end makes the text, as for a process)."""
+    ``loader`` builds the engine on that thread (``() -> LLMEngine``, not warmed up; it sends
+    token ids only: the front end makes the text, as for a process)."""
 
     core_name = "the engine thread"
 
