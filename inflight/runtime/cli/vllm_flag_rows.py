@@ -17,40 +17,31 @@ from inflight.runtime.cli.vllm_flag_kinds import (
             refused_on,
             switch,
 )
-from inflight.runtime.config import KERNEL_BACKENDS
+from inflight.runtime.cli.vllm_flag_reasons import (
+    AUTO_TOOLS,
+    CORS,
+    DISAGG,
+    DP,
+    GEN_CONFIG,
+    GRAPHS,
+    HUB,
+    KERNELS,
+    LOG_TEXT,
+    LORA,
+    MAMBA,
+    MM,
+    MOE,
+    ONE_NODE,
+    PLUGINS,
+    QUANT,
+    REASONING,
+    SCHEDULER,
+    THINK_PARSERS,
+    TLS,
+)
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 
 VLLM_RELEASE = "0.22.1"
-
-HUB = "inflight never downloads a model; the local directory is what is served"
-ONE_NODE = ("inflight serves from one node: no data, pipeline, context or expert parallelism, "
-            "no multi-node launch; run more replicas (the operator scales them)")
-MOE = ("mixture-of-experts layers shard each expert's intermediate dimension over the tensor-parallel ranks: "
-       "no expert parallelism, expert load balancing or routed-expert export")
-MAMBA = "no Mamba or hybrid models here"
-MM = "no multi-modal inputs here"
-LORA = "no LoRA adapters here"
-KERNELS = f"inflight runs its own kernels (--kernel-backend {'|'.join(KERNEL_BACKENDS)})"
-GRAPHS = ("no torch.compile; decode steps run as CUDA graphs of inflight's own batch sizes "
-          "(--enforce-eager turns them off; docs/gpu.md)")
-TLS = "no TLS in the server: terminate it at a proxy or the Kubernetes ingress"
-CORS = "the server sends no CORS headers: put a proxy in front for browser clients"
-PLUGINS = "no plugins or custom classes"
-LOG_TEXT = "request log lines never carry prompts or outputs"
-DISAGG = "no disaggregated prefill, KV transfer or KV events"
-QUANT = "a method's own settings: --quantization picks gguf or compressed-tensors as the checkpoint stores them"
-GEN_CONFIG = ("Default auto, as in vLLM: requests that leave out temperature, top_p, top_k, min_p or "
-              "repetition_penalty get the model's generation_config.json values (vllm: OpenAI's; DIR: that "
-              "directory's file); a field the request sets wins. The start-up log states them. Unlike vLLM, "
-              "max_new_tokens does not cap max_tokens (the log names it as not applied).")
-AUTO_TOOLS = ("On by default here (vLLM's default is off): tool_choice auto is served whenever the chat "
-              "template renders tools, else a 400 naming --chat-template; `--no-enable-auto-tool-choice` "
-              "refuses it as vLLM does. Without `--tool-call-parser` the format is the one the template "
-              "teaches (vLLM requires the parser).")
-REASONING = "reasoning (<think>...</think>) goes to reasoning_content whenever the chat template uses <think>"
-THINK_PARSERS = ("deepseek_r1", "qwen3", "glm45")  # vLLM's reasoning parsers of <think>...</think>
-SCHEDULER = "inflight's scheduler shares each step's token budget (--max-num-tokens) between prompt chunks"
-DP = "no data parallelism inside one server: run more replicas (the operator scales them)"
 
 FRONTEND: tuple[VllmFlag, ...] = (
     refused("--headless", ONE_NODE, 0),

@@ -44,7 +44,6 @@ from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 from inflight.runtime.outputs import (
     EngineFatalError,
     EngineStats,
-    QueueFullError,
     RequestOutput,
     RequestRejectedError,
 )
@@ -156,7 +155,7 @@ class LLMEngine:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
         check_cache_salt(cache_salt)
-        self.check_admission(1, tenant)
+        self.scheduler.check_admission(1, tenant)
         self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt)
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
@@ -164,7 +163,7 @@ class LLMEngine:
 
         The whole group is admitted or refused (``QueueFullError``) together.
         """
-        self.check_admission(len(requests), requests[0].tenant if requests else "")
+        self.scheduler.check_admission(len(requests), requests[0].tenant if requests else "")
         added: list[str] = []
         try:
             for r in requests:
@@ -175,27 +174,6 @@ class LLMEngine:
             for req_id in added:
                 self.abort_request(req_id)
             raise
-
-    def check_admission(self, num_new: int, tenant: str = "") -> None:
-        """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
-
-        ``max_queue_len`` bounds the requests that cannot run now, under every policy: up to
-        ``max_num_sequences`` unfinished requests run, and at most ``max_queue_len`` more wait.
-        So a burst of ``max_num_sequences + max_queue_len`` into an idle engine is accepted
-        whole. Under the fair policy the waiting queue is also shared between tenants
-        (:meth:`FairShare.queue_refusal`): a tenant holding its share is refused, not others,
-        and one tenant's flood leaves the last places to tenants with nothing waiting.
-        """
-        unfinished = self.scheduler.num_running + self.scheduler.num_waiting + num_new
-        if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
-            raise QueueFullError(self.config.max_queue_len)
-        fair = self.scheduler.fair
-        if fair is not None:
-            free_slots = max(0, self.config.max_num_sequences - self.scheduler.num_running)
-            refusal = fair.queue_refusal(fair.resolve(tenant), self.scheduler.waiting, num_new, free_slots,
-                                         self.config.max_queue_len)
-            if refusal is not None:
-                raise QueueFullError(*refusal)
 
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,

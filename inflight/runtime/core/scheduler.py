@@ -38,6 +38,7 @@ from inflight.runtime.core.fairness import FairShare, tenant_group
 from inflight.runtime.core.kv_manager import KVCacheManager
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.spec_decode.speculative import NgramIndex, parse_speculative_config
 
 
@@ -58,6 +59,27 @@ class Scheduler:
         self._yielding: frozenset[str] = frozenset()  # fair: tenants whose prompts sit this step out
 
     # -- queue management -------------------------------------------------------------
+    def check_admission(self, num_new: int, tenant: str = "") -> None:
+        """Raise ``QueueFullError`` unless ``num_new`` more requests fit.
+
+        ``max_queue_len`` bounds the requests that cannot run now, under every policy: up to
+        ``max_num_sequences`` unfinished requests run, and at most ``max_queue_len`` more wait.
+        So a burst of ``max_num_sequences + max_queue_len`` into an idle engine is accepted
+        whole. Under the fair policy the waiting queue is also shared between tenants
+        (:meth:`FairShare.queue_refusal`): a tenant holding its share is refused, not others,
+        and one tenant's flood leaves the last places to tenants with nothing waiting.
+        """
+        unfinished = self.num_running + self.num_waiting + num_new
+        if unfinished - self.config.max_num_sequences > self.config.max_queue_len:
+            raise QueueFullError(self.config.max_queue_len)
+        fair = self.fair
+        if fair is not None:
+            free_slots = max(0, self.config.max_num_sequences - self.num_running)
+            refusal = fair.queue_refusal(fair.resolve(tenant), self.waiting, num_new, free_slots,
+                                         self.config.max_queue_len)
+            if refusal is not None:
+                raise QueueFullError(*refusal)
+
     def add(self, req: Request) -> None:
         if self.fair is not None:
             self.fair.add(req.tenant)
