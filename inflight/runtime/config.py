@@ -144,12 +144,13 @@ class EngineConfig:
             "is always eager)."
         ),
     )
-    async_scheduling: bool = field(
-        default=False,
+    async_scheduling: bool | None = field(
+        default=None,
         metadata=_help(
             "Prepare step N+1 on the host while step N runs (forward passes and sampling on a "
             "worker thread): finished requests leave one step later, tokens are unchanged "
-            "(docs/gpu.md). Not with speculative decoding or tensor parallelism."
+            "(docs/gpu.md). Not with speculative decoding or tensor parallelism. Unset (auto): on "
+            "with device sim, off elsewhere (CUDA stays off until a GPU run shows it wins)."
         ),
     )
     sim_profile: str | None = field(
@@ -213,9 +214,11 @@ class EngineConfig:
             if not isinstance(self.metrics_tenants, str):
                 raise ValueError("metrics_tenants must be tenant names separated by commas, given as text.")
             parse_metrics_tenants(self.metrics_tenants)  # raises ValueError naming the bad name
-        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager", "async_scheduling"):
+        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true, false or unset (auto) (got {self.async_scheduling!r}).")
 
         if self.device == "sim" and (self.tensor_parallel_size > 1 or self.speculative_config is not None):
             raise ValueError("device sim runs neither tensor parallelism nor speculative decoding yet; "
@@ -229,6 +232,15 @@ class EngineConfig:
                              + ("speculative decoding" if self.speculative_config is not None
                                 else "tensor parallelism (tensor_parallel_size > 1)")
                              + " yet; turn one of them off.")
+
+    @property
+    def async_scheduling_on(self) -> bool:
+        """Whether steps are pipelined: ``async_scheduling`` as set, or auto (unset): on with
+        device sim (a modelled GPU that runs while the host prepares), off elsewhere and off
+        with speculative decoding or tensor parallelism."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.device == "sim" and self.speculative_config is None and self.tensor_parallel_size == 1
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with ``changes`` applied; unknown names raise ``ValueError``."""

@@ -42,7 +42,7 @@ def test_tokens_are_deterministic_greedy_and_seeded(llama_dir: Path, zero_profil
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True),
               SamplingParams(max_tokens=12, temperature=0.5, seed=7, ignore_eos=True)]
-    first = _run(_llm(llama_dir, zero_profile), params)
+    first = _run(_llm(llama_dir, zero_profile, async_scheduling=False), params)
     again = _run(_llm(llama_dir, zero_profile, max_num_sequences=1), params)  # other batches, same tokens
     overlapped = _run(_llm(llama_dir, zero_profile, async_scheduling=True), params)
     assert first == again == overlapped

@@ -87,8 +87,9 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
         flags = flag_names("--" + f.name.replace("_", "-"))
         default = f.default if f.default is not dataclasses.MISSING else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
-        if optional and kind not in (int, str):
-            raise TypeError(f"EngineConfig.{f.name}: only Optional[int] and Optional[str] fields have a flag form")
+        if optional and kind not in (int, str, bool):  # Optional[bool]: unset is auto
+            raise TypeError(f"EngineConfig.{f.name}: only Optional[int], Optional[str] and Optional[bool] fields "
+                            "have a flag form")
         if kind is bool:
             group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=help_text)

@@ -90,7 +90,7 @@ class LLMEngine:
         self._num_steps = 0
         self._spec = SpecStats()
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
-        self.pipeline = StepPipeline(self) if config.async_scheduling else None
+        self.pipeline = StepPipeline(self) if config.async_scheduling_on else None
 
     @classmethod
     def from_model_dir(
@@ -287,9 +287,13 @@ class LLMEngine:
         only a failed step can change what a seeded request in it generates."""
         proposal = self.drafter.propose(chunks, self.output_processor.sampling_row) if self.drafter else None
         batch = self.runner.prepare(proposal.chunks if proposal else chunks)
-        rows = [self.output_processor.sampling_row(c.request) for c in batch.sampled_chunks]
-        plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
-        plain_rows = [rows[i] for i in plain]
+        sampling_row = self.output_processor.sampling_row
+        rows = [sampling_row(c.request) for c in batch.sampled_chunks]
+        plain: Sequence[int] = range(len(rows))  # the rows without drafts: all of them unless speculating
+        plain_rows = rows
+        if self.scheduler.spec is not None:
+            plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
+            plain_rows = [rows[i] for i in plain]
         masks = self.sampler.prepare_masks(plain_rows, self.runner.spec.vocab_size)  # filled during the forward
         split = split_logits(self.runner.execute(batch), batch.sample_counts, batch.prompt_logprob_spans)
         for chunk, first, span in split.prompt_spans:
@@ -322,7 +326,8 @@ class LLMEngine:
         req = chunk.request
         req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
-        self.kv.release_out_of_window(req)  # all-windowed models: blocks no query reads again
+        if self.kv.sliding_window is not None:  # all-windowed models: blocks no query reads again
+            self.kv.release_out_of_window(req)
 
     # -- what the front end may know ----------------------------------------------------
     @property

@@ -93,6 +93,8 @@ class KVCacheManager:
         once it is registered in the cache (it stays findable there until evicted, like any
         freed cached block); a block other requests share stays theirs (ref counts).
         """
+        if self.sliding_window is None:
+            return 0
         upto = min(self.num_out_of_window(req.num_computed_tokens), len(req.block_ids))
         if self.pool.enable_prefix_caching:
             upto = min(upto, req.num_cached_blocks)
@@ -113,8 +115,18 @@ class KVCacheManager:
         blocks. A prefix hit (only at admission, on an empty table) shares just the hit blocks
         still inside the window; the ones before it become placeholders straight away.
         """
-        hit_blocks = hit_blocks or []
-        if hit_blocks and req.block_ids:
+        if not hit_blocks:  # a running request: usually room left in its last block
+            if self.sliding_window is not None:
+                self.release_out_of_window(req)
+            num_fresh = self.blocks_needed(req, num_new_tokens)
+            if num_fresh == 0:
+                return True
+            fresh = self.pool.allocate(num_fresh)
+            if fresh is None:
+                return False
+            req.block_ids.extend(fresh)
+            return True
+        if req.block_ids:
             raise RuntimeError(f"prefix hit for {req.req_id!r}, which already holds blocks")
         self.release_out_of_window(req)
         num_fresh = self.blocks_needed(req, num_new_tokens, len(hit_blocks))
@@ -123,15 +135,14 @@ class KVCacheManager:
         # Sharing a cached block that sits in the free queue uses up one free block.
         if num_fresh + self.pool.num_free_among(shared) > self.pool.num_free_blocks:
             return False
-        if hit_blocks:
-            # Shared before allocating, so the fresh blocks cannot evict them. A skipped one
-            # may be evicted and even come back to this request as a fresh block: harmless,
-            # its placeholder entry is never weighed.
-            self.pool.share(shared)
-            req.block_ids.extend(hit_blocks)
-            req.num_released_blocks = num_skip
-            req.num_computed_tokens += len(hit_blocks) * self.block_size
-            req.num_cached_blocks = len(req.block_ids)
+        # Shared before allocating, so the fresh blocks cannot evict them. A skipped one may be
+        # evicted and even come back to this request as a fresh block: harmless, its
+        # placeholder entry is never weighed.
+        self.pool.share(shared)
+        req.block_ids.extend(hit_blocks)
+        req.num_released_blocks = num_skip
+        req.num_computed_tokens += len(hit_blocks) * self.block_size
+        req.num_cached_blocks = len(req.block_ids)
         fresh = self.pool.allocate(num_fresh)
         if fresh is None:  # cannot happen after the check above
             raise RuntimeError("KV block pool refused an allocation it had room for")

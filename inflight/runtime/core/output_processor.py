@@ -40,10 +40,11 @@ from inflight.runtime.worker.sampler import SamplingRow
 logger = logging.getLogger("inflight.engine")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SampledTokens:
     """What one chunk emitted this step: one token, or a speculating chunk's accepted drafts
-    plus one, each with its logprob entry (None when the request asks for none)."""
+    plus one, each with its logprob entry (None when the request asks for none). Read-only by
+    convention, not frozen (one per row per step; a frozen ``__init__`` costs four times as much)."""
 
     chunk: ScheduledChunk
     token_ids: tuple[int, ...]
@@ -78,6 +79,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self._release = release
         self._states: dict[str, RequestOutputState] = {}
+        self.num_matchers = 0  # live requests with a grammar (none: no grammar work per step)
         self._count_tenants = count_tenants
         self._metrics_tenants = metrics_tenants  # the tenants counted under their own names
         self.num_prompt_tokens = 0
@@ -96,11 +98,13 @@ class OutputProcessor:
     def add(self, req: Request, generator: torch.Generator | None, matcher: RequestMatcher | None) -> None:
         """Start keeping ``req``'s output state."""
         self._states[req.req_id] = RequestOutputState(req, generator, matcher)
+        if matcher is not None:
+            self.num_matchers += 1
 
     def sampling_row(self, req: Request) -> SamplingRow:
         """What the sampler needs to know about ``req`` this step."""
         state = self._states[req.req_id]
-        return SamplingRow(req.params, req.prompt_token_ids, req.output_token_ids, state.generator,
+        return SamplingRow(req.params, req.prompt_token_ids, req.output_token_range(), state.generator,
                            self.eos_token_ids, state.matcher)  # fmt: skip
 
     def collect_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
@@ -164,27 +168,43 @@ class OutputProcessor:
             req.first_token_time = now
             self.num_prompt_tokens += req.num_prompt_tokens
         reason = error = None
-        new_ids: list[int] = []
-        for token_id, logprob in zip(token_ids, logprobs, strict=True):
-            req.append_token(token_id)
-            new_ids.append(token_id)
+        matcher = state.matcher
+        if matcher is None and len(token_ids) == 1 == len(logprobs):  # a plain decode: one token, no grammar
+            token_id, logprob = token_ids[0], logprobs[0]
+            req.token_ids.append(token_id)
+            if logprob is not None:
+                state.pending_logprobs.append(logprob)
             self.num_generation_tokens += 1
+            if self.tenants is not None:
+                self.tenants.count(req.tenant, req.num_prompt_tokens if first else 0, 1)
+            reason = self._stop_reason(req, token_id)
+            if reason is None:
+                return self._delta(state, tuple(token_ids), None)
+            return self._finish(state, reason, tuple(token_ids))
+        num_new = 0
+        for token_id, logprob in zip(token_ids, logprobs, strict=True):
+            req.token_ids.append(token_id)
+            num_new += 1
             if logprob is not None:
                 state.pending_logprobs.append(logprob)
             reason = self._stop_reason(req, token_id)
-            if state.matcher is not None and state.matcher.slow and reason is None and len(token_ids) == 1:
-                state.matcher.pending_token = token_id  # a slow grammar advances off the step, in its next fill
-            elif state.matcher is not None:
-                error = _grammar_error(req, state.matcher, token_id)
+            if matcher is not None and matcher.slow and reason is None and len(token_ids) == 1:
+                matcher.pending_token = token_id  # a slow grammar advances off the step, in its next fill
+            elif matcher is not None:
+                error = _grammar_error(req, matcher, token_id)
                 if error is not None:
                     reason = "error"
-                elif state.matcher.is_finished:
+                elif matcher.is_finished:
                     reason = "stop"
             if reason is not None:
                 break
+        self.num_generation_tokens += num_new
+        new_ids = tuple(token_ids) if num_new == len(token_ids) else tuple(token_ids[:num_new])
         if self.tenants is not None:
-            self.tenants.count(req.tenant, req.num_prompt_tokens if first else 0, len(new_ids))
-        return self._output_after(state, tuple(new_ids), reason, error)
+            self.tenants.count(req.tenant, req.num_prompt_tokens if first else 0, num_new)
+        if reason is None:
+            return self._delta(state, new_ids, None)
+        return self._finish(state, reason, new_ids, error)
 
     def _output_after(
         self, state: RequestOutputState, new_ids: tuple[int, ...], reason: str | None, error: str | None
@@ -195,12 +215,14 @@ class OutputProcessor:
 
     def _stop_reason(self, req: Request, token_id: int) -> str | None:
         p = req.params
-        if req.num_output_tokens >= p.min_tokens:
+        num_tokens = len(req.token_ids)
+        num_output = num_tokens - len(req.prompt_token_ids)
+        if num_output >= p.min_tokens:
             if not p.ignore_eos and token_id in self.eos_token_ids:
                 return "stop"
-            if token_id in p.stop_token_ids:
+            if p.stop_token_ids and token_id in p.stop_token_ids:
                 return "stop"
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        if num_output >= p.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -215,6 +237,8 @@ class OutputProcessor:
         times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
         out = self._delta(state, new_ids, times, error)
         del self._states[req.req_id]
+        if state.matcher is not None:
+            self.num_matchers -= 1
         return out
 
     def _delta(
@@ -224,15 +248,21 @@ class OutputProcessor:
         """The output since the last one (token ids, no text); ``times`` is set once the request
         has finished."""
         req, finished = state.request, times is not None
-        logprobs = tuple(state.pending_logprobs) if req.params.logprobs is not None else None
-        state.pending_logprobs.clear()
+        params = req.params
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = tuple(state.pending_logprobs)
+            state.pending_logprobs.clear()
+        elif state.pending_logprobs:
+            state.pending_logprobs.clear()
         prompt_logprobs = None
-        if req.params.prompt_logprobs is not None and not state.prompt_logprobs_sent and (new_ids or finished):
+        if params.prompt_logprobs is not None and not state.prompt_logprobs_sent and (new_ids or finished):
             prompt_logprobs, state.prompt_logprobs_sent = tuple(state.prompt_logprobs), True
+        num_prompt = len(req.prompt_token_ids)
         return RequestOutput(
             req_id=req.req_id, new_token_ids=new_ids, new_text="", finished=finished,
-            finish_reason=req.finish_reason if finished else None, num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_output_tokens, num_cached_tokens=req.num_cached_tokens,
+            finish_reason=req.finish_reason if finished else None, num_prompt_tokens=num_prompt,
+            num_output_tokens=len(req.token_ids) - num_prompt, num_cached_tokens=req.num_cached_tokens,
             new_logprobs=logprobs, times=times, prompt_logprobs=prompt_logprobs, error=error,
         )
 

@@ -64,6 +64,8 @@ class ParkedRequests:
     def park_slow_grammars(self, requests: Iterable[Request]) -> None:
         """After a step: a slow grammar advances past its new token in its next fill, started
         now, off the step; its request sits out until that fill is done."""
+        if not self._outputs.num_matchers:
+            return
         for req in requests:
             if req.status is RequestStatus.FINISHED:
                 continue

@@ -13,9 +13,48 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.speculative import NgramIndex
+
+
+class TokenRange(Sequence[int]):
+    """``token_ids[start:stop]`` without the copy: an O(1) snapshot of a request's tokens, valid
+    because a request's ``token_ids`` never change below their length at the time (tokens are
+    only appended; async scheduling's placeholder is appended after, and dropped from, the end)."""
+
+    __slots__ = ("_ids", "_start", "_stop")
+
+    def __init__(self, token_ids: list[int], start: int, stop: int) -> None:
+        self._ids, self._start, self._stop = token_ids, start, stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return self._ids[self._start : self._stop][index]
+        n = self._stop - self._start
+        if not -n <= index < n:
+            raise IndexError("token index out of range")
+        return self._ids[self._start + index % n]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids[self._start : self._stop])
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like a list
+
+    def __repr__(self) -> str:
+        return f"TokenRange({list(self)!r})"
 
 
 class RequestStatus(enum.Enum):
@@ -76,6 +115,10 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_token_ids) :]
+
+    def output_token_range(self) -> TokenRange:
+        """The output tokens as they are now, without copying them (see :class:`TokenRange`)."""
+        return TokenRange(self.token_ids, len(self.prompt_token_ids), len(self.token_ids))
 
     @property
     def num_output_tokens(self) -> int:

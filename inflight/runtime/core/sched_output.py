@@ -16,9 +16,12 @@ if TYPE_CHECKING:
     from inflight.runtime.core.request import Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ScheduledChunk:
-    """``num_tokens`` tokens of ``request`` starting at its ``num_computed_tokens``."""
+    """``num_tokens`` tokens of ``request`` starting at its ``num_computed_tokens``.
+
+    Read-only by convention, not frozen: one is made per row per step, and a frozen
+    dataclass's ``__init__`` costs about four times a plain one's. Compared by identity."""
 
     request: Request
     num_tokens: int

@@ -122,8 +122,9 @@ class Scheduler:
         self._step_prefill.clear()
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
-        for req in self.running:
-            self.kv.release_out_of_window(req)
+        if self.kv.sliding_window is not None:
+            for req in self.running:
+                self.kv.release_out_of_window(req)
         yielded: list[Request] = []
         if self.fair is not None:
             self.fair.begin_step()
@@ -187,13 +188,17 @@ class Scheduler:
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
         speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if req.parked or self._ends_in_flight(req):
+        while i < len(running) and budget > 0:
+            req = running[i]
+            token_ids = req.token_ids
+            if req.parked or (token_ids and token_ids[-1] < 0 and self._ends_in_flight(req)):
                 i += 1
                 continue
-            num_new = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
+            remaining = len(token_ids) - req.num_computed_tokens
+            # A decode (one token) always fits a budget > 0; a prompt chunk is sized by policy.
+            num_new = 1 if remaining == 1 else self._chunk_size(req, remaining, budget)
             if num_new == 0:  # no room, or (fair) its prompt waits while a less-served tenant boards
                 i += 1
                 continue
@@ -322,6 +327,7 @@ class Scheduler:
         return budget
 
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
-        if req.num_tokens - req.num_computed_tokens > 1:  # a prompt chunk (or a recompute)
+        remaining = len(req.token_ids) - req.num_computed_tokens
+        if remaining > 1:  # a prompt chunk (or a recompute)
             self._step_prefill[tenant_group(req.tenant)] += num_new
-        return ScheduledChunk(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)
+        return ScheduledChunk(req, num_new, num_new == remaining)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 from inflight.runtime.core.sched_output import ScheduledChunk
@@ -62,92 +64,168 @@ def upload(values: list[int] | list[list[int]], dtype: torch.dtype, device: torc
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def upload_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:  # [num_seqs, width] int32
-    """Block tables padded with block 0 to the longest (a valid id, never read past a context)."""
-    width = max((len(t) for t in tables), default=1)
-    rows = [t + [0] * (width - len(t)) for t in tables]
-    return upload(rows, torch.int32, device).reshape(len(tables), width)
+def upload_arrays(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Host arrays (int64 or int32) as tensors of the same dtypes and shapes on ``device``: on
+    the CPU without a copy; on CUDA as one pinned buffer and one non-blocking copy, cut on the
+    device (one transfer a step, whatever the number of rows)."""
+    if device.type != "cuda":
+        return [torch.from_numpy(a) for a in arrays]
+    buffer = torch.from_numpy(flatten_arrays(arrays)).pin_memory().to(device, non_blocking=True)
+    return cut_buffer(buffer, arrays)
+
+
+def flatten_arrays(arrays: Sequence[np.ndarray]) -> np.ndarray:  # [total] int64
+    """The arrays one after the other, as int64 (what :func:`cut_buffer` cuts back apart)."""
+    return np.concatenate([a.reshape(-1).astype(np.int64, copy=False) for a in arrays])
+
+
+def cut_buffer(buffer: torch.Tensor, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    """``buffer`` (:func:`flatten_arrays` of ``arrays``, on any device) cut into tensors of the
+    arrays' shapes and dtypes (views for the int64 ones)."""
+    out: list[torch.Tensor] = []
+    offset = 0
+    for a in arrays:
+        part = buffer[offset : offset + a.size].reshape(a.shape)
+        out.append(part if a.dtype == np.int64 else part.to(torch.int32))
+        offset += a.size
+    return out
+
+
+@dataclass(slots=True)
+class _HostBatch:
+    """A packed batch on the host (numpy), before its one upload."""
+
+    arrays: list[np.ndarray]  # ids, positions, slots, decode tables, decode lens, prefill tables, q starts, lens
+    num_decode_tokens: int
+    num_prefills: int
+    row_starts: np.ndarray  # [num_segments] int64
+    logit_rows: np.ndarray  # [num_logit_rows] int64
+
+
+def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: list[list[int]],
+               logit_counts: list[int], num_decode_segments: int, block_size: int) -> _HostBatch:
+    """Pack segments given as columns (the first ``num_decode_segments`` are decode rows): one
+    numpy op per field over the whole batch, no Python loop over tokens."""
+    num_segments = len(starts)
+    starts_a = np.array(starts, dtype=np.int64)  # [num_segments]
+    counts_a = np.array(counts, dtype=np.int64)
+    ends = np.cumsum(counts_a)
+    row_starts = ends - counts_a
+    num_tokens = int(ends[-1]) if num_segments else 0
+    seg_of = np.repeat(np.arange(num_segments), counts_a)  # [num_tokens] the segment of each row
+    positions = np.arange(num_tokens, dtype=np.int64) - row_starts[seg_of] + starts_a[seg_of]
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_segments)
+    width = max(1, int(lens.max())) if num_segments else 1
+    table = np.zeros((num_segments, width), dtype=np.int32)  # [num_segments, width], padded with block 0
+    table[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(tables), dtype=np.int32,
+                                                          count=int(lens.sum()))  # fmt: skip
+    slots = table[seg_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    nds = num_decode_segments
+    num_decode = int(ends[nds - 1]) if nds else 0
+    decode_width = int(lens[:nds].max()) if nds else 1
+    prefill_width = int(lens[nds:].max()) if nds < num_segments else 1
+    prefill_counts = counts_a[nds:]
+    q_starts = np.zeros(num_segments - nds + 1, dtype=np.int32)
+    np.cumsum(prefill_counts, out=q_starts[1:])
+    k = np.array(logit_counts, dtype=np.int64)
+    first = np.repeat(ends - k, k)  # each wanted row: its segment's first wanted row, plus its rank
+    logit_rows = first + np.arange(first.size, dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
+    arrays = [
+        np.array(ids, dtype=np.int64), positions, slots,
+        np.ascontiguousarray(table[seg_of[:num_decode], :decode_width]),
+        (positions[:num_decode] + 1).astype(np.int32),
+        np.ascontiguousarray(table[nds:, :prefill_width]), q_starts,
+        (starts_a[nds:] + prefill_counts).astype(np.int32),
+    ]
+    return _HostBatch(arrays, num_decode, num_segments - nds, row_starts, logit_rows)
+
+
+def _meta(tensors: list[torch.Tensor], host: _HostBatch) -> AttentionMetadata:
+    _, _, slots, decode_tables, decode_lens, prefill_tables, q_starts, prefill_lens = tensors
+    return AttentionMetadata(
+        slot_mapping=slots, num_decode_tokens=host.num_decode_tokens, decode_block_tables=decode_tables,
+        decode_context_lens=decode_lens, prefill_block_tables=prefill_tables, prefill_query_start_loc=q_starts,
+        prefill_context_lens=prefill_lens, num_prefills=host.num_prefills,
+    )
 
 
 def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.device) -> PackedSegments:
     """One packed batch of ``segments`` (every decode-row segment before any prefill one)."""
-    bs = block_size
     ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    row_starts: list[int] = []
-    logit_rows: list[int] = []
-    decode_tables: list[list[int]] = []
-    decode_lens: list[int] = []
-    prefill_tables: list[list[int]] = []
-    prefill_lens: list[int] = []
-    q_starts: list[int] = [0]
-    for seg in segments:
-        start, n, table = seg.start, len(seg.token_ids), seg.block_table
-        if seg.decode_rows and prefill_tables:
-            raise RuntimeError("decode-row segments must come before every prefill segment")
-        row_starts.append(len(ids))
-        ids.extend(seg.token_ids)
-        positions = range(start, start + n)
-        pos.extend(positions)
-        slots.extend(table[p // bs] * bs + p % bs for p in positions)
+    num_decode = 0
+    for i, seg in enumerate(segments):
         if seg.decode_rows:
-            decode_tables.extend([table] * n)
-            decode_lens.extend(range(start + 1, start + n + 1))
-        else:
-            prefill_tables.append(table)
-            prefill_lens.append(start + n)
-            q_starts.append(q_starts[-1] + n)
-        logit_rows.extend(range(len(ids) - seg.num_logit_rows, len(ids)))
-    meta = AttentionMetadata(
-        slot_mapping=upload(slots, torch.int64, device),
-        num_decode_tokens=len(decode_lens),
-        decode_block_tables=upload_tables(decode_tables, device),
-        decode_context_lens=upload(decode_lens, torch.int32, device),
-        prefill_block_tables=upload_tables(prefill_tables, device),
-        prefill_query_start_loc=upload(q_starts, torch.int32, device),
-        prefill_context_lens=upload(prefill_lens, torch.int32, device),
-        num_prefills=len(prefill_tables),
-    )
-    return PackedSegments(upload(ids, torch.int64, device), upload(pos, torch.int64, device), meta,
-                          tuple(row_starts), tuple(logit_rows))  # fmt: skip
+            if num_decode < i:
+                raise RuntimeError("decode-row segments must come before every prefill segment")
+            num_decode += 1
+        ids.extend(seg.token_ids)
+    host = _pack_host(ids, [s.start for s in segments], [len(s.token_ids) for s in segments],
+                      [s.block_table for s in segments], [s.num_logit_rows for s in segments], num_decode,
+                      block_size)  # fmt: skip
+    tensors = upload_arrays(host.arrays, device)
+    return PackedSegments(tensors[0], tensors[1], _meta(tensors, host), tuple(host.row_starts.tolist()),
+                          tuple(host.logit_rows.tolist()))  # fmt: skip
 
 
 def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> BatchInputs:
     """Pack the scheduled chunks: one-token rows and speculating chunks first (decode path),
     then prompt chunks; logits for each sampling chunk's last row (every row of a speculating
-    chunk) and for the prompt-logprob rows."""
+    chunk) and for the prompt-logprob rows. One upload for the whole batch."""
+    decodes: list[ScheduledChunk] = []
+    prefills: list[ScheduledChunk] = []
     for chunk in chunks:
         if len(chunk.draft_token_ids) < chunk.num_model_drafts:
             raise RuntimeError(f"request {chunk.request.req_id!r} is scheduled to speculate but has no drafts yet")
-    decodes = [c for c in chunks if c.num_tokens == 1 or c.draft_token_ids]
-    prefills = [c for c in chunks if c.num_tokens > 1 and not c.draft_token_ids]
-    ordered = decodes + prefills
-    segments = []
+        (decodes if chunk.num_tokens == 1 or chunk.draft_token_ids else prefills).append(chunk)
+    ordered = decodes + prefills if prefills else decodes
+    ids: list[int] = []
+    starts: list[int] = []
+    counts: list[int] = []
+    tables: list[list[int]] = []
+    logit_counts: list[int] = []
+    sampled: list[ScheduledChunk] = []
+    sample_counts: list[int] = []
+    logprob_chunks = False
     for chunk in ordered:
-        req, start, n = chunk.request, chunk.request.num_computed_tokens, chunk.num_tokens
-        if chunk.draft_token_ids:
-            token_ids: Sequence[int] = (req.token_ids[start], *chunk.draft_token_ids)
+        req, n, drafts = chunk.request, chunk.num_tokens, chunk.draft_token_ids
+        start = req.num_computed_tokens
+        if drafts:
+            ids.append(req.token_ids[start])
+            ids.extend(drafts)
+            n = 1 + len(drafts)
+        elif n == 1:
+            ids.append(req.token_ids[start])
         else:
-            token_ids = req.token_ids[start : start + n]
-        rows = (n if chunk.draft_token_ids else 1) if chunk.sample else 0
-        segments.append(Segment(token_ids, start, req.block_ids, bool(chunk.draft_token_ids) or n == 1, rows))
-    packed = pack_segments(segments, block_size, device)
+            ids.extend(req.token_ids[start : start + n])
+        starts.append(start)
+        counts.append(n)
+        tables.append(req.block_ids)
+        if chunk.sample:
+            rows = n if drafts else 1
+            logit_counts.append(rows)
+            sampled.append(chunk)
+            sample_counts.append(rows)
+        else:
+            logit_counts.append(0)
+        logprob_chunks = logprob_chunks or req.params.prompt_logprobs is not None
+    host = _pack_host(ids, starts, counts, tables, logit_counts, len(decodes), block_size)
     spans: list[PromptLogprobSpan] = []
     prompt_rows: list[int] = []
-    for chunk, row in zip(ordered, packed.row_starts, strict=True):
-        req, start = chunk.request, chunk.request.num_computed_tokens
-        if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-            count = min(start + chunk.num_tokens, req.num_prompt_tokens - 1) - start
-            spans.append((chunk, start, count))
-            prompt_rows.extend(range(row, row + count))
-    sampled = tuple(c for c in ordered if c.sample)
+    if logprob_chunks:
+        for chunk, row in zip(ordered, host.row_starts.tolist(), strict=True):
+            req, start = chunk.request, chunk.request.num_computed_tokens
+            if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                count = min(start + chunk.num_tokens, req.num_prompt_tokens - 1) - start
+                spans.append((chunk, start, count))
+                prompt_rows.extend(range(row, row + count))
+    order = logit_row_order(host.logit_rows.tolist(), prompt_rows) if prompt_rows else host.logit_rows
+    tensors = upload_arrays([*host.arrays, np.asarray(order, dtype=np.int64)], device)
     return BatchInputs(
-        input_ids=packed.input_ids,
-        positions=packed.positions,
-        meta=packed.meta,
-        sample_indices=upload(logit_row_order(list(packed.logit_rows), prompt_rows), torch.int64, device),
-        sampled_chunks=sampled,
-        sample_counts=tuple(c.num_tokens if c.draft_token_ids else 1 for c in sampled),
+        input_ids=tensors[0],
+        positions=tensors[1],
+        meta=_meta(tensors[:8], host),
+        sample_indices=tensors[8],
+        sampled_chunks=tuple(sampled),
+        sample_counts=tuple(sample_counts),
         prompt_logprob_spans=tuple(spans),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,13 +30,14 @@ from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import MaskFill, MaskFiller, grace_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SamplingRow:
-    """What the sampler needs to know about one request this step."""
+    """What the sampler needs to know about one request this step. Read-only by convention,
+    not frozen (one per row per step; a frozen ``__init__`` costs four times as much)."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    output_token_ids: Sequence[int]  # a list, or the request's TokenRange (no copy)
     generator: torch.Generator | None
     eos_token_ids: tuple[int, ...]
     matcher: RequestMatcher | None = None  # structured outputs: the request's grammar state
@@ -227,7 +229,7 @@ def _apply_penalties(row_logits: torch.Tensor, row: SamplingRow) -> None:
             row_logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
         counts = torch.bincount(
-            torch.tensor(row.output_token_ids, device=dev), minlength=row_logits.shape[0]
+            torch.tensor(list(row.output_token_ids), device=dev), minlength=row_logits.shape[0]
         ).to(row_logits.dtype)
         row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
 

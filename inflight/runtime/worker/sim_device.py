@@ -42,6 +42,7 @@ from inflight.runtime.worker.sampler import PendingMasks, Sampler, SamplerOutput
 logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
+_MAX_PROMPT_SEEDS = 8192  # prompts whose seed is kept (all forgotten at once past it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,9 @@ class SimRunner:
         self.num_kv_blocks = num
         self._busy_s = 0.0
         self._lock = threading.Lock()
+        # The host side of a GPU engine runs its small host tensors on one thread: intra-op
+        # OpenMP workers would spin after each tiny op and burn CPU a GPU host never spends.
+        torch.set_num_threads(1)
         logger.warning("device sim: no weights loaded; tokens are simulated, steps take a modelled time")
         if progress:
             progress(f"simulated device: no weights loaded, no KV tensors; {num} KV blocks of {self.block_size} "
@@ -148,7 +152,7 @@ class SimRunner:
         """Hold the thread for the modelled step time; logits ``[num_rows, vocab]`` of zeros (a view)."""
         meta = batch.meta
         num_decode = meta.num_decode_tokens
-        context = int(meta.decode_context_lens.sum()) + int(meta.prefill_context_lens.sum())
+        context = int(meta.decode_context_lens.numpy().sum()) + int(meta.prefill_context_lens.numpy().sum())  # host
         seconds = self.profile.step_ms(num_decode, batch.input_ids.shape[0] - num_decode, context) / 1000
         start = time.monotonic()
         if seconds > 0:
@@ -172,35 +176,55 @@ class SimSampler(Sampler):
     def __init__(self, device: torch.device, vocab_size: int) -> None:
         super().__init__(device)
         self.vocab_size = vocab_size
+        # A greedy request's seed hashes its prompt: kept by the prompt list's id, with the list
+        # itself, so the id cannot be reused while it is cached (prompts are never modified).
+        self._prompt_seeds: dict[int, tuple[list[int], int]] = {}
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
                masks: PendingMasks | SettledMasks | None = None) -> SamplerOutput:
         if not rows:
             return SamplerOutput([], [])
         settled = masks if isinstance(masks, SettledMasks) else self.settle_masks(rows, masks, self.vocab_size)
-        seeds = np.array([_seed_of(r) for r in rows], dtype=np.uint64)
-        positions = np.array([len(r.prompt_token_ids) + len(r.output_token_ids) for r in rows], dtype=np.uint64)
-        draws = _mix(seeds, positions).tolist()
+        seeds = np.fromiter(map(self._seed_of, rows), dtype=np.uint64, count=len(rows))
+        positions = np.fromiter((len(r.prompt_token_ids) + len(r.output_token_ids) for r in rows),
+                                dtype=np.uint64, count=len(rows))  # fmt: skip
+        draws = _mix(seeds, positions)
+        token_ids: list[int] = (draws % np.uint64(self.vocab_size)).astype(np.int64).tolist()  # a free row's token
         mask_row = {row: j for j, row in enumerate(settled.row_indices)}
-        token_ids: list[int] = []
-        for i, (row, draw) in enumerate(zip(rows, draws, strict=True)):
+        special = set(mask_row) | settled.deferred
+        special.update(i for i, r in enumerate(rows) if r.params.min_tokens)
+        for i in special:  # deferred, constrained or banning EOS: drawn among what is allowed
             if i in settled.deferred:
-                token_ids.append(-1)
+                token_ids[i] = -1
                 continue
             bitmask = settled.bitmask[mask_row[i]] if i in mask_row and settled.bitmask is not None else None
-            token_ids.append(_pick(draw, self.vocab_size, bitmask, _banned(row)))
-        logprobs = [None if r.params.logprobs is None or t < 0
-                    else TokenLogprob(t, 0.0, ((t, 0.0),) if r.params.logprobs > 0 else ())
-                    for r, t in zip(rows, token_ids, strict=True)]  # fmt: skip
+            token_ids[i] = _pick(int(draws[i]), self.vocab_size, bitmask, _banned(rows[i]))
+        if all(r.params.logprobs is None for r in rows):
+            logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        else:
+            logprobs = [None if r.params.logprobs is None or t < 0
+                        else TokenLogprob(t, 0.0, ((t, 0.0),) if r.params.logprobs > 0 else ())
+                        for r, t in zip(rows, token_ids, strict=True)]  # fmt: skip
         return SamplerOutput(token_ids, logprobs, settled.deferred)
 
+    def _seed_of(self, row: SamplingRow) -> int:
+        if row.params.seed is not None:
+            return row.params.seed & _MASK64
+        if row.generator is not None:
+            return row.generator.initial_seed() & _MASK64
+        prompt = row.prompt_token_ids
+        cached = self._prompt_seeds.get(id(prompt))
+        if cached is not None and cached[0] is prompt:
+            return cached[1]
+        if len(self._prompt_seeds) >= _MAX_PROMPT_SEEDS:
+            self._prompt_seeds.clear()
+        seed = _prompt_seed(prompt)
+        self._prompt_seeds[id(prompt)] = (prompt, seed)
+        return seed
 
-def _seed_of(row: SamplingRow) -> int:
-    if row.params.seed is not None:
-        return row.params.seed & _MASK64
-    if row.generator is not None:
-        return row.generator.initial_seed() & _MASK64
-    prompt = row.prompt_token_ids
+
+def _prompt_seed(prompt: list[int]) -> int:
+    """A greedy request's seed: a hash of its prompt's head and tail, and its length."""
     head = np.asarray(prompt[:64] + prompt[-64:], dtype=np.int64)  # a prompt's hash needs no more
     return zlib.crc32(head.tobytes(), len(prompt))
 
