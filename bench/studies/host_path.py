@@ -6,7 +6,7 @@ of N streams x M tokens with the bench client, and prints per burst: device busy
 of ``inflight:device_busy_seconds_total`` over the burst's wall time, NVML's definition),
 delivered output tok/s against the ideal (rows / step time, rows = min(N, the batch)), TTFT
 and TPOT p50/p99, and the CPU seconds per streamed token of each server process (psutil over
-the server's process tree; the client is not counted). The server runs with its defaults but
+the server's process tree; the client's own, on the same machine, is printed apart and not counted). The server runs with its defaults but
 ``--max-num-sequences N`` (the batch a deployment would choose for N streams). Knows nothing
 about the server's internals.
 """
@@ -60,17 +60,20 @@ def _cpu_by_process(server: RunningServer) -> dict[str, float]:
     return out
 
 
-def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float, log_dir: Path) -> dict:
+def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float, log_dir: Path,
+              extra_flags: tuple[str, ...] = ()) -> dict:
     """One server, one burst: the figures as a dict."""
     profile = log_dir / f"sim-{step_ms:g}ms.json"
     profile.write_text(json.dumps({"base_ms": step_ms, "decode_row_ms": 0, "prefill_token_ms": 0,
                                    "attention_ms_per_1k_context": 0}))
-    flags = ("--device", "sim", "--sim-profile", str(profile), "--max-num-sequences", str(num_streams))
+    flags = ("--device", "sim", "--sim-profile", str(profile), "--max-num-sequences", str(num_streams), *extra_flags)
     spec = SystemSpec(f"inflight --device sim ({step_ms:g} ms)", "inflight", flags)
     specs = [RequestSpec(f"# task {i}\ndef f{i}(x):\n    return", num_tokens) for i in range(num_streams)]
     with RunningServer(spec, model_dir, log_dir / f"host_path.{num_streams}x{num_tokens}.{step_ms:g}ms.log") as server:
         cpu_before, busy_before = _cpu_by_process(server), _busy_seconds(server.url)
+        client_cpu = time.process_time()
         run = run_workload(server.url, server.model_name, specs, 600.0)
+        client_cpu = time.process_time() - client_cpu
         busy = _busy_seconds(server.url) - busy_before
         cpu_after = _cpu_by_process(server)
     summary = summarize(run)
@@ -84,15 +87,16 @@ def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float
         "ttft_p50_ms": 1e3 * summary.ttft_p50_s, "ttft_p99_ms": 1e3 * summary.ttft_p99_s,
         "tpot_p50_ms": 1e3 * summary.tpot_p50_s, "tpot_p99_ms": 1e3 * summary.tpot_p99_s,
         "cpu_us_per_token": {role: 1e6 * s / max(tokens, 1) for role, s in sorted(cpu.items())},
+        "client_cpu_us_per_token": 1e6 * client_cpu / max(tokens, 1),
     }
 
 
 def _line(r: dict) -> str:
-    cpu = ", ".join(f"{role} {us:.0f}" for role, us in r["cpu_us_per_token"].items())
+    cpu = ", ".join(f"{role} {us:.0f}" for role, us in r["cpu_us_per_token"].items() if us >= 0.5)
     return (f"| {r['streams']} x {r['tokens_per_stream']} | {r['step_ms']:g} | {100 * r['device_busy']:.0f}% | "
             f"{r['output_tok_s']:.0f} / {r['ideal_tok_s']:.0f} ({100 * r['of_ideal']:.0f}%) | "
             f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-            f"{cpu} | {r['errors']} |")
+            f"{cpu} | {r['client_cpu_us_per_token']:.0f} | {r['errors']} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per stream")
     parser.add_argument("--step-ms", type=float, nargs="+", default=[10.0])
     parser.add_argument("--size", default="small", help="demo model size (only its config and tokenizer are used)")
+    parser.add_argument("--server-flags", default="", help="more flags for inflight serve, in one string "
+                        "(the figures are the defaults' without them)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -112,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     for step_ms in args.step_ms:
         for streams in args.streams:
             started = time.monotonic()
-            rows.append(run_burst(model_dir, streams, args.tokens, step_ms, work))
+            rows.append(run_burst(model_dir, streams, args.tokens, step_ms, work, tuple(args.server_flags.split())))
             logging.info("%d streams at %g ms: done in %.0f s", streams, step_ms, time.monotonic() - started)
     print("\n| burst | step ms | device busy | out tok/s / ideal | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-          "| server CPU us per streamed token | errors |\n|---|---:|---:|---:|---:|---:|---|---:|")
+          "| server CPU us per streamed token | client CPU us per token (not counted) | errors |\n"
+          "|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
         print(_line(r))
     if args.out is not None:

@@ -34,12 +34,12 @@ def _step_message(num_seqs: int) -> p.StepDone:
     outputs = tuple(RequestOutput(f"cmpl-{i:08x}-0", (1000 + i,), " word", False, None, 96, 40 + i, 0)
                     for i in range(num_seqs))  # fmt: skip
     stats = EngineStats(num_seqs, 0, 4096, 900, 0, 0, 0, 6144, 2560, num_seqs, 100, num_seqs)
-    return p.StepDone(outputs, stats)
+    return p.step_done(outputs, stats)
 
 
 def _echo(conn) -> None:  # noqa: ANN001 - the child end of a pipe
     while (message := conn.recv()) is not None:
-        conn.send(len(message.outputs))
+        conn.send(len(message))
 
 
 def protocol_ms_per_step(num_seqs: int = NUM_SEQS, reps: int = 500) -> float:

@@ -107,7 +107,7 @@ def step_message(num_seqs: int, top_logprobs: int | None) -> p.StepDone:
     outputs = tuple(RequestOutput(f"cmpl-{i:08x}-0", (1000 + i,), "", False, None, 96, 40 + i, 0, logprobs(i))
                     for i in range(num_seqs))  # fmt: skip
     stats = EngineStats(num_seqs, 0, 4096, 900, 0, 6144, 2560, 6144, 2560 + num_seqs, num_seqs, 100, 256)
-    return p.StepDone(outputs, stats)
+    return p.step_done(outputs, stats)
 
 
 def _lp_to_s(lps: tuple[TokenLogprob, ...] | None) -> tuple[TokenLogprobS, ...] | None:
@@ -124,7 +124,7 @@ def to_struct(m: p.StepDone) -> StepDoneS:
     outputs = tuple(RequestOutputS(o.req_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason,
                                    o.num_prompt_tokens, o.num_output_tokens, o.num_cached_tokens,
                                    _lp_to_s(o.new_logprobs), None, _lp_to_s(o.prompt_logprobs), o.error)
-                    for o in m.outputs)  # fmt: skip
+                    for o in m.outputs())  # fmt: skip
     return StepDoneS(outputs, stats)
 
 
@@ -134,7 +134,7 @@ def from_struct(m: StepDoneS) -> p.StepDone:
                                   o.num_prompt_tokens, o.num_output_tokens, o.num_cached_tokens,
                                   _lp_from_s(o.new_logprobs), None, _lp_from_s(o.prompt_logprobs), o.error)
                     for o in m.outputs)  # fmt: skip
-    return p.StepDone(outputs, stats)
+    return p.step_done(outputs, stats)
 
 
 def to_tuples(m: p.StepDone) -> tuple[Any, ...]:
@@ -143,7 +143,7 @@ def to_tuples(m: p.StepDone) -> tuple[Any, ...]:
 
     outputs = tuple((o.req_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.num_prompt_tokens,
                      o.num_output_tokens, o.num_cached_tokens, lps(o.new_logprobs), lps(o.prompt_logprobs), o.error)
-                    for o in m.outputs)  # fmt: skip
+                    for o in m.outputs())  # fmt: skip
     s = m.stats
     return outputs, tuple(getattr(s, f) for f in EngineStatsS.__struct_fields__[:-1])
 
@@ -155,9 +155,9 @@ def from_tuples(raw: Any) -> p.StepDone:
         return tuple(TokenLogprob(t[0], t[1], tuple(tuple(a) for a in t[2]), t[3]) for t in x)
 
     outputs, stats = raw
-    return p.StepDone(tuple(RequestOutput(o[0], tuple(o[1]), o[2], o[3], o[4], o[5], o[6], o[7], lps(o[8]), None,
-                                          lps(o[9]), o[10]) for o in outputs),
-                      EngineStats(*stats[:15], tuple(stats[15])))  # fmt: skip
+    return p.step_done(tuple(RequestOutput(o[0], tuple(o[1]), o[2], o[3], o[4], o[5], o[6], o[7], lps(o[8]), None,
+                                           lps(o[9]), o[10]) for o in outputs),
+                       EngineStats(*stats[:15], tuple(stats[15])))  # fmt: skip
 
 
 # ---- the codecs ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ dataclasses. Knows nothing about torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class RequestRejectedError(ValueError):
@@ -130,6 +131,14 @@ class CompletionOutput:
     num_cached_tokens: int = 0
 
 
+def _reduce_by_fields(value: Any) -> tuple[Any, ...]:
+    """``__reduce__`` for a frozen slots dataclass that crosses the process boundary every step:
+    its class and its fields in order, instead of dataclasses' Python ``__getstate__`` (which
+    calls ``fields()`` on every pickle) and ``__setstate__``."""
+    cls = type(value)
+    return (cls, tuple(getattr(value, name) for name in cls.__slots__))
+
+
 @dataclass(frozen=True, slots=True)
 class TenantStats:
     """Per-tenant figures as columns (entry i of each is tenant ``labels[i]``): columns of
@@ -140,6 +149,8 @@ class TenantStats:
     num_waiting: tuple[int, ...]
     prompt_tokens: tuple[int, ...]  # cumulative
     generation_tokens: tuple[int, ...]  # cumulative
+
+    __reduce__ = _reduce_by_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +179,8 @@ class EngineStats:
     # Cumulative seconds the device spent executing steps (its rate is NVML's utilisation);
     # None where it is not measured (only the simulated device measures it yet).
     device_busy_seconds: float | None = None
+
+    __reduce__ = _reduce_by_fields
 
     @property
     def kv_cache_usage(self) -> float:

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("msgspec")  # the bench extra
 
-from inflight.bench import protocol_codecs as pc  # noqa: E402
+from bench.studies import protocol_codecs as pc  # noqa: E402
 
 
 @pytest.mark.parametrize("top_logprobs", [None, 5])

@@ -89,13 +89,14 @@ def test_first_ctrl_c_drains_with_a_line_and_the_second_exits_now(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     exits: list[tuple[int, str]] = []
-    monkeypatch.setattr(serve, "_exit_now", lambda code, message: exits.append((code, message)))
+    monkeypatch.setattr(serve, "_exit_now", lambda code, message, peers: exits.append((code, message)))
     app = {STATE: SimpleNamespace(settings=SimpleNamespace(drain_timeout_s=12.0), engine=None)}
     stop = asyncio.Event()
+    peers = serve.FrontEndGroup(1)  # one front end: nothing to forward the signal to
     with caplog.at_level(logging.WARNING, logger="inflight.server"):
-        serve._on_signal(signal.SIGINT, stop, app)  # type: ignore[arg-type]
+        serve._on_signal(signal.SIGINT, stop, app, peers, False)  # type: ignore[arg-type]
         assert stop.is_set() and exits == []
-        serve._on_signal(signal.SIGINT, stop, app)  # type: ignore[arg-type]
+        serve._on_signal(signal.SIGINT, stop, app, peers, False)  # type: ignore[arg-type]
     assert "SIGINT: draining (up to 12 s); press Ctrl-C again to exit now" in caplog.text
     assert exits == [(128 + signal.SIGINT, "second SIGINT: exiting at once without draining")]
 

@@ -125,6 +125,8 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         keepalive_timeout_s=args.keepalive_timeout,
         request_read_timeout_s=args.request_read_timeout,
         stream_write_timeout_s=args.stream_write_timeout,
+        stream_interval=args.stream_interval,
+        api_server_count=args.api_server_count,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         max_logprobs=args.max_logprobs,
@@ -173,6 +175,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     problem = problem or source_problem(args.generation_config)
     if problem:
         parser.error(problem)
+    if settings.api_server_count > 1 and args.single_process:
+        parser.error(f"--api-server-count {settings.api_server_count} needs the engine-core process: "
+                     "several front ends cannot share an engine that runs on a thread of one (--single-process)")
     in_use = preflight.port_problem(args.host, args.port)
     if in_use:
         print(f"inflight serve: error: {in_use}", file=sys.stderr)
@@ -192,7 +197,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
             from inflight.runtime.server.engine_process import CoreProcess
 
             core = CoreProcess(CoreLaunch(str(model_dir), config, args.log_level, args.log_format,
-                                          stats_log=args.stats_log))
+                                          stats_log=args.stats_log), settings.api_server_count)
             core.start()
         _import_front_end()  # while the core prewarms
         facts = core.served_facts() if core is not None else None  # single process: read here

@@ -118,6 +118,12 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--stream-write-timeout", type=float, default=_server_default("stream_write_timeout_s"),
                         help="Seconds a stream may wait for its client to read before it is cut "
                              "and its requests aborted.")
+    server.add_argument("--stream-interval", type=int, default=_server_default("stream_interval"), metavar="N",
+                        help="Tokens a streamed chunk waits for before it is sent (its first token and its last "
+                             "chunk go at once). A stream that falls behind sends what piled up in one chunk.")
+    server.add_argument(*flag_names("--api-server-count"), type=int, default=_server_default("api_server_count"),
+                        metavar="N", help="Front-end processes (HTTP, tokenizing, detokenizing, streaming) "
+                                          "sharing the port over one engine core.")
     server.add_argument(*flag_names("--drain-timeout"), type=float, default=_server_default("drain_timeout_s"),
                         help="Seconds to let requests in flight finish after SIGTERM or the first Ctrl-C.")
     server.add_argument(*flag_names("--log-level"), default="info", choices=LOG_LEVELS,

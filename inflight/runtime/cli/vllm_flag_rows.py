@@ -45,8 +45,7 @@ VLLM_RELEASE = "0.22.1"
 
 FRONTEND: tuple[VllmFlag, ...] = (
     refused("--headless", ONE_NODE, 0),
-    only(("--api-server-count", "-asc"), ("1",), "one front-end process per server",
-         "one front-end process per server; run more replicas"),
+    alias(("--api-server-count", "-asc"), "--api-server-count", "Front-end processes over one engine core."),
     refused("--config", "options come from the command line only; vLLM's YAML config file is not read"),
     refused("--grpc", "no gRPC server: the OpenAI HTTP API only", 0),
     refused("--lora-modules", LORA, "+"),
@@ -327,7 +326,8 @@ SCHEDULER_FLAGS: tuple[VllmFlag, ...] = (
     switch("--disable-hybrid-kv-cache-manager", "one kind of KV cache here"),
     alias("--async-scheduling", "--async-scheduling", "Prepare step N+1 while step N runs (docs/gpu.md).", 0,
           negatable=True),
-    only("--stream-interval", ("1",), "streams send every step's tokens", "streams send every step's tokens"),
+    alias("--stream-interval", "--stream-interval", "A stream that falls behind also sends what piled up "
+          "in one chunk."),
 )
 
 COMPILATION: tuple[VllmFlag, ...] = (

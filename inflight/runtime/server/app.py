@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,10 +29,11 @@ from aiohttp import web
 from inflight import __version__
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
+from inflight.runtime.outputs import EngineStats
 from inflight.runtime.server import admin, auth
 from inflight.runtime.server.engine_client import EngineClient, EngineDeadError, RequestsCutError
 from inflight.runtime.server.engine_inproc import InprocEngine
-from inflight.runtime.server.engine_process import CoreProcess, ProcessEngine
+from inflight.runtime.server.engine_process import CoreLink, CoreProcess, ProcessEngine
 from inflight.runtime.server.errors import (
     APIError,
     engine_dead,
@@ -40,7 +42,7 @@ from inflight.runtime.server.errors import (
     rejection_reason,
     unavailable,
 )
-from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics
+from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics, multiprocess_dir
 from inflight.runtime.server.openai import api as openai_api
 from inflight.runtime.server.openai import tokenize_api
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
@@ -55,27 +57,41 @@ access_logger = logging.getLogger(ACCESS_LOGGER)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WATCHDOG = web.AppKey("inflight_watchdog", asyncio.Task)
 ACCESS_LOG = web.AppKey("inflight_access_log", AccessLog)
+# --api-server-count > 1, front end 0: whether every other front end serves yet (serve sets it)
+FRONT_ENDS_READY = web.AppKey("inflight_front_ends_ready", Callable[[], bool])
 STATUS_CLIENT_GONE = 499  # the client went away before the answer was complete (as nginx logs it)
+FRONT_END_HEADER = "X-Inflight-Front-End"  # with --api-server-count > 1: the index of the front end
 CUT_GRACE_S = 5.0  # after a drain timeout: time for cut requests to send their error
 
 
-def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess,
+def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink,
                access_log: AccessLog = AccessLog()) -> web.Application:
     """A new app. ``source``: a :class:`CoreLaunch` runs the engine in an engine-core process
     of its own (the default of ``inflight serve``, which hands over that process already
-    started as a :class:`CoreProcess`); a loader (``() -> LLMEngine``, token ids only like
-    every engine) runs the same core loop on a thread of this process
+    started as a :class:`CoreProcess`); a :class:`CoreLink` reaches a core that front end 0
+    started (``--api-server-count``: front ends 1..N-1); a loader (``() -> LLMEngine``, token
+    ids only like every engine) runs the same core loop on a thread of this process
     (``--single-process``, and tests that reach into the engine).
 
     Call inside a running event loop. The engine loads and warms up at startup.
     """
-    metrics = ServerMetrics(settings.model_name, lambda: engine.stats())
+    front_end = source.index if isinstance(source, CoreLink) else 0
+    shared = settings.api_server_count > 1
+    shared_dir = multiprocess_dir() if shared else None
+    if shared and shared_dir is None:
+        raise RuntimeError("several front ends need their shared metrics directory (metrics.enable_multiprocess)")
+    metrics = ServerMetrics(settings.model_name, lambda: engine.stats(), shared_dir)
+
+    def on_step(stats: EngineStats) -> None:
+        if front_end == 0:  # every front end sees every step: one counts it
+            metrics.observe_step(stats.num_tokens_last_step)
+
     hooks = dict(
-        on_step=lambda stats: metrics.observe_step(stats.num_tokens_last_step),
+        on_step=on_step,
         on_death=lambda reason: state.dead.set(),
         max_backlog=settings.max_stream_backlog,
     )
-    engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, (CoreLaunch, CoreProcess))
+    engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, (CoreLaunch, CoreProcess, CoreLink))
                             else InprocEngine(source, **hooks))  # fmt: skip
     state = ServerState(settings, engine, metrics)
     app = web.Application(
@@ -91,9 +107,15 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
     openai_api.add_routes(app)
     tokenize_api.add_routes(app)
     admin.add_routes(app)
+    if shared:  # which front end answered: a client (and a test) can tell them apart
+        app.on_response_prepare.append(functools.partial(_name_front_end, str(front_end)))
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
     return app
+
+
+async def _name_front_end(index: str, request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[FRONT_END_HEADER] = index
 
 
 async def _start_engine(app: web.Application) -> None:
@@ -156,9 +178,13 @@ async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "dead", "reason": state.engine.dead_reason}, status=503)
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
-    if not state.engine.is_ready:
+    if not state.engine.is_ready or not request.app.get(FRONT_ENDS_READY, _yes)():
         return web.json_response({"status": "loading"}, status=503)
     return web.json_response({"status": "ready"})
+
+
+def _yes() -> bool:
+    return True
 
 
 async def version(request: web.Request) -> web.Response:

@@ -167,9 +167,9 @@ class CoreClient(EngineClient):
             self._text = OutputText(self.engine.tokenizer, self._summary.eos_token_ids)
         return self._text
 
-    def _with_text(self, outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
+    def _with_text(self, step: p.StepDone) -> list[RequestOutput]:
         """Detokenize the core's token-only outputs; end requests at their stop strings."""
-        done, stopped = self._output_text().process_step(outputs)
+        done, stopped = self._output_text().process_step_done(step)
         if stopped:  # the core keeps computing them until it reads this
             self._outbox.put(p.Abort(stopped))
         return done
@@ -225,7 +225,7 @@ class CoreClient(EngineClient):
     def _on_message(self, message: object) -> None:
         if isinstance(message, p.StepDone):
             self._stats = message.stats
-            self._dispatch(self._with_text(message.outputs))
+            self._dispatch(self._with_text(message))
             if self._on_step is not None:
                 self._on_step(message.stats)
         elif isinstance(message, p.Stats):

@@ -1,7 +1,7 @@
 """The front end's side of the engine, whichever way it runs: request groups, dispatch, death.
 
-:class:`EngineClient` owns what lives on the event loop: one :class:`RequestGroup` (an
-asyncio queue) per client request, the dispatch of each step's outputs to their groups,
+:class:`EngineClient` owns what lives on the event loop: one :class:`RequestGroup` (a
+deque and a waiter) per client request, the dispatch of each step's outputs to their groups,
 failing groups (a request the engine failed on fails only its own group; a client too slow to
 read its outputs is cut), the heartbeat (:meth:`EngineClient.ping`: the engine's loop answers
 between steps and :attr:`~EngineClient.heartbeat` advances, so the watchdog sees an idle engine
@@ -16,6 +16,7 @@ the OpenAI API.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -78,47 +79,73 @@ class BacklogError(RuntimeError):
 
 
 class RequestGroup:
-    """The outputs of one client request's engine requests, in one asyncio queue.
+    """The outputs of one client request's engine requests: a deque and one waiter.
 
-    :meth:`fail` makes the consumer raise at its next read, ahead of buffered outputs.
+    :meth:`put` appends and wakes the reader (once: later puts before it runs find it woken,
+    so a step's outputs wake a group once). :meth:`batches` hands the reader every output
+    queued since its last read; ``async for out in group`` hands them one by one. :meth:`fail`
+    makes the consumer raise at its next read, ahead of buffered outputs.
     """
 
     def __init__(self, req_ids: Sequence[str]) -> None:
         self.req_ids = tuple(req_ids)
         self._unfinished = set(req_ids)
-        self._queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        self._outputs: collections.deque[RequestOutput] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
 
     def put(self, item: RequestOutput) -> None:
         if item.finished:
             self._unfinished.discard(item.req_id)
-        self._queue.put_nowait(item)
+        self._outputs.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
-            self._queue.put_nowait(None)  # wake a waiting reader
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     @property
     def backlog(self) -> int:
-        return self._queue.qsize()
+        return len(self._outputs)
 
     @property
     def unfinished(self) -> tuple[str, ...]:
         return tuple(r for r in self.req_ids if r in self._unfinished)
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        """Outputs in arrival order until every request of the group has finished."""
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """Every output queued since the last read, in arrival order, one list per wakeup,
+        until every request of the group has finished."""
         pending = len(self.req_ids)
+        outputs = self._outputs
         while pending:
             if self._error is not None:
                 raise self._error
-            item = await self._queue.get()
-            if item is None:
+            if not outputs:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
                 continue
-            if item.finished:
-                pending -= 1
-            yield item
+            batch = list(outputs)
+            outputs.clear()
+            for out in batch:
+                if out.finished:
+                    pending -= 1
+            yield batch
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        """Outputs in arrival order until every request of the group has finished."""
+        async for batch in self.batches():
+            for out in batch:
+                if self._error is not None:
+                    raise self._error
+                yield out
 
 
 class EngineClient:
@@ -265,20 +292,24 @@ class EngineClient:
             self._on_death(reason)
 
     def _dispatch(self, outputs: Sequence[RequestOutput]) -> None:
+        """Hand one step's outputs to their groups: each group's reader wakes once for the
+        step (:meth:`RequestGroup.put`) and takes them all at its next read."""
+        groups = self._groups
+        max_backlog = self._max_backlog
         for out in outputs:
-            group = self._groups.get(out.req_id)
+            group = groups.get(out.req_id)
             if group is None:
                 continue  # aborted by its client; nobody is listening
             if out.finished:
-                del self._groups[out.req_id]
+                del groups[out.req_id]
             if out.finish_reason == "error":
                 self._fail_group(group, RequestFailedError(out.error) if out.error else
                                  EngineStepError("the engine failed on this request; see the server log"))
                 continue
             group.put(out)
-            if group.backlog > self._max_backlog:
+            if group.backlog > max_backlog:
                 self._fail_group(group, BacklogError(
-                    f"more than {self._max_backlog} outputs were waiting for the client to read them"))
+                    f"more than {max_backlog} outputs were waiting for the client to read them"))
 
     def _fail_group(self, group: RequestGroup, error: BaseException) -> None:
         group.fail(error)

@@ -15,7 +15,15 @@ EOS ids, resolved device), prompt validation against it, and a grammar compiler 
 for early 400s. The watchdog's heartbeat travels as :class:`Ping` / :class:`Pong`. Death: a
 :class:`Dead` message, the pipe closing (the core was killed) or the stall watchdog (a step
 that never returns, or a core that answers no heartbeat: frozen while idle); on any of them
-the core is killed if still running. Knows nothing about HTTP.
+the core is killed if still running.
+
+With ``--api-server-count N`` the core has one pipe per front end: :class:`CoreProcess` makes
+them all, front end 0 (this process) keeps the first and hands each other front-end process a
+:class:`CoreLink` (its pipe end, the shared step clock, the core's pid). A :class:`ProcessEngine`
+on a link did not start the core and does not stop it: its ``Shutdown`` only takes it off the
+core, which goes on for the others (it exits when the last one leaves); on a death it does kill
+it (a dead or stalled core takes the whole server down). Another front end's retune arrives as
+:class:`Retuned`. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -23,7 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from inflight.runtime.config import EngineConfig
@@ -87,12 +99,18 @@ class CoreProcess:
     Start it from the thread that runs the event loop for the server's whole life:
     ``PR_SET_PDEATHSIG`` in the core fires when the *thread* that spawned it ends."""
 
-    def __init__(self, launch: CoreLaunch) -> None:
+    def __init__(self, launch: CoreLaunch, num_front_ends: int = 1) -> None:
+        if num_front_ends < 1:
+            raise ValueError(f"an engine core needs at least one front end (got {num_front_ends})")
         self.launch = launch
         ctx = multiprocessing.get_context("spawn")
-        self.conn, self._child_conn = ctx.Pipe(duplex=True)
+        pipes = [ctx.Pipe(duplex=True) for _ in range(num_front_ends)]
+        self.conn = pipes[0][0]
+        self.peer_conns: list[Connection] = [ours for ours, _ in pipes[1:]]  # for front ends 1..N-1
+        self._child_conns = [theirs for _, theirs in pipes]
         self.step_clock = ctx.Value("d", 0.0, lock=False)
-        self.process = ctx.Process(target=run_core, args=(self._child_conn, launch, self.step_clock),
+        core_conns = self._child_conns if num_front_ends > 1 else self._child_conns[0]
+        self.process = ctx.Process(target=run_core, args=(core_conns, launch, self.step_clock),
                                    name="inflight-engine-core", daemon=False)  # fmt: skip
         self.prewarmed: p.Prewarmed | None = None  # its first message, once received
         self.tokenizer: Any = None  # the model's, when the start-up checks loaded it (the view reuses it)
@@ -129,13 +147,40 @@ class CoreProcess:
 
     def start(self) -> None:
         self.process.start()
-        self._child_conn.close()  # the child has its own copy; EOF reaches us when it exits
+        for conn in self._child_conns:  # the child has its own copies; EOF reaches us when it exits
+            conn.close()
+
+    def link(self, index: int) -> CoreLink:
+        """What front end ``index`` (1..N-1) needs to reach the started core."""
+        if self.process.pid is None:
+            raise RuntimeError("start the engine core before linking front ends to it")
+        return CoreLink(index, self.peer_conns[index - 1], self.step_clock, self.process.pid,
+                        self.launch.model_dir, self.tokenizer_class)
+
+    def release_links(self) -> None:
+        """Close this process's copies of the other front ends' pipe ends (once they have theirs),
+        so that one that dies closes its connection and the core sees it."""
+        for conn in self.peer_conns:
+            conn.close()
 
     def kill(self) -> None:
         """End the process now if it runs (a refused start, a stalled or dying engine)."""
         if self.started and self.process.is_alive():
             self.process.kill()
             self.process.join(STOP_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class CoreLink:
+    """A front-end process's way to an engine core another process started (picklable only while
+    spawning that process: the pipe end and the shared clock travel as file descriptors)."""
+
+    index: int  # the front end's index (1..N-1)
+    conn: Connection
+    step_clock: Any  # the shared double
+    core_pid: int
+    model_dir: str
+    tokenizer_class: str | None
 
 
 class ProcessEngine(CoreClient):
@@ -145,38 +190,71 @@ class ProcessEngine(CoreClient):
 
     def __init__(
         self,
-        core: CoreLaunch | CoreProcess,
+        core: CoreLaunch | CoreProcess | CoreLink,
         on_step: Callable[[EngineStats], None] | None = None,
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
+        self._link = core if isinstance(core, CoreLink) else None
+        if isinstance(core, CoreLink):
+            self._core: CoreProcess | None = None
+            super().__init__(core.conn, core.step_clock, on_step, on_death, max_backlog)
+            return
         self._core = core if isinstance(core, CoreProcess) else CoreProcess(core)
         super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog)
 
     @property
     def pid(self) -> int | None:
-        return self._core.process.pid
+        return self._link.core_pid if self._link is not None else self._process.process.pid
+
+    @property
+    def _process(self) -> CoreProcess:
+        assert self._core is not None, "a linked front end did not start the core"
+        return self._core
 
     def _start_core(self) -> None:
-        if not self._core.started:
-            self._core.start()
+        if self._link is not None:
+            return  # started, and told to load, by front end 0
+        if not self._process.started:
+            self._process.start()
         self._outbox.put(p.Go())  # first on the pipe: the writer thread sends in order
 
     def _join(self, timeout: float) -> None:
-        self._core.process.join(timeout)
+        if self._link is None:
+            self._process.process.join(timeout)
+        # linked: the core goes on for the other front ends; front end 0 waits for its exit
 
     def kill(self) -> None:
-        """End the core process now if it still runs (a stalled or dying engine)."""
-        self._core.kill()
+        """End the core process now if it still runs (a stalled or dying engine). A linked front
+        end kills it only once the engine is dead (a stop just leaves it to the others)."""
+        if self._link is None:
+            self._process.kill()
+        elif self.dead_reason is not None:
+            try:
+                os.kill(self._link.core_pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
 
     def _core_ended(self) -> str:
-        self._core.process.join(STOP_TIMEOUT_S)
-        return f"exit code {self._core.process.exitcode}"
+        if self._link is not None:
+            return "its connection closed"
+        self._process.process.join(STOP_TIMEOUT_S)
+        return f"exit code {self._process.process.exitcode}"
 
     def _on_prewarmed(self, message: p.Prewarmed) -> None:  # a core started here, not checked by the CLI
-        self._core.prewarmed = message
+        if self._core is not None:
+            self._core.prewarmed = message
+
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, p.Retuned):  # another front end's retune: the same engine, a new summary
+            self._summary = message.summary
+            self._summary_changed(message.summary)
+            return
+        super()._on_message(message)
 
     def _summary_changed(self, summary: p.EngineSummary) -> None:
+        if self._view is None:  # not ready here yet: the view is made from the new summary
+            return
         assert isinstance(self._view, CoreView)
         self._view.summary = summary
 
@@ -184,8 +262,11 @@ class ProcessEngine(CoreClient):
         """The tokenizer and grammar compiler of the front end, built off the event loop."""
         from inflight.runtime.tokenizer import load_tokenizer
 
-        tokenizer = self._core.tokenizer
-        if tokenizer is None:  # a core this engine started: nothing checked the model here
-            tokenizer = await asyncio.to_thread(load_tokenizer, self._core.launch.model_dir,
-                                                self._core.tokenizer_class)
+        if self._link is not None:
+            tokenizer = await asyncio.to_thread(load_tokenizer, self._link.model_dir, self._link.tokenizer_class)
+        else:
+            tokenizer = self._process.tokenizer
+            if tokenizer is None:  # a core this engine started: nothing checked the model here
+                tokenizer = await asyncio.to_thread(load_tokenizer, self._process.launch.model_dir,
+                                                    self._process.tokenizer_class)
         return await asyncio.to_thread(CoreView, summary, tokenizer)

@@ -6,17 +6,26 @@ an ``EngineStats`` snapshot at scrape time (a custom collector), so they never d
 the engine; per-request histograms and the success / rejection counters are observed by
 the handlers. A value that cannot be a sample (an integer too large for a float, a non-number)
 is left out of the scrape and logged once: a scrape never fails on a value (issue 46: one
-400-digit admin setting turned every scrape into a 500 and blinded the autoscaler). Knows
-nothing about HTTP routing or the OpenAI API.
+400-digit admin setting turned every scrape into a 500 and blinded the autoscaler).
+
+Several front-end processes (``--api-server-count``) share one set of figures: each observes
+its own requests into prometheus_client's multiprocess files (:func:`enable_multiprocess`, a
+private directory the server makes and removes, as vLLM does) and every scrape sums them all
+(``MultiProcessCollector``), so /metrics on any front end reports the whole server; the engine's
+figures come from the core's stats, the same in every front end, and the per-step histogram is
+observed by front end 0 alone (each front end sees every step). Knows nothing about HTTP routing
+or the OpenAI API.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from inflight.runtime.outputs import EngineStats, RequestTimes, TenantStats
@@ -183,17 +192,47 @@ def _tenant_metrics(model_name: str, tenants: TenantStats, guard: SampleGuard) -
         yield metric
 
 
-class ServerMetrics:
-    """All metrics of one app. ``get_stats`` returns the engine's snapshot or ``None``."""
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's name; spawned front ends inherit it
 
-    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None]) -> None:
+
+def enable_multiprocess(directory: str) -> None:
+    """Make this process's request metrics live in ``directory``'s files, shared with the other
+    front ends. Call before any :class:`ServerMetrics` is made: prometheus_client chooses where
+    a metric keeps its values when the metric is created (``values.ValueClass``, read from the
+    environment when it is imported, which here may be before the server knew the count)."""
+    os.environ[MULTIPROC_DIR_ENV] = directory
+    values.ValueClass = values.MultiProcessValue()
+
+
+def multiprocess_dir() -> str | None:
+    """The shared metrics directory :func:`enable_multiprocess` set, if it did, in this process."""
+    directory = os.environ.get(MULTIPROC_DIR_ENV)
+    if directory is None or values.ValueClass is values.MutexValue:
+        return None
+    return directory
+
+
+class ServerMetrics:
+    """All metrics of one app. ``get_stats`` returns the engine's snapshot or ``None``.
+    ``shared_dir``: the multiprocess directory of several front ends (see the module
+    docstring); None for one front end, whose figures live in this object alone."""
+
+    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None],
+                 shared_dir: str | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(model_name, get_stats))
+        if shared_dir is not None:
+            if values.ValueClass is values.MutexValue:
+                raise RuntimeError("shared metrics need enable_multiprocess() before the metrics are made")
+            MultiProcessCollector(self.registry, path=shared_dir)
+        # With a shared directory the scrape reads every process's files: the objects below only
+        # write theirs (registered nowhere, or each process's own would count twice).
+        own = self.registry if shared_dir is None else None
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, label, registry=self.registry, buckets=buckets)
+            return Histogram(name, doc, label, registry=own, buckets=buckets)
 
         self.ttft = histogram("inflight:time_to_first_token_seconds",
                               "Time from arrival to the first output token.", _LATENCY_BUCKETS)
@@ -211,10 +250,10 @@ class ServerMetrics:
                                           "Tokens computed per engine step.", _TOKEN_BUCKETS)
         self.success = Counter("inflight:request_success_total",
                                "Finished requests by finish reason.",
-                               ["model_name", "finished_reason"], registry=self.registry)
+                               ["model_name", "finished_reason"], registry=own)
         self.rejected = Counter("inflight:request_rejected_total",
                                 "Requests refused before running, by reason.",
-                                ["model_name", "reason"], registry=self.registry)
+                                ["model_name", "reason"], registry=own)
 
     def observe_step(self, num_tokens: int) -> None:
         """Called from the engine thread after each step (prometheus_client is thread-safe)."""

@@ -11,7 +11,10 @@ gives those answers a moment to leave, then exits with code 1 through ``os._exit
 stalled engine thread (``--single-process``) might never let the interpreter finish. One start-up line states the
 sampling defaults requests get (``--generation-config``) and the logprobs ceiling. The runner
 applies ``ServerSettings.connection_limits`` (``transport``), with the soft open-file limit first
-raised to fit ``--max-connections``. Knows nothing about argument parsing (``cli``) or request
+raised to fit ``--max-connections``. With ``--api-server-count N`` this process is front end 0:
+it binds the port, spawns and supervises the others (:mod:`.front_ends`), forwards the drain to
+them and exits non-zero when any of them did; a spawned front end runs the same ``serve`` and
+leaves every decision to front end 0. Knows nothing about argument parsing (``cli``) or request
 handling (``app``).
 """
 
@@ -24,15 +27,25 @@ import resource
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import AccessLog
-from inflight.runtime.server.app import create_app, drain
+from inflight.runtime.server.app import CUT_GRACE_S, FRONT_ENDS_READY, create_app, drain
 from inflight.runtime.server.core_client import CoreClient
-from inflight.runtime.server.engine_process import CoreProcess
+from inflight.runtime.server.engine_process import CoreLink, CoreProcess
+from inflight.runtime.server.front_ends import (
+    Address,
+    FrontEndGroup,
+    FrontEndLaunch,
+    Spawned,
+    addresses_of,
+    bind_listeners,
+    exit_front_end,
+    start_front_end,
+)
 from inflight.runtime.server.state import STATE, ServerSettings
 from inflight.runtime.server.transport import make_runner
 
@@ -50,40 +63,114 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve(
-    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess, host: str, port: int,
-    access_log: AccessLog = AccessLog(),
+    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
+    port: int, access_log: AccessLog = AccessLog(), spawned: Spawned | None = None,
 ) -> int:
     """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
-    ``access_log``: see :func:`~.app.create_app`."""
+    ``access_log``: see :func:`~.app.create_app`. ``settings.api_server_count`` > 1: this is front
+    end 0 of several (``source`` the started :class:`CoreProcess`, which has a pipe for each); it
+    binds ``host:port`` and spawns the others (:mod:`.front_ends`), and says ready once they all
+    are. ``spawned``: this is one of those (``source`` its :class:`CoreLink`)."""
+    linked = isinstance(source, CoreLink)
+    several = settings.api_server_count > 1 and not linked
+    if several and not isinstance(source, CoreProcess):
+        raise ValueError("--api-server-count > 1 needs the engine-core process (it cannot run with --single-process)")
+    peers = FrontEndGroup(settings.api_server_count if several else 1)
+    try:
+        return await _serve(settings, source, host, port, access_log, spawned, peers)
+    finally:
+        peers.remove_metrics_dir()
+
+
+async def _serve(
+    settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
+    port: int, access_log: AccessLog, spawned: Spawned | None, peers: FrontEndGroup,
+) -> int:
+    linked = isinstance(source, CoreLink)
+    several = peers.count > 1
+    if several:
+        peers.make_metrics_dir()  # before the app makes its metrics
     app = create_app(settings, source, access_log)
+    if several:
+        app[FRONT_ENDS_READY] = peers.all_ready
     _ensure_fd_room(settings.connection_limits.max_connections)
     runner = make_runner(app, settings.keepalive_timeout_s, settings.connection_limits)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in DRAIN_SIGNALS:
-        loop.add_signal_handler(sig, _on_signal, sig, stop, app)
+    signals = (signal.SIGTERM,) if linked else DRAIN_SIGNALS  # a spawned front end: front end 0 decides
+    for sig in signals:
+        loop.add_signal_handler(sig, _on_signal, sig, stop, app, peers, linked)
+    watch: asyncio.Task[None] | None = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        for address in runner.addresses:
-            bound_host, bound_port = address[0], address[1]
-            logger.info("listening on http://%s:%d (model %s); loading the model",
-                        bound_host, bound_port, settings.model_name)
-        _log_request_defaults(settings)
-        code = await _until_stopped(app, stop)
+        sockets = bind_listeners(host, port) if several else spawned.sockets if spawned is not None else None
+        if sockets is not None:
+            for sock in sockets:
+                await web.SockSite(runner, sock).start()
+        else:
+            await web.TCPSite(runner, host, port).start()
+        if not linked:
+            for address in runner.addresses:
+                bound_host, bound_port = address[0], address[1]
+                logger.info("listening on http://%s:%d (model %s); loading the model",
+                            bound_host, bound_port, settings.model_name)
+            _log_request_defaults(settings)
+        if several:
+            assert isinstance(source, CoreProcess) and sockets is not None
+            _spawn_front_ends(peers, source, settings, access_log, addresses_of(sockets))
+            watch = loop.create_task(peers.watch(lambda why: _front_end_exited(app, why)))
+        code = await _until_stopped(app, stop, spawned.on_ready if spawned is not None else None)
         if app[STATE].dead.is_set():
             await app[STATE].wait_idle(DEATH_ANSWER_S)
             await _flush_writes(runner, DEATH_ANSWER_S)
-            _kill_engine_process(app)
-            _exit_now(EXIT_ENGINE_DEAD, f"engine dead: {app[STATE].engine.dead_reason}; exiting")
+            peers.stopping = True  # they exit next, having answered their own clients: no news
+            _kill_engine_process(app)  # the other front ends see it and answer their own clients
+            if peers.processes:
+                await peers.wait(DEATH_ANSWER_S + FLUSH_TIMEOUT_S)
+            _exit_now(EXIT_ENGINE_DEAD, f"engine dead: {app[STATE].engine.dead_reason}; exiting", peers)
         await _flush_writes(runner, FLUSH_TIMEOUT_S)
+        if peers.processes:  # they drain as this one did; the core ends once the last has left
+            peers.terminate()
+            drain_s = settings.drain_timeout_s + 2 * CUT_GRACE_S + FLUSH_TIMEOUT_S
+            code = max(code, await peers.wait(drain_s))
     finally:
-        for sig in DRAIN_SIGNALS:
+        if watch is not None:
+            watch.cancel()
+        for sig in signals:
             loop.remove_signal_handler(sig)
         await runner.cleanup()
     logger.info("stopped (exit code %d)", code)
     return code
+
+
+def _spawn_front_ends(peers: FrontEndGroup, core: CoreProcess, settings: ServerSettings, access_log: AccessLog,
+                      addresses: list[Address]) -> None:
+    """Front ends 1..N-1, each on its own pipe to the core and its own socket on our address."""
+    metrics_dir = peers.metrics_dir
+    if metrics_dir is None:
+        raise RuntimeError("several front ends need their shared metrics directory (FrontEndGroup.make_metrics_dir)")
+    launch = core.launch
+
+    def make(link: CoreLink, ready: Any) -> FrontEndLaunch:
+        return FrontEndLaunch(settings, link, addresses, access_log, launch.log_level, launch.log_format, metrics_dir,
+                              ready)
+
+    peers.spawn(core, make, run_front_end)
+    pids = [str(os.getpid()), *(str(process.pid) for process in peers.processes)]
+    logger.info("%d front-end processes share the port and the engine core (--api-server-count): pids %s",
+                settings.api_server_count, ", ".join(pids))
+
+
+def run_front_end(launch: FrontEndLaunch) -> None:
+    """A spawned front end's entry point: serve until drained (exit 0) or the engine died (1)."""
+    spawned = start_front_end(launch)
+    exit_front_end(asyncio.run(serve(launch.settings, launch.link, "", 0, launch.access_log, spawned)))
+
+
+def _front_end_exited(app: web.Application, why: str) -> None:
+    """A spawned front end exited while the server was not stopping: the server goes down."""
+    logger.critical("%s; taking the server down", why)
+    app[STATE].engine.declare_dead(why)
 
 
 def _ensure_fd_room(max_connections: int) -> None:
@@ -114,12 +201,20 @@ def _log_request_defaults(settings: ServerSettings) -> None:
                     "first)", settings.priority_floor)
 
 
-def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application) -> None:
+def _on_signal(sig: signal.Signals, stop: asyncio.Event, app: web.Application, peers: FrontEndGroup,
+               linked: bool) -> None:
+    if linked:  # a spawned front end: front end 0 forwards one SIGTERM, and kills it to stop at once
+        if not stop.is_set():
+            stop.set()
+            logger.info("front end draining (up to %g s)", app[STATE].settings.drain_timeout_s)
+        return
     if stop.is_set():
+        peers.kill()
         _kill_engine_process(app)
-        _exit_now(128 + sig, f"second {sig.name}: exiting at once without draining")
+        _exit_now(128 + sig, f"second {sig.name}: exiting at once without draining", peers)
         return
     stop.set()
+    peers.terminate()
     again = "press Ctrl-C again to exit now" if sig == signal.SIGINT else f"a second {sig.name} exits at once"
     logger.warning("%s: draining (up to %g s); %s", sig.name, app[STATE].settings.drain_timeout_s, again)
 
@@ -131,8 +226,10 @@ def _kill_engine_process(app: web.Application) -> None:
         engine.kill()
 
 
-def _exit_now(code: int, message: str) -> None:
-    """Log ``message`` and end the process now, whatever other threads are doing."""
+def _exit_now(code: int, message: str, peers: FrontEndGroup) -> None:
+    """Log ``message`` and end the process now, whatever other threads are doing (the shared
+    metrics directory of several front ends removed first)."""
+    peers.remove_metrics_dir()
     logger.critical("%s (exit code %d)", message, code)
     logging.shutdown()
     sys.stderr.flush()
@@ -156,7 +253,7 @@ async def _flush_writes(runner: web.AppRunner, timeout_s: float) -> None:
     logger.warning("some response bytes were still unsent after %.1f s", timeout_s)
 
 
-async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
+async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Callable[[], None] | None) -> int:
     state = app[STATE]
     loaded = asyncio.ensure_future(state.engine.wait_ready())
     stopped = asyncio.ensure_future(stop.wait())
@@ -168,6 +265,8 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event) -> int:
                 logger.error("loading the model failed: %s", loaded.exception())
                 return 1
             logger.info("ready: model %s loaded and warmed up", state.settings.model_name)
+            if on_ready is not None:
+                on_ready()
             await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)
         if dead.done():
             return EXIT_ENGINE_DEAD

@@ -49,7 +49,11 @@ class ServerSettings:
     head, is closed after this. ``request_read_timeout_s``: the most a request body may take
     to arrive (408 after). ``stream_write_timeout_s`` and ``max_stream_backlog``: a stream
     whose client does not read for that long, or lets that many outputs pile up, is cut and
-    its requests aborted. ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
+    its requests aborted. ``stream_interval``: a stream's chunk waits until it holds that many
+    new tokens (its first token and its last chunk go at once), vLLM's ``--stream-interval``; a
+    stream whose client or event loop falls behind sends whatever piled up in one chunk whatever
+    the interval. ``api_server_count``: front-end processes serving the one port over one
+    engine core (vLLM's ``--api-server-count``). ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
     that tokenizes prompts off the event loop and how many may wait for it (429 beyond).
     ``enable_auto_tool_choice``: ``None`` (the flag not given) and ``True`` serve ``tool_choice:
     auto``; ``False`` refuses it as vLLM does by default. ``tool_call_parser``: vLLM's name of the
@@ -84,6 +88,8 @@ class ServerSettings:
     request_read_timeout_s: float = 60.0
     stream_write_timeout_s: float = 60.0
     max_stream_backlog: int = DEFAULT_MAX_BACKLOG
+    stream_interval: int = 1
+    api_server_count: int = 1
     tokenizer_workers: int = 2
     max_pending_tokenizations: int = 64
     enable_auto_tool_choice: bool | None = None
@@ -109,7 +115,8 @@ class ServerSettings:
                      "stream_write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds (got {getattr(self, name)}).")
-        for name in ("max_stream_backlog", "tokenizer_workers", "max_pending_tokenizations"):
+        for name in ("max_stream_backlog", "tokenizer_workers", "max_pending_tokenizations", "stream_interval",
+                     "api_server_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)}).")
         if self.admin_api_key is not None and self.admin_api_key == self.api_key:

@@ -4,8 +4,10 @@ Owns what happens between a parsed request and its response: one engine request 
 (prompt, choice) with ids ``<request id>-<choice index>``, engine-side validation (400),
 admission as the request's tenant (:mod:`.tenancy`; 429 when the queue, or the tenant's share
 of it, is full; 400 when the request has more choices than the queue can ever hold),
-streaming chunks or one body, usage, metrics, the per-request JSON log line, and aborting the
-unfinished engine requests when the client goes away or stops reading.
+streaming chunks (each wakeup takes every queued output, merges them per choice, holds a
+choice's chunk for ``stream_interval`` tokens, and writes the wakeup's events at once) or one
+body, usage, metrics, the per-request JSON log line, and aborting the unfinished engine
+requests when the client goes away or stops reading.
 Engine failures are answered, never dropped: a request the engine failed on gets a 500 (a
 stream an error event), a dead engine or a drain cut a 503. Knows nothing about routing,
 auth or parsing JSON bodies.
@@ -51,7 +53,7 @@ from inflight.runtime.server.errors import (
 from inflight.runtime.server.openai import responses, streaming
 from inflight.runtime.server.openai.chat_output import ChatOutputPlan, ChatStream
 from inflight.runtime.server.openai.protocol import GenerationRequest
-from inflight.runtime.server.openai.responses import ChoiceState, TokenText
+from inflight.runtime.server.openai.responses import ChoiceState, HeldDelta, TokenText
 from inflight.runtime.server.state import ServerState
 from inflight.runtime.server.tenancy import request_tenant
 
@@ -137,7 +139,7 @@ def plan(
     token_text = None
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
-        token_text = _cached_token_text(lambda tid: tokenizer.decode([tid]))
+        token_text = responses.cached_token_text(lambda tid: tokenizer.decode([tid]))
     meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival,
                output_plan=output_plan, decorate=decorate)
@@ -248,31 +250,42 @@ def _count_aborted(state: ServerState, job: Job) -> None:
 
 
 async def _stream(request: web.Request, state: ServerState, job: Job, group: Any) -> web.StreamResponse:
+    """Stream the job: each wakeup takes every output queued for the group, merges them per
+    choice (:class:`~.responses.HeldDelta`), holds a choice's chunk until it has
+    ``stream_interval`` new tokens (not its first token nor its last chunk), and writes the
+    wakeup's events at once."""
     response = await streaming.open_stream(request)
-    send = _stream_sender(response, state.settings.stream_write_timeout_s)
-    extra = {"usage": None} if job.req.include_usage else {}
+    timeout_s = state.settings.stream_write_timeout_s
+    obj = "chat.completion.chunk" if job.req.is_chat else "text_completion"
+    chunks = streaming.ChunkFormat(job.meta, obj, job.req.include_usage)
+    interval = state.settings.stream_interval
+    held = {req_id: HeldDelta() for req_id in job.choices}
     try:
+        sender = streaming.SseSender(request, response, timeout_s)
         if job.req.is_chat:
-            choices = sorted(job.choices.values(), key=lambda c: c.index)
-            for choice in choices:
-                chunk = responses.chat_chunk(job.meta, choice.index, {"role": "assistant", "content": ""}, None)
-                await send({**chunk, **extra})
-            if job.req.echo_text:  # vLLM: the echoed final message comes first, as content
-                for choice in choices:
-                    chunk = responses.chat_chunk(job.meta, choice.index, {"content": job.req.echo_text}, None)
-                    await send({**chunk, **extra})
-        async for out in group:
-            choice = job.choices[out.req_id]
-            start_offset = choice.num_chars
-            _record(state, job, out)
-            chunk = _chunk(job, choice, out, start_offset)
-            if chunk is not None:
-                await send({**chunk, **extra})
+            await sender.write(_chat_opening(job, chunks))
+        async for outs in group.batches():
+            due: dict[str, HeldDelta] = {}
+            now = time.monotonic()
+            for out in outs:
+                choice = job.choices[out.req_id]
+                held[out.req_id].add(out, choice.num_chars)
+                _record(state, job, out, now)
+                due[out.req_id] = held[out.req_id]
+            events = []
+            for req_id, pending in due.items():
+                if pending.is_due(interval):
+                    event = _choice_event(job, job.choices[req_id], pending)
+                    pending.taken(sent=event is not None)
+                    if event is not None:
+                        events.append(chunks.event(event))
+            if events:
+                await sender.write(events[0] if len(events) == 1 else b"".join(events))
+        last = b""
         if job.req.include_usage:
-            obj = "chat.completion.chunk" if job.req.is_chat else "text_completion"
             usage = responses.usage([len(p) for p in job.prompt_ids], list(job.choices.values()))
-            await send(responses.usage_chunk(job.meta, obj, usage))
-        await streaming.close_stream(response)
+            last = streaming.sse_event(responses.usage_chunk(job.meta, obj, usage))
+        await sender.close(last)
     except (OSError, asyncio.TimeoutError):  # the client left or stopped reading: abort the rest
         job.outcome = "aborted"
     except Exception as exc:  # the status line is sent: report in the stream, never a traceback
@@ -280,50 +293,51 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
             RequestFailedError)):
             logger.exception("error while streaming %s", job.request_id)
         job.outcome = "error"
-        await _send_error(response, engine_failure(exc), state.settings.stream_write_timeout_s)
+        await streaming.send_error(response, engine_failure(exc).body(), timeout_s)
     return response
 
 
-def _stream_sender(response: web.StreamResponse, timeout_s: float) -> Any:
-    """``send(payload)`` that gives up (``TimeoutError``) when the client stops reading."""
-
-    async def send(payload: dict[str, Any]) -> None:
-        await asyncio.wait_for(streaming.send(response, payload), timeout_s)
-
-    return send
-
-
-async def _send_error(response: web.StreamResponse, error: APIError, timeout_s: float) -> None:
-    try:
-        await asyncio.wait_for(streaming.send(response, error.body()), timeout_s)
-        await asyncio.wait_for(streaming.close_stream(response), timeout_s)
-    except (OSError, asyncio.TimeoutError):
-        pass
+def _chat_opening(job: Job, chunks: streaming.ChunkFormat) -> bytes:
+    """A chat stream's first events: each choice's role, then (vLLM) an echoed final message."""
+    choices = sorted(job.choices.values(), key=lambda c: c.index)
+    events = [chunks.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}) for c in choices]
+    if job.req.echo_text:
+        events += [chunks.event({"index": c.index, "delta": {"content": job.req.echo_text},
+                                 "logprobs": None, "finish_reason": None}) for c in choices]
+    return b"".join(events)
 
 
-def _chunk(job: Job, choice: ChoiceState, out: RequestOutput, start_offset: int) -> dict[str, Any] | None:
-    if not out.new_text and not out.finished and not out.new_logprobs:
-        return None  # text held back (maybe a stop string); nothing to say yet
-    finish = out.finish_reason if out.finished else None
+def _choice_event(job: Job, choice: ChoiceState, held: HeldDelta) -> dict[str, Any] | None:
+    """The streamed choice for ``held`` (one or more merged outputs); None when it says nothing
+    yet (text held back, maybe a stop string, or a tool call still being parsed)."""
+    text = held.text
+    if not text and not held.finished and not held.logprob_parts:
+        return None
+    finish = held.finish_reason if held.finished else None
     if not job.req.is_chat:
-        return responses.completion_chunk(job.meta, choice, out, job.token_text, start_offset)
+        return responses.completion_delta(choice.index, text, held.logprob_parts, job.token_text, finish)
     logprobs = None
     if job.token_text is not None:
-        logprobs = responses.chat_logprobs(out.new_logprobs or (), job.token_text)
-    delta = {"content": out.new_text} if out.new_text else {}
+        logprobs = responses.chat_logprobs(held.logprob_entries, job.token_text)
+    delta = {"content": text} if text else {}
     if job.output_plan is not None:
-        stream = job.chat_streams.setdefault(choice.req_id, ChatStream(job.output_plan))
-        delta = stream.feed(out.new_text, out.finished)
+        stream = job.chat_streams.get(choice.req_id)
+        if stream is None:
+            stream = job.chat_streams[choice.req_id] = ChatStream(job.output_plan)
+        delta = stream.feed(text, held.finished)
         finish = stream.finish_reason(finish)
-        if not delta and not out.finished and logprobs is None:
+        if not delta and not held.finished and logprobs is None:
             return None
-    return responses.chat_chunk(job.meta, choice.index, delta, finish, logprobs)
+    return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
-def _record(state: ServerState, job: Job, out: RequestOutput) -> None:
-    """Account one engine output: choice text, inter-token gaps, finish metrics."""
+def _record(state: ServerState, job: Job, out: RequestOutput, now: float | None = None) -> None:
+    """Account one engine output: choice text, inter-token gaps, finish metrics. ``now``: when
+    its batch was taken (``time.monotonic()``; read here when not given)."""
     choice = job.choices[out.req_id]
-    now = time.monotonic()
+    if now is None:
+        now = time.monotonic()
     if out.new_token_ids:
         if choice.last_token_at is not None:
             state.metrics.observe_token_gap(now - choice.last_token_at)
@@ -379,15 +393,3 @@ def _log_finished(job: Job) -> None:
         "user": job.req.user,
     }
     request_log.info(json.dumps(record))
-
-
-def _cached_token_text(decode: TokenText) -> TokenText:
-    cache: dict[int, str] = {}
-
-    def token_text(token_id: int) -> str:
-        text = cache.get(token_id)
-        if text is None:
-            text = cache[token_id] = decode(token_id)
-        return text
-
-    return token_text

@@ -1,6 +1,7 @@
 """Build OpenAI response bodies and stream chunks from engine outputs.
 
-Owns the response side of the OpenAI API: per-choice accumulation (``ChoiceState``),
+Owns the response side of the OpenAI API: per-choice accumulation (``ChoiceState``), a
+streamed choice's outputs held until they are sent (``HeldDelta``: merged text and logprobs),
 completion / chat bodies, streaming chunks, ``usage`` and both logprobs layouts
 (completions: ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``; chat:
 ``content: [{token, logprob, bytes, top_logprobs}]``). Knows nothing about HTTP or the
@@ -58,6 +59,58 @@ class ChoiceState:
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+
+LogprobPart = tuple[Sequence[TokenLogprob], int]  # one output's logprobs and its text offset
+
+
+class HeldDelta:
+    """One streamed choice's outputs taken from the engine but not sent yet, merged in order:
+    their text, logprobs (per output, with the output's text offset), token count and the last
+    one's finish (``--stream-interval``, or a reader that fell behind)."""
+
+    __slots__ = ("text_parts", "logprob_parts", "num_tokens", "finished", "finish_reason", "sent_first")
+
+    def __init__(self) -> None:
+        self.text_parts: list[str] = []
+        self.logprob_parts: list[LogprobPart] = []
+        self.num_tokens = 0
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.sent_first = False  # a chunk of this choice went out (its first token is never held)
+
+    def add(self, out: RequestOutput, start_offset: int) -> None:
+        """Hold ``out``; ``start_offset``: the choice's text length before it."""
+        if out.new_text:
+            self.text_parts.append(out.new_text)
+        if out.new_logprobs:
+            self.logprob_parts.append((out.new_logprobs, start_offset))
+        self.num_tokens += len(out.new_token_ids)
+        if out.finished:
+            self.finished = True
+            self.finish_reason = out.finish_reason
+
+    def is_due(self, interval: int) -> bool:
+        """Send now: the last output, the first token, or ``interval`` tokens held."""
+        return self.finished or self.num_tokens >= interval or (self.num_tokens > 0 and not self.sent_first)
+
+    @property
+    def text(self) -> str:
+        parts = self.text_parts
+        return parts[0] if len(parts) == 1 else "".join(parts)
+
+    @property
+    def logprob_entries(self) -> list[TokenLogprob]:
+        return [entry for entries, _ in self.logprob_parts for entry in entries]
+
+    def taken(self, sent: bool) -> None:
+        """The held outputs were turned into a chunk (``sent``) or found to say nothing yet (their
+        text, if any, went into a parser); their tokens still count towards the next chunk then."""
+        self.text_parts.clear()
+        self.logprob_parts.clear()
+        if sent:
+            self.num_tokens = 0
+            self.sent_first = True
 
 
 def usage(prompt_lens: Sequence[int], choices: Sequence[ChoiceState]) -> dict[str, int]:
@@ -162,21 +215,31 @@ def completion_chunk(
     start_offset: int,
 ) -> dict[str, Any]:
     """One streamed /v1/completions chunk carrying ``out``'s delta for ``choice``."""
+    parts = [(out.new_logprobs, start_offset)] if out.new_logprobs else []
+    finish = out.finish_reason if out.finished else None
+    return {**meta, "object": "text_completion",
+            "choices": [completion_delta(choice.index, out.new_text, parts, token_text, finish)]}
+
+
+def completion_delta(
+    index: int,
+    text: str,
+    logprob_parts: Sequence[LogprobPart],
+    token_text: TokenText | None,
+    finish_reason: str | None,
+) -> dict[str, Any]:
+    """A streamed completion choice: ``text`` and the logprobs of one or more outputs, each
+    part's ``text_offset`` counted from its output's own start (as if sent one by one)."""
     logprobs = None
     if token_text is not None:
-        logprobs = completion_logprobs(out.new_logprobs or (), token_text, start_offset)
-    return {
-        **meta,
-        "object": "text_completion",
-        "choices": [
-            {
-                "index": choice.index,
-                "text": out.new_text,
-                "logprobs": logprobs,
-                "finish_reason": out.finish_reason if out.finished else None,
-            }
-        ],
-    }
+        if len(logprob_parts) == 1:
+            logprobs = completion_logprobs(logprob_parts[0][0], token_text, logprob_parts[0][1])
+        else:
+            logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for entries, start_offset in logprob_parts:
+                for key, values in completion_logprobs(entries, token_text, start_offset).items():
+                    logprobs[key].extend(values)
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_chunk(
@@ -199,3 +262,16 @@ def chat_chunk(
 def usage_chunk(meta: dict[str, Any], obj: str, usage_counts: dict[str, int]) -> dict[str, Any]:
     """The final chunk of a stream with ``stream_options.include_usage``: no choices."""
     return {**meta, "object": obj, "choices": [], "usage": usage_counts}
+
+
+def cached_token_text(decode: TokenText) -> TokenText:
+    """``decode`` with a cache: a token's text is looked up once per request."""
+    cache: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        text = cache.get(token_id)
+        if text is None:
+            text = cache[token_id] = decode(token_id)
+        return text
+
+    return token_text

@@ -1,0 +1,31 @@
+"""Smoke tests of the host-path studies at tiny sizes: a served burst on the simulated device
+reports device busy, delivered tokens and CPU per token by process; the real-model study runs
+inflight alone (no vLLM here) and prints its table. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.studies import host_path, host_path_peer
+
+
+def test_a_simulated_burst_reports_busy_tokens_and_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    assert host_path.main(["--streams", "4", "--tokens", "6", "--step-ms", "1", "--size", "tiny",
+                           "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["errors"] == 0 and row["tokens"] > 0
+    assert 0 < row["device_busy"] <= 1
+    assert {"front end", "engine core"} <= set(row["cpu_us_per_token"])
+
+
+def test_the_real_model_study_runs_without_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "runs.json"
+    assert host_path_peer.main(["--no-vllm", "--streams", "3", "--tokens", "5", "--repeats", "1",
+                                "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())
+    assert run["system"] == host_path_peer.OURS and run["errors"] == 0 and run["tokens"] > 0
+    assert "| inflight (defaults) |" in capsys.readouterr().out
