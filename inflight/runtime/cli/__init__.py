@@ -1,5 +1,5 @@
 """``inflight serve``: the command line (``command``; ``main`` runs it), the vLLM flag ledger (``vllm_flags``,
-``vllm_flag_rows``, ``vllm_flag_kinds``, ``vllm_aliases``) and the start-up checks (``preflight``,
+``vllm_flag_rows``, ``vllm_flag_rows_engine``, ``vllm_flag_kinds``, ``vllm_aliases``) and the start-up checks (``preflight``,
 ``serving_dir``)."""
 
 

@@ -4,8 +4,8 @@ Owns ``VllmFlag`` and its constructors (``alias``, ``notice``, ``switch``, ``ref
 ``refused_on``, ``only``) and the values vLLM spells differently (``VALUE_ALIASES``). ``alias``:
 the same behaviour under an inflight flag; ``notice``: accepted, changes nothing here, one line
 in the log says why; ``refused``: exit 2 naming why; ``only``: some values are accepted (with a
-notice), the others refused. The rows themselves are ``vllm_flag_rows``. Knows nothing about
-argparse.
+notice), the others refused. The rows themselves are ``vllm_flag_rows`` and ``vllm_flag_rows_engine``.
+Knows nothing about argparse.
 """
 
 from __future__ import annotations

@@ -36,3 +36,5 @@ REASONING = "reasoning (<think>...</think>) goes to reasoning_content whenever t
 THINK_PARSERS = ("deepseek_r1", "qwen3", "glm45")  # vLLM's reasoning parsers of <think>...</think>
 SCHEDULER = "inflight's scheduler shares each step's token budget (--max-num-tokens) between prompt chunks"
 DP = "no data parallelism inside one server: run more replicas (the operator scales them)"
+METRICS = "/metrics has inflight's own set (docs/metrics.md)"
+SLEEP = "no sleep mode"

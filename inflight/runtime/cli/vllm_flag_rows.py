@@ -1,9 +1,10 @@
 """Every flag of ``vllm serve`` and inflight's answer to it, as data (``FLAGS``, in ``SECTIONS``).
 
-The rows follow vLLM 0.22.1's parser (``FrontendArgs`` in ``vllm/entrypoints/openai/cli_args.py``,
+The rows follow vLLM 0.32.0's parser (``FrontendArgs`` in ``vllm/entrypoints/openai/cli_args.py``,
 ``EngineArgs.add_cli_args`` in ``vllm/engine/arg_utils.py``, the ``serve`` subcommand's own
-flags) in its order, then flags of earlier releases that scripts still carry (``LEGACY``). The
-kinds of answer are ``vllm_flag_kinds``; queries and the doc table are ``vllm_flags``.
+flags) in its order: the frontend, model, load, parallel and cache groups here, the rest and
+the flags of earlier releases that scripts still carry (``LEGACY``) in ``vllm_flag_rows_engine``.
+The kinds of answer are ``vllm_flag_kinds``; queries and the doc table are ``vllm_flags``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from inflight.runtime.cli.vllm_flag_kinds import (
 from inflight.runtime.cli.vllm_flag_reasons import (
     AUTO_TOOLS,
     CORS,
-    DISAGG,
     DP,
     GEN_CONFIG,
-    GRAPHS,
     HUB,
     KERNELS,
     LOG_TEXT,
@@ -35,13 +34,22 @@ from inflight.runtime.cli.vllm_flag_reasons import (
     PLUGINS,
     QUANT,
     REASONING,
-    SCHEDULER,
+    SLEEP,
     THINK_PARSERS,
     TLS,
 )
+from inflight.runtime.cli.vllm_flag_rows_engine import (
+    COMPILATION,
+    ENGINE,
+    LEGACY,
+    LORA_FLAGS,
+    MULTIMODAL,
+    OBSERVABILITY,
+    SCHEDULER_FLAGS,
+)
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 
-VLLM_RELEASE = "0.22.1"
+VLLM_RELEASE = "0.32.0"
 
 FRONTEND: tuple[VllmFlag, ...] = (
     refused("--headless", ONE_NODE, 0),
@@ -55,6 +63,7 @@ FRONTEND: tuple[VllmFlag, ...] = (
          "message content reaches the template as a string (text parts joined)",
          "message content reaches the template as a string; the openai (list of parts) form is not implemented"),
     refused_on("--trust-request-chat-template", "a request's own chat_template is refused (400)"),
+    refused_on("--trust-request-mm-kwargs", MM),
     refused("--default-chat-template-kwargs", "not implemented: send chat_template_kwargs with each request"),
     only("--response-role", ("assistant",), "the reply's role is assistant",
          "the reply's role is always assistant"),
@@ -65,21 +74,33 @@ FRONTEND: tuple[VllmFlag, ...] = (
     alias("--tool-call-parser", "--tool-call-parser", f"{', '.join(TOOL_CALL_PARSERS)}; other values are "
           "refused at start. Unset: the format the chat template teaches."),
     refused("--tool-parser-plugin", f"no plugins: {tool_parser_choices()}"),
+    only("--tool-strict-level", ("auto",),
+         "tool calls forced by tool_choice (required or a named function) follow the parameters schema; "
+         "tool_choice auto is parsed as generated",
+         "no strictness levels: forced tool calls follow the parameters schema, auto ones are not constrained"),
     refused("--tool-server", "no built-in tool servers (MCP, demo)"),
-    refused("--log-config-file", "logging is configured by --log-level and --log-format"),
     notice("--max-log-len", LOG_TEXT),
     refused_on("--enable-prompt-tokens-details", "not implemented: usage has no prompt_tokens_details"),
+    refused_on("--enable-per-request-metrics", "not implemented: responses carry no per-request timing metrics"),
     refused_on("--enable-server-load-tracking", "no /load endpoint; /metrics has the server's load"),
     refused_on("--enable-force-include-usage", "usage comes with stream_options.include_usage only"),
+    only("--sse-keep-alive-interval", ("0",), "streams send no keep-alive comments (vLLM's default)",
+         "not implemented: streams send no keep-alive comments while a request waits; raise the proxy's read "
+         "timeout instead"),
     refused_on("--enable-tokenizer-info-endpoint", "no /tokenizer_info endpoint"),
     refused_on("--enable-log-outputs", LOG_TEXT),
     switch("--enable-log-deltas", LOG_TEXT),
+    switch("--cohere-is-reasoning-model", "no Cohere API or Cohere models here"),
+    notice("--cohere-format", "no Cohere API or Cohere models here"),
+    notice("--anthropic-disabled-thinking-effort", "no Anthropic Messages API (/v1/messages) here"),
     switch("--log-error-stack", "unhandled errors are logged with their traceback; responses never carry one"),
     refused_on("--tokens-only", "not implemented: the full OpenAI API is always served"),
+    refused_on("--enable-scale-out", "no scale-out (render and token-in) endpoints"),
     notice("--fingerprint-mode", "responses carry no system_fingerprint"),
     notice("--fingerprint-value", "responses carry no system_fingerprint"),
     alias("--host", "--host", "Default 127.0.0.1 (vLLM binds every interface)."),
     alias("--port", "--port", "Checked (0..65535, free, the host resolvable) before the model loads."),
+    notice("--grpc-port", "no gRPC server (--grpc is refused)"),
     refused("--data-parallel-supervisor-port", DP),
     refused("--dp-supervisor-probe-interval-s", DP),
     refused("--dp-supervisor-probe-timeout-s", DP),
@@ -134,6 +155,7 @@ MODEL: tuple[VllmFlag, ...] = (
     switch("--allow-deprecated-quantization", "no deprecated quantization methods here"),
     alias("--enforce-eager", "--enforce-eager", "No CUDA graphs for decode steps (docs/gpu.md).", 0, negatable=True),
     refused_on("--enable-return-routed-experts", MOE),
+    refused_on("--return-sampling-mask", "not implemented: outputs carry no sampling masks"),
     alias("--max-logprobs", "--max-logprobs", "Default 20; -1: no ceiling but the vocabulary. Caps logprobs, "
           "top_logprobs and prompt_logprobs (a 400 naming the field above it)."),
     only("--logprobs-mode", ("raw_logprobs",),
@@ -141,6 +163,7 @@ MODEL: tuple[VllmFlag, ...] = (
          "and grammar masks when a request has them)",
          "one mode only: the log-softmax before temperature"),
     switch("--use-fp64-gumbel", "the sampler's own precision is used"),
+    refused_on("--enable-trace-replay", "not implemented: no trace replay (decode token ids forced per request)"),
     refused_on("--disable-sliding-window", "a sliding window is always enforced in attention"),
     switch("--disable-cascade-attn", "no cascade attention here"),
     refused_on("--skip-tokenizer-init", "the tokenizer is always loaded"),
@@ -150,15 +173,18 @@ MODEL: tuple[VllmFlag, ...] = (
          "config.json (Hugging Face format) only"),
     notice("--hf-token", HUB, "?"),
     refused("--hf-overrides", "config.json is used as it is: edit a copy of the model directory"),
+    refused("--model-class-overrides", "the model runs on inflight's own decoder (the families in docs/models.md)"),
     refused("--pooler-config", "no pooling models"),
     alias("--generation-config", "--generation-config", GEN_CONFIG),
     alias("--override-generation-config", "--override-generation-config", "A JSON object of those fields, "
           "on top of the file (with vllm too, as in vLLM); other keys are named in the start-up log."),
-    refused_on("--enable-sleep-mode", "no sleep mode"),
+    refused_on("--enable-sleep-mode", SLEEP),
+    switch("--sleep-mode-offload-cudagraph", SLEEP),
+    notice("--sleep-preserve-parameter-names", SLEEP, "+"),
     switch("--enable-cumem-allocator", "PyTorch's caching allocator is used"),
+    switch("--enable-nccl-comm-suspend", SLEEP),
     only("--model-impl", ("auto", "vllm"), "inflight's own decoder",
          "the model runs on inflight's own decoder (the families in docs/models.md)"),
-    refused("--override-attention-dtype", "attention runs in --dtype"),
     refused("--logits-processors", PLUGINS, "+"),
     refused("--io-processor-plugin", PLUGINS),
     notice("--renderer-num-workers", "templating and tokenizing run on the server's own worker pool"),
@@ -177,6 +203,7 @@ LOAD: tuple[VllmFlag, ...] = (
     notice("--pt-load-map-location", "weights load onto --device"),
     refused("--attention-backend", KERNELS),
     notice("--mamba-backend", MAMBA),
+    notice("--mamba-ssu-algorithm", MAMBA),
     switch("--enable-mamba-cache-stochastic-rounding", MAMBA),
     notice("--mamba-cache-philox-rounds", MAMBA),
     only("--reasoning-parser", THINK_PARSERS, REASONING,
@@ -197,9 +224,11 @@ PARALLEL: tuple[VllmFlag, ...] = (
     switch("--numa-bind", "no NUMA binding"),
     notice("--numa-bind-nodes", "no NUMA binding", "+"),
     notice("--numa-bind-cpus", "no NUMA binding", "+"),
+    refused("--device-ids", "choose the GPUs with CUDA_VISIBLE_DEVICES (in Kubernetes the pod's GPU request does)"),
     alias(("--tensor-parallel-size", "-tp"), "--tensor-parallel-size", "Ranks of one node."),
     only(("--decode-context-parallel-size", "-dcp"), ("1",), "no context parallelism", ONE_NODE),
     notice("--dcp-comm-backend", "no context parallelism"),
+    switch("--dcp-q-replicate", "no context parallelism"),
     notice("--dcp-kv-cache-interleave-size", "no context parallelism"),
     notice("--cp-kv-cache-interleave-size", "no context parallelism"),
     only(("--prefill-context-parallel-size", "-pcp"), ("1",), "no context parallelism", ONE_NODE),
@@ -213,13 +242,18 @@ PARALLEL: tuple[VllmFlag, ...] = (
     refused_on(("--data-parallel-hybrid-lb", "-dph"), DP),
     refused_on(("--data-parallel-external-lb", "-dpe"), DP),
     refused_on(("--data-parallel-multi-port-external-lb", "-dpm"), DP, negatable=False),
+    switch("--enable-hc-sp", "no sequence parallelism"),
     refused_on(("--enable-expert-parallel", "-ep"), MOE),
+    switch("--enable-batch-sharded-sampling", "no sharded sampling: the sampler runs once, on rank 0"),
     switch("--enable-ep-weight-filter", MOE),
     notice("--all2all-backend", MOE),
     switch("--enable-dbo", "no dual-batch overlap"),
+    switch("--enable-shm-tensor-arena", "no shared-memory tensor arena: processes exchange typed messages"),
     notice("--ubatch-size", "no dual-batch overlap"),
     switch("--enable-elastic-ep", MOE),
+    notice("--elastic-ep-max-dp-size", MOE),
     notice("--dbo-decode-token-threshold", "no dual-batch overlap"),
+    notice("--dp-sync-interval", DP),
     notice("--dbo-prefill-token-threshold", "no dual-batch overlap"),
     switch("--disable-nccl-for-dp-synchronization", DP),
     switch("--enable-eplb", MOE),
@@ -230,11 +264,14 @@ PARALLEL: tuple[VllmFlag, ...] = (
     switch("--disable-custom-all-reduce", "tensor-parallel reductions are torch.distributed's"),
     refused("--worker-cls", PLUGINS),
     refused("--worker-extension-cls", PLUGINS),
+    refused_on("--enable-fault-tolerance", "no engine recovery: a dead engine core ends the server and its "
+               "pod is restarted"),
+    notice("--fault-tolerance-config", "no engine recovery (--enable-fault-tolerance is refused)"),
 )
 
 CACHE: tuple[VllmFlag, ...] = (
     alias("--block-size", "--block-size", "A power of two (default 16)."),
-    alias("--gpu-memory-utilization", "--kv-cache-free-gpu-mem-fraction",
+    alias(("--gpu-memory-utilization", "--device-memory-utilization"), "--kv-cache-free-gpu-mem-fraction",
           "Not quite the same: vLLM's is the share of the whole GPU; ours the share of the memory "
           "still free after the weights load that becomes KV cache."),
     refused("--kv-cache-memory-bytes", "size the KV cache with --num-kv-blocks or --max-tokens-in-paged-kv-cache"),
@@ -243,13 +280,19 @@ CACHE: tuple[VllmFlag, ...] = (
     alias("--num-gpu-blocks-override", "--num-kv-blocks", "Replaces the memory-based sizing."),
     alias("--enable-prefix-caching", "--enable-prefix-caching", "On by default, as in vLLM V1.", 0, negatable=True),
     notice("--prefix-caching-hash-algo", "prefix blocks are keyed by a chained SHA-256 of their token ids"),
-    switch("--calculate-kv-scales", "no fp8 KV cache"),
+    notice("--prefix-cache-retention-interval", "every full block stays cached until evicted; no hybrid-model "
+           "state checkpoints here"),
     notice("--kv-cache-dtype-skip-layers", "no fp8 KV cache", "+"),
     switch("--kv-sharing-fast-prefill", "no cross-layer KV sharing models here"),
+    switch("--swa-bounded-replay", "no sliding-window prefix-cache replay here"),
     notice("--mamba-cache-dtype", MAMBA),
     notice("--mamba-ssm-cache-dtype", MAMBA),
     notice("--mamba-block-size", MAMBA),
+    notice("--prefix-match-unit", "prefix caching matches whole blocks (--block-size tokens)"),
     notice("--mamba-cache-mode", MAMBA),
+    switch("--enable-mamba-shared-prefix-checkpoint", MAMBA),
+    notice("--replayssm-buffer-len", MAMBA),
+    switch("--use-replayssm", MAMBA),
     refused("--kv-offloading-size", "no KV cache offloading to CPU memory"),
     notice("--kv-offloading-backend", "no KV cache offloading to CPU memory"),
     notice("--offload-backend", "no weight offloading"),
@@ -260,127 +303,6 @@ CACHE: tuple[VllmFlag, ...] = (
     notice("--offload-prefetch-step", "no weight offloading"),
     notice("--offload-params", "no weight offloading", "+"),
     switch("--language-model-only", "text-only models here"),
-)
-
-MULTIMODAL: tuple[VllmFlag, ...] = (
-    notice("--limit-mm-per-prompt", MM),
-    refused_on("--enable-mm-embeds", MM),
-    notice("--media-io-kwargs", MM),
-    notice("--mm-processor-kwargs", MM),
-    notice("--mm-processor-cache-gb", MM),
-    notice("--mm-processor-cache-type", MM),
-    notice("--mm-shm-cache-max-object-size-mb", MM),
-    refused_on("--mm-encoder-only", MM),
-    notice("--mm-encoder-tp-mode", MM),
-    notice("--mm-encoder-attn-backend", MM),
-    notice("--mm-encoder-attn-dtype", MM),
-    notice("--mm-encoder-fp8-scale-path", MM),
-    notice("--mm-encoder-fp8-scale-save-path", MM),
-    notice("--mm-encoder-fp8-scale-save-margin", MM),
-    switch("--interleave-mm-strings", MM),
-    switch("--skip-mm-profiling", MM),
-    notice("--video-pruning-rate", MM),
-    notice("--mm-tensor-ipc", MM),
-)
-
-LORA_FLAGS: tuple[VllmFlag, ...] = (
-    refused_on("--enable-lora", LORA),
-    notice("--max-loras", LORA),
-    notice("--max-lora-rank", LORA),
-    notice("--lora-dtype", LORA),
-    switch("--enable-tower-connector-lora", LORA),
-    notice("--max-cpu-loras", LORA),
-    switch("--fully-sharded-loras", LORA),
-    notice("--lora-target-modules", LORA, "+"),
-    refused("--default-mm-loras", LORA),
-    switch("--specialize-active-lora", LORA),
-    switch("--enable-mixed-moe-lora-format", LORA),
-)
-
-OBSERVABILITY: tuple[VllmFlag, ...] = (
-    notice("--show-hidden-metrics-for-version", "/metrics has inflight's own set (docs/metrics.md)"),
-    refused("--otlp-traces-endpoint", "no OpenTelemetry tracing"),
-    refused("--collect-detailed-traces", "no OpenTelemetry tracing", "+"),
-    switch("--kv-cache-metrics", "/metrics has inflight's own KV cache metrics (docs/metrics.md)"),
-    notice("--kv-cache-metrics-sample", "/metrics has inflight's own KV cache metrics (docs/metrics.md)"),
-    switch("--cudagraph-metrics", "decode-graph captures are reported in the load log"),
-    switch("--enable-layerwise-nvtx-tracing", "no NVTX ranges"),
-    switch("--enable-mfu-metrics", "no MFU metrics"),
-    switch("--enable-logging-iteration-details", "the stats line is the engine's periodic log"),
-)
-
-SCHEDULER_FLAGS: tuple[VllmFlag, ...] = (
-    alias("--max-num-batched-tokens", "--max-num-tokens", "The token budget of one step. Live-tunable."),
-    alias("--max-num-seqs", "--max-num-sequences", "Live-tunable."),
-    notice("--max-num-partial-prefills", SCHEDULER),
-    notice("--max-long-partial-prefills", SCHEDULER),
-    alias("--long-prefill-token-threshold", "--long-prefill-token-threshold",
-          "Caps a chunked prompt's tokens per step; 0 turns the cap off. Under --scheduler-policy fair it caps "
-          "one tenant's prompt tokens per step and defaults to --max-num-tokens / 8."),
-    alias("--scheduling-policy", "--scheduler-policy", "inflight also has fair and static; a request's "
-          "priority is refused (400) under fcfs and static."),
-    alias("--enable-chunked-prefill", "--enable-chunked-context", "On by default.", 0, negatable=True),
-    switch("--disable-chunked-mm-input", MM),
-    refused("--scheduler-cls", PLUGINS),
-    switch("--scheduler-reserve-full-isl", SCHEDULER),
-    switch("--disable-hybrid-kv-cache-manager", "one kind of KV cache here"),
-    alias("--async-scheduling", "--async-scheduling", "Prepare step N+1 while step N runs (docs/gpu.md).", 0,
-          negatable=True),
-    alias("--stream-interval", "--stream-interval", "A stream that falls behind also sends what piled up "
-          "in one chunk."),
-)
-
-COMPILATION: tuple[VllmFlag, ...] = (
-    notice("--cudagraph-capture-sizes", GRAPHS, "+"),
-    notice("--max-cudagraph-capture-size", GRAPHS),
-    notice("--ir-op-priority", KERNELS),
-    switch("--enable-flashinfer-autotune", KERNELS),
-    notice("--moe-backend", MOE),
-    notice("--linear-backend", KERNELS),
-)
-
-ENGINE: tuple[VllmFlag, ...] = (
-    alias(("--speculative-config", "-sc"), "--speculative-config",
-          "n-gram (prompt lookup), or a draft model that shares the tokenizer (method draft_model)."),
-    refused("--spec-method", "use --speculative-config '{\"method\": \"ngram\" or \"draft_model\", ...}'"),
-    refused("--spec-model", "use --speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'"),
-    refused("--spec-tokens", "use --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": N}'"),
-    refused("--kv-transfer-config", DISAGG),
-    refused("--kv-events-config", DISAGG),
-    refused("--ec-transfer-config", DISAGG),
-    notice(("--compilation-config", "-cc"), GRAPHS),
-    notice(("--attention-config", "-ac"), KERNELS),
-    notice("--reasoning-config", REASONING),
-    notice("--kernel-config", KERNELS),
-    notice("--additional-config", PLUGINS),
-    notice("--structured-outputs-config", "structured output runs on inflight's own llguidance integration"),
-    refused("--profiler-config", "no profiler endpoints"),
-    notice("--optimization-level", GRAPHS),
-    notice("--performance-mode", "tune with --max-num-sequences and --max-num-tokens (docs/tuning.md)"),
-    refused("--weight-transfer-config", "no weight-transfer endpoints"),
-    alias("--disable-log-stats", "--no-stats-log", "", 0),
-    switch("--aggregate-engine-logging", DP, negatable=False),
-    switch("--fail-on-environ-validation", "no environment validation step"),
-    alias("--shutdown-timeout", "--drain-timeout", "vLLM's default is 0 (abort at once); inflight's is 30 s."),
-    notice("--gdn-prefill-backend", "no gated-delta-net models here"),
-    switch("--enable-log-requests", "inflight logs one line per finished request (no prompt or output) and "
-           "one access line per HTTP request (--no-access-log turns those off)"),
-)
-
-LEGACY: tuple[VllmFlag, ...] = (
-    alias("--disable-log-requests", "--no-access-log", "Turns off the access log.", 0, negatable=True),
-    notice("--swap-space", "no CPU swap space: a preempted request is recomputed, as in vLLM V1"),
-    alias("--disable-frontend-multiprocessing", "--single-process", "", 0),
-    notice("--max-seq-len-to-capture", GRAPHS),
-    only("--task", ("auto", "generate"), "text generation only", "text generation only"),
-    notice("--guided-decoding-backend", "structured output runs on inflight's own llguidance integration"),
-    notice("--cuda-graph-sizes", GRAPHS, "+"),
-    notice("-O", GRAPHS),
-    only("--num-scheduler-steps", ("1",), "one step per schedule", "multi-step scheduling is gone (from vLLM too)"),
-    only("--preemption-mode", ("recompute",), "a preempted request is recomputed",
-         "a preempted request is recomputed; there is no swapping"),
-    notice("--num-lookahead-slots", SCHEDULER),
-    switch("--enable-reasoning", REASONING, negatable=False),
 )
 
 SECTIONS: tuple[tuple[str, tuple[VllmFlag, ...]], ...] = (

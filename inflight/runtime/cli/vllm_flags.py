@@ -2,8 +2,8 @@
 
 Owns ``by_name`` (every spelling -> its row) and ``markdown_tables``, the table of
 docs/from-vllm.md (between the ``vllm-flags`` markers; ``python -m inflight.runtime.cli.vllm_flags``
-rewrites it). The row type and kinds are ``vllm_flag_kinds``, the rows ``vllm_flag_rows``; both
-are re-exported here. Knows nothing about argparse (``cli_vllm`` wires the rows into the parser).
+rewrites it). The row type and kinds are ``vllm_flag_kinds``, the rows ``vllm_flag_rows`` (and
+``vllm_flag_rows_engine``); both are re-exported here. Knows nothing about argparse (``cli_vllm`` wires the rows into the parser).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _answer(flag: VllmFlag) -> tuple[str, str]:
 def markdown_tables() -> str:
     """The generated part of docs/from-vllm.md: one table per group of vLLM's ``serve`` flags."""
     num_current = len(FLAGS) - len(LEGACY)
-    lines = [f"Generated from `inflight/runtime/cli/vllm_flag_rows.py`: the {num_current} flags of vLLM "
+    lines = [f"Generated from `inflight/runtime/cli/vllm_flag_rows*.py`: the {num_current} flags of vLLM "
              f"{VLLM_RELEASE}'s `vllm serve` and {len(LEGACY)} of earlier releases; a test checks that "
              "the parser does what this says."]
     for title, rows in SECTIONS:
