@@ -254,27 +254,33 @@ class ServerMetrics:
         self.rejected = Counter("inflight:request_rejected_total",
                                 "Requests refused before running, by reason.",
                                 ["model_name", "reason"], registry=own)
+        # One labelled child each, made once (as vLLM does): .labels() per observation costs a
+        # lock and a dict lookup for every streamed token.
+        name = self.model_name
+        self._ttft, self._itl, self._tpot = self.ttft.labels(name), self.itl.labels(name), self.tpot.labels(name)
+        self._e2e, self._queue_time = self.e2e.labels(name), self.queue_time.labels(name)
+        self._iteration_tokens = self.iteration_tokens.labels(name)
 
     def observe_step(self, num_tokens: int) -> None:
         """Called from the engine thread after each step (prometheus_client is thread-safe)."""
-        self.iteration_tokens.labels(self.model_name).observe(num_tokens)
+        self._iteration_tokens.observe(num_tokens)
 
     def observe_token_gap(self, seconds: float) -> None:
-        self.itl.labels(self.model_name).observe(seconds)
+        self._itl.observe(seconds)
 
     def observe_finished(self, finish_reason: str, num_output_tokens: int, times: RequestTimes) -> None:
         """One finished engine request (one choice)."""
         name = self.model_name
         self.success.labels(name, finish_reason).inc()
         if times.first_scheduled is not None:
-            self.queue_time.labels(name).observe(max(0.0, times.first_scheduled - times.arrival))
+            self._queue_time.observe(max(0.0, times.first_scheduled - times.arrival))
         if times.first_token is not None:
-            self.ttft.labels(name).observe(max(0.0, times.first_token - times.arrival))
+            self._ttft.observe(max(0.0, times.first_token - times.arrival))
         if times.finished is not None:
-            self.e2e.labels(name).observe(max(0.0, times.finished - times.arrival))
+            self._e2e.observe(max(0.0, times.finished - times.arrival))
             if times.first_token is not None and num_output_tokens > 1:
                 per_token = (times.finished - times.first_token) / (num_output_tokens - 1)
-                self.tpot.labels(name).observe(max(0.0, per_token))
+                self._tpot.observe(max(0.0, per_token))
 
     def observe_aborted(self) -> None:
         """One engine request (one choice) aborted before it finished (client gone, cut)."""
