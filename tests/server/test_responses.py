@@ -55,10 +55,11 @@ def test_chat_logprobs_layout() -> None:
 
 
 def test_chunks() -> None:
-    choice = responses.ChoiceState(2, "r-2")
-    chunk = responses.completion_chunk(META, choice, out("r-2", "d", (3,), 1, True), None, 0)
+    completion = streaming.ChunkFormat(META, "text_completion", False)
+    chunk = json.loads(completion.event(responses.completion_delta(2, "d", [], None, "length"))[6:])
     assert chunk["choices"] == [{"index": 2, "text": "d", "logprobs": None, "finish_reason": "length"}]
-    chat = responses.chat_chunk(META, 0, {"content": "x"}, None)
+    chat_format = streaming.ChunkFormat(META, "chat.completion.chunk", False)
+    chat = json.loads(chat_format.event(responses.chat_delta(0, {"content": "x"}, None))[6:])
     assert chat["object"] == "chat.completion.chunk" and chat["choices"][0]["delta"] == {"content": "x"}
     usage = responses.usage_chunk(META, "text_completion", {"prompt_tokens": 1})
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 1}

@@ -97,7 +97,7 @@ def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepC
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     configure_logging(launch.log_level, launch.log_format)
-    front_ends = FrontEnds(list(conns) if isinstance(conns, (list, tuple)) else [conns])
+    front_ends = FrontEnds.of(conns)
     conn = front_ends.first
     prewarmed, tokenizer = _prewarm(launch)
     try:
@@ -191,10 +191,7 @@ class EngineCore:
 
     def __init__(self, engine: Any, conns: Conn | Sequence[Conn] | FrontEnds, step_clock: StepClock) -> None:
         self.engine = engine
-        if isinstance(conns, FrontEnds):
-            self.front_ends = conns
-        else:
-            self.front_ends = FrontEnds(list(conns) if isinstance(conns, (list, tuple)) else [conns])  # type: ignore[list-item]
+        self.front_ends = FrontEnds.of(conns)
         self.step_clock = step_clock
         self.turn = threading.Lock()
         self._fault = parse_fault(env_vars.read_str(FAULT_ENV) or "")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from inflight.runtime.engine_core.detokenizer import IncrementalDetokenizer, stream_decoding
 from inflight.runtime.engine_core.protocol import StepDone, logprobs_from_plain, times_from_plain
-from inflight.runtime.outputs import RequestOutput
+from inflight.runtime.outputs import RequestOutput, RequestTimes, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -61,15 +61,9 @@ class OutputText:
         state = self._requests.get(out.req_id)
         if state is None:
             return None, False
-        text, kept, stopped = self._advance(state, out.req_id, out.new_token_ids, out.finished)
-        if not stopped:
-            return RequestOutput(out.req_id, out.new_token_ids, text, out.finished, out.finish_reason,
-                                 out.num_prompt_tokens, state.num_output_tokens, out.num_cached_tokens,
-                                 out.new_logprobs, out.times, out.prompt_logprobs, out.error), False  # fmt: skip
-        logprobs = out.new_logprobs[:kept] if out.new_logprobs is not None else None
-        return RequestOutput(out.req_id, out.new_token_ids[:kept], text, True, "stop", out.num_prompt_tokens,
-                             state.num_output_tokens, out.num_cached_tokens, logprobs, out.times,
-                             out.prompt_logprobs, None), not out.finished  # fmt: skip
+        return self._row(state, out.req_id, out.new_token_ids, out.num_prompt_tokens, out.num_cached_tokens,
+                         out.finished, out.finish_reason, out.new_logprobs, out.times, out.prompt_logprobs,
+                         out.error)  # fmt: skip
 
     def process_step(self, outputs: Sequence[RequestOutput]) -> tuple[list[RequestOutput], tuple[str, ...]]:
         """One step's outputs with their text (those of requests finished here dropped), and
@@ -109,25 +103,32 @@ class OutputText:
                                           state.num_output_tokens, num_cached))  # fmt: skip
                 continue
             if extra is None:  # a running request's next tokens (several: speculative decoding)
-                text, kept, stop_here = self._advance(state, req_id, token_ids, False)
-                if stop_here:
-                    token_ids = token_ids[:kept]
-                    stopped.append(req_id)
-                done.append(RequestOutput(req_id, token_ids, text, stop_here, "stop" if stop_here else None,
-                                          num_prompt, state.num_output_tokens, num_cached))  # fmt: skip
-                continue
-            finished, reason, _, plain_logprobs, times, prompt_logprobs, error = extra
-            text, kept, stop_here = self._advance(state, req_id, token_ids, finished)
-            logprobs = logprobs_from_plain(plain_logprobs)
+                out, stop_here = self._row(state, req_id, token_ids, num_prompt, num_cached, False, None, None,
+                                           None, None, None)  # fmt: skip
+            else:
+                finished, reason, _, plain_logprobs, times, prompt_logprobs, error = extra
+                out, stop_here = self._row(state, req_id, token_ids, num_prompt, num_cached, finished, reason,
+                                           logprobs_from_plain(plain_logprobs), times_from_plain(times),
+                                           logprobs_from_plain(prompt_logprobs), error)  # fmt: skip
+            done.append(out)
             if stop_here:
-                token_ids, reason, error = token_ids[:kept], "stop", None
-                logprobs = logprobs[:kept] if logprobs is not None else None
-                if not finished:
-                    stopped.append(req_id)
-            done.append(RequestOutput(req_id, token_ids, text, finished or stop_here, reason, num_prompt,
-                                      state.num_output_tokens, num_cached, logprobs, times_from_plain(times),
-                                      logprobs_from_plain(prompt_logprobs), error))  # fmt: skip
+                stopped.append(req_id)
         return done, tuple(stopped)
+
+    def _row(
+        self, state: _Text, req_id: str, token_ids: tuple[int, ...], num_prompt: int, num_cached: int,
+        finished: bool, reason: str | None, logprobs: tuple[TokenLogprob, ...] | None, times: RequestTimes | None,
+        prompt_logprobs: tuple[TokenLogprob, ...] | None, error: str | None,
+    ) -> tuple[RequestOutput, bool]:
+        """One row's output with its text, cut at a stop string; and True when that stop string
+        ended a request the core still runs (the caller aborts it there)."""
+        text, kept, stop_here = self._advance(state, req_id, token_ids, finished)
+        if stop_here:
+            token_ids, reason, error = token_ids[:kept], "stop", None
+            logprobs = logprobs[:kept] if logprobs is not None else None
+        return RequestOutput(req_id, token_ids, text, finished or stop_here, reason, num_prompt,
+                             state.num_output_tokens, num_cached, logprobs, times, prompt_logprobs,
+                             error), stop_here and not finished  # fmt: skip
 
     def _advance(self, state: _Text, req_id: str, token_ids: tuple[int, ...], finished: bool) -> tuple[str, int, bool]:
         """Feed a row's tokens: (its text delta, how many tokens it keeps, whether a stop string

@@ -45,6 +45,13 @@ class FrontEnds:
         self.routed = len(conns) > 1
         self._owner: dict[str, int] = {}  # req_id -> front-end index (routed only)
 
+    @classmethod
+    def of(cls, conns: Conn | Sequence[Conn] | FrontEnds) -> FrontEnds:
+        """``conns`` as front ends: one connection, a list or tuple of them, or front ends already."""
+        if isinstance(conns, FrontEnds):
+            return conns
+        return cls(list(conns) if isinstance(conns, (list, tuple)) else [conns])  # type: ignore[list-item]
+
     @property
     def first(self) -> Conn:
         """Front end 0's connection (the start-up handshake: Prewarmed, Go)."""

@@ -300,11 +300,10 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
 def _chat_opening(job: Job, chunks: streaming.ChunkFormat) -> bytes:
     """A chat stream's first events: each choice's role, then (vLLM) an echoed final message."""
     choices = sorted(job.choices.values(), key=lambda c: c.index)
-    events = [chunks.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None}) for c in choices]
+    events = [chunks.event(responses.chat_delta(c.index, {"role": "assistant", "content": ""}, None))
+              for c in choices]
     if job.req.echo_text:
-        events += [chunks.event({"index": c.index, "delta": {"content": job.req.echo_text},
-                                 "logprobs": None, "finish_reason": None}) for c in choices]
+        events += [chunks.event(responses.chat_delta(c.index, {"content": job.req.echo_text}, None)) for c in choices]
     return b"".join(events)
 
 
@@ -329,7 +328,7 @@ def _choice_event(job: Job, choice: ChoiceState, held: HeldDelta) -> dict[str, A
         finish = stream.finish_reason(finish)
         if not delta and not held.finished and logprobs is None:
             return None
-    return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return responses.chat_delta(choice.index, delta, finish, logprobs)
 
 
 def _record(state: ServerState, job: Job, out: RequestOutput, now: float | None = None) -> None:

@@ -207,20 +207,6 @@ def chat_body(
     return {**meta, "object": "chat.completion", "choices": bodies, "usage": usage(prompt_lens, choices)}
 
 
-def completion_chunk(
-    meta: dict[str, Any],
-    choice: ChoiceState,
-    out: RequestOutput,
-    token_text: TokenText | None,
-    start_offset: int,
-) -> dict[str, Any]:
-    """One streamed /v1/completions chunk carrying ``out``'s delta for ``choice``."""
-    parts = [(out.new_logprobs, start_offset)] if out.new_logprobs else []
-    finish = out.finish_reason if out.finished else None
-    return {**meta, "object": "text_completion",
-            "choices": [completion_delta(choice.index, out.new_text, parts, token_text, finish)]}
-
-
 def completion_delta(
     index: int,
     text: str,
@@ -242,21 +228,11 @@ def completion_delta(
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_chunk(
-    meta: dict[str, Any],
-    index: int,
-    delta: dict[str, Any],
-    finish_reason: str | None,
-    logprobs: dict[str, Any] | None = None,
+def chat_delta(
+    index: int, delta: dict[str, Any], finish_reason: str | None, logprobs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """One streamed /v1/chat/completions chunk."""
-    return {
-        **meta,
-        "object": "chat.completion.chunk",
-        "choices": [
-            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
-    }
+    """A streamed chat choice (the chunk around it: :class:`~.streaming.ChunkFormat`)."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def usage_chunk(meta: dict[str, Any], obj: str, usage_counts: dict[str, int]) -> dict[str, Any]:
