@@ -25,6 +25,10 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # 1024 blocks of 16 tokens: 16k tokens of KV cache (720 MiB in float32) on the CPU.
 RUN_ARGS ?= --num-kv-blocks 1024
+# SmolLM2's own chat template renders no tools; the packaged smollm2-tools template renders
+# conversations without tools exactly as it does, and teaches the model tools (hermes-style
+# <tool_call> blocks), so an agent framework's default request (tools, no tool_choice) is served.
+TOOL_ARGS := --chat-template smollm2-tools --enable-auto-tool-choice --tool-call-parser hermes
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (0: none, one process). One worker leaves ~45% of two
 # cores idle while tests wait on servers, subprocesses and the operator's emulator; two fill
@@ -50,7 +54,7 @@ help:
 	@echo "                 without a GPU a dry run of the harness"
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "could not create $(VENV) with $(PYTHON) -m venv: on Ubuntu or Debian install its venv module first (sudo apt install python3-venv), then run make again" >&2; exit 1; }
 	$(PIP) install --upgrade pip
 
 $(SERVE_STAMP): pyproject.toml | $(PY)
@@ -90,10 +94,10 @@ run: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
 	@echo "Serving $(SMOLLM2) on http://$(HOST):$(PORT) as $(SERVED_NAME). Try, from another terminal:"
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(SERVED_NAME)\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32, \"temperature\": 0}'"
 	@echo
-	$(PY) -m inflight.runtime serve $(SMOLLM2) --served-model-name $(SERVED_NAME) --host $(HOST) --port $(PORT) $(RUN_ARGS)
+	INFLIGHT_MAKE_RUN=1 $(PY) -m inflight.runtime serve $(SMOLLM2) --served-model-name $(SERVED_NAME) --host $(HOST) --port $(PORT) $(TOOL_ARGS) $(RUN_ARGS)
 
 run-demo: $(SERVE_STAMP) $(DEMO_MODEL)/config.json
-	$(PY) -m inflight.runtime serve $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)
+	INFLIGHT_MAKE_RUN=1 $(PY) -m inflight.runtime serve $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
@@ -108,6 +112,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check inflight bench tests scripts
 
 crds:
+	$(PY) -m inflight.operator.crd > crds/inflight.dev_inferencedeployments.yaml
 	mkdir -p charts/inflight/crds
 	cp crds/*.yaml charts/inflight/crds/
 

@@ -47,6 +47,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "the key /metrics requires (besides the admin key) when --metrics-api-key is not given"),
     EnvVar("INFLIGHT_SINGLE_PROCESS", bool, False, (f"{_R}.cli",),
            "run the engine in the server's process (debugging); the --single-process default"),
+    EnvVar("INFLIGHT_MAKE_RUN", bool, False, (f"{_R}.cli",),
+           "set by `make run`: start-up errors name its variables (PORT=) instead of the flags"),
     EnvVar("INFLIGHT_STATS_LOG_INTERVAL_S", float, 10.0, (f"{_R}.stats_log",),
            "seconds between the engine's stats log lines (values <= 0 or not numbers: the default)"),
     EnvVar("INFLIGHT_KERNEL_BACKEND", str, None, ("inflight.kernels.dispatch",),

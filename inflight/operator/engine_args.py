@@ -44,6 +44,8 @@ EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "kernel_backend": "'auto' picks Triton on CUDA; override with extraArgs for debugging",
     "long_prefill_token_threshold": "scheduler fine-tuning whose default follows schedulerPolicy; extraArgs sets it",
     "metrics_tenants": "names of tenants for per-tenant metrics, a per-deployment detail; extraArgs sets it",
+    "runner": "the pooling (embeddings) runner is not yet a CR field; extraArgs (--runner) sets it",
+    "pooler_config": "the pooling runner's settings, with --runner; extraArgs sets it",
 }
 
 

@@ -137,6 +137,23 @@ class EngineConfig:
             '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}. Off when unset.'
         ),
     )
+    runner: str = field(
+        default="auto",
+        metadata=_help(
+            "auto | generate | pooling (vLLM's names): pooling serves /v1/embeddings, /v1/score and "
+            "/v1/rerank instead of text generation (docs/embeddings.md). auto: pooling for a checkpoint "
+            "with no LM head (an embedding model saved as *Model, a *ForSequenceClassification reranker), "
+            "else generate."
+        ),
+    )
+    pooler_config: str | None = field(
+        default=None,
+        metadata=_help(
+            'The pooling runner\'s pooling as vLLM configures it, a JSON object: {"pooling_type": "LAST" | '
+            '"MEAN" | "CLS", "normalize": true, "is_matryoshka": true, "matryoshka_dimensions": [...]}. '
+            "Unset: what the model directory says (sentence-transformers' modules.json), else LAST + normalize."
+        ),
+    )
     enforce_eager: bool = field(
         default=False,
         metadata=_help(
@@ -208,6 +225,7 @@ class EngineConfig:
             if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
                 raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
                                  "is not split across devices yet); use method ngram with tensor parallelism")
+        self._check_pooling()
         if self.metrics_tenants is not None:
             from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 
@@ -232,6 +250,25 @@ class EngineConfig:
                              + ("speculative decoding" if self.speculative_config is not None
                                 else "tensor parallelism (tensor_parallel_size > 1)")
                              + " yet; turn one of them off.")
+
+    def _check_pooling(self) -> None:
+        from inflight.runtime.model.pooling import RUNNERS, parse_pooler_config
+
+        _check_choice(self, "runner", RUNNERS)
+        if self.pooler_config is not None:
+            if not isinstance(self.pooler_config, str):
+                raise ValueError("pooler_config must be a JSON object given as text.")
+            if self.runner == "generate":
+                raise ValueError("pooler_config is the pooling runner's; set runner pooling (or auto) or drop it.")
+            parse_pooler_config(self.pooler_config)  # raises ValueError naming the key
+        if self.runner != "pooling":
+            return
+        clash = ("tensor_parallel_size > 1" if self.tensor_parallel_size > 1
+                 else "speculative_config" if self.speculative_config is not None
+                 else "device sim" if self.device == "sim"
+                 else "async_scheduling" if self.async_scheduling is True else None)  # fmt: skip
+        if clash is not None:
+            raise ValueError(f"the pooling runner does not run with {clash} yet; drop one of them.")
 
     @property
     def async_scheduling_on(self) -> bool:

@@ -6,7 +6,8 @@ of ``generation`` carries its fields as a JSON message, which is merged into the
 log pipeline gets flat fields; a record may also bring them as ``extra={"fields": {...}}``
 beside a readable message (the access log does). Owns the access log's settings and its line
 (:func:`access_record`): method, path without the query, status, latency, the request id when
-there is one; never a body or a header's value besides that id. Knows nothing about the
+there is one; never a body or a header's value besides that id. Start-up errors printed before
+logging is set up take the same format (:func:`startup_error_line`). Knows nothing about the
 server itself: it sits beside the engine, not in ``server/``, because the engine core and the
 tensor-parallel workers set up their logging with it too (and must not import the server).
 """
@@ -79,6 +80,16 @@ def _as_object(message: str) -> dict[str, object] | None:
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def startup_error_line(message: str, fmt: str, prog: str = "inflight serve") -> str:
+    """A start-up error as the process prints it, before logging is set up (or instead of it):
+    ``PROG: error: MESSAGE`` as text, or with ``fmt`` json the line the log would carry (level
+    ERROR, logger ``inflight.cli``), so a log pipeline reading JSON sees it too."""
+    if fmt != "json":
+        return f"{prog}: error: {message}"
+    record = logging.LogRecord("inflight.cli", logging.ERROR, __file__, 0, "%s", (message,), None)
+    return JsonFormatter().format(record)
 
 
 def configure_logging(level: str, fmt: str = "json") -> None:

@@ -116,6 +116,9 @@ class RequestOutput:
     # With finish_reason "error": the client-facing reason when the request itself was at
     # fault (e.g. output its grammar could not follow); None for an engine fault.
     error: str | None = None
+    # A pooling engine's answer, on the request's one (finished) output: the pooled vector (or a
+    # classifier's logits) as little-endian float32 bytes, before any normalization.
+    pooled: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,10 @@ from inflight.runtime.model.gguf_smollm2 import (
 )
 from tests.realmodel.helpers import ServerProcess
 
+# What ``make run`` adds (the Makefile's TOOL_ARGS): tests/realmodel/test_readme_snippets.py holds
+# the two equal.
+MAKE_RUN_TOOL_FLAGS = ["--chat-template", "smollm2-tools", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
 
 def _models_dir() -> Path:
     return Path(os.environ.get("INFLIGHT_MODELS_DIR") or default_models_dir())
@@ -67,7 +71,7 @@ def smollm2_server(smollm2_dir: Path) -> Iterator[ServerProcess]:
     """``inflight serve`` on the converted model, as ``make run`` starts it (smaller KV cache)."""
     server = ServerProcess(
         [str(smollm2_dir), "--served-model-name", SERVED_NAME, "--num-kv-blocks", "256",
-         "--max-model-len", "2048", "--max-num-seqs", "8"],
+         "--max-model-len", "2048", "--max-num-seqs", "8", *MAKE_RUN_TOOL_FLAGS],
         env={"INFLIGHT_STATS_LOG_INTERVAL_S": "1"},
     ).start()
     yield server

@@ -1,9 +1,11 @@
 """An agent's tool round trip on SmolLM2-135M-Instruct, served as docs/structured-outputs.md says:
 ``--chat-template smollm2-tools --enable-auto-tool-choice --tool-call-parser hermes``.
 
+These are the flags ``make run`` passes (the ``smollm2_server`` fixture, which these tests use).
 The packaged template renders conversations without tools exactly as SmolLM2's own template.
-SmolLM2's own template does not render tools, so there ``tools`` with ``tool_choice`` left out
-is a 400 naming ``--chat-template``. With the packaged template the openai client runs the loop
+SmolLM2's own template does not render tools, so served with it (no ``--chat-template``)
+``tools`` with ``tool_choice`` left out would be a 400 naming ``--chat-template`` (checked on the
+request's output plan, without a second server). With the packaged template the openai client runs the loop
 agents run: tools with ``tool_choice`` left out (served; the 135M model answers in text rather
 than calling), a call (asked for with ``tool_choice: "required"`` since the model does not call
 on its own, so the round trip is deterministic), the tool's result sent back with ``tool_choice``
@@ -16,7 +18,6 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +35,12 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-FLAGS = ["--chat-template", "smollm2-tools", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
 @pytest.fixture(scope="module")
-def tools_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """SmolLM2 with the documented tool flags (the template overlay built in a temp cache)."""
-    server = ServerProcess(
-        [str(smollm2_dir), "--served-model-name", SERVED_NAME, *FLAGS, "--num-kv-blocks", "256",
-         "--max-model-len", "2048", "--max-num-seqs", "4"],
-        env={"INFLIGHT_CACHE_DIR": str(tmp_path_factory.mktemp("tools-cache"))},
-    ).start()
-    yield server
-    server.stop()
+def tools_server(smollm2_server: ServerProcess) -> ServerProcess:
+    """SmolLM2 with the documented tool flags: ``make run``'s server (MAKE_RUN_TOOL_FLAGS)."""
+    return smollm2_server
 
 
 def test_without_tools_the_template_renders_as_smollm2s_own(smollm2_dir: Path) -> None:
@@ -67,11 +61,25 @@ def test_without_tools_the_template_renders_as_smollm2s_own(smollm2_dir: Path) -
                                            chat_template=packaged) == own
 
 
-def test_smollm2s_own_template_refuses_auto_tools_naming_chat_template(smollm2_server: ServerProcess) -> None:
-    status, body = http_json(f"{smollm2_server.url}/v1/chat/completions", {
+def test_smollm2s_own_template_refuses_auto_tools_naming_chat_template(smollm2_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from inflight.runtime.server.errors import APIError
+    from inflight.runtime.server.openai.chat_support import output_plan
+    from inflight.runtime.server.openai.protocol import parse_chat_request
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))  # SmolLM2's own template
+    with pytest.raises(APIError) as info:
+        output_plan(parse_chat_request({"messages": ASK, "tools": TOOLS}), tok, [1], None)
+    assert info.value.status == 400 and info.value.param == "tools"
+    assert "--chat-template" in info.value.message and "smollm2-tools" in info.value.message
+
+
+def test_make_runs_server_serves_tools_without_tool_choice(tools_server: ServerProcess) -> None:
+    """Served with make run's flags, the request that used to be a 400 is answered."""
+    status, body = http_json(f"{tools_server.url}/v1/chat/completions", {
         "model": SERVED_NAME, "messages": ASK, "tools": TOOLS, "max_tokens": 8})
-    assert status == 400 and body["error"]["param"] == "tools", body
-    assert "--chat-template" in body["error"]["message"] and "smollm2-tools" in body["error"]["message"]
+    assert status == 200, body
 
 
 def test_agent_round_trip_with_the_openai_client(tools_server: ServerProcess) -> None:

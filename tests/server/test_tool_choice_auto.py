@@ -191,11 +191,11 @@ def test_flags_reach_the_server_settings(capsys: pytest.CaptureFixture[str]) -> 
     assert (settings.enable_auto_tool_choice, settings.tool_call_parser) == (False, None)
     assert server_settings_from_args(_args()).enable_auto_tool_choice is None
     with pytest.raises(SystemExit) as exc:
-        _args("--tool-call-parser", "pythonic")
+        _args("--tool-call-parser", "granite")
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "'pythonic'" in err and "hermes, llama3_json, mistral" in err
-    with pytest.raises(ValueError, match="pythonic"):
-        ServerSettings(model_name="m", tool_call_parser="pythonic")
+    assert exc.value.code == 2 and "'granite'" in err and "hermes, llama3_json, mistral" in err
+    with pytest.raises(ValueError, match="granite"):
+        ServerSettings(model_name="m", tool_call_parser="granite")
 
 
 def test_builtin_template_names_resolve_to_package_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,4 +36,4 @@ def test_hermes_blocks_still_parse_after_the_rewrite() -> None:
     text = 'Sure.<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "b", "arguments": {}}'
     parsed = parse_tool_calls("hermes", text)
     assert parsed.content == "Sure."
-    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("a", '{"x": 1}'), ("b", "{}")]
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("a", '{"x":1}'), ("b", "{}")]  # compact

@@ -44,6 +44,8 @@ from inflight.runtime.cli.server_flags import (
     flag_names,
 )
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.logs import startup_error_line
+from inflight.runtime.server.responses_api.store import DEFAULT_MAX_ENTRIES
 from inflight.runtime.server.state import ServerSettings
 from inflight.runtime.server.transport import ConnectionLimits
 
@@ -63,13 +65,29 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inflight", description="In-flight batching LLM server.",
-                                     allow_abbrev=False)
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one JSON log line with ``json_errors`` (``--log-format
+    json``), as every later start-up error is."""
+
+    def __init__(self, *args: Any, json_errors: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.json_errors = json_errors
+
+    def error(self, message: str) -> typing.NoReturn:
+        if not self.json_errors:
+            super().error(message)
+        print(startup_error_line(message, "json"), file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    parser = Parser(prog="inflight", description="In-flight batching LLM server.", allow_abbrev=False,
+                    json_errors=json_errors)
     parser.add_argument("--version", action="version", version=f"inflight {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="serve a model over the OpenAI HTTP API", allow_abbrev=False, formatter_class=HelpFormatter,
+        json_errors=json_errors,
         epilog=f"vLLM's serve flags are accepted as aliases, with a notice, or refused with the reason: "
                f"{cli_vllm.DOC} lists each.",
     )
@@ -139,6 +157,8 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         open_metrics=args.open_metrics,
         prefix_cache_isolation=args.prefix_cache_isolation,
         tenant_header=args.tenant_header,
+        responses_store_size=args.responses_store_size or (DEFAULT_MAX_ENTRIES if args.enable_responses_store else 0),
+        reject_unknown_fields=args.reject_unknown_fields,
     )
 
 
@@ -157,7 +177,8 @@ def _import_front_end() -> None:
     import inflight.runtime.server.serve  # noqa: F401 - aiohttp and the app
 
 
-def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str]) -> int:
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: list[str],
+           ready_checks: Sequence[Any] = ()) -> int:
     from inflight.runtime.cli.serving_dir import tokenizer_dir_problem
     from inflight.runtime.core.stats_log import start_stats_log
     from inflight.runtime.generation_defaults import load_sampling_defaults, source_problem
@@ -180,7 +201,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
                      "several front ends cannot share an engine that runs on a thread of one (--single-process)")
     in_use = preflight.port_problem(args.host, args.port)
     if in_use:
-        print(f"inflight serve: error: {in_use}", file=sys.stderr)
+        print(startup_error_line(in_use, args.log_format), file=sys.stderr)
         return 1
     configure_logging(args.log_level, args.log_format)
     for line in notices:
@@ -209,7 +230,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
     except ValueError as exc:
         if core is not None:
             core.kill()
-        print(f"inflight serve: error: {exc}", file=sys.stderr)
+        print(startup_error_line(str(exc), args.log_format), file=sys.stderr)
         return 1
     except BaseException:
         if core is not None:
@@ -228,7 +249,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
 
     source: Any = load if core is None else core
     try:
-        return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args)))
+        return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args),
+                                 ready_checks=ready_checks))
     finally:
         if core is not None:
             core.kill()  # a server that stopped before its engine started leaves no waiting core
@@ -239,9 +261,17 @@ def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return commands.choices["serve"]
 
 
+def _json_errors(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for JSON logs (read before parsing, so usage errors are JSON too)."""
+    args = list(argv)
+    return any(a == "--log-format=json" or (a == "--log-format" and args[i + 1:i + 2] == ["json"])
+               for i, a in enumerate(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, extras = parser.parse_known_args(cli_vllm.normalize_argv(sys.argv[1:] if argv is None else argv))
+    argv = cli_vllm.normalize_argv(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(json_errors=_json_errors(argv))
+    args, extras = parser.parse_known_args(argv)
     if args.command != "serve":
         parser.error(f"unknown command {args.command!r}")
     serve_parser = _serve_parser(parser)
@@ -255,8 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     notices, refusal = cli_vllm.check_given(args)
     if refusal:
         serve_parser.error(refusal)
+    # the memory fraction sizes a GPU's KV cache only: on the CPU, say what does once the device is known
+    ready_checks = [preflight.cpu_memory_fraction_note] if preflight.memory_fraction_given(list(argv)) else []
     try:
-        return _serve(args, serve_parser, notices)
+        return _serve(args, serve_parser, notices, ready_checks)
     except KeyboardInterrupt:  # Ctrl-C before the server runs (while converting or checking)
         print("inflight serve: interrupted", file=sys.stderr)
         return 130

@@ -18,12 +18,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.input_checks import kv_cache_problem
 from inflight.runtime.engine_core.served_facts import ServedFacts, load_checked_tokenizer, read_served_facts
 
 MAX_PORT = 65535
 logger = logging.getLogger("inflight.cli")
+# The flags that set the GPU's KV-cache share (vLLM's two spellings, then ours).
+MEMORY_FRACTION_FLAGS = ("--gpu-memory-utilization", "--device-memory-utilization",
+                         "--kv-cache-free-gpu-mem-fraction")
+MAKE_RUN_ENV = "INFLIGHT_MAKE_RUN"  # set by `make run`: errors name its variables (PORT=) over flags
 
 
 def host_problem(host: str) -> str | None:
@@ -50,9 +55,29 @@ def port_problem(host: str, port: int) -> str | None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is already in use (another server?); choose another with --port"
+                how = (f"PORT= on the make command line (e.g. PORT={port + 1 if port < MAX_PORT else 8000})"
+                       if env_vars.read_bool(MAKE_RUN_ENV) else "--port")
+                return f"port {port} on {host} is already in use (another server?); choose another with {how}"
             return f"cannot bind {host}:{port}: {exc.strerror}"
     return None
+
+
+def memory_fraction_given(argv: list[str]) -> bool:
+    """Whether ``argv`` sets the GPU's KV-cache share (:data:`MEMORY_FRACTION_FLAGS`)."""
+    return any(arg.split("=", 1)[0] in MEMORY_FRACTION_FLAGS for arg in argv)
+
+
+def cpu_memory_fraction_note(engine: Any) -> str | None:
+    """For a loaded engine on the CPU: that the memory fraction it was given does nothing there,
+    and what sizes its KV cache instead (``None`` on any other device)."""
+    if engine.resolved.get("device") != "cpu":
+        return None
+    config = engine.config
+    return (f"--gpu-memory-utilization / --kv-cache-free-gpu-mem-fraction "
+            f"{config.kv_cache_free_gpu_mem_fraction:g} has no effect on the CPU (it is the share of free GPU "
+            f"memory given to the KV cache). On the CPU --num-kv-blocks sizes it (this server: "
+            f"{config.num_kv_blocks} blocks of {config.block_size} tokens); unset, it holds --max-num-sequences "
+            "full-length sequences within a fixed byte cap, and --max-tokens-in-paged-kv-cache caps it in tokens.")
 
 
 def served_dir(args: argparse.Namespace, progress: Callable[[str], None]) -> Path:

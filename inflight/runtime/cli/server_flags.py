@@ -15,6 +15,7 @@ from inflight.runtime.cli import preflight
 from inflight.runtime.cli import vllm_aliases as cli_vllm
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
+from inflight.runtime.server.responses_api.store import DEFAULT_MAX_ENTRIES
 from inflight.runtime.server.state import PREFIX_CACHE_ISOLATION, ServerSettings
 from inflight.runtime.server.transport import ConnectionLimits
 
@@ -48,6 +49,13 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--tool-call-parser", default=None, type=_tool_call_parser, metavar="NAME",
                         help=f"The format tool_choice 'auto' replies are parsed in: "
                              f"{', '.join(TOOL_CALL_PARSERS)} (unset: the one the chat template teaches).")
+    server.add_argument("--enable-responses-store", action="store_true",
+                        help="Keep finished /v1/responses in memory (least recently used out first) for "
+                             "previous_response_id and GET /v1/responses/{id} (vLLM's "
+                             "VLLM_ENABLE_RESPONSES_API_STORE). Off: previous_response_id is a 400.")
+    server.add_argument("--responses-store-size", type=_positive_int, default=None, metavar="N",
+                        help=f"The most responses the store keeps (default {DEFAULT_MAX_ENTRIES}); "
+                             "enables the store too.")
     server.add_argument("--generation-config", default=AUTO, metavar="auto|vllm|DIR",
                         help=f"What requests get for the sampling fields they leave out ({', '.join(SAMPLING_FIELDS)}): "
                              "auto (vLLM's default too): the model's generation_config.json; vllm: OpenAI's, "
@@ -95,6 +103,11 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
                              "caller's. Unset: a tenant is an API key (a peer address without --api-key), and a "
                              "request's user only divides its tenant's share. Only where clients cannot reach the "
                              "server but through the gateway.")
+    server.add_argument("--reject-unknown-fields", action="store_true", default=False,
+                        help="Answer a request field this server does not know with OpenAI's own 400 "
+                             "('Unrecognized request argument supplied: max_token', the near miss suggested) "
+                             "instead of ignoring it; ignored fields are always logged once per name and named "
+                             "in the x-inflight-ignored-fields response header.")
     server.add_argument("--engine-stall-timeout", type=float, default=_server_default("engine_stall_timeout_s"),
                         help="Seconds one engine step may run, or an idle engine may go without answering "
                              "its heartbeat (a core frozen between steps, e.g. by SIGSTOP), before the server "
@@ -184,3 +197,13 @@ def _server_default(name: str) -> Any:
 def _limit_default(name: str) -> Any:
     """The ``ConnectionLimits`` default of ``name`` (the one copy of it)."""
     return next(f.default for f in dataclasses.fields(ConnectionLimits) if f.name == name)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value

@@ -30,6 +30,7 @@ from inflight.runtime.cli.vllm_flags import (
 
 GIVEN = "vllm_flags_given"  # namespace attribute: [(option string, values)] of recorded flags
 DOC = "docs/from-vllm.md"
+FLAG_SUGGEST_CUTOFF = 0.75  # difflib ratio of the names without dashes
 
 
 def visible_aliases(flag: str) -> tuple[str, ...]:
@@ -130,11 +131,20 @@ def unknown_flags_message(extras: Sequence[str], parser: argparse.ArgumentParser
     parts = []
     for token in flags:
         name = token.split("=", 1)[0]
-        match = difflib.get_close_matches(name, known, n=1)
-        parts.append(f"{name} (did you mean {match[0]}?)" if match else name)
+        match = closest_flag(name, known)
+        parts.append(f"{name} (did you mean {match}?)" if match else name)
     plural = "s" if len(parts) > 1 else ""
     return (f"unrecognized argument{plural}: {', '.join(parts)}. vLLM's flags and what inflight does with "
             f"each: {DOC}")
+
+
+def closest_flag(name: str, known: Sequence[str]) -> str | None:
+    """The known flag ``name`` is a near miss of (a typo, a letter or a word off), or ``None``.
+    Compared without the dashes every flag shares and at a high cutoff: ``--foo-bar`` is near
+    nothing (plain difflib offered ``--root-path``), ``--max-model-length`` is ``--max-model-len``."""
+    bare = {flag.lstrip("-"): flag for flag in known}
+    match = difflib.get_close_matches(name.lstrip("-"), list(bare), n=1, cutoff=FLAG_SUGGEST_CUTOFF)
+    return bare[match[0]] if match else None
 
 
 def _is_number(text: str) -> bool:

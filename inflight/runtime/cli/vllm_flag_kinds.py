@@ -17,6 +17,8 @@ ALIAS, NOTICE, REFUSED, ONLY = "alias", "notice", "refused", "only"
 VALUE_ALIASES: dict[str, dict[str, str]] = {
     "dtype": {"half": "float16", "float": "float32"},
     "log_level": {"trace": "debug"},
+    # vLLM's --task values (an alias of --runner): the pooling tasks are the pooling runner's
+    "runner": {"embed": "pooling", "embedding": "pooling", "classify": "pooling", "score": "pooling"},
 }
 
 

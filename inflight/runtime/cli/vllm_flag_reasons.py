@@ -32,8 +32,10 @@ AUTO_TOOLS = ("On by default here (vLLM's default is off): tool_choice auto is s
               "template renders tools, else a 400 naming --chat-template; `--no-enable-auto-tool-choice` "
               "refuses it as vLLM does. Without `--tool-call-parser` the format is the one the template "
               "teaches (vLLM requires the parser).")
-REASONING = "reasoning (<think>...</think>) goes to reasoning_content whenever the chat template uses <think>"
-THINK_PARSERS = ("deepseek_r1", "qwen3", "glm45")  # vLLM's reasoning parsers of <think>...</think>
+REASONING = ("reasoning goes to reasoning_content by the chat template's format: <think>...</think> whenever "
+             "the template uses <think>, harmony's analysis channel for a gpt-oss (harmony) template")
+# vLLM's reasoning parsers of <think>...</think>, and of gpt-oss's harmony channels.
+THINK_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "kimi_k2", "openai_gptoss")
 SCHEDULER = "inflight's scheduler shares each step's token budget (--max-num-tokens) between prompt chunks"
 DP = "no data parallelism inside one server: run more replicas (the operator scales them)"
 METRICS = "/metrics has inflight's own set (docs/metrics.md)"

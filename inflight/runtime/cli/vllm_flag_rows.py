@@ -133,8 +133,11 @@ FRONTEND: tuple[VllmFlag, ...] = (
 
 MODEL: tuple[VllmFlag, ...] = (
     alias("--model", "--model", "A directory or a .gguf file, never a hub id."),
-    only("--runner", ("auto", "generate"), "text generation only", "text generation only: no pooling or draft runners"),
-    only("--convert", ("auto", "none"), "text generation only", "no conversion to embedding or classification models"),
+    alias("--runner", "--runner", "auto | generate | pooling (embeddings, score, rerank: docs/embeddings.md); "
+          "no draft runner."),
+    only("--convert", ("auto", "none", "embed"), "--runner pooling serves a *ForCausalLM checkpoint as an "
+         "embedding model (what embed asks for); auto and none change nothing",
+         "no conversion to classification or reward models"),
     alias("--tokenizer", "--tokenizer", "A local directory."),
     only("--tokenizer-mode", ("auto", "hf"), "transformers' fast tokenizer",
          "transformers' fast tokenizer only (no slow or mistral_common tokenizer)"),
@@ -174,7 +177,8 @@ MODEL: tuple[VllmFlag, ...] = (
     notice("--hf-token", HUB, "?"),
     refused("--hf-overrides", "config.json is used as it is: edit a copy of the model directory"),
     refused("--model-class-overrides", "the model runs on inflight's own decoder (the families in docs/models.md)"),
-    refused("--pooler-config", "no pooling models"),
+    alias("--pooler-config", "--pooler-config", "pooling_type (LAST, MEAN, CLS) and normalize; other "
+          "keys are refused naming these (docs/embeddings.md)."),
     alias("--generation-config", "--generation-config", GEN_CONFIG),
     alias("--override-generation-config", "--override-generation-config", "A JSON object of those fields, "
           "on top of the file (with vllm too, as in vLLM); other keys are named in the start-up log."),
@@ -207,7 +211,7 @@ LOAD: tuple[VllmFlag, ...] = (
     switch("--enable-mamba-cache-stochastic-rounding", MAMBA),
     notice("--mamba-cache-philox-rounds", MAMBA),
     only("--reasoning-parser", THINK_PARSERS, REASONING,
-         "inflight splits <think>...</think> reasoning only"),
+         "inflight splits <think>...</think> and harmony's analysis channel only"),
     refused("--reasoning-parser-plugin", PLUGINS),
 )
 

@@ -168,7 +168,8 @@ LEGACY: tuple[VllmFlag, ...] = (
     notice("--swap-space", "no CPU swap space: a preempted request is recomputed, as in vLLM V1"),
     alias("--disable-frontend-multiprocessing", "--single-process", "", 0),
     notice("--max-seq-len-to-capture", GRAPHS),
-    only("--task", ("auto", "generate"), "text generation only", "text generation only"),
+    alias("--task", "--runner", "embed, embedding, classify and score mean --runner pooling; auto and generate "
+          "as named; reward, transcription and draft are refused."),
     notice("--guided-decoding-backend", "structured output runs on inflight's own llguidance integration"),
     notice("--cuda-graph-sizes", GRAPHS, "+"),
     notice("-O", GRAPHS),

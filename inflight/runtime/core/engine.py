@@ -10,6 +10,7 @@ stop strings; :class:`~inflight.runtime.engine_core.output_text.OutputText` does
 caller (the server's front end, the offline ``LLM``), and aborts a request at its stop string. Finished requests free their KV blocks in the same step, so
 waiting requests board at the next one. Single-threaded: callers serialize access (the server
 runs it in one thread). Which logits rows belong to whom is :mod:`inflight.runtime.worker.logit_rows`.
+A pooling engine (embeddings, rerankers) steps through :mod:`.pooling_step`: one vector a prompt.
 
 Requests are checked against the loaded model and the live config in :meth:`validate_request`
 before they are queued, so no request should make a step raise. If the forward pass or the
@@ -37,6 +38,7 @@ from inflight.runtime.core.input_checks import check_cache_salt, check_request, 
 from inflight.runtime.core.kv_manager import KVCacheManager, release_window
 from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
 from inflight.runtime.core.parked import ParkedRequests
+from inflight.runtime.core.pooling_step import pooling_engine
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
@@ -54,6 +56,7 @@ from inflight.runtime.spec_decode.speculative import SpecStats
 from inflight.runtime.spec_decode.verify import verify_chunk
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
+from inflight.runtime.worker.encoder_runner import EncoderRunner, is_encoder_dir
 from inflight.runtime.worker.graph_backend import GraphBackend
 from inflight.runtime.worker.logit_rows import split_logits
 from inflight.runtime.worker.model_runner import ModelRunner
@@ -66,12 +69,13 @@ logger = logging.getLogger("inflight.engine")
 class LLMEngine:
     """See module docstring. Build with :meth:`from_model_dir`."""
 
-    def __init__(self, runner: ModelRunner | SimRunner, tokenizer: Any, config: EngineConfig,
+    def __init__(self, runner: ModelRunner | SimRunner | EncoderRunner, tokenizer: Any, config: EngineConfig,
                  drafter: DraftProposer | None = None) -> None:
         self.runner = runner
         self.drafter = drafter  # draft-model speculation: its proposer (runner and KV cache)
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
+        self.pooling, config = pooling_engine(runner, config)  # None: a generate engine
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
@@ -90,7 +94,7 @@ class LLMEngine:
         self._num_steps = 0
         self._spec = SpecStats()
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
-        self.pipeline = StepPipeline(self) if config.async_scheduling_on else None
+        self.pipeline = StepPipeline(self) if config.async_scheduling_on and self.pooling is None else None
 
     @classmethod
     def from_model_dir(
@@ -114,6 +118,8 @@ class LLMEngine:
         try:
             if config.device == "sim":  # validated: no tensor parallelism, no speculation
                 runner, drafter = SimRunner(model_dir, config, progress), None
+            elif is_encoder_dir(model_dir):  # a BERT encoder: the pooling runner's own
+                runner, drafter = EncoderRunner(model_dir, config, progress), None
             else:
                 runner, drafter = load_runners(model_dir, config, progress, workers.tp if workers else None, workers,
                                                graph_backend)  # fmt: skip
@@ -219,6 +225,8 @@ class LLMEngine:
         self.runner.check_health()
         if self.pipeline is not None:
             return self.pipeline.step()
+        if self.pooling is not None:
+            return self.pooling.step(self)
         settled = self.parked.settle()
         sched = self.schedule()
         if sched.is_empty:

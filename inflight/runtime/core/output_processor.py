@@ -21,6 +21,7 @@ request's computed count moves through the caller's ``advance``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -121,6 +122,15 @@ class OutputProcessor:
         or None if unknown."""
         state = self._states.get(req_id)
         return None if state is None else self._finish(state, reason, (), error)
+
+    def finish_pooled(self, req: Request, pooled: bytes) -> RequestOutput:
+        """A pooling request's prompt is computed: its one output, finished (``stop``), carrying
+        ``pooled`` (:attr:`RequestOutput.pooled`); its prompt tokens counted as a first token's are."""
+        req.first_token_time = time.monotonic()
+        self.num_prompt_tokens += req.num_prompt_tokens
+        if self.tenants is not None:
+            self.tenants.count(req.tenant, req.num_prompt_tokens, 0)
+        return dataclasses.replace(self._finish(self._states[req.req_id], "stop", ()), pooled=pooled)
 
     def end(self, req_id: str, reason: str, error: str | None = None) -> RequestOutput | None:
         """End a live request between steps (its grammar completed, failed or ran out of

@@ -103,6 +103,7 @@ class Request:
         # yet (0, or 1 after a step kept every draft); the next draft pass writes them.
         self.draft_kv_lag = 0
         self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
+        self.pooled_part: object = None  # a pooling engine's partial result (core/pooling_step.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -63,7 +63,7 @@ class OutputText:
             return None, False
         return self._row(state, out.req_id, out.new_token_ids, out.num_prompt_tokens, out.num_cached_tokens,
                          out.finished, out.finish_reason, out.new_logprobs, out.times, out.prompt_logprobs,
-                         out.error)  # fmt: skip
+                         out.error, out.pooled)  # fmt: skip
 
     def process_step(self, outputs: Sequence[RequestOutput]) -> tuple[list[RequestOutput], tuple[str, ...]]:
         """One step's outputs with their text (those of requests finished here dropped), and
@@ -106,10 +106,10 @@ class OutputText:
                 out, stop_here = self._row(state, req_id, token_ids, num_prompt, num_cached, False, None, None,
                                            None, None, None)  # fmt: skip
             else:
-                finished, reason, _, plain_logprobs, times, prompt_logprobs, error = extra
+                finished, reason, _, plain_logprobs, times, prompt_logprobs, error, pooled = extra
                 out, stop_here = self._row(state, req_id, token_ids, num_prompt, num_cached, finished, reason,
                                            logprobs_from_plain(plain_logprobs), times_from_plain(times),
-                                           logprobs_from_plain(prompt_logprobs), error)  # fmt: skip
+                                           logprobs_from_plain(prompt_logprobs), error, pooled)  # fmt: skip
             done.append(out)
             if stop_here:
                 stopped.append(req_id)
@@ -118,7 +118,7 @@ class OutputText:
     def _row(
         self, state: _Text, req_id: str, token_ids: tuple[int, ...], num_prompt: int, num_cached: int,
         finished: bool, reason: str | None, logprobs: tuple[TokenLogprob, ...] | None, times: RequestTimes | None,
-        prompt_logprobs: tuple[TokenLogprob, ...] | None, error: str | None,
+        prompt_logprobs: tuple[TokenLogprob, ...] | None, error: str | None, pooled: bytes | None = None,
     ) -> tuple[RequestOutput, bool]:
         """One row's output with its text, cut at a stop string; and True when that stop string
         ended a request the core still runs (the caller aborts it there)."""
@@ -128,7 +128,7 @@ class OutputText:
             logprobs = logprobs[:kept] if logprobs is not None else None
         return RequestOutput(req_id, token_ids, text, finished or stop_here, reason, num_prompt,
                              state.num_output_tokens, num_cached, logprobs, times, prompt_logprobs,
-                             error), stop_here and not finished  # fmt: skip
+                             error, pooled), stop_here and not finished  # fmt: skip
 
     def _advance(self, state: _Text, req_id: str, token_ids: tuple[int, ...], finished: bool) -> tuple[str, int, bool]:
         """Feed a row's tokens: (its text delta, how many tokens it keeps, whether a stop string

@@ -37,7 +37,8 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 2: TokenLogprob.rank; 3: EngineStats.tenants; 4: Go; 5: Prewarmed; 6: EngineRequest.cache_salt
 # 7: Ping/Pong (the idle core's heartbeat)
 # 8: EngineStats.device_busy_seconds (the simulated device's busy time)
-PROTOCOL_VERSION = 9  # 9: StepDone as columns (req ids, token ids, counts, sparse extras)
+# 9: StepDone as columns (req ids, token ids, counts, sparse extras)
+PROTOCOL_VERSION = 10  # 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
 
 
 # ---- front end -> core ------------------------------------------------------------------
@@ -117,14 +118,15 @@ class Refused:
 
 
 # A row's rare fields, in RequestOutput's order: finished, finish_reason, new_text,
-# new_logprobs, times, prompt_logprobs, error; logprobs and times as plain tuples.
+# new_logprobs, times, prompt_logprobs, error, pooled; logprobs and times as plain tuples.
 StepExtra = tuple[bool, str | None, str, tuple[Any, ...] | None, tuple[Any, ...] | None, tuple[Any, ...] | None,
-                  str | None]  # fmt: skip
+                  str | None, bytes | None]  # fmt: skip
 PlainLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...], int | None], ...]
 
 _ROW = attrgetter("req_id", "new_token_ids", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens",
-                  "finished", "finish_reason", "new_text", "new_logprobs", "times", "prompt_logprobs", "error")  # fmt: skip
-_NO_EXTRA = (False, None, "", None, None, None, None)  # a running request's row: no rare field set
+                  "finished", "finish_reason", "new_text", "new_logprobs", "times", "prompt_logprobs", "error",
+                  "pooled")  # fmt: skip
+_NO_EXTRA = (False, None, "", None, None, None, None, None)  # a running request's row: no rare field set
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +165,10 @@ class StepDone:
             if extra is None:
                 outs.append(RequestOutput(req_id, token_ids, "", False, None, num_prompt, num_output, num_cached))
                 continue
-            finished, reason, text, logprobs, times, prompt_logprobs, error = extra
+            finished, reason, text, logprobs, times, prompt_logprobs, error, pooled = extra
             outs.append(RequestOutput(req_id, token_ids, text, finished, reason, num_prompt, num_output, num_cached,
                                       logprobs_from_plain(logprobs), times_from_plain(times),
-                                      logprobs_from_plain(prompt_logprobs), error))  # fmt: skip
+                                      logprobs_from_plain(prompt_logprobs), error, pooled))  # fmt: skip
         return tuple(outs)
 
 
@@ -180,9 +182,9 @@ def step_done(outputs: Sequence[RequestOutput], stats: EngineStats) -> StepDone:
         return StepDone(req_ids, token_ids, num_prompt, num_output, num_cached, extras, stats)  # no row has one
     for i, row in enumerate(zip(*rare, strict=True)):
         if row != _NO_EXTRA:
-            finished, reason, text, logprobs, times, prompt_logprobs, error = row
+            finished, reason, text, logprobs, times, prompt_logprobs, error, pooled = row
             extras[i] = (finished, reason, text, logprobs_to_plain(logprobs), times_to_plain(times),
-                         logprobs_to_plain(prompt_logprobs), error)  # fmt: skip
+                         logprobs_to_plain(prompt_logprobs), error, pooled)  # fmt: skip
     return StepDone(req_ids, token_ids, num_prompt, num_output, num_cached, extras, stats)
 
 

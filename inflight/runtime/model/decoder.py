@@ -5,7 +5,9 @@ sequences first, then prompt chunks. Attention and KV writes go through a
 :class:`~inflight.kernels.ops.KernelOps` bundle. q/k/v and gate/up projections are
 fused into one matmul each at load time. A mixture-of-experts model's expert layers take the
 dense MLP's place (:mod:`.moe`); Gemma 3's layers (sandwich norms, GELU-tanh MLP, scaled
-embeddings) take the other path of :meth:`CausalLM.forward`. A layer's sliding window and rope
+embeddings) take the other path of :meth:`CausalLM.forward`. A pooling checkpoint (a bare
+decoder, or a sequence classifier's ``score`` head) has no LM head: its final-normed hidden
+states are what the pooling runner reads (:mod:`inflight.runtime.worker.pooling_runner`). A layer's sliding window and rope
 table come from the spec; gpt-oss's attention sinks (``self_attn.sinks``, one logit per query
 head, this rank's heads under tensor parallelism) go to the attention kernels as ``sinks``.
 In a pure-decode step each layer's attention block (q/k/v split through decode attention) is one
@@ -215,8 +217,11 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
-        if spec.tie_word_embeddings:
+        # A pooling checkpoint (spec.head "none" or "score") has no LM head; a classifier has its
+        # score head [num_labels, hidden] instead (ModelSpec.head).
+        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False) if spec.head == "lm" else None
+        self.score = nn.Linear(spec.hidden_size, spec.num_labels, bias=False) if spec.head == "score" else None
+        if spec.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.embed_tokens.weight
         # The one-call decode stack and what it was built from (KV caches, rope tables, the first
         # q/k/v weight, which prepacking replaces): rebuilt when any of them is another object.
@@ -273,6 +278,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, ops: KernelOps) -> torch.Tensor | None:
         """``[n, vocab]`` float32 logits; None on tensor-parallel ranks other than 0."""
+        if self.lm_head is None:
+            raise RuntimeError(f"this {self.spec.arch} checkpoint has no LM head (a pooling model)")
         logits = ops.linear(hidden, self.lm_head.weight).float()
         cap = self.spec.final_logit_softcapping
         if cap is not None:  # elementwise, so before or after the vocab gather alike

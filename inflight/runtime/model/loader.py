@@ -15,6 +15,7 @@ packed linears (GGUF blocks, compressed-tensors words) are installed by the call
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ from inflight.runtime.model import compressed_tensors, moe_weights, mxfp4
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.layout import ShardLayout
-from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
+from inflight.runtime.model.spec import ModelSpec, model_type_alias, spec_from_hf_config
 
+logger = logging.getLogger("inflight.model")
 Progress = Callable[[str], None]
 
 _FUSED = {
@@ -153,6 +155,9 @@ def load_model(
     model_dir = Path(model_dir)
     config = config if config is not None else load_hf_config(model_dir)
     spec = spec_from_hf_config(config)
+    alias = model_type_alias(config)
+    if alias is not None:
+        logger.warning("%s", alias)
     with torch.device("meta"):
         model = CausalLM(spec, tp)
     # packed linears (GGUF blocks, compressed-tensors int4/int8) go in while the model is on
@@ -162,7 +167,7 @@ def load_model(
     else:
         packed = install_packed(model)
     model = model.to_empty(device=device).to(dtype)
-    if spec.tie_word_embeddings:
+    if spec.tie_word_embeddings and model.lm_head is not None:
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()

@@ -8,6 +8,7 @@ for anything else.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,32 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3_text",
     "GptOssForCausalLM": "gpt_oss",
 }
+# Checkpoints with no LM head: a bare decoder (sentence-transformers' embedding models, saved by
+# transformers' AutoModel) or a sequence classifier (a ``score`` head on the last token: rerankers).
+# Served by the pooling runner only (docs/embeddings.md): architecture -> (arch, head).
+POOLING_ARCHITECTURES = {
+    "LlamaModel": ("llama", "none"),
+    "MistralModel": ("mistral", "none"),
+    "Qwen2Model": ("qwen2", "none"),
+    "Qwen3Model": ("qwen3", "none"),
+    "LlamaForSequenceClassification": ("llama", "score"),
+    "MistralForSequenceClassification": ("mistral", "score"),
+    "Qwen2ForSequenceClassification": ("qwen2", "score"),
+    "Qwen3ForSequenceClassification": ("qwen3", "score"),
+}
+# BERT-family encoders (bidirectional, no KV cache: inflight.runtime.model.encoder), pooling
+# runner only: architecture -> head.
+ENCODER_ARCHITECTURES = {
+    "BertModel": "none", "BertForSequenceClassification": "score",
+    "RobertaModel": "none", "RobertaForSequenceClassification": "score",
+    "XLMRobertaModel": "none", "XLMRobertaForSequenceClassification": "score",
+}
+# model_types that transformers builds one of our architecture classes for besides its own (its
+# auto mappings list the class under them): a config pairing them is served, with a warning. Any
+# other disagreement between ``architectures`` and ``model_type`` is refused (a test holds this
+# table to transformers' mappings).
+_LLAMA_ALIASES = ("exaone", "internlm3", "iquestcoder")
+MODEL_TYPE_ALIASES = {"LlamaForCausalLM": _LLAMA_ALIASES, "LlamaModel": _LLAMA_ALIASES}
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -75,6 +102,10 @@ class ModelSpec:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     final_logit_softcapping: float | None = None
     attn_sinks: bool = False  # gpt-oss: a learned logit per head in every attention softmax
+    # What sits on the final norm: "lm" (the LM head), "none" (a bare decoder: embeddings) or
+    # "score" (a sequence classifier's [num_labels, hidden] head, read at the last token).
+    head: str = "lm"
+    num_labels: int = 0  # the score head's outputs ("score" only)
 
     def layer_window(self, index: int) -> int | None:
         """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""
@@ -85,9 +116,37 @@ class ModelSpec:
         return 1 if self.local_rope and index in self.sliding_layers else 0
 
 
-def spec_from_hf_config(config: Any) -> ModelSpec:
-    """Read a transformers ``PretrainedConfig`` into a :class:`ModelSpec`."""
+def model_type_alias(config: Any) -> str | None:
+    """A warning when ``config``'s ``architectures`` and ``model_type`` differ but transformers
+    maps the pair (:data:`MODEL_TYPE_ALIASES`); ``None`` when they agree (or either is absent or
+    not ours). A ``ValueError`` naming both when they disagree: transformers would build one model
+    and we another."""
     archs = list(getattr(config, "architectures", None) or [])
+    model_type = getattr(config, "model_type", None)
+    found = next(((a, POOLING_ARCHITECTURES[a][0] if a in POOLING_ARCHITECTURES else SUPPORTED_ARCHITECTURES[a])
+                  for a in archs if a in POOLING_ARCHITECTURES or a in SUPPORTED_ARCHITECTURES), None)
+    if found is None or not model_type or model_type == found[1]:
+        return None
+    name, arch = found
+    if model_type in MODEL_TYPE_ALIASES.get(name, ()):
+        return (f"config.json says architectures {name} and model_type {model_type!r}; transformers builds "
+                f"{name} for {model_type!r} too, so it is served as {arch!r}")
+    raise ValueError(f"config.json disagrees with itself: architectures {name} is a {arch!r} model but model_type "
+                     f"is {model_type!r} (transformers would build a {model_type!r} model from it); fix one of the "
+                     "two so they name the same architecture.")
+
+
+def spec_from_hf_config(config: Any) -> ModelSpec:
+    """Read a transformers ``PretrainedConfig`` into a :class:`ModelSpec` (``ValueError`` when its
+    ``architectures`` and ``model_type`` disagree: :func:`model_type_alias`)."""
+    model_type_alias(config)
+    archs = list(getattr(config, "architectures", None) or [])
+    pooled = next((POOLING_ARCHITECTURES[a] for a in archs if a in POOLING_ARCHITECTURES), None)
+    if pooled is not None:
+        return _pooling_spec(config, *pooled)
+    encoder = next((ENCODER_ARCHITECTURES[a] for a in archs if a in ENCODER_ARCHITECTURES), None)
+    if encoder is not None:
+        return _encoder_spec(config, encoder)
     arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         model_type = getattr(config, "model_type", None)
@@ -101,6 +160,42 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         return _gemma3_spec(config)
     if arch == "gpt_oss":
         return _gpt_oss_spec(config)
+    return _decoder_spec(config, arch)
+
+
+def _pooling_spec(config: Any, arch: str, head: str) -> ModelSpec:
+    """A Llama-family decoder with no LM head: a bare one, or one with a ``score`` head."""
+    num_labels = int(getattr(config, "num_labels", 0) or 0) if head == "score" else 0
+    if head == "score" and num_labels < 1:
+        raise ValueError(f"a sequence classifier needs num_labels >= 1 in config.json (got {num_labels}).")
+    return dataclasses.replace(_decoder_spec(config, arch), head=head, num_labels=num_labels,
+                               tie_word_embeddings=False)
+
+
+def _encoder_spec(config: Any, head: str) -> ModelSpec:
+    """A BERT encoder's sizes (the pooling runner's :mod:`~inflight.runtime.model.encoder` runs it)."""
+    num_labels = int(getattr(config, "num_labels", 0) or 0) if head == "score" else 0
+    heads = config.num_attention_heads
+    return ModelSpec(
+        arch="bert", vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers, num_heads=heads,
+        num_kv_heads=heads, head_dim=config.hidden_size // heads, rms_norm_eps=config.layer_norm_eps,
+        max_position_embeddings=config.max_position_embeddings - _position_offset(config), tie_word_embeddings=False,
+        qkv_bias=True,
+        o_bias=True, mlp_bias=True, qk_norm=False, sliding_window=None, hidden_act=config.hidden_act,
+        head=head, num_labels=num_labels,
+    )  # fmt: skip
+
+
+def _position_offset(config: Any) -> int:
+    """RoBERTa numbers positions from ``pad_token_id + 1``: the table's first rows are never read."""
+    if getattr(config, "model_type", "bert") in ("roberta", "xlm-roberta"):
+        return int(config.pad_token_id) + 1
+    return 0
+
+
+def _decoder_spec(config: Any, arch: str) -> ModelSpec:
+    """The Llama family (Llama, Mistral, Qwen2, Qwen3, their MoE kin) as ``arch``."""
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
     _check_rope(_rope_parameters(config))

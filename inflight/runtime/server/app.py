@@ -4,9 +4,10 @@ Owns what is common to every route: the OpenAI error shape for every failure (a 
 carries a traceback), the inference key for /v1 and the separate admin key for /admin (off
 without one), refusing generation with 503 while loading, draining or after the engine died,
 counting refused requests in the metrics, counting requests in flight, the access log (one
-line per request, refused ones included; ``AccessLog``), the engine watchdog (a step that does
-not return within the stall timeout, or an idle engine that answers no heartbeat for as long,
-kills the engine: :mod:`.watchdog`), and ``drain`` (wait for requests in
+line per request, refused ones included; ``AccessLog``), naming the request fields a parser
+ignored in the ``x-inflight-ignored-fields`` header (logged once per name: ``known_fields``),
+the engine watchdog (a step that does not return within the stall timeout, or an idle engine
+that answers no heartbeat for as long, kills the engine: :mod:`.watchdog`), and ``drain`` (wait for requests in
 flight up to a timeout, then answer the rest with a 503 or a stream error event). It picks the
 engine client (an engine-core process, :class:`~.engine_process.ProcessEngine`, for a
 ``CoreLaunch``; the same core loop on a thread, :class:`~.engine_inproc.InprocEngine`, for a
@@ -30,7 +31,8 @@ from inflight import __version__
 from inflight.runtime.engine_core.core import CoreLaunch
 from inflight.runtime.logs import ACCESS_LOGGER, AccessLog, access_record
 from inflight.runtime.outputs import EngineStats
-from inflight.runtime.server import admin, auth
+from inflight.runtime.server import admin, auth, pooling_api
+from inflight.runtime.server.anthropic import routes as anthropic_routes
 from inflight.runtime.server.engine_client import EngineClient, EngineDeadError, RequestsCutError
 from inflight.runtime.server.engine_inproc import InprocEngine
 from inflight.runtime.server.engine_process import CoreLink, CoreProcess, ProcessEngine
@@ -45,6 +47,13 @@ from inflight.runtime.server.errors import (
 from inflight.runtime.server.metrics import CONTENT_TYPE, ServerMetrics, multiprocess_dir
 from inflight.runtime.server.openai import api as openai_api
 from inflight.runtime.server.openai import tokenize_api
+from inflight.runtime.server.openai.known_fields import (
+    IGNORED_FIELDS,
+    IGNORED_FIELDS_HEADER,
+    IgnoredFieldLog,
+    header_value,
+)
+from inflight.runtime.server.responses_api import routes as responses_routes
 from inflight.runtime.server.state import STATE, ServerSettings, ServerState
 from inflight.runtime.server.watchdog import StallWatch
 
@@ -57,6 +66,7 @@ access_logger = logging.getLogger(ACCESS_LOGGER)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WATCHDOG = web.AppKey("inflight_watchdog", asyncio.Task)
 ACCESS_LOG = web.AppKey("inflight_access_log", AccessLog)
+IGNORED_LOG = web.AppKey("inflight_ignored_fields_log", IgnoredFieldLog)
 # --api-server-count > 1, front end 0: whether every other front end serves yet (serve sets it)
 FRONT_ENDS_READY = web.AppKey("inflight_front_ends_ready", Callable[[], bool])
 STATUS_CLIENT_GONE = 499  # the client went away before the answer was complete (as nginx logs it)
@@ -80,7 +90,7 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
     shared_dir = multiprocess_dir() if shared else None
     if shared and shared_dir is None:
         raise RuntimeError("several front ends need their shared metrics directory (metrics.enable_multiprocess)")
-    metrics = ServerMetrics(settings.model_name, lambda: engine.stats(), shared_dir)
+    metrics = ServerMetrics(settings.model_name, lambda: engine.stats(), shared_dir, lambda: engine.engine.max_model_len)
 
     def on_step(stats: EngineStats) -> None:
         if front_end == 0:  # every front end sees every step: one counts it
@@ -100,13 +110,18 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
     )
     app[STATE] = state
     app[ACCESS_LOG] = access_log
+    app[IGNORED_LOG] = IgnoredFieldLog(logger)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/version", version)
     openai_api.add_routes(app)
     tokenize_api.add_routes(app)
+    pooling_api.add_routes(app)
+    responses_routes.add_routes(app)
+    anthropic_routes.add_routes(app)
     admin.add_routes(app)
+    app.on_response_prepare.append(_name_ignored_fields)
     if shared:  # which front end answered: a client (and a test) can tell them apart
         app.on_response_prepare.append(functools.partial(_name_front_end, str(front_end)))
     app.on_startup.append(_start_engine)
@@ -116,6 +131,15 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
 
 async def _name_front_end(index: str, request: web.Request, response: web.StreamResponse) -> None:
     response.headers[FRONT_END_HEADER] = index
+
+
+async def _name_ignored_fields(request: web.Request, response: web.StreamResponse) -> None:
+    """The request fields the parser ignored (``known_fields.record_ignored``), streamed answers
+    included: named in a header, each new name logged once."""
+    names = request.get(IGNORED_FIELDS)
+    if names:
+        response.headers[IGNORED_FIELDS_HEADER] = header_value(names)
+        request.app[IGNORED_LOG].warn(names, request.path)
 
 
 async def _start_engine(app: web.Application) -> None:

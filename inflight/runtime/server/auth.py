@@ -41,7 +41,8 @@ def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
     elif request.path == "/metrics":
         return metrics_refusal(request, settings)
     elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not (
-            bearer_matches(request, settings.api_key) or is_trusted(request, settings)):
+            bearer_matches(request, settings.api_key) or is_trusted(request, settings)
+            or _x_api_key_matches(request, settings.api_key)):
         return unauthorized()
     return None
 
@@ -81,6 +82,17 @@ def priority_refusal(request: web.Request, settings: ServerSettings, priority: i
         f"'priority' {priority} is more urgent than this server allows: lower values are served first, and "
         f"requests not authenticated with its --priority-api-key may ask for {floor} or higher "
         f"(--priority-floor)", "priority", code="priority_not_allowed")
+
+
+def _x_api_key_matches(request: web.Request, key: str) -> bool:
+    """Anthropic's ``x-api-key: <key>`` (its clients send the key there), compared in constant time."""
+    sent = request.headers.get("x-api-key")
+    if sent is None:
+        return False
+    try:
+        return hmac.compare_digest(sent.encode("utf-8"), key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
 
 
 def bearer_matches(request: web.Request, key: str) -> bool:

@@ -1,7 +1,9 @@
 """Prometheus metrics of one server app, in that app's own ``CollectorRegistry``.
 
-Owns the metric names (vLLM's, with the ``inflight:`` prefix; see docs/CONTRACTS.md), their
-buckets, and the ``model_name`` label. Engine gauges and cumulative counters are read from
+Owns the engine's metric names (vLLM's, with the ``inflight:`` prefix; see docs/CONTRACTS.md)
+and the ``model_name`` label, and puts together the per-request histograms
+(:mod:`.request_metrics`, with vLLM's buckets) and the ``process_*`` / ``python_*`` collectors
+(:mod:`.process_metrics`). Engine gauges and cumulative counters are read from
 an ``EngineStats`` snapshot at scrape time (a custom collector), so they never drift from
 the engine; per-request histograms and the success / rejection counters are observed by
 the handlers. A value that cannot be a sample (an integer too large for a float, a non-number)
@@ -21,25 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client import CollectorRegistry, Counter, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from inflight.runtime.outputs import EngineStats, RequestTimes, TenantStats
+from inflight.runtime.outputs import EngineStats, RequestOutput, RequestTimes, TenantStats
+from inflight.runtime.server.process_metrics import add_process_collectors
+from inflight.runtime.server.request_metrics import Choice, RequestHistograms
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 logger = logging.getLogger("inflight.server.metrics")
-
-_LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
-)
-_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # (name, help, EngineStats -> value)
 _GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
@@ -215,10 +211,12 @@ def multiprocess_dir() -> str | None:
 class ServerMetrics:
     """All metrics of one app. ``get_stats`` returns the engine's snapshot or ``None``.
     ``shared_dir``: the multiprocess directory of several front ends (see the module
-    docstring); None for one front end, whose figures live in this object alone."""
+    docstring); None for one front end, whose figures live in this object alone.
+    ``max_model_len``: the loaded engine's context length (the token-count buckets run up to it),
+    read at the first finished request; None only where no request is ever observed."""
 
     def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None],
-                 shared_dir: str | None = None) -> None:
+                 shared_dir: str | None = None, max_model_len: Callable[[], int] | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(model_name, get_stats))
@@ -226,61 +224,33 @@ class ServerMetrics:
             if values.ValueClass is values.MutexValue:
                 raise RuntimeError("shared metrics need enable_multiprocess() before the metrics are made")
             MultiProcessCollector(self.registry, path=shared_dir)
+        add_process_collectors(self.registry, shared_dir)
         # With a shared directory the scrape reads every process's files: the objects below only
         # write theirs (registered nowhere, or each process's own would count twice).
         own = self.registry if shared_dir is None else None
-        label = ["model_name"]
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, label, registry=own, buckets=buckets)
-
-        self.ttft = histogram("inflight:time_to_first_token_seconds",
-                              "Time from arrival to the first output token.", _LATENCY_BUCKETS)
-        self.itl = histogram("inflight:inter_token_latency_seconds",
-                             "Time between consecutive output deliveries of a request.",
-                             _LATENCY_BUCKETS)
-        self.tpot = histogram("inflight:request_time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request.",
-                              _LATENCY_BUCKETS)
-        self.e2e = histogram("inflight:e2e_request_latency_seconds",
-                             "Time from arrival to the last token.", _E2E_BUCKETS)
-        self.queue_time = histogram("inflight:request_queue_time_seconds",
-                                    "Time from arrival to first scheduling.", _E2E_BUCKETS)
-        self.iteration_tokens = histogram("inflight:iteration_tokens_total",
-                                          "Tokens computed per engine step.", _TOKEN_BUCKETS)
+        self.requests = RequestHistograms(model_name, own, max_model_len)
         self.success = Counter("inflight:request_success_total",
                                "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=own)
         self.rejected = Counter("inflight:request_rejected_total",
                                 "Requests refused before running, by reason.",
                                 ["model_name", "reason"], registry=own)
-        # One labelled child each, made once (as vLLM does): .labels() per observation costs a
-        # lock and a dict lookup for every streamed token.
-        name = self.model_name
-        self._ttft, self._itl, self._tpot = self.ttft.labels(name), self.itl.labels(name), self.tpot.labels(name)
-        self._e2e, self._queue_time = self.e2e.labels(name), self.queue_time.labels(name)
-        self._iteration_tokens = self.iteration_tokens.labels(name)
 
     def observe_step(self, num_tokens: int) -> None:
         """Called from the engine thread after each step (prometheus_client is thread-safe)."""
-        self._iteration_tokens.observe(num_tokens)
+        self.requests.iteration_tokens.observe(num_tokens)
 
     def observe_token_gap(self, seconds: float) -> None:
-        self._itl.observe(seconds)
+        self.requests.itl.observe(seconds)
 
-    def observe_finished(self, finish_reason: str, num_output_tokens: int, times: RequestTimes) -> None:
-        """One finished engine request (one choice)."""
-        name = self.model_name
-        self.success.labels(name, finish_reason).inc()
-        if times.first_scheduled is not None:
-            self._queue_time.observe(max(0.0, times.first_scheduled - times.arrival))
-        if times.first_token is not None:
-            self._ttft.observe(max(0.0, times.first_token - times.arrival))
-        if times.finished is not None:
-            self._e2e.observe(max(0.0, times.finished - times.arrival))
-            if times.first_token is not None and num_output_tokens > 1:
-                per_token = (times.finished - times.first_token) / (num_output_tokens - 1)
-                self._tpot.observe(max(0.0, per_token))
+    def observe_finished(self, out: RequestOutput, times: RequestTimes, max_tokens: int | None = None,
+                         siblings: Sequence[Choice] = ()) -> None:
+        """One finished engine request (one choice): ``out`` its last output, ``max_tokens`` its
+        max_tokens parameter, ``siblings`` the choices of its prompt when it asked for ``n`` > 1
+        (this one included, already marked finished): the per-prompt figures are observed with
+        the last of them."""
+        self.success.labels(self.model_name, out.finish_reason or "abort").inc()
+        self.requests.observe(out, times, max_tokens, siblings)
 
     def observe_aborted(self) -> None:
         """One engine request (one choice) aborted before it finished (client gone, cut)."""

@@ -26,7 +26,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
 
 logger = logging.getLogger("inflight.server")
+ReadyCheck = Callable[[Any], str | None]  # the loaded engine -> a warning to log, or None
 FLUSH_TIMEOUT_S = 10.0
 FD_RESERVE = 256  # open files besides client connections: the engine pipes, model files, logs
 DEATH_ANSWER_S = 2.0  # after an engine death: time for the 503s and error events to leave
@@ -65,19 +66,22 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 async def serve(
     settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
     port: int, access_log: AccessLog = AccessLog(), spawned: Spawned | None = None,
+    ready_checks: Sequence[ReadyCheck] = (),
 ) -> int:
     """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
     ``access_log``: see :func:`~.app.create_app`. ``settings.api_server_count`` > 1: this is front
     end 0 of several (``source`` the started :class:`CoreProcess`, which has a pipe for each); it
     binds ``host:port`` and spawns the others (:mod:`.front_ends`), and says ready once they all
-    are. ``spawned``: this is one of those (``source`` its :class:`CoreLink`)."""
+    are. ``spawned``: this is one of those (``source`` its :class:`CoreLink`). ``ready_checks``:
+    each is given the loaded engine and returns a warning to log (or ``None``), e.g. a flag that
+    has no effect on the device the engine chose."""
     linked = isinstance(source, CoreLink)
     several = settings.api_server_count > 1 and not linked
     if several and not isinstance(source, CoreProcess):
         raise ValueError("--api-server-count > 1 needs the engine-core process (it cannot run with --single-process)")
     peers = FrontEndGroup(settings.api_server_count if several else 1)
     try:
-        return await _serve(settings, source, host, port, access_log, spawned, peers)
+        return await _serve(settings, source, host, port, access_log, spawned, peers, ready_checks)
     finally:
         peers.remove_metrics_dir()
 
@@ -85,6 +89,7 @@ async def serve(
 async def _serve(
     settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
     port: int, access_log: AccessLog, spawned: Spawned | None, peers: FrontEndGroup,
+    ready_checks: Sequence[ReadyCheck] = (),
 ) -> int:
     linked = isinstance(source, CoreLink)
     several = peers.count > 1
@@ -119,7 +124,7 @@ async def _serve(
             assert isinstance(source, CoreProcess) and sockets is not None
             _spawn_front_ends(peers, source, settings, access_log, addresses_of(sockets))
             watch = loop.create_task(peers.watch(lambda why: _front_end_exited(app, why)))
-        code = await _until_stopped(app, stop, spawned.on_ready if spawned is not None else None)
+        code = await _until_stopped(app, stop, spawned.on_ready if spawned is not None else None, ready_checks)
         if app[STATE].dead.is_set():
             await app[STATE].wait_idle(DEATH_ANSWER_S)
             await _flush_writes(runner, DEATH_ANSWER_S)
@@ -253,7 +258,8 @@ async def _flush_writes(runner: web.AppRunner, timeout_s: float) -> None:
     logger.warning("some response bytes were still unsent after %.1f s", timeout_s)
 
 
-async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Callable[[], None] | None) -> int:
+async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Callable[[], None] | None,
+                         ready_checks: Sequence[ReadyCheck] = ()) -> int:
     state = app[STATE]
     loaded = asyncio.ensure_future(state.engine.wait_ready())
     stopped = asyncio.ensure_future(stop.wait())
@@ -265,6 +271,10 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Ca
                 logger.error("loading the model failed: %s", loaded.exception())
                 return 1
             logger.info("ready: model %s loaded and warmed up", state.settings.model_name)
+            for check in ready_checks:
+                line = check(state.engine.engine)
+                if line:
+                    logger.warning("%s", line)
             if on_ready is not None:
                 on_ready()
             await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)

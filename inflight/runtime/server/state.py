@@ -75,7 +75,9 @@ class ServerSettings:
     or ``tenant`` (salted with the tenant ``tenant_header`` names, else as ``key``).
     ``tenant_header``: under the ``fair`` policy, the header a trusted gateway names each
     request's tenant in (``None``: the tenant is the caller's API key or address; see
-    ``server.tenancy``).
+    ``server.tenancy``). ``reject_unknown_fields``: a request field this server does not know is
+    a 400 (OpenAI's "Unrecognized request argument supplied"); off, it is ignored, logged once per
+    name and named in the ``x-inflight-ignored-fields`` response header.
     """
 
     model_name: str
@@ -103,6 +105,8 @@ class ServerSettings:
     open_metrics: bool = False
     prefix_cache_isolation: str = "none"
     tenant_header: str | None = None
+    responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: the store is off)
+    reject_unknown_fields: bool = False
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -156,7 +160,7 @@ class ServerSettings:
     def request_policy(self) -> RequestPolicy:
         """The defaults and limits every request is parsed with."""
         ceiling = None if self.max_logprobs == -1 else self.max_logprobs
-        return RequestPolicy(self.sampling_defaults, ceiling)
+        return RequestPolicy(self.sampling_defaults, ceiling, self.reject_unknown_fields)
 
 
 class ServerState:

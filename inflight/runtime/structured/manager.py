@@ -31,6 +31,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
+from inflight.runtime.structured.ascii_classes import ascii_classes, bounded, schema_ascii_classes
 from inflight.runtime.structured.cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, GrammarCache, estimate_bytes
 from inflight.runtime.structured.faults import STALL_CAP_S, GrammarFault, grammar_fault_from_env
 from inflight.runtime.structured.params import StructuredOutputsParams
@@ -49,14 +50,18 @@ JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 
 
 def to_llguidance_grammar(params: StructuredOutputsParams) -> str:
-    """The llguidance grammar text for ``params`` (not yet checked)."""
+    """The llguidance grammar text for ``params`` (not yet checked). ``\\d \\w \\s`` in a regex
+    or a schema's patterns are ECMA-262's ASCII classes (:mod:`.ascii_classes`)."""
     m = llguidance.LLMatcher
     if params.kind == "json":
-        return m.grammar_from_json_schema(params.spec, overrides=JSON_OPTIONS)
+        spec = params.spec
+        if "\\" in spec:  # a pattern may hold a class escape
+            spec = bounded(json.dumps(schema_ascii_classes(json.loads(spec)), ensure_ascii=False))
+        return m.grammar_from_json_schema(spec, overrides=JSON_OPTIONS)
     if params.kind == "json_object":
         return m.grammar_from_json_schema('{"type": "object"}', overrides=JSON_OPTIONS)
     if params.kind == "regex":
-        return m.grammar_from_regex(params.spec)
+        return m.grammar_from_regex(ascii_classes(params.spec))
     if params.kind == "choice":
         choices = json.loads(params.spec)
         return m.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))

@@ -1,7 +1,8 @@
 """ModelRunner: owns the model, the paged KV cache tensors and the step's input tensors.
 
 It packs a step's chunks into one batch (:mod:`inflight.runtime.worker.batch_inputs`), runs the
-decoder, and returns the final hidden states' logits for the sequences that sample this step.
+decoder, and returns the final hidden states' logits for the sequences that sample this step
+(or, for the pooling runner, the hidden states themselves: :meth:`ModelRunner.hidden_states`).
 It sizes the KV cache from the config (explicit block count, the free-GPU-memory fraction on
 CUDA, or a capped default on the CPU), counting the bytes of any other cache indexed by the
 same block tables (a draft model's, :mod:`inflight.runtime.spec_decode.draft_proposer`), whose runner
@@ -136,6 +137,8 @@ class ModelRunner:
     ) -> DecodeGraphs | None:
         """Decode graphs: on CUDA unless ``enforce_eager``, a tensor-parallel group or kernels
         that read tensors on the host; anywhere when a backend is given (the CPU tests)."""
+        if self.spec.head != "lm" or config.runner == "pooling":  # pooling steps are prompt chunks only
+            return None
         if backend is None:
             why_not = ("enforce_eager" if config.enforce_eager else "not CUDA" if self.device.type != "cuda"
                        else "tensor parallel" if self.tp is not None
@@ -258,6 +261,16 @@ class ModelRunner:
             )
         assert logits is not None  # rank 0 always gets the gathered logits
         return logits
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      meta: AttentionMetadata) -> torch.Tensor:  # [num_tokens, hidden], final-normed
+        """Run the decoder over a packed batch (one rank, eagerly): the pooling runner's forward."""
+        if self.workers is not None:
+            raise RuntimeError("the pooling runner runs on one rank")
+        if self._cpu_threads is not None:
+            self._set_cpu_threads(input_ids.shape[0])
+        return self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
 
     def _graphable(self, batch: BatchInputs) -> bool:
         """A pure-decode step no larger than the largest captured size."""

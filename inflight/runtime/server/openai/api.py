@@ -35,6 +35,7 @@ from inflight.runtime.server.errors import (
     too_large_to_process,
 )
 from inflight.runtime.server.openai import chat_support, generation
+from inflight.runtime.server.openai.known_fields import record_ignored
 from inflight.runtime.server.openai.protocol import (
     GenerationRequest,
     RequestPolicy,
@@ -42,6 +43,7 @@ from inflight.runtime.server.openai.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
+from inflight.runtime.server.openai.streaming import Renderer
 from inflight.runtime.server.principal import principal
 from inflight.runtime.server.state import STATE, ServerState
 
@@ -160,11 +162,17 @@ async def _parsed(request: web.Request, state: ServerState,
     """The request body parsed off the loop, salted for the prefix cache, its model and
     priority checked; with the body's size (for the off-loop threshold)."""
     body, size = await _read_body(request, state)
+    return await _checked(request, state, parse, body, size), size
+
+
+async def _checked(request: web.Request, state: ServerState,
+                   parse: Callable[[object, RequestPolicy], GenerationRequest], body: Any, size: int) -> GenerationRequest:
     req = await _off_loop(state, size, lambda: parse(body, state.settings.request_policy))
+    record_ignored(request, req.ignored_fields)  # named in a response header, logged once per name
     req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
     check_model(req.model, state.settings.model_name)
     _check_priority(request, state, req.priority)
-    return req, size
+    return req
 
 
 async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
@@ -191,14 +199,49 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _chat_job(request: web.Request, state: ServerState) -> generation.Job:
-    req, size = await _parsed(request, state, parse_chat_request)
+    body, size = await _read_body(request, state)
+    return await chat_job(request, state, body, size)
+
+
+async def chat_job(request: web.Request, state: ServerState, body: Any, size: int, prefix: str = "chatcmpl",
+                   renderer: Renderer | None = None) -> generation.Job:
+    """The job of a chat completion ``body`` (``size`` bytes as sent): every check, template,
+    tool and structured-output rule of /v1/chat/completions. ``renderer``: another API that
+    translated its request into this body and renders the answer its own way (the seam the
+    Responses and Anthropic Messages APIs use)."""
+    req = await _checked(request, state, parse_chat_request, body, size)
     engine = state.engine.engine
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
-    return await _off_loop(state, size, lambda: generation.plan(
-        state, req, prompt_ids, "chatcmpl", None if output.is_plain else output, decorate))
+    job = await _off_loop(state, size, lambda: generation.plan(
+        state, req, prompt_ids, prefix, None if output.is_plain else output, decorate))
+    job.renderer = renderer
+    return job
+
+
+async def run_chat(request: web.Request, body: Any, size: int, prefix: str, renderer: Renderer) -> web.StreamResponse:
+    """Answer a chat completion ``body`` that another API translated its request into, in that
+    API's shape (``renderer``)."""
+    async def make_job(request: web.Request, state: ServerState) -> generation.Job:
+        return await chat_job(request, state, body, size, prefix, renderer)
+
+    return await _run_job(request, make_job)
+
+
+async def count_chat_tokens(request: web.Request, body: Any, size: int) -> int:
+    """How many tokens the chat ``body``'s prompt renders to (every check of a chat request but
+    admission): an API's ``count_tokens``."""
+    state = request.app[STATE]
+    req = await _checked(request, state, parse_chat_request, body, size)
+    engine = state.engine.engine
+    return len(await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req)))
+
+
+async def read_body(request: web.Request) -> tuple[Any, int]:
+    """The request's JSON body (bounded in size and time) and its size in bytes."""
+    return await _read_body(request, request.app[STATE])
 
 
 def _check_priority(request: web.Request, state: ServerState, priority: int) -> None:

@@ -20,6 +20,7 @@ from inflight.runtime.server.openai.chat_output import ChatOutputPlan
 from inflight.runtime.server.openai.protocol import GenerationRequest
 from inflight.runtime.server.openai.reasoning import THINK_START
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, detect_family, renders_tools
+from inflight.runtime.server.openai.tool_parsers.harmony import is_harmony
 
 if TYPE_CHECKING:
     from inflight.runtime.server.state import ServerSettings
@@ -92,7 +93,9 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int],
         mode = auto_tool_mode(template, settings)
     elif features.tool_choice in ("required", "named"):
         mode = features.tool_choice
-    return ChatOutputPlan(reasoning, starts_in, mode, features.tool_name, not features.parallel_tool_calls)
+    harmony = is_harmony(template) or mode == "harmony"  # gpt-oss: read by channels (tool_parsers.harmony)
+    return ChatOutputPlan(reasoning and not harmony, starts_in, mode, features.tool_name,
+                          not features.parallel_tool_calls, tuple(features.tools or ()), harmony)
 
 
 def auto_tool_mode(template: str, settings: ServerSettings | None) -> str:

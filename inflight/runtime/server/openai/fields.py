@@ -1,5 +1,5 @@
-"""Reading the fields of an OpenAI request body: one reader per JSON type, and the one table of
-fields this server refuses unless they say "off".
+"""Reading the fields of an OpenAI request body: one reader per JSON type, the one table of
+fields this server refuses unless they say "off" and the one of those it accepts as harmless.
 
 Each reader returns ``None`` when the field is absent or null (the caller, or
 ``SamplingParams``' own default, decides what that means: no default is typed twice) and
@@ -48,9 +48,14 @@ UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
     "verbosity": (None,),
 }
 # Accepted as harmless (they do not change what the model writes): user (divides its caller's
-# share under the fair policy), metadata, store, service_tier, prompt_cache_key,
-# safety_identifier, guided_decoding_backend, request_id, kv_transfer_params, vllm_xargs,
-# mm_processor_kwargs. cache_salt is honoured (it seeds the request's block hashes).
+# share under the fair policy) and the bookkeeping fields below. cache_salt is honoured (it
+# seeds the request's block hashes). Any field in neither table nor read by a parser is unknown
+# (``known_fields``): logged and named in a response header, or refused with
+# --reject-unknown-fields.
+ACCEPTED_HARMLESS: frozenset[str] = frozenset((
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "guided_decoding_backend",
+    "request_id", "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs",
+))
 
 
 def refuse_unsupported(obj: dict[str, Any]) -> None:

@@ -92,6 +92,7 @@ class Job:
     output_plan: ChatOutputPlan | None = None  # chat: reasoning / tool-call parsing (None: plain text)
     chat_streams: dict[str, ChatStream] = dataclasses.field(default_factory=dict)  # per choice, when streaming
     decorate: Decorate | None = None
+    renderer: streaming.Renderer | None = None  # another API's body and stream (None: OpenAI's)
     # Fixed when plan() returns; the rest changes as outputs arrive.
 
 
@@ -253,17 +254,17 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
     """Stream the job: each wakeup takes every output queued for the group, merges them per
     choice (:class:`~.responses.HeldDelta`), holds a choice's chunk until it has
     ``stream_interval`` new tokens (not its first token nor its last chunk), and writes the
-    wakeup's events at once."""
+    wakeup's events at once, in the job's format (OpenAI's, or its ``renderer``'s)."""
     response = await streaming.open_stream(request)
     timeout_s = state.settings.stream_write_timeout_s
-    obj = "chat.completion.chunk" if job.req.is_chat else "text_completion"
-    chunks = streaming.ChunkFormat(job.meta, obj, job.req.include_usage)
+    fmt = _stream_format(job)
     interval = state.settings.stream_interval
     held = {req_id: HeldDelta() for req_id in job.choices}
     try:
         sender = streaming.SseSender(request, response, timeout_s)
-        if job.req.is_chat:
-            await sender.write(_chat_opening(job, chunks))
+        opening = fmt.opening()
+        if opening:
+            await sender.write(opening)
         async for outs in group.batches():
             due: dict[str, HeldDelta] = {}
             now = time.monotonic()
@@ -278,14 +279,12 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
                     event = _choice_event(job, job.choices[req_id], pending)
                     pending.taken(sent=event is not None)
                     if event is not None:
-                        events.append(chunks.event(event))
+                        events.append(fmt.choice(event))
+            events = [e for e in events if e]
             if events:
                 await sender.write(events[0] if len(events) == 1 else b"".join(events))
-        last = b""
-        if job.req.include_usage:
-            usage = responses.usage([len(p) for p in job.prompt_ids], list(job.choices.values()))
-            last = streaming.sse_event(responses.usage_chunk(job.meta, obj, usage))
-        await sender.close(last)
+        choices = list(job.choices.values())
+        await sender.close(fmt.closing(responses.usage([len(p) for p in job.prompt_ids], choices), choices))
     except (OSError, asyncio.TimeoutError):  # the client left or stopped reading: abort the rest
         job.outcome = "aborted"
     except Exception as exc:  # the status line is sent: report in the stream, never a traceback
@@ -293,18 +292,15 @@ async def _stream(request: web.Request, state: ServerState, job: Job, group: Any
             RequestFailedError)):
             logger.exception("error while streaming %s", job.request_id)
         job.outcome = "error"
-        await streaming.send_error(response, engine_failure(exc).body(), timeout_s)
+        await streaming.send_error(response, fmt.failure(engine_failure(exc)), timeout_s)
     return response
 
 
-def _chat_opening(job: Job, chunks: streaming.ChunkFormat) -> bytes:
-    """A chat stream's first events: each choice's role, then (vLLM) an echoed final message."""
-    choices = sorted(job.choices.values(), key=lambda c: c.index)
-    events = [chunks.event(responses.chat_delta(c.index, {"role": "assistant", "content": ""}, None))
-              for c in choices]
-    if job.req.echo_text:
-        events += [chunks.event(responses.chat_delta(c.index, {"content": job.req.echo_text}, None)) for c in choices]
-    return b"".join(events)
+def _stream_format(job: Job) -> streaming.StreamFormat:
+    if job.renderer is not None:
+        return job.renderer.stream(job.meta, sum(len(p) for p in job.prompt_ids))
+    indices = sorted(c.index for c in job.choices.values())
+    return streaming.openai_format(job.meta, job.req.is_chat, job.req.include_usage, indices, job.req.echo_text)
 
 
 def _choice_event(job: Job, choice: ChoiceState, held: HeldDelta) -> dict[str, Any] | None:
@@ -346,7 +342,9 @@ def _record(state: ServerState, job: Job, out: RequestOutput, now: float | None 
     choice.add(out)
     if out.finished:
         times = out.times or RequestTimes(arrival=job.arrival, first_token=job.first_token_at, finished=now)
-        state.metrics.observe_finished(out.finish_reason or "abort", out.num_output_tokens, times)
+        state.metrics.observe_finished(out, times, job.engine_requests[choice.index].params.max_tokens,
+                                       [c for c in job.choices.values() if c.index // job.req.n == choice.index // job.req.n]
+                                       if job.req.n > 1 else ())
 
 
 async def _json_response(state: ServerState, job: Job) -> web.Response:
@@ -370,7 +368,7 @@ def _body(job: Job) -> dict[str, Any]:
         body = responses.completion_body(job.meta, choices, prompt_lens, job.token_text)
     if job.decorate is not None:
         job.decorate(body, choices)
-    return body
+    return body if job.renderer is None else job.renderer.body(body, choices)
 
 
 def _log_finished(job: Job) -> None:
@@ -380,7 +378,8 @@ def _log_finished(job: Job) -> None:
     record = {
         "event": "request_finished",
         "request_id": job.request_id,
-        "endpoint": "chat.completions" if job.req.is_chat else "completions",
+        "endpoint": job.renderer.endpoint if job.renderer is not None else
+                    "chat.completions" if job.req.is_chat else "completions",
         "stream": job.req.stream,
         "num_choices": len(choices),
         "prompt_tokens": sum(len(p) for p in job.prompt_ids),

@@ -21,6 +21,7 @@ from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
 from inflight.runtime.server.openai.fields import get_bool, get_int, get_number, get_str, refuse_unsupported
+from inflight.runtime.server.openai.known_fields import CHAT_SHAPE, COMPLETION_SHAPE, check_known
 from inflight.runtime.server.openai.request_features import (
     RequestFeatures,
     engine_prompt_logprobs,
@@ -51,10 +52,12 @@ class RequestPolicy:
     """What the server fills in and allows: ``defaults`` for the sampling fields a request leaves
     out (a field the request sets always wins), and ``max_logprobs``, the most ``logprobs`` /
     ``top_logprobs`` / ``prompt_logprobs`` a request may ask for (``None``: no ceiling but the
-    model's vocabulary)."""
+    model's vocabulary). ``reject_unknown_fields``: a field no parser knows is a 400
+    (``--reject-unknown-fields``) instead of being ignored and named in ``ignored_fields``."""
 
     defaults: SamplingDefaults = SamplingDefaults()
     max_logprobs: int | None = DEFAULT_MAX_LOGPROBS
+    reject_unknown_fields: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,8 @@ class GenerationRequest:
     messages (``None`` for completions). ``num_logprobs`` is how many alternatives to report
     per token (``None``: no logprobs). ``max_tokens_given`` is false when the client left the
     output length to the server (chat), which then fills the rest of the context.
+    ``ignored_fields``: the fields of the body this server does not know (dotted paths), which
+    it ignored (``known_fields``).
     """
 
     model: str | None
@@ -81,6 +86,7 @@ class GenerationRequest:
     user: str | None
     features: RequestFeatures = dataclasses.field(default_factory=RequestFeatures)
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
+    ignored_fields: tuple[str, ...] = ()
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""
@@ -132,6 +138,7 @@ def _build(
     num_logprobs: int | None,
     policy: RequestPolicy,
 ) -> GenerationRequest:
+    ignored = check_known(obj, CHAT_SHAPE if is_chat else COMPLETION_SHAPE, reject=policy.reject_unknown_fields)
     refuse_unsupported(obj)
     model = get_str(obj, "model")
     stream = bool(get_bool(obj, "stream"))
@@ -156,6 +163,7 @@ def _build(
         user=get_str(obj, "user"),
         features=features,
         cache_salt=_parse_cache_salt(obj),
+        ignored_fields=ignored,
     )
 
 

@@ -3,8 +3,10 @@
 A reasoning model writes ``<think>`` reasoning ``</think>`` answer. Some templates open the
 ``<think>`` themselves in the generation prompt (then the output starts inside it). Text
 before ``</think>`` becomes ``reasoning_content``; the rest is ``content``. An output that
-never closes its ``</think>`` (cut by max_tokens) is all reasoning. Pure functions and a small
-state machine; knows nothing about HTTP or the engine.
+never closes its ``</think>`` (cut by max_tokens) is all reasoning. This is what vLLM's
+``deepseek_r1``, ``deepseek_v3``, ``qwen3``, ``glm45`` and ``kimi_k2`` reasoning parsers read;
+gpt-oss's harmony channels (``openai_gptoss``) are split by ``tool_parsers.harmony`` instead. Pure
+functions and a small state machine; knows nothing about HTTP or the engine.
 """
 
 from __future__ import annotations

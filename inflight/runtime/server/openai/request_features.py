@@ -6,9 +6,8 @@ flags (``add_generation_prompt``, ``continue_final_message``, ``add_special_toke
 ``logit_bias``, ``echo``, ``best_of`` and ``prompt_logprobs`` become one frozen
 :class:`RequestFeatures`. At most one output constraint per request; forced tool calls
 (``required`` or a named function) become a JSON-schema constraint so their arguments always
-parse and validate. The unknown-field policy lives here too: OpenAI/vLLM fields that would
-change the output but are not implemented are refused (400 naming the field); harmless
-bookkeeping fields are accepted. The tools themselves (``tools``, ``tool_choice``, forced-call
+parse and validate. Which fields are refused unless off or accepted as harmless is ``fields``';
+which are unknown at all (logged, or refused), ``known_fields``'. The tools themselves (``tools``, ``tool_choice``, forced-call
 schemas, tool calls in a history) are ``tool_requests``'. Knows nothing about tokenizers or the
 engine.
 """

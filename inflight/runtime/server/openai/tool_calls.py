@@ -11,6 +11,10 @@ Families (what the model writes when it calls a tool; ``TOOL_CALL_PARSERS`` maps
 * ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
   ``[TOOL_CALLS]name[ARGS]{...}`` per call.
 
+* the formats of :mod:`.tool_parsers` (one module each): ``qwen3_coder``, ``harmony`` (gpt-oss,
+  vLLM's ``openai``), ``deepseek_v3``, ``deepseek_v31``, ``kimi_k2``, ``glm45``, ``pythonic``.
+
+Arguments always come back in one rendering, compact JSON (``tool_parsers.common.render_arguments``).
 Plus two formats of our own for forced calls, whose output the grammar engine constrains:
 ``required`` (a JSON array of ``{"name", "parameters"}``) and ``named`` (the arguments object
 alone). Text that does not parse as a call stays content: nothing the model wrote is dropped
@@ -23,28 +27,36 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from inflight.runtime.json_text import MAX_DEPTH, loads_limited, nesting_depth
+from inflight.runtime.server.openai.tool_parsers import deepseek, glm45, kimi_k2, qwen3_coder
+from inflight.runtime.server.openai.tool_parsers.blocks import BlockFormat, parse_blocks
+from inflight.runtime.server.openai.tool_parsers.common import (
+    ParsedOutput,
+    ToolCall,
+    Tools,
+    partial_marker_len,
+    render_arguments,
+)
+from inflight.runtime.server.openai.tool_parsers.harmony import is_harmony, parse_harmony
+from inflight.runtime.server.openai.tool_parsers.pythonic import parse_pythonic
+
+__all__ = ["MARKERS", "TOOL_CALL_PARSERS", "BLOCK_FORMATS", "ParsedOutput", "ToolCall", "detect_family",
+           "parse_tool_calls", "partial_marker_len", "renders_tools", "tool_parser_choices"]
 
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
 # vLLM's ``--tool-call-parser`` names that inflight implements -> the family parsed here.
-TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3", "mistral": "mistral"}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object, as text
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedOutput:
-    content: str | None  # None when there is no text besides the calls
-    tool_calls: tuple[ToolCall, ...]
+TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3", "mistral": "mistral",
+                     "qwen3_coder": "qwen3_coder", "openai": "harmony", "deepseek_v3": "deepseek_v3",
+                     "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2", "glm45": "glm45", "pythonic": "pythonic"}
+# The families whose calls sit between begin/end markers, read by tool_parsers.blocks.
+BLOCK_FORMATS: dict[str, BlockFormat] = {
+    "qwen3_coder": qwen3_coder.FORMAT, "glm45": glm45.FORMAT, "deepseek_v3": deepseek.V3,
+    "deepseek_v31": deepseek.V31, "kimi_k2": kimi_k2.FORMAT,
+}
 
 
 def tool_parser_choices() -> str:
@@ -61,6 +73,18 @@ def renders_tools(chat_template: str | None) -> bool:
 def detect_family(chat_template: str | None) -> str:
     """The tool-call format a chat template teaches its model (hermes when it says nothing)."""
     template = chat_template or ""
+    if is_harmony(template):
+        return "harmony"
+    if kimi_k2.CALL_BEGIN in template:
+        return "kimi_k2"
+    if deepseek.SEP in template:
+        return "deepseek_v3" if deepseek.FENCE_OPEN in template else "deepseek_v31"
+    if "<arg_key>" in template:
+        return "glm45"
+    if qwen3_coder.FUNCTION in template:
+        return "qwen3_coder"
+    if "[func_name1(" in template:  # Llama 3.2's pythonic tool-calling prompt
+        return "pythonic"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -85,7 +109,10 @@ def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) ->
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    try:
+        return ToolCall(obj["name"], render_arguments(args))
+    except ValueError:  # NaN or an infinity: no JSON
+        return None
 
 
 def _content(text: str) -> str | None:
@@ -215,27 +242,33 @@ def parse_named(text: str, name: str) -> ParsedOutput:
     return ParsedOutput(_content(text), ()) if call is None else ParsedOutput(None, (ToolCall(name, text),))
 
 
-_PARSERS = {"hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral, "required": parse_required}
+_PARSERS: dict[str, Callable[[str], ParsedOutput]] = {
+    "hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral, "required": parse_required,
+    "pythonic": parse_pythonic,
+}
 
 
-def parse_tool_calls(mode: str, text: str, name: str | None = None) -> ParsedOutput:
-    """``mode``: a family, ``required`` or ``named`` (with the forced function's ``name``)."""
+def _parse_harmony(text: str) -> ParsedOutput:
+    """Harmony's calls and its content channels (its reasoning is dropped here: ``chat_output``
+    splits it off first)."""
+    out = parse_harmony(text, with_tools=True)
+    return ParsedOutput(out.content if out.content.strip() else None, out.tool_calls)
+
+
+def parse_tool_calls(mode: str, text: str, name: str | None = None, tools: Tools = ()) -> ParsedOutput:
+    """``mode``: a family, ``required`` or ``named`` (with the forced function's ``name``);
+    ``tools``: the request's tools (their schemas type the values of qwen3_coder and glm45)."""
     if mode == "named":
         if name is None:
             raise ValueError("the named mode needs the function name")
         return parse_named(text, name)
-    parser = _PARSERS.get(mode)
-    if parser is None:
-        raise ValueError(f"unknown tool-call format {mode!r}; one of {', '.join(_PARSERS)}, named")
+    fmt = BLOCK_FORMATS.get(mode)
+    parser = _PARSERS.get(mode) or (_parse_harmony if mode == "harmony" else None)
+    if parser is None and fmt is None:
+        known = ", ".join([*_PARSERS, *BLOCK_FORMATS, "harmony"])
+        raise ValueError(f"unknown tool-call format {mode!r}; one of {known}, named")
     try:
-        return parser(text)
+        return parse_blocks(fmt, text, tools) if fmt is not None else parser(text)  # type: ignore[misc]
     except MemoryError:  # output too large to parse as calls in the memory left: it stays text
         return ParsedOutput(_content(text), ())
 
-
-def partial_marker_len(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0

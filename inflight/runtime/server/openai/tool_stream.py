@@ -18,6 +18,8 @@ characters, on the event loop, stalling every other client). Instead:
   at most about five times the text in all. A call in a long mistral output may be sent a few
   deltas after it completed; the calls and their order are the same.
 * ``named``: the arguments are passed through as they come.
+* the formats of ``tool_parsers`` stream through their own scanners, which the whole-text parse
+  runs too (``BlockStream``, ``PythonicStream``, ``HarmonyStream``): linear the same way.
 
 ``scanned`` counts the characters scanned and parsed, for tests that prove the work linear.
 Knows nothing about HTTP, the engine or tokenizers.
@@ -31,6 +33,7 @@ from collections.abc import Callable
 
 from inflight.runtime.json_text import MAX_DEPTH
 from inflight.runtime.server.openai.tool_calls import (
+    BLOCK_FORMATS,
     MARKERS,
     ToolCall,
     hermes_block_calls,
@@ -39,6 +42,10 @@ from inflight.runtime.server.openai.tool_calls import (
     partial_marker_len,
     required_calls,
 )
+from inflight.runtime.server.openai.tool_parsers.blocks import BlockStream
+from inflight.runtime.server.openai.tool_parsers.common import Tools
+from inflight.runtime.server.openai.tool_parsers.harmony import HarmonyStream
+from inflight.runtime.server.openai.tool_parsers.pythonic import PythonicStream
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -275,11 +282,37 @@ class _Reparse:
         return list(parse_tool_calls(self.mode, text, self.name).tool_calls)
 
 
+class _HarmonyCalls:
+    """Harmony's calls and content channels (``chat_output`` splits its reasoning off first;
+    here, as in ``parse_tool_calls``, the analysis channel is not content)."""
+
+    def __init__(self) -> None:
+        self.stream = HarmonyStream(with_tools=True)
+
+    @property
+    def scanned(self) -> int:
+        return self.stream.scanned
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCall]]:
+        _, content, calls = self.stream.feed(delta, finished)
+        return content, calls
+
+
+def _format_stream(mode: str, tools: Tools) -> BlockStream | PythonicStream | _HarmonyCalls | None:
+    """The scanner of a ``tool_parsers`` format, or None for the formats streamed here."""
+    if mode in BLOCK_FORMATS:
+        return BlockStream(BLOCK_FORMATS[mode], tools)
+    if mode == "pythonic":
+        return PythonicStream()
+    return _HarmonyCalls() if mode == "harmony" else None
+
+
 class ToolStream:
     """Content deltas and completed tool calls from streamed content text."""
 
-    def __init__(self, mode: str, name: str | None) -> None:
+    def __init__(self, mode: str, name: str | None, tools: Tools = ()) -> None:
         self.mode, self.name = mode, name
+        self._format = _format_stream(mode, tools)
         self.text = ""
         self.sent = 0  # chars of text handed out (as content, or as named-call arguments)
         self.in_tools = mode in ("named", "required")
@@ -294,10 +327,14 @@ class ToolStream:
     @property
     def scanned(self) -> int:
         """Characters scanned and parsed so far."""
-        return self.work.chars
+        return self.work.chars + (self._format.scanned if self._format is not None else 0)
 
     def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCall], str]:
         """(content delta, newly completed calls, named-call argument delta)."""
+        if self._format is not None:
+            content, calls = self._format.feed(delta, finished)
+            self.num_calls += len(calls)
+            return content, calls, ""
         text, self.text = self.text, ""
         text += delta  # a local with one reference: CPython grows it in place instead of copying
         self.text = text

@@ -13,6 +13,7 @@ import os
 import torch
 
 from inflight import env_vars
+from inflight.runtime.worker.cuda_driver import cuda_problem, read_cuda_host
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,11 +24,15 @@ BIG_STEP_PARAM_TOKENS = 50_000_000
 
 
 def resolve_device(name: str, rank: int = 0, world_size: int = 1) -> torch.device:
-    """The device of tensor-parallel ``rank``: ``cuda:rank`` on CUDA, the CPU otherwise."""
+    """The device of tensor-parallel ``rank``: ``cuda:rank`` on CUDA, the CPU otherwise. CUDA
+    asked for but unusable (a driver too old for torch's CUDA build, no GPU given) is a
+    ``ValueError`` saying why (:mod:`inflight.runtime.worker.cuda_driver`)."""
+    if name in ("auto", "cuda") and not torch.cuda.is_available():
+        problem = cuda_problem(name, read_cuda_host())
+        if problem is not None:
+            raise ValueError(problem)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but no CUDA device is visible; use device=cpu.")
     if name == "cuda" and world_size > 1:
         if torch.cuda.device_count() < world_size:
             raise ValueError(
