@@ -48,6 +48,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     min_tokens: int = 0
     ignore_eos: bool = False
+    # False: special tokens (other than EOS / stop tokens) stay in the text, as vLLM's field; a
+    # tool or reasoning format whose markers are special tokens (gpt-oss harmony) needs them
+    skip_special_tokens: bool = True
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's plus k alternatives
     prompt_logprobs: int | None = None  # None: none; k >= 0: each prompt token's plus k alternatives
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) added to logits
@@ -95,6 +98,9 @@ class SamplingParams:
         if self.structured is not None and self.min_tokens:
             raise ParamError("min_tokens", "min_tokens cannot be combined with a structured-output constraint: the grammar "
                              "decides where the output ends, and min_tokens would ban the end it needs.")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ParamError("skip_special_tokens", f"skip_special_tokens must be true or false "
+                                                    f"(got {brief(self.skip_special_tokens)}).")
         if not isinstance(self.ignore_eos, bool):
             raise ParamError("ignore_eos", f"ignore_eos must be true or false (got {brief(self.ignore_eos)}).")
         self._check_stops()

@@ -28,10 +28,12 @@ class IncrementalDetokenizer:
     """Feed tokens with :meth:`append`; read deltas with :meth:`take_delta`."""
 
     def __init__(
-        self, tokenizer: Any, stop: tuple[str, ...], skip_token_ids: frozenset[int], stream: Any | None = None
+        self, tokenizer: Any, stop: tuple[str, ...], skip_token_ids: frozenset[int], stream: Any | None = None,
+        skip_special_tokens: bool = True,
     ) -> None:
         """``stream``: :func:`stream_decoding` of ``tokenizer`` (its Rust tokenizer), to decode
-        with a :class:`DecodeStream`; None decodes the window in Python."""
+        with a :class:`DecodeStream`; None decodes the window in Python. ``skip_special_tokens``
+        False keeps special tokens in the text (``skip_token_ids``, EOS and stop tokens, never are)."""
         self.tokenizer = tokenizer
         self.stop = stop
         self.max_stop_len = max((len(s) for s in stop), default=0)
@@ -42,9 +44,10 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.emitted = 0
         self.stopped = False
-        self._decode_ids = _backend_decoder(tokenizer) or self._decode_slow
+        self.skip_special_tokens = skip_special_tokens
+        self._decode_ids = _backend_decoder(tokenizer, skip_special_tokens) or self._decode_slow
         self._backend = stream
-        self._stream = DecodeStream(skip_special_tokens=True) if stream is not None else None
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens) if stream is not None else None
 
     def append(self, token_id: int) -> bool:
         """Add one generated token; True if the text now contains a stop string (then cut there)."""
@@ -115,10 +118,11 @@ class IncrementalDetokenizer:
         )
 
     def _decode_slow(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
 
 
-def _backend_decoder(tokenizer: Any) -> Callable[[list[int]], str] | None:
+def _backend_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[list[int]], str] | None:
     """The Rust ``tokenizers`` decode, when ``tokenizer.decode`` would return exactly its result.
 
     That holds for transformers' fast tokenizer class with its own ``_decode`` (no subclass
@@ -135,7 +139,7 @@ def _backend_decoder(tokenizer: Any) -> Callable[[list[int]], str] | None:
     if backend is None or not hasattr(backend, "decode"):
         return None
     decode = backend.decode
-    return lambda token_ids: decode(token_ids, skip_special_tokens=True)
+    return lambda token_ids: decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
 def stream_decoding(tokenizer: Any) -> Any | None:

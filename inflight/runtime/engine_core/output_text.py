@@ -47,7 +47,8 @@ class OutputText:
 
     def add(self, req_id: str, params: SamplingParams) -> None:
         skip = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        self._requests[req_id] = _Text(IncrementalDetokenizer(self.tokenizer, params.stop, skip, self._stream))
+        self._requests[req_id] = _Text(IncrementalDetokenizer(self.tokenizer, params.stop, skip, self._stream,
+                                                              params.skip_special_tokens))
 
     def forget(self, req_id: str) -> None:
         self._requests.pop(req_id, None)

@@ -214,6 +214,8 @@ async def chat_job(request: web.Request, state: ServerState, body: Any, size: in
     prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
     await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
+    if req.params.skip_special_tokens and chat_support.keeps_special_tokens(output, engine.tokenizer):
+        req = dataclasses.replace(req, params=dataclasses.replace(req.params, skip_special_tokens=False))
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     job = await _off_loop(state, size, lambda: generation.plan(
         state, req, prompt_ids, prefix, None if output.is_plain else output, decorate))

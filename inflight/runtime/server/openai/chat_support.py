@@ -10,6 +10,7 @@ Knows the engine only through ``engine.structured`` (the grammar compiler) and i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,8 @@ from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.openai import echo
 from inflight.runtime.server.openai.chat_output import ChatOutputPlan
 from inflight.runtime.server.openai.protocol import GenerationRequest
-from inflight.runtime.server.openai.reasoning import THINK_START
-from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, detect_family, renders_tools
+from inflight.runtime.server.openai.reasoning import THINK_END, THINK_START
+from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, detect_family, format_markers, renders_tools
 from inflight.runtime.server.openai.tool_parsers.harmony import is_harmony
 
 if TYPE_CHECKING:
@@ -96,6 +97,29 @@ def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int],
     harmony = is_harmony(template) or mode == "harmony"  # gpt-oss: read by channels (tool_parsers.harmony)
     return ChatOutputPlan(reasoning and not harmony, starts_in, mode, features.tool_name,
                           not features.parallel_tool_calls, tuple(features.tools or ()), harmony)
+
+
+def keeps_special_tokens(plan: ChatOutputPlan, tokenizer: Any) -> bool:
+    """Whether this output must be detokenized with its special tokens: a marker the plan's
+    parsers read (tool-call format, harmony channels, ``<think>``) is a special token of this
+    tokenizer, which the default detokenizing would drop before any parser saw it (vLLM's tool
+    parsers turn ``skip_special_tokens`` off for the same reason)."""
+    markers: list[str] = []
+    if plan.reasoning:
+        markers += (THINK_START, THINK_END)
+    if plan.by_channels:
+        markers += format_markers("harmony")
+    elif plan.tool_mode not in (None, "required", "named"):
+        markers += format_markers(plan.tool_mode)
+    return bool(markers) and not _special_strings(tokenizer).isdisjoint(markers)
+
+
+@functools.lru_cache(maxsize=8)
+def _special_strings(tokenizer: Any) -> frozenset[str]:
+    """The strings of a tokenizer's special tokens (its added tokens marked special, and the named ones)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    named = getattr(tokenizer, "all_special_tokens", None) or ()
+    return frozenset(str(t) for t in added.values() if getattr(t, "special", False)) | frozenset(map(str, named))
 
 
 def auto_tool_mode(template: str, settings: ServerSettings | None) -> str:

@@ -29,7 +29,6 @@ UNSUPPORTED_UNLESS_OFF: dict[str, tuple[object, ...]] = {
     "guided_whitespace_pattern": (None,),
     "use_beam_search": (None, False),
     "include_stop_str_in_output": (None, False),
-    "skip_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
     "documents": (None, []),
     "chat_template": (None,),

@@ -50,7 +50,7 @@ class Shape:
 
 
 _SAMPLING = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-             "top_k", "seed", "min_tokens", "ignore_eos", "max_tokens", "stop", "stop_token_ids", "logit_bias")
+             "top_k", "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "max_tokens", "stop", "stop_token_ids", "logit_bias")
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 COMMON_FIELDS = frozenset((
     "model", "stream", "stream_options", "n", "priority", "user", "cache_salt", "prompt_logprobs",

@@ -44,6 +44,7 @@ _SAMPLING_FIELDS: dict[str, Callable[[dict[str, Any], str], object]] = {
     "presence_penalty": get_number, "frequency_penalty": get_number, "repetition_penalty": get_number,
     "top_k": lambda obj, name: get_int(obj, name, -1), "seed": get_int,
     "min_tokens": lambda obj, name: get_int(obj, name, 0), "ignore_eos": get_bool,
+    "skip_special_tokens": get_bool,
 }
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from inflight.runtime.json_text import MAX_DEPTH, loads_limited, nesting_depth
-from inflight.runtime.server.openai.tool_parsers import deepseek, glm45, kimi_k2, qwen3_coder
+from inflight.runtime.server.openai.tool_parsers import deepseek, glm45, harmony, kimi_k2, qwen3_coder
 from inflight.runtime.server.openai.tool_parsers.blocks import BlockFormat, parse_blocks
 from inflight.runtime.server.openai.tool_parsers.common import (
     ParsedOutput,
@@ -43,7 +43,7 @@ from inflight.runtime.server.openai.tool_parsers.common import (
 from inflight.runtime.server.openai.tool_parsers.harmony import is_harmony, parse_harmony
 from inflight.runtime.server.openai.tool_parsers.pythonic import parse_pythonic
 
-__all__ = ["MARKERS", "TOOL_CALL_PARSERS", "BLOCK_FORMATS", "ParsedOutput", "ToolCall", "detect_family",
+__all__ = ["MARKERS", "TOOL_CALL_PARSERS", "BLOCK_FORMATS", "ParsedOutput", "ToolCall", "detect_family", "format_markers",
            "parse_tool_calls", "partial_marker_len", "renders_tools", "tool_parser_choices"]
 
 _MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]", re.DOTALL)
@@ -57,6 +57,22 @@ BLOCK_FORMATS: dict[str, BlockFormat] = {
     "qwen3_coder": qwen3_coder.FORMAT, "glm45": glm45.FORMAT, "deepseek_v3": deepseek.V3,
     "deepseek_v31": deepseek.V31, "kimi_k2": kimi_k2.FORMAT,
 }
+
+
+def format_markers(family: str) -> tuple[str, ...]:
+    """The marker strings a family's parser reads in the output text. Where a tokenizer makes any
+    of them a special token (gpt-oss's ``<|channel|>``, Mistral's ``[TOOL_CALLS]``, Llama's
+    ``<|python_tag|>``), the request's text must keep special tokens or the parser never sees them."""
+    if family in BLOCK_FORMATS:
+        fmt = BLOCK_FORMATS[family]
+        extra = (deepseek.SEP,) if family.startswith("deepseek") else ()
+        return (*fmt.sections, fmt.call_open, fmt.call_close, *fmt.ignorable, *extra)
+    return {
+        "hermes": ("<tool_call>", "</tool_call>"),
+        "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+        "llama3": ("<|python_tag|>",),
+        "harmony": (harmony.START, harmony.CHANNEL, harmony.MESSAGE, *harmony.ENDS, "<|constrain|>"),
+    }.get(family, ())
 
 
 def tool_parser_choices() -> str:
