@@ -42,9 +42,9 @@ from inflight.runtime.core.pooling_step import pooling_engine
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
+from inflight.runtime.core.step_failures import run_batch_or_each
 from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 from inflight.runtime.outputs import (
-    EngineFatalError,
     EngineStats,
     RequestOutput,
     RequestRejectedError,
@@ -268,25 +268,7 @@ class LLMEngine:
         self, chunks: tuple[ScheduledChunk, ...]
     ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[SampledTokens]]:
         """Run the batch: (chunks that ran, requests that made it fail, sampled tokens)."""
-        try:
-            return chunks, [], self._run_batch(chunks)
-        except EngineFatalError:
-            raise
-        except Exception:
-            logger.exception("engine step failed; retrying its %d request(s) one by one", len(chunks))
-        ok, failed, sampled = [], [], []
-        for chunk in chunks:
-            try:
-                sampled.extend(self._run_batch((chunk,)))
-                ok.append(chunk)
-            except EngineFatalError:
-                raise
-            except Exception:
-                failed.append(chunk.request)
-        if len(chunks) > 1 and not ok:
-            raise EngineFatalError(f"the engine step fails for each of its {len(chunks)} requests alone")
-        logger.error("failed request(s) %s; %d other(s) go on", [r.req_id for r in failed], len(ok))
-        return tuple(ok), failed, sampled
+        return run_batch_or_each(chunks, self._run_batch, "engine step")
 
     def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[SampledTokens]:
         """Forward + sample ``chunks`` without advancing them (a retry writes the same KV slots).

@@ -28,8 +28,9 @@ import torch
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.step_failures import run_batch_or_each
 from inflight.runtime.model.pooling import PoolerConfig, resolve_pooler, resolve_runner
-from inflight.runtime.outputs import EngineFatalError, RequestOutput
+from inflight.runtime.outputs import RequestOutput
 from inflight.runtime.worker.encoder_runner import EncoderRunner
 from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.pooling_runner import chunk_parts
@@ -79,30 +80,11 @@ class PoolingStep:
 
     def _run(
         self, engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]
-    ) -> tuple[list[ScheduledChunk], list[Request], list[torch.Tensor]]:
+    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[torch.Tensor]]:
         """(the chunks that ran, the requests that failed alone, each chunk's part)."""
         kind, runner = self.pooler.pooling_type, engine.runner
         run = runner.pool_chunks if isinstance(runner, EncoderRunner) else functools.partial(chunk_parts, runner)
-        try:
-            return list(chunks), [], list(run(chunks, kind))  # type: ignore[arg-type]
-        except EngineFatalError:
-            raise
-        except Exception:
-            logger.exception("pooling step failed; retrying its %d request(s) one by one", len(chunks))
-        ran: list[ScheduledChunk] = []
-        failed: list[Request] = []
-        parts: list[torch.Tensor] = []
-        for chunk in chunks:
-            try:
-                parts.append(run((chunk,), kind)[0])  # type: ignore[arg-type]
-                ran.append(chunk)
-            except EngineFatalError:
-                raise
-            except Exception:
-                failed.append(chunk.request)
-        if len(chunks) > 1 and not ran:
-            raise EngineFatalError(f"the pooling step fails for each of its {len(chunks)} requests alone")
-        return ran, failed, parts
+        return run_batch_or_each(chunks, lambda batch: list(run(batch, kind)), "pooling step")  # type: ignore[arg-type]
 
 
 def pooling_engine(runner: object, config: EngineConfig) -> tuple[PoolingStep | None, EngineConfig]:
