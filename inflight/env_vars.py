@@ -98,6 +98,12 @@ VARIABLES: tuple[EnvVar, ...] = (
            "the Secret holding the root of the admin keys, in the operator's namespace"),
     EnvVar("INFLIGHT_OPERATOR_METRICS_PORT", int, 0, (f"{_OP}.operator_metrics",),
            "the operator's /metrics port (0 or empty: off)"),
+    EnvVar("INFLIGHT_OPERATOR_RUNTIME_IMAGE", str, None, (f"{_OP}.spec",),
+           "the runtime image of an InferenceDeployment without spec.image (the chart's runtimeImage; "
+           "unset: the image of this release)"),
+    EnvVar("INFLIGHT_OPERATOR_PICKER_IMAGE", str, None, (f"{_OP}.spec",),
+           "the endpoint picker image when spec.inferencePool.endpointPicker.image is unset (the chart's "
+           "pickerImage; unset: the built-in one)"),
     EnvVar("INFLIGHT_LIVE_<FIELD>", str, None, (f"{_OP}.engine_args", f"{_OP}.pod_settings"),
            "set by the operator in runtime pods: a live engine field (e.g. INFLIGHT_LIVE_MAX_NUM_SEQUENCES) "
            "the pod template's args refer to; reserved, never set by a user"),

@@ -6,12 +6,16 @@ child carries the operator's last applied content in the annotation
 ``inflight.dev/last-applied``; the next apply sets every key that was applied then and is gone
 now to ``null`` (a three-way merge). The same record tells whether a live object drifted from
 what the operator applied (a hand edit, or a deleted child): every applied value must still be
-there, fields the API server added aside. Pure functions; knows nothing about HTTP.
+there, fields the API server added aside. ``fingerprint`` hashes the owned fields as the API
+server answered the operator's write, so that a mutating webhook's additions (a sidecar in a
+list) are part of what was applied and cause no re-apply loop. Pure functions; knows nothing
+about HTTP.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from typing import Any
 
@@ -62,10 +66,17 @@ def deletions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_deletions(patch: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
-    """``patch`` plus the deletions since ``previous`` plus the new record annotation."""
+    """``patch`` plus the deletions since ``previous`` plus the new record annotation.
+    ``spec.replicas`` is never deleted: when the operator stops setting it, an autoscaler (its
+    own, an HPA) owns it, and a deletion would default it to 1."""
     merged = copy.deepcopy(patch)
     if previous is not None:
-        _merge_missing(merged, deletions(previous, without_nulls(patch)))
+        gone = deletions(previous, without_nulls(patch))
+        if isinstance(gone.get("spec"), dict) and "replicas" in gone["spec"]:
+            del gone["spec"]["replicas"]
+            if not gone["spec"]:
+                del gone["spec"]
+        _merge_missing(merged, gone)
     merged.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION] = record(patch)
     return merged
 
@@ -95,3 +106,31 @@ def _contains(live: Any, applied: Any) -> bool:
         return (isinstance(live, list) and len(live) == len(applied)
                 and all(_contains(lv, av) for lv, av in zip(live, applied, strict=True)))  # fmt: skip
     return live == applied
+
+
+_MISSING = "\x00missing"
+
+
+def owned(live: Any, applied: Any) -> Any:
+    """``live`` cut down to the keys ``applied`` sets (maps only; a list is kept whole, since a
+    merge patch owns a list whole): the fields the operator owns, as they are now."""
+    if isinstance(applied, dict):
+        if not isinstance(live, dict):
+            return _MISSING if live is None else live
+        return {k: owned(live[k], v) if k in live else _MISSING for k, v in applied.items()}
+    return live
+
+
+def fingerprint(live: dict[str, Any] | None) -> str:
+    """A hash of the fields ``live``'s own record (its last-applied annotation) says the operator
+    owns, as they are in ``live``. Taken from the API server's answer to the operator's write, it
+    includes what a mutating webhook or defaulting added there; a later change of it is someone
+    else's edit (or a deletion), so re-applying on it cannot loop with the webhook."""
+    shape = owned(live, last_applied(live)) if live is not None else None
+    text = json.dumps([record_of(live), shape], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def record_of(live: dict[str, Any] | None) -> str | None:
+    """The last-applied record's text on ``live`` (None when it has none)."""
+    return (((live or {}).get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)

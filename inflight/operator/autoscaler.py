@@ -154,7 +154,28 @@ def decide(
     )
 
 
-def prune(history: tuple[Recommendation, ...], policy: Policy, now: float) -> tuple[Recommendation, ...]:
-    """Drop recommendations older than both windows."""
+MAX_HISTORY = 256  # entries kept after compaction (2 per distinct replica count suffice)
+
+
+def prune(
+    history: tuple[Recommendation, ...], policy: Policy, now: float, compact: bool = True
+) -> tuple[Recommendation, ...]:
+    """Drop recommendations older than both windows, then (``compact``) every one a later one
+    makes redundant: what ``decide`` takes from a window is its minimum (scale-up) and maximum
+    (scale-down), and a later entry stays in every window at least as long as an earlier one,
+    so an entry with a later one at least as high and a later one at most as low never decides
+    anything. What is left is at most two entries per distinct replica count (bounded by
+    MAX_HISTORY, the oldest dropped), whatever the interval and the windows: the status that
+    carries it stays small."""
     keep = max(policy.scale_up_window_s, policy.scale_down_window_s)
-    return tuple(r for r in history if now - r.time < keep)
+    live = tuple(r for r in history if now - r.time < keep)
+    if not compact:
+        return live
+    out: list[Recommendation] = []
+    highest, lowest = -math.inf, math.inf  # over the later entries
+    for rec in reversed(live):
+        if rec.replicas > highest or rec.replicas < lowest:
+            out.append(rec)
+        highest, lowest = max(highest, rec.replicas), min(lowest, rec.replicas)
+    out.reverse()
+    return tuple(out[-MAX_HISTORY:])

@@ -38,9 +38,22 @@ class OperatorConfig:
     liveness_port: int = 0
     lease_seconds: float = 15.0  # a holder that has not renewed for this long is replaced
     root_secret: str = "inflight-operator-root-key"  # in lease_namespace: the admin keys' root
+    api_timeout_seconds: float = 30.0  # per Kubernetes API request; past it the request counts as refused
+    # An apply the API server refuses for a reason other than the spec (403 webhook or quota, 409,
+    # 5xx, timeout) is retried after base * 2**n seconds (n: retries so far), at most max.
+    retry_base_seconds: float = 5.0
+    retry_max_seconds: float = 300.0
+    # Every Nth tick reads every child (ConfigMap, Service, PDB, pool objects, the admin Secret by a
+    # create, the cache PVC) and the namespace's HPAs; the other ticks read the Deployment only.
+    full_check_every_ticks: int = 6
 
     def __post_init__(self) -> None:
-        for name in ("tick_seconds", "pod_timeout_seconds", "lease_seconds"):
+        if isinstance(self.full_check_every_ticks, bool) or not isinstance(self.full_check_every_ticks, int) \
+                or self.full_check_every_ticks < 1:
+            raise ValueError(f"OperatorConfig.full_check_every_ticks must be an integer >= 1 "
+                             f"(got {self.full_check_every_ticks!r}).")
+        for name in ("tick_seconds", "pod_timeout_seconds", "lease_seconds", "api_timeout_seconds",
+                     "retry_base_seconds", "retry_max_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"OperatorConfig.{name} must be a number > 0 (got {value!r}).")
@@ -119,7 +132,7 @@ class OperatorContext:
         if self._kube is None:
             if self.connection is None:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
-            self._kube = KubeClient(self.connection)
+            self._kube = KubeClient(self.connection, self.config.api_timeout_seconds)
         return self._kube
 
     @property

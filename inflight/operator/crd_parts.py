@@ -13,7 +13,7 @@ from typing import Any
 from inflight.operator import fields
 from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS, HfSource
 from inflight.operator.pod_runtime import PROBE_KEYS
-from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, Rollout
+from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, DisruptionBudget, Rollout
 from inflight.operator.spec import FAILURE_MODES, InferencePoolSpec
 
 PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
@@ -107,6 +107,14 @@ def pod_properties() -> dict[str, Any]:
         "podLabels": {**string_map, "description": "Extra pod labels (not the app.kubernetes.io selector keys)."},
         "rollout": rollout_schema(),
         "inferencePool": inference_pool_schema(),
+        "disruptionBudget": {
+            "type": "object",
+            "description": "The PodDisruptionBudget: how many pods a node drain may evict at once.",
+            "properties": {"maxUnavailable": {
+                **INT_OR_STRING, "default": DisruptionBudget().max_unavailable,
+                "description": "Pods (int, >= 1) or a percentage ('25%') a drain may take down at once; "
+                               "0 is refused (it blocks every drain)."}},
+        },
     }
 
 
@@ -169,7 +177,8 @@ def inference_pool_schema() -> dict[str, Any]:
                     "create": {"type": "boolean", "default": d.create_picker,
                                "description": "Render the picker's Deployment and Service (<name>-epp)."},
                     "serviceName": _str("An existing picker Service (with create: false)."),
-                    "image": _str("Endpoint picker image.", default=d.picker_image),
+                    "image": _str(f"Endpoint picker image. Unset: the operator's (the chart's pickerImage "
+                                  f"value; {d.picker_image} without the chart)."),
                     "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": d.picker_port,
                              "description": "The picker's gRPC (ext-proc) port."},
                     "failureMode": _str("What the Gateway does when the picker does not answer.",

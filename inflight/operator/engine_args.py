@@ -95,12 +95,20 @@ def parse_engine(raw: dict[str, Any]) -> dict[str, Any]:
     values = {known[k]: v for k, v in raw.items() if v is not None}
     if isinstance(values.get("speculative_config"), dict):
         values["speculative_config"] = json.dumps(values["speculative_config"], sort_keys=True)
+    validate_engine(values)
+    return values
+
+
+def validate_engine(values: dict[str, Any]) -> None:
+    """What the runtime's EngineConfig would refuse at start, as a spec error. Call it again on
+    the values as the pod will get them (after the operator fills in ``tensor_parallel_size``
+    from the GPUs): a check that only sees the fields the user wrote lets e.g.
+    ``asyncScheduling`` with ``gpus: 2`` through to a crash-looping pod."""
     try:
         EngineConfig(**values)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"spec.engine is invalid: {exc}") from exc
     check_chunked_context(values)
-    return values
 
 
 def check_chunked_context(values: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 Owns the kopf wiring only: startup (settings, the OperatorContext in the operator memo),
 login, cleanup, create/update/resume (parse the spec, apply children, push live config,
 patch status), delete (delete children), a timer (status from the Deployment, live-config
-drift, autoscaling every ``spec.autoscaling.intervalSeconds``) and a liveness probe. The
+drift, autoscaling every ``spec.autoscaling.intervalSeconds``: ``tick``) and a liveness probe. The
 work itself is in ``reconcile``; the status shapes in ``status``.
 
 Deletion runs behind the finalizer ``inflight.dev/finalizer`` so the children are deleted
@@ -11,16 +11,22 @@ explicitly (their owner references would let the garbage collector do it too). k
 finalizer on every object a timer runs for, so it cannot be left off; the chart's pre-delete
 hook (``inflight.operator.uninstall``) takes it off every resource at ``helm uninstall``.
 
-An invalid spec (or one whose objects the API server refuses, ``reconcile.SpecRejected``) sets
-``Degraded=True`` and raises ``kopf.PermanentError``: no retry until
-the spec changes again. ``register()`` takes the registry instead of using kopf's global
-one so tests can run isolated operators; it is called on the default
-registry in ``inflight.operator.kopf_main``, the module ``kopf run`` loads.
+A refused spec (the parser's ``InvalidSpec``, or any API error while applying it:
+``reconcile.SpecRejected``) sets ``Degraded=True`` with the reason and the API server's answer,
+keeps ``observedGeneration`` at the last generation that applied, and posts one Warning Event
+(``refusals``, ``tick.post_once``: kopf posts no Event when a handler fails, and none at all for
+the timer, whose logger is local). 400/422 raise ``kopf.PermanentError`` (no retry until the spec
+changes); every other refusal ``kopf.TemporaryError`` with an exponential backoff. The timer
+(``tick``) keeps working from the last spec that applied meanwhile (after an operator restart:
+the spec in kopf's diff-base annotation, ``_adopt_last_handled``). ``register()`` takes the
+registry instead of using kopf's global one so tests can run isolated operators; it is called
+on the default registry in ``inflight.operator.kopf_main``, the module ``kopf run`` loads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -30,20 +36,21 @@ import kopf
 from inflight.operator import (
     leader,
     operator_metrics,
-    pod_health,
     reconcile,
+    refusals,
     render,
-    render_model,
     status,
+    tick,
 )
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
-from inflight.operator.kube import DEPLOYMENTS
-from inflight.operator.operator_metrics import DRIFT_REPAIRS, MANAGED, RECONCILES, TICK_ERRORS
+from inflight.operator.operator_metrics import MANAGED, RECONCILES, REFUSALS, TICK_ERRORS
 from inflight.operator.reconcile import ResourceState
-from inflight.operator.spec import InferenceSpec, parse_spec
+from inflight.operator.refusals import Refusal
+from inflight.operator.spec import parse_spec
 
 RESOURCE = (render.API_GROUP, render.API_VERSION, PLURAL)
+LAST_HANDLED = "inflight.dev/last-handled-configuration"  # kopf's diff base: the last spec handled
 
 
 def _state(memo: kopf.Memo) -> ResourceState:
@@ -52,23 +59,10 @@ def _state(memo: kopf.Memo) -> ResourceState:
     return memo.state
 
 
-def _cr_ref(body: Any) -> dict[str, Any]:
-    meta = body["metadata"]
-    return {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid", "")},
-    }
-
-
-def _conditions(body: Any) -> list[dict[str, Any]]:
-    return list((body.get("status") or {}).get("conditions") or [])
-
-
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inflight.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="inflight.dev", key="last-handled-configuration"
+        prefix="inflight.dev", key=LAST_HANDLED.partition("/")[2]
     )
     settings.peering.standalone = True
     settings.posting.level = logging.WARNING
@@ -124,50 +118,93 @@ async def on_probe(memo: kopf.Memo, **_: Any) -> bool:
     return getattr(memo, "ctx", None) is not None and memo.ctx.connection is not None
 
 
-def _parse_or_degrade(body: Any, patch: kopf.Patch, now: float) -> InferenceSpec:
+def _adopt_last_handled(body: Any, state: ResourceState) -> None:
+    """After an operator restart, while the current spec is refused: the last spec kopf saw
+    handled (its diff base annotation), so the timer keeps the running service going with it.
+    Not when that is the refused spec itself (kopf stores a permanently failed one too)."""
     meta = body["metadata"]
+    text = (meta.get("annotations") or {}).get(LAST_HANDLED)
+    applied_generation = (body.get("status") or {}).get("observedGeneration")
+    if state.good_spec is not None or not text or not isinstance(applied_generation, int):
+        return
     try:
-        return parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
-    except ValueError as exc:
-        RECONCILES.labels(result="invalid_spec").inc()
-        patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
-        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+        old = json.loads(text).get("spec") or {}
+        spec = parse_spec(meta["name"], meta["namespace"], dict(old))
+    except (ValueError, AttributeError, TypeError):
+        return
+    if old == body.get("spec"):
+        return
+    state.good_spec, state.good_generation = spec, applied_generation
+    MANAGED.inc()
+
+
+async def _refused(ctx: OperatorContext, body: Any, patch: kopf.Patch, state: ResourceState, refusal: Refusal,
+                   logger: kopf.Logger) -> None:
+    """A refused spec: the Degraded condition (observedGeneration stays what applied), one Event."""
+    _adopt_last_handled(body, state)
+    state.refusal = refusal
+    applied_generation = state.good_generation  # after a restart with nothing adopted: what the CR says
+    if applied_generation is None:
+        applied_generation = (body.get("status") or {}).get("observedGeneration")
+    patch.status.update(status.refused_status(
+        refusal.condition(), tick.conditions_of(body), applied_generation, refusal.generation, time.time()))
+    if refusal.reason != "InvalidSpec":
+        REFUSALS.labels(reason=refusal.reason, code=str(refusal.code)).inc()
+    await tick.post_once(ctx, body, state, refusal, logger)
 
 
 async def on_reconcile(
-    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any
+    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, retry: int = 0, **_: Any
 ) -> None:
-    """create / update / resume: apply everything the spec describes."""
+    """create / update / resume: apply everything the spec describes. A refusal becomes the
+    Degraded condition and an Event; 400/422 wait for the next spec change, anything else is
+    retried by kopf after ``refusals.retry_delay`` (the timer keeps the running spec going)."""
     now = time.time()
-    spec = _parse_or_degrade(body, patch, now)
     ctx: OperatorContext = memo.ctx
     meta = body["metadata"]
     state = _state(memo)
+    generation = meta.get("generation")
+    state.handled_generation = generation
     try:
-        await reconcile.apply_children(ctx, spec, render.Owner(name=spec.name, uid=meta.get("uid", "")))
-    except reconcile.SpecRejected as exc:  # e.g. a bad volume source; other API errors: kopf retries
-        RECONCILES.labels(result="rejected").inc()
-        patch.status.update(status.invalid_spec_status(str(exc), _conditions(body), meta.get("generation"), now))
-        raise kopf.PermanentError(str(exc)) from exc
+        spec = parse_spec(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
+    except ValueError as exc:
+        RECONCILES.labels(result="invalid_spec").inc()
+        await _refused(ctx, body, patch, state, refusals.invalid_spec(str(exc), generation), logger)
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+    owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
+    try:
+        await reconcile.apply_children(ctx, spec, owner, state.written, state.replicas,
+                                       bool(state.foreign_autoscalers))
+    except reconcile.SpecRejected as exc:
+        RECONCILES.labels(result="rejected" if exc.permanent else "refused").inc()
+        refusal = exc.refusal(generation)
+        await _refused(ctx, body, patch, state, refusal, logger)
+        if exc.permanent:
+            raise kopf.PermanentError(refusal.text()) from exc
+        cfg = ctx.config
+        delay = refusals.retry_delay(retry, cfg.retry_base_seconds, cfg.retry_max_seconds)
+        raise kopf.TemporaryError(f"{refusal.text()}; next try in {delay:g} s", delay=delay) from exc
     RECONCILES.labels(result="applied").inc()
     if state.good_spec is None:
         MANAGED.inc()
-    state.good_spec, state.good_generation = spec, meta.get("generation")
+    state.good_spec, state.good_generation = spec, generation
+    state.refusal = None
+    state.event_keys.clear()
     pods = await reconcile.list_pods(ctx, spec)
     errors = await reconcile.sync_live_config(ctx, spec, state, pods)
     for error in errors:
         logger.warning("live config not pushed yet (the timer retries): %s", error)
     base, conflict = status.autoscaling_conflict(spec, body.get("status"))
-    new_status = status.reconciled_status(spec, _conditions(body), meta.get("generation"), now, [conflict])
+    new_status = status.reconciled_status(spec, tick.conditions_of(body), generation, now, [conflict])
     new_status["autoscalingBaseReplicas"] = base
     if conflict.status and not _has_condition(body, "AutoscalingConflict", True):
-        await ctx.kube.post_event(_cr_ref(body), "Warning", "AutoscalingConflict", conflict.message)
+        await ctx.kube.post_event(tick.cr_ref(body), "Warning", "AutoscalingConflict", conflict.message)
     patch.status.update(new_status)
 
 
 def _has_condition(body: Any, ctype: str, value: bool) -> bool:
     want = "True" if value else "False"
-    return any(c.get("type") == ctype and c.get("status") == want for c in _conditions(body))
+    return any(c.get("type") == ctype and c.get("status") == want for c in tick.conditions_of(body))
 
 
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
@@ -182,59 +219,10 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
 async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
     """Status from the Deployment, drift repair, live config, and an autoscaling round when due."""
     try:
-        await _tick(body, memo, patch, logger)
+        await tick.run(body, memo.ctx, _state(memo), patch, logger)
     except Exception:
         TICK_ERRORS.inc()
         raise
-
-
-async def _tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger) -> None:
-    meta = body["metadata"]
-    if (body.get("status") or {}).get("observedGeneration") != meta.get("generation"):
-        return  # the reconcile handler has not handled this generation yet; it owns status then
-    if meta.get("deletionTimestamp"):
-        return  # being deleted: the delete handler owns the children now
-    ctx: OperatorContext = memo.ctx
-    state = _state(memo)
-    spec = state.good_spec  # a bad edit (Degraded) leaves the last spec that applied in charge
-    if spec is None:
-        return  # nothing applied by this operator yet: the reconcile handler owns creation
-    current = state.good_generation == meta.get("generation")
-    reconcile.seed_from_status(state, body.get("status"))
-    owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
-    drifted, deployment = await reconcile.drifted_children(ctx, spec, owner)
-    if drifted:  # level-triggered: a deleted or hand-edited child is put back
-        logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
-        for child in drifted:
-            DRIFT_REPAIRS.labels(kind=child.partition("/")[0]).inc()
-        try:
-            await reconcile.apply_children(ctx, spec, owner)
-        except reconcile.SpecRejected as exc:
-            logger.warning("could not repair the children: %s", exc)
-        deployment = await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)  # as repaired
-    if deployment is None:
-        return
-    pods = await reconcile.list_pods(ctx, spec)
-    for error in await reconcile.sync_live_config(ctx, spec, state, pods):
-        logger.warning("live config not pushed yet: %s", error)
-    now = time.time()
-    decision = None
-    due = state.last_decision_at is None or now - state.last_decision_at >= spec.autoscaling.interval_seconds
-    if spec.autoscaling.enabled and due:
-        decision = await reconcile.autoscale(ctx, spec, _cr_ref(body), deployment, pods, state, now)
-        deployment.setdefault("spec", {})["replicas"] = decision.desired
-    extra = [reconcile.metrics_condition(state)] if spec.autoscaling.enabled else []
-    if current:  # while a bad edit is pending, Degraded carries the spec error instead
-        extra.append(status.degraded_condition(pod_health.failure(deployment, pods)))
-    new_status = status.observed_status(
-        deployment, decision, _conditions(body), meta.get("generation"), now, extra)
-    if state.last_scale_time is not None:
-        new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
-    if spec.autoscaling.enabled:
-        new_status["recommendations"] = status.recommendations_status(state.history)
-    if (cache := render_model.cache_status(spec.name, spec.model, pods)) is not None:
-        new_status["modelCache"] = cache
-    patch.status.update(new_status)
 
 
 def register(registry: kopf.OperatorRegistry, tick_seconds: float | None = None) -> None:
@@ -248,4 +236,5 @@ def register(registry: kopf.OperatorRegistry, tick_seconds: float | None = None)
     kopf.on.update(*RESOURCE, registry=registry, id="reconcile")(on_reconcile)
     kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")(on_reconcile)
     kopf.on.delete(*RESOURCE, registry=registry, id="delete")(on_delete)
-    kopf.timer(*RESOURCE, registry=registry, id="tick", interval=tick)(on_tick)
+    # A failed round (the API server unreachable) is retried at the next tick, not after kopf's 60 s.
+    kopf.timer(*RESOURCE, registry=registry, id="tick", interval=tick, backoff=tick)(on_tick)

@@ -76,15 +76,36 @@ PVCS = Kind("v1", "persistentvolumeclaims", "PersistentVolumeClaim", "CoreV1Api"
             "namespaced_persistent_volume_claim")
 EVENTS = Kind("v1", "events", "Event", "CoreV1Api", "namespaced_event")
 LEASES = Kind("coordination.k8s.io/v1", "leases", "Lease", "CoordinationV1Api", "namespaced_lease")
+HPAS = Kind("autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", "AutoscalingV2Api",
+            "namespaced_horizontal_pod_autoscaler")
 
 
 class KubeError(Exception):
-    """A non-2xx answer from the API server."""
+    """A non-2xx answer from the API server (``status`` 0: no answer: a timeout, a dropped
+    connection). ``reason`` and ``message`` are the ``Status`` object's when the answer was one
+    (``Forbidden``, ``Conflict``, ``Invalid``, ...), ``what`` the request's target
+    (``deployments/<ns>/<name>``)."""
 
-    def __init__(self, status: int, method: str, what: str, message: str) -> None:
-        super().__init__(f"{method} {what}: HTTP {status}: {message}")
+    def __init__(self, status: int, method: str, what: str, message: str, reason: str = "") -> None:
+        code = f"HTTP {status}" + (f" {reason}" if reason else "") if status else (reason or "no answer")
+        super().__init__(f"{method} {what}: {code}: {message}")
         self.status = status
-        self.reason = message
+        self.method = method
+        self.what = what
+        self.reason = reason
+        self.message = message
+
+
+def _error_from_answer(status: int, verb: str, what: str, raw: bytes) -> KubeError:
+    """A KubeError from an error answer: the ``Status`` object's reason and message when it is one."""
+    text = raw.decode(errors="replace")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        return KubeError(status, verb, what, str(doc.get("message") or "")[:500], str(doc.get("reason") or ""))
+    return KubeError(status, verb, what, text[:500])
 
 
 def _configuration(conn: kopf.ConnectionInfo, tmpdir: str) -> client.Configuration:
@@ -166,10 +187,12 @@ class KubeClient:
                 raw = await resp.read()
         except ApiException as exc:  # raised before a response exists (e.g. a bad argument)
             raise KubeError(exc.status or 0, verb, what, str(exc.reason or exc)[:500]) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise KubeError(0, verb, what, f"{type(exc).__name__}: {exc}"[:500]) from exc
+        except asyncio.TimeoutError as exc:
+            raise KubeError(0, verb, what, f"no answer within {self._timeout:g} s", "Timeout") from exc
+        except aiohttp.ClientError as exc:
+            raise KubeError(0, verb, what, f"{type(exc).__name__}: {exc}"[:500], "ConnectionError") from exc
         if resp.status >= 400:
-            raise KubeError(resp.status, verb, what, raw.decode(errors="replace")[:500])
+            raise _error_from_answer(resp.status, verb, what, raw)
         return json.loads(raw) if raw else {}
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
@@ -223,14 +246,25 @@ class KubeClient:
         patch = patch_body if patch_body is not None else body
         created = copy.deepcopy(body)
         created["metadata"].setdefault("annotations", {})[applied.ANNOTATION] = applied.record(patch)
-        try:
-            return await self.create(kind, namespace, created)
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
         name = body["metadata"]["name"]
-        existing = await self.get(kind, namespace, name)
-        return await self.patch(kind, namespace, name, applied.with_deletions(patch, applied.last_applied(existing)))
+        for _ in range(3):  # an object deleted between our create and our patch is created again
+            try:
+                return await self.create(kind, namespace, created)
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+            existing = await self.get(kind, namespace, name)
+            if existing is None:
+                continue
+            try:
+                return await self.patch(
+                    kind, namespace, name, applied.with_deletions(patch, applied.last_applied(existing)))
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+        raise KubeError(409, "apply", f"{kind.plural}/{namespace}/{name}",
+                        "the object was deleted and re-created by someone else three times during the apply",
+                        "Conflict")
 
     async def create_if_missing(self, kind: Kind, namespace: str, body: dict[str, Any]) -> bool:
         """Create ``body`` unless an object of that name exists (never changes it); True if created."""

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 REGISTRY = CollectorRegistry()
 RECONCILES = Counter(
     "inflight_operator_reconciles", "Reconciles of an InferenceDeployment's children, by result "
-    "(applied, invalid_spec, rejected).", ["result"], registry=REGISTRY)
+    "(applied, invalid_spec, rejected: 400/422, refused: retried).", ["result"], registry=REGISTRY)
 DRIFT_REPAIRS = Counter(
     "inflight_operator_drift_repairs", "Children put back by the timer (deleted or edited by hand), by kind.",
     ["kind"], registry=REGISTRY)
@@ -32,6 +32,12 @@ DECISIONS = Counter(
     "Steady, NoMetrics, ...).", ["reason"], registry=REGISTRY)
 TICK_ERRORS = Counter(
     "inflight_operator_tick_errors", "Timer rounds that raised (kopf retries them).", registry=REGISTRY)
+STATUS_WRITES = Counter(
+    "inflight_operator_status_writes", "Timer rounds by whether they wrote the status (written) or found "
+    "nothing changed (unchanged).", ["result"], registry=REGISTRY)
+REFUSALS = Counter(
+    "inflight_operator_apply_refusals", "Applies the API server refused, by condition reason (ApplyRefused, "
+    "ApplyFailed) and HTTP status (0: no answer).", ["reason", "code"], registry=REGISTRY)
 MANAGED = Gauge(
     "inflight_operator_managed_resources", "InferenceDeployments this operator has applied.", registry=REGISTRY)
 

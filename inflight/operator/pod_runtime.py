@@ -56,6 +56,28 @@ DEFAULT_PROBES = {
 }
 
 
+# Kubernetes' own progressDeadlineSeconds default: the floor, so a short budget changes nothing.
+MIN_PROGRESS_DEADLINE_SECONDS = 600
+# Beyond the probes: scheduling, pulling a multi-GB image, attaching volumes, the first ready probe.
+PROGRESS_MARGIN_SECONDS = 300
+
+
+def startup_budget_seconds(runtime: PodRuntime) -> int:
+    """How long a pod may take to load its model before the kubelet restarts it."""
+    startup = runtime.probes["startup"]
+    return startup.initial_delay_seconds + startup.period_seconds * startup.failure_threshold
+
+
+def progress_deadline_seconds(runtime: PodRuntime) -> int:
+    """The Deployment's ``progressDeadlineSeconds``: longer than a pod may take to start
+    (the startup budget, a readiness round, ``PROGRESS_MARGIN_SECONDS``), so a healthy slow load
+    never reports ``ProgressDeadlineExceeded``. A model download by the init container comes
+    before the startup probe and is not bounded here (``status.modelCache`` shows it)."""
+    ready = runtime.probes["readiness"]
+    needed = startup_budget_seconds(runtime) + ready.period_seconds * ready.failure_threshold
+    return max(MIN_PROGRESS_DEADLINE_SECONDS, needed + PROGRESS_MARGIN_SECONDS)
+
+
 def default_pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,

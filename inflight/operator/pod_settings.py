@@ -3,7 +3,8 @@ operator itself renders.
 
 Owns ``PodSettings`` (imagePullSecrets, env, envFrom, volumes, volumeMounts,
 runtimeClassName, pod annotations and labels, shared-memory size, GPU resource name) and
-``Rollout`` (RollingUpdate surge settings or Recreate). The checks here are the ones the
+``Rollout`` (RollingUpdate surge settings or Recreate) and ``DisruptionBudget`` (the PDB's
+``maxUnavailable``). The checks here are the ones the
 API server cannot make because they depend on the operator: names and paths the operator
 already uses (volumes ``model``, ``dshm``; mounts at ``/models`` and ``/dev/shm``; env vars it
 sets; selector labels). The content of an env var or a volume source is the API server's to
@@ -32,6 +33,13 @@ class Rollout:
     type: str = "RollingUpdate"
     max_surge: int | str = 1
     max_unavailable: int | str = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionBudget:
+    """The PodDisruptionBudget's ``maxUnavailable``: pods a node drain may evict at once."""
+
+    max_unavailable: int | str = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +157,15 @@ def parse_rollout(raw: dict[str, Any]) -> Rollout:
     if not fields.positive_or_zero(surge) and not fields.positive_or_zero(unavailable):
         raise ValueError(f"{p}: maxSurge and maxUnavailable cannot both be 0 (the rollout could never move).")
     return Rollout(type="RollingUpdate", max_surge=surge, max_unavailable=unavailable)
+
+
+def parse_disruption_budget(raw: dict[str, Any]) -> DisruptionBudget:
+    p, d = "spec.disruptionBudget", DisruptionBudget()
+    unknown = sorted(set(raw) - {"maxUnavailable"})
+    if unknown:
+        raise ValueError(f"{p} has unknown keys {', '.join(unknown)} (maxUnavailable).")
+    value = fields.int_or_percent(raw, "maxUnavailable", d.max_unavailable, p)
+    if not fields.positive_or_zero(value):
+        raise ValueError(f"{p}.maxUnavailable must be above 0: 0 blocks every node drain and cluster upgrade "
+                         "(the drain waits for ever). Use 1 (the default) or a percentage like '25%'.")
+    return DisruptionBudget(max_unavailable=value)

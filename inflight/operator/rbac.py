@@ -42,8 +42,12 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "persistentvolumeclaims", ("get", "create", "delete")),
     # spec.inferencePool: the InferencePool (the picker's Deployment/Service are covered above).
     Permission("inference.networking.k8s.io", "inferencepools", ("get", "create", "patch", "delete")),
-    # Scaling decisions and kopf's handler outcomes are posted as Events.
-    Permission("", "events", ("create",)),
+    # Scaling decisions, refusals and foreign autoscalers are posted as Events by the operator
+    # itself (kopf posts none for a failed handler or timer).
+    # Listed (in a namespace) only while a pod is stuck creating: why its volumes do not attach.
+    Permission("", "events", ("create", "list")),
+    # A HorizontalPodAutoscaler (or KEDA's) targeting a child Deployment is reported, not fought.
+    Permission("autoscaling", "horizontalpodautoscalers", ("list",)),
     # kopf's cluster observation (resource discovery; namespaces only in namespaced mode).
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     Permission("", "namespaces", ("list", "watch")),

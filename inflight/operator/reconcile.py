@@ -20,6 +20,7 @@ from inflight.operator import (
     engine_args,
     metrics_scrape,
     operator_metrics,
+    refusals,
     render,
     status,
 )
@@ -37,6 +38,7 @@ from inflight.operator.kube import (
     Kind,
     KubeError,
 )
+from inflight.operator.refusals import Refusal
 from inflight.operator.render_pool import picker_name
 from inflight.operator.spec import InferenceSpec
 
@@ -58,26 +60,52 @@ class ResourceState:
     good_generation: int | None = None
     metrics_failed_rounds: int = 0  # consecutive autoscaling rounds with a pod not scraped
     metrics_error: str = ""
+    handled_generation: int | None = None  # the generation the reconcile handler last handled
+    refusal: Refusal | None = None  # what the cluster last refused (cleared by the next success)
+    event_keys: set[tuple[object, ...]] = field(default_factory=set)  # refusals already posted as Events
+    # "Kind/name" -> fingerprint of the fields the operator owns, as the API server stored them
+    # after its last write (a mutating webhook's additions included): drift is a change of it.
+    written: dict[str, str] = field(default_factory=dict)
+    ticks: int = 0  # timer rounds so far (every config.full_check_every_ticks-th reads every child)
+    replicas: int | None = None  # the Deployment's replicas as last seen or set (re-created at it)
+    foreign_autoscalers: tuple[str, ...] = ()  # HPAs (or KEDA's) that target a child Deployment
+    status_written_at: float | None = None  # when the timer last wrote the status
+    repair_after: float = 0.0  # monotonic time before which a refused repair is not retried
+    repair_failures: int = 0  # refused repairs in a row (the backoff's exponent)
 
 
 class SpecRejected(Exception):
-    """The API server refused what the spec rendered: retrying the same spec cannot help."""
+    """The API server refused an object the spec rendered (``error``); ``permanent``: a 400/422
+    or a missing kind, which only a spec change can help; otherwise a retry may succeed."""
+
+    def __init__(self, error: KubeError, permanent: bool, hint: str = "") -> None:
+        super().__init__(hint or str(error))
+        self.error = error
+        self.permanent = permanent
+        self.hint = hint
+
+    def refusal(self, generation: int | None, during: str = "spec") -> Refusal:
+        return refusals.from_error(self.error, generation, during, self.hint)
 
 
-async def apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
+async def apply_children(
+    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str] | None = None,
+    replicas: int | None = None, leave_replicas: bool = False,
+) -> None:
     """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
     admin Secret (replaced when the pods' key id is not the root key's: an older scheme or a
-    new root) and the model-cache PVC only when missing (never resized).
+    new root) and the model-cache PVC only when missing (never resized). A created Deployment
+    gets ``replicas`` (the autoscaler's count) when given; ``leave_replicas``: never patch them
+    (a foreign HPA owns them). ``written`` gets the fingerprint of each child as it is written
+    (``ResourceState.written``), those of a partial apply too.
 
-    Raises ``SpecRejected`` when the API server refuses an object as invalid (400/422) or does
-    not know the InferencePool kind; other API errors propagate (kopf retries them).
+    Raises ``SpecRejected`` for every API error (``permanent`` for 400/422 and a missing
+    InferencePool kind).
     """
     try:
-        await _apply_children(ctx, spec, owner)
+        await _apply_children(ctx, spec, owner, {} if written is None else written, replicas, leave_replicas)
     except KubeError as exc:
-        if exc.status in (400, 422):
-            raise SpecRejected(f"the API server rejected an object: {exc}") from exc
-        raise
+        raise SpecRejected(exc, exc.status in refusals.PERMANENT_CODES) from exc
 
 
 async def keyed_owner(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> tuple[render.Owner, str]:
@@ -107,37 +135,47 @@ async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: 
             raise
 
 
-async def _apply_children(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner) -> None:
+async def _apply_children(
+    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
+    replicas: int | None, leave_replicas: bool,
+) -> None:
     kube, ns = ctx.kube, spec.namespace
     owner, key = await keyed_owner(ctx, spec, owner)
     await _apply_admin_secret(ctx, spec, owner, key)
     if (pvc := render.render_cache_pvc(spec, owner)) is not None:
         await kube.create_if_missing(PVCS, ns, pvc)
-    children = rendered_children(spec, owner)
+    children = rendered_children(spec, owner, replicas, leave_replicas)
     for kind, body, patch in children:
         try:
-            await kube.apply(kind, ns, body, patch)
+            stored = await kube.apply(kind, ns, body, patch)
         except KubeError as exc:
             if exc.status == 404 and body["kind"] == "InferencePool":
-                raise SpecRejected(
+                raise SpecRejected(exc, True, (
                     "spec.inferencePool is enabled but the API server has no InferencePool kind "
                     "(inference.networking.k8s.io/v1): install the Gateway API Inference Extension CRDs "
-                    "or set inferencePool.enabled: false"
-                ) from exc
+                    "or set inferencePool.enabled: false")) from exc
             raise
+        written[f"{body['kind']}/{body['metadata']['name']}"] = applied.fingerprint(stored)
     wanted = {(body["kind"], body["metadata"]["name"]) for _, body, _ in children}
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
         if (kind.kind, obj_name) not in wanted and await kube.get(kind, ns, obj_name) is not None:
             await kube.delete(kind, ns, obj_name)
 
 
-def rendered_children(spec: InferenceSpec, owner: render.Owner) -> list[tuple[Kind, dict[str, Any], dict[str, Any]]]:
+def rendered_children(
+    spec: InferenceSpec, owner: render.Owner, replicas: int | None = None, leave_replicas: bool = False,
+) -> list[tuple[Kind, dict[str, Any], dict[str, Any]]]:
     """(kind, object to create, merge patch to apply) for every child the spec describes
-    (the admin Secret and cache PVC aside: they are created once, never re-applied)."""
-    deployment = render.render_deployment(spec, owner, render.initial_replicas(spec))
+    (the admin Secret and cache PVC aside: they are created once, never re-applied). An
+    autoscaled Deployment is created at ``replicas`` when given (the autoscaler's count)."""
+    count = render.initial_replicas(spec)
+    if replicas is not None and spec.autoscaling.enabled:
+        count = min(max(replicas, spec.autoscaling.min_replicas), spec.autoscaling.max_replicas)
+    deployment = render.render_deployment(spec, owner, count)
+    leave = spec.autoscaling.enabled or leave_replicas
     out: list[tuple[Kind, dict[str, Any], dict[str, Any]]] = [
         (CONFIGMAPS, cm := render.render_configmap(spec, owner), cm),
-        (DEPLOYMENTS, deployment, render.deployment_patch(deployment, spec.autoscaling.enabled)),
+        (DEPLOYMENTS, deployment, render.deployment_patch(deployment, leave)),
         (SERVICES, svc := render.render_service(spec, owner), svc),
         (PDBS, pdb := render.render_pdb(spec, owner), pdb),
     ]
@@ -156,24 +194,9 @@ def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> 
         state.history = status.recommendations_from_status(cr_status)
     if state.last_scale_time is None:
         state.last_scale_time = status.parse_rfc3339((cr_status or {}).get("lastScaleTime"))
-
-
-async def drifted_children(
-    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner
-) -> tuple[list[str], dict[str, Any] | None]:
-    """The children that are gone or no longer hold what the spec sets (a hand edit, a
-    deletion): "Kind/name" of each; and the live Deployment as read (the tick's status comes
-    from it when nothing drifted). One read per child."""
-    out, deployment = [], None
-    owner, _ = await keyed_owner(ctx, spec, owner)
-    for kind, body, patch in rendered_children(spec, owner):
-        name = body["metadata"]["name"]
-        live = await ctx.kube.get(kind, spec.namespace, name)
-        if kind == DEPLOYMENTS and name == spec.name:
-            deployment = live
-        if applied.drifted(live, applied.without_nulls(patch)):
-            out.append(f"{body['kind']}/{name}")
-    return out, deployment
+    desired = (cr_status or {}).get("desiredReplicas")
+    if state.replicas is None and isinstance(desired, int) and not isinstance(desired, bool) and desired > 0:
+        state.replicas = desired
 
 
 def pool_children(name: str) -> list[tuple[Kind, str]]:
@@ -285,6 +308,7 @@ async def autoscale(
     if decision.desired != current:
         await ctx.kube.patch(DEPLOYMENTS, spec.namespace, spec.name, {"spec": {"replicas": decision.desired}})
         state.last_scale_time = now
+        state.replicas = decision.desired
         await ctx.kube.post_event(
             cr, "Normal", decision.reason,
             f"scaled {current} -> {decision.desired}: {decision.message}",

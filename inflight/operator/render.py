@@ -267,6 +267,8 @@ def render_deployment(spec: InferenceSpec, owner: Owner, replicas: int | None) -
     deploy_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(spec.name)},
         "strategy": _strategy(spec),
+        # Follows the startup budget: a 40-minute load must not page as ProgressDeadlineExceeded.
+        "progressDeadlineSeconds": pod_runtime.progress_deadline_seconds(spec.runtime),
         "template": render_pod_template(spec, owner.admin_key_id),
     }
     if replicas is not None:
@@ -329,7 +331,8 @@ def render_pdb(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, owner),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(spec.name)}},
+        "spec": {"maxUnavailable": spec.disruption_budget.max_unavailable,
+                 "selector": {"matchLabels": selector_labels(spec.name)}},
     }
 
 

@@ -10,13 +10,22 @@ CRD builder (:mod:`.crd`) read it from there. Knows nothing about Kubernetes I/O
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from inflight import env_vars
 from inflight.operator import engine_args, fields
 from inflight.operator.model_source import ModelSource, parse_model
 from inflight.operator.pod_runtime import KERNEL_CACHE_ENV, PodRuntime, parse_pod_runtime
-from inflight.operator.pod_settings import PodSettings, Rollout, parse_pod_settings, parse_rollout
+from inflight.operator.pod_settings import (
+    DisruptionBudget,
+    PodSettings,
+    Rollout,
+    parse_disruption_budget,
+    parse_pod_settings,
+    parse_rollout,
+)
 from inflight.runtime.config import DRAIN_TIMEOUT_S
 
 RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
@@ -24,6 +33,31 @@ SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
 FAILURE_MODES = ("FailClose", "FailOpen")
 METRICS_KEY_ENV = "INFLIGHT_METRICS_API_KEY"  # the runtime reads it (inflight.runtime.cli.command)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDefaults:
+    """The defaults the operator's installation chooses for what a spec leaves out: the chart's
+    ``runtimeImage`` and ``pickerImage`` values reach the operator as env vars, so the CRD
+    carries no image default of its own (it would fill in the built-in one first)."""
+
+    runtime_image: str = RUNTIME_IMAGE
+    picker_image: str = EPP_IMAGE
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SpecDefaults:
+        """From ``INFLIGHT_OPERATOR_RUNTIME_IMAGE`` / ``_PICKER_IMAGE``; an empty or spaced value
+        is refused (``ValueError``) rather than rendered into every pod."""
+        values: dict[str, str] = {}
+        for name, var in (("runtime_image", "INFLIGHT_OPERATOR_RUNTIME_IMAGE"),
+                          ("picker_image", "INFLIGHT_OPERATOR_PICKER_IMAGE")):
+            raw = env_vars.read_str(var, env)
+            if raw is None:
+                continue
+            if not raw or any(c.isspace() for c in raw):
+                raise ValueError(f"{var} must be an image reference like repo/name:tag (got {raw!r}).")
+            values[name] = raw
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +140,19 @@ class InferenceSpec:
     runtime: PodRuntime = PodRuntime()
     rollout: Rollout = Rollout()
     inference_pool: InferencePoolSpec = InferencePoolSpec()
+    disruption_budget: DisruptionBudget = DisruptionBudget()
 
 
 _Ref = TypeVar("_Ref", SecretRef, MetricsKeyRef)
 
 
-def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec:
-    """Validate a CR ``spec`` dict into an InferenceSpec; raise ``ValueError`` naming the field."""
+def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDefaults | None = None
+               ) -> InferenceSpec:
+    """Validate a CR ``spec`` dict into an InferenceSpec; raise ``ValueError`` naming the field.
+    ``defaults``: the installation's images (``None``: read from the operator's env vars)."""
     if not isinstance(spec, dict):
         raise ValueError("spec must be an object.")
+    defaults = SpecDefaults.from_env() if defaults is None else defaults
     engine_raw = dict(_obj(spec, "engine"))
     extra_args = engine_raw.pop("extraArgs", None) or []
     if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
@@ -134,7 +172,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         model=parse_model(name, _obj(spec, "model", required=True)),
         engine=_with_tensor_parallel(engine_args.parse_engine(engine_raw), resources.gpus),
         extra_args=tuple(extra_args),
-        image=_str(spec, "image", RUNTIME_IMAGE),
+        image=_str(spec, "image", defaults.runtime_image),
         resources=resources,
         node_selector={str(k): str(v) for k, v in _obj(spec, "nodeSelector").items()},
         tolerations=tuple(_list_of_obj(spec, "tolerations")),
@@ -150,10 +188,36 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> InferenceSpec
         pod=pod,
         runtime=runtime,
         rollout=parse_rollout(_obj(spec, "rollout")),
-        inference_pool=_parse_inference_pool(_obj(spec, "inferencePool")),
+        inference_pool=_parse_inference_pool(_obj(spec, "inferencePool"), defaults.picker_image),
+        disruption_budget=parse_disruption_budget(_obj(spec, "disruptionBudget")),
     )
     _check_metrics_key(parsed)
+    _check_cache_sharing(parsed)
     return parsed
+
+
+def max_replicas(spec: InferenceSpec) -> int:
+    """The most pods the spec may run at once in steady state (autoscaling's max when on)."""
+    return spec.autoscaling.max_replicas if spec.autoscaling.enabled else spec.replicas
+
+
+def _check_cache_sharing(spec: InferenceSpec) -> None:
+    """A cache PVC the operator creates ReadWriteOnce (the default without a class) attaches to
+    one node, ReadWriteOncePod to one pod: a second replica elsewhere would hang in
+    ContainerCreating on a Multi-Attach error. Refused rather than pinned to one node, which
+    would quietly make every replica share one failure domain and one node's GPUs."""
+    cache = spec.model.cache
+    if cache is None or cache.size is None or cache.access_mode == "ReadWriteMany" or max_replicas(spec) <= 1:
+        return
+    many = (f"spec.autoscaling.maxReplicas is {spec.autoscaling.max_replicas}" if spec.autoscaling.enabled
+            else f"spec.replicas is {spec.replicas}")
+    raise ValueError(
+        f"spec.model.cache.accessMode is {cache.access_mode} but {many}: the cache PVC attaches to one "
+        f"{'pod' if cache.access_mode == 'ReadWriteOncePod' else 'node'}, so the other replicas would hang in "
+        "ContainerCreating (Multi-Attach). Set cache.storageClassName to a class that offers ReadWriteMany "
+        "(accessMode ReadWriteMany), use an existing shared claim (cache.claimName), drop the cache "
+        "(each pod downloads into its own volume), or run one replica."
+    )
 
 
 def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
@@ -165,7 +229,15 @@ def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
     """
     tp = engine.get("tensor_parallel_size")
     if tp is None:
-        return {**engine, "tensor_parallel_size": gpus} if gpus > 1 else engine
+        if gpus <= 1:
+            return engine
+        filled = {**engine, "tensor_parallel_size": gpus}
+        try:  # validated again as the pod will run it: some engine options refuse TP > 1
+            engine_args.validate_engine(filled)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (spec.resources.gpus: {gpus} runs tensorParallelSize {gpus}; use "
+                             "gpus: 1 or drop the option)") from exc
+        return filled
     if gpus > 0 and tp != gpus:
         raise ValueError(
             f"spec.engine.tensorParallelSize ({tp}) must equal spec.resources.gpus ({gpus}): each rank "
@@ -174,7 +246,7 @@ def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
     return engine
 
 
-def _parse_inference_pool(raw: dict[str, Any]) -> InferencePoolSpec:
+def _parse_inference_pool(raw: dict[str, Any], picker_image: str) -> InferencePoolSpec:
     p, d = "spec.inferencePool", InferencePoolSpec()
     enabled = raw.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
@@ -196,7 +268,7 @@ def _parse_inference_pool(raw: dict[str, Any]) -> InferencePoolSpec:
     if not create and service is None:
         raise ValueError(f"{pp}.serviceName is required with create: false (the picker's Service).")
     return InferencePoolSpec(
-        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", d.picker_image, prefix=pp),
+        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", picker_image, prefix=pp),
         picker_port=port, failure_mode=mode,
         picker_service_account=fields.optional_string(picker, "serviceAccountName", pp),
         picker_service=service,

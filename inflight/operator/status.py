@@ -1,8 +1,9 @@
 """Pure builders of the InferenceDeployment ``status``: conditions and the status patches.
 
 Owns the status vocabulary: conditions Ready (all replicas), Available (at least one),
-Progressing, Degraded (a spec error, or the pods' own failure: Unschedulable, ImagePullBackOff,
-CrashLoopBackOff, FailedCreate), MetricsUnavailable, AutoscalingConflict (each with reason,
+Progressing, Degraded (a spec error or a refusal from the API server: InvalidSpec, ApplyRefused,
+ApplyFailed, see ``refusals``; or the pods' own failure: Unschedulable, ImagePullBackOff,
+CrashLoopBackOff, FailedCreate), MetricsUnavailable, AutoscalingConflict, ForeignAutoscaler (each with reason,
 message, lastTransitionTime, observedGeneration; a condition's transition time changes
 only when its status does), replica counts, observed KV usage and queue depth, the last
 scaling decision. The clock is a parameter. Knows nothing about I/O.
@@ -22,6 +23,7 @@ from inflight.operator.spec import InferenceSpec
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str  # Ready | Available | Progressing | Degraded | MetricsUnavailable | AutoscalingConflict
+    # | ForeignAutoscaler
     status: bool
     reason: str
     message: str
@@ -96,18 +98,30 @@ def degraded_condition(found: pod_health.Failure | None) -> Condition:
     return Condition("Degraded", True, found.reason, found.message)
 
 
-def invalid_spec_status(
-    message: str, existing: list[dict[str, Any]] | None, generation: int | None, now: float
+def refused_status(
+    degraded: Condition, existing: list[dict[str, Any]] | None, applied_generation: int | None,
+    generation: int | None, now: float,
 ) -> dict[str, Any]:
+    """The status after a refused spec (``degraded``: the refusal's condition, reason InvalidSpec,
+    ApplyRefused or ApplyFailed): ``observedGeneration`` stays the last generation that applied
+    (``None``: none did); the conditions carry the refused ``generation``."""
+    then = ("fix the spec" if degraded.reason == "InvalidSpec"
+            else "the operator retries with backoff unless the answer was 400/422")
     conditions = [
-        Condition("Degraded", True, "InvalidSpec", message),
-        Condition("Progressing", False, "InvalidSpec", "fix the spec; nothing was applied (running pods keep the "
-                  "last spec that applied, and autoscaling continues with it)"),
+        degraded,
+        Condition("Progressing", False, degraded.reason, f"{then}; running pods keep the last spec that "
+                  "applied, and autoscaling, drift repair and status continue with it"),
     ]
     return {
-        "observedGeneration": generation,
+        "observedGeneration": applied_generation,
         "conditions": merge_conditions(existing, conditions, now, generation),
     }
+
+
+def differs(current: dict[str, Any] | None, update: dict[str, Any]) -> bool:
+    """Whether merge-patching ``update`` into ``current`` would change anything."""
+    current = current or {}
+    return any(current.get(key) != value for key, value in update.items())
 
 
 def autoscaling_conflict(spec: InferenceSpec, cr_status: dict[str, Any] | None) -> tuple[int | None, Condition]:

@@ -65,9 +65,17 @@ def test_image_names_agree_everywhere(chart: helm.Chart) -> None:
     app_version = chart.metadata["appVersion"]
     assert values["image"]["tag"] == values["runtimeImage"]["tag"] == app_version
 
+    # The operator's built-in default is the chart's default; the CRD has none of its own (it
+    # would fill in the built-in one before the operator's, the chart's, could apply).
+    from inflight.operator.spec import SpecDefaults
+
+    assert SpecDefaults().runtime_image == runtime
+    picker = f"{values['pickerImage']['repository']}:{values['pickerImage']['tag']}"
+    assert SpecDefaults().picker_image == picker
     spec = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    default = spec["properties"]["image"].get("default")
-    assert default == runtime, f"CRD default spec.image {default!r} != values.yaml runtimeImage {runtime!r}"
+    assert "default" not in spec["properties"]["image"]
+    endpoint_picker = spec["properties"]["inferencePool"]["properties"]["endpointPicker"]["properties"]
+    assert "default" not in endpoint_picker["image"]
 
     for name, image in (("runtime", runtime), ("operator", operator)):
         dockerfile = (REPO / "docker" / f"{name}.Dockerfile").read_text()

@@ -11,7 +11,9 @@ resources' singular and short names in discovery (``kubectl get infd``) and Open
 (``/openapi/v3`` and one document per group/version holding the CRD's schema under its GVK), so
 ``kubectl apply`` validates manifests against the CRD client-side, as it does when a server does
 not advertise server-side field validation. Every request the operator sends is kept, so
-tests can check each is covered by ``inflight.operator.rbac.REQUIRED_PERMISSIONS``.
+tests can check each is covered by ``inflight.operator.rbac.REQUIRED_PERMISSIONS``. Tests choose
+the answer to chosen requests (``Fault``: a webhook's or a quota's 403, 409, 422, 5xx, or no
+answer at all) and can mutate what is written (``ApiServer.mutators``, a mutating webhook).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import kopf
 
 from inflight.operator import crd, handlers, rbac, render
 from inflight.operator.context import OperatorConfig, OperatorContext
-from tests.operator import kmock_schema
+from tests.operator import kmock_faults, kmock_schema
+from tests.operator.kmock_faults import Fault
 
 CR_PATH = "/apis/inflight.dev/v1alpha1/namespaces/{ns}/inferencedeployments"
 OPERATOR_NAMESPACE = "inflight-system"  # the test operators' own (the root key, the Lease)
@@ -51,6 +54,7 @@ _RESOURCES = {
     "inference.networking.k8s.io/v1/inferencepools": ("InferencePool", True, {"status"}),
     "v1/events": ("Event", True, set()),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
+    "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
 }
@@ -81,6 +85,12 @@ class ApiServer(kmock.KubernetesEmulator):
         # Object names whose create the "API server" refuses with 422 and this message (as a real
         # one refuses, say, an invalid volume source the operator passed through).
         self.reject_creates: dict[str, str] = {}
+        # Chosen answers (a webhook's 403, a quota, 409, 5xx, a hang): the first that matches wins.
+        self.faults: list[Fault] = []
+        self.released = asyncio.Event()  # set at teardown: hanging requests are answered 503 then
+        # Mutating webhooks: called with (plural, the object or merge patch being written) on every
+        # create and update of the object itself by anyone but the test; they change it in place.
+        self.mutators: list[Callable[[str, dict[str, Any]], None]] = []
         for key, (kind, namespaced, subresources) in _RESOURCES.items():
             plural = key.rsplit("/", 1)[1]
             self.resources[key] = kmock.ResourceInfo(
@@ -91,6 +101,8 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.url.path.startswith("/openapi/"):
             return self._openapi(request.url.path)
+        await self._inject_fault(request)
+        self._mutate(request)
         if request.resource is not None and isinstance(request.data, list) and request.action == kmock.action.UPDATE:
             self._check_json_patch_tests(request)
         if request.resource is not None and isinstance(request.data, dict):
@@ -109,6 +121,12 @@ class ApiServer(kmock.KubernetesEmulator):
             elif request.action == kmock.action.UPDATE and request.name is not None:
                 self._on_update(request)
         return await super()._handle(request)
+
+    async def _inject_fault(self, request: kmock.Request) -> None:
+        await kmock_faults.inject(self.faults, self.released, request)
+
+    def _mutate(self, request: kmock.Request) -> None:
+        kmock_faults.mutate(self.mutators, request)
 
     async def collect_garbage(self) -> int:
         """One pass of the garbage collector (background propagation): delete every object
@@ -379,6 +397,7 @@ async def api_server() -> AsyncIterator[Cluster]:
         try:
             yield cluster
         finally:
+            api.released.set()
             gc.cancel()
             await asyncio.gather(gc, return_exceptions=True)
 
@@ -461,10 +480,11 @@ def start_operator_thread(cluster: Cluster, tick_seconds: float = 0.2, **config:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(tick_seconds: float = 0.2) -> AsyncIterator[Cluster]:
-    """kmock + our kopf handlers in a background task; stops the operator on exit."""
+async def running_operator(tick_seconds: float = 0.2, **config: Any) -> AsyncIterator[Cluster]:
+    """kmock + our kopf handlers in a background task (``config``: more OperatorConfig fields);
+    stops the operator on exit."""
     async with api_server() as cluster:
-        operator = start_operator(cluster, tick_seconds)
+        operator = start_operator(cluster, tick_seconds, **config)
         try:
             await asyncio.wait_for(operator.ready.wait(), 10)
             yield cluster

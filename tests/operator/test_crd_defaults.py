@@ -41,7 +41,8 @@ def test_defaulting_fills_what_the_schema_declares() -> None:
     defaulted = _defaulted(EMPTY_OBJECTS)
     assert defaulted["autoscaling"]["scaleDownStabilizationSeconds"] == 300
     assert defaulted["service"] == {"type": "ClusterIP", "port": 8000}
-    assert defaulted["image"].startswith("ghcr.io/inflight-dev/inflight-runtime:")
+    # No image default in the CRD: the operator's (the chart's runtimeImage) applies instead.
+    assert "image" not in defaulted
     assert "engine" in defaulted and "apiKeySecretRef" not in defaulted  # no default invents an object
 
 
@@ -54,3 +55,17 @@ def test_the_drain_timeout_default_is_the_servers() -> None:
     server = fields.default(ServerSettings, "drain_timeout_s")
     assert parse_spec("demo", "ns", MINIMAL).drain_timeout_seconds == server
     assert _defaulted(MINIMAL)["drainTimeoutSeconds"] == server
+
+
+def test_the_installation_chooses_the_images_a_spec_leaves_out() -> None:
+    from inflight.operator.spec import SpecDefaults
+
+    env = {"INFLIGHT_OPERATOR_RUNTIME_IMAGE": "registry.local/rt:2", "INFLIGHT_OPERATOR_PICKER_IMAGE": "r/epp:3"}
+    defaults = SpecDefaults.from_env(env)
+    pool = {**MINIMAL, "inferencePool": {"enabled": True}}
+    spec = parse_spec("demo", "ns", _defaulted(pool), defaults)
+    assert (spec.image, spec.inference_pool.picker_image) == ("registry.local/rt:2", "r/epp:3")
+    assert parse_spec("demo", "ns", {**pool, "image": "mine:1"}, defaults).image == "mine:1"
+    assert SpecDefaults.from_env({}) == SpecDefaults()
+    with pytest.raises(ValueError, match="INFLIGHT_OPERATOR_RUNTIME_IMAGE"):
+        SpecDefaults.from_env({"INFLIGHT_OPERATOR_RUNTIME_IMAGE": ""})

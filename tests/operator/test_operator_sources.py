@@ -58,7 +58,8 @@ def test_hf_resource_cache_pvc_status_and_owned_deletes() -> None:
             await wait_for(lambda: _cache_state(cluster, name, "Ready"), what="Ready after the init container")
 
             # A reconcile (spec edit) neither rotates the admin key nor recreates the PVC.
-            await cluster.patch_cr(name, {"spec": {"replicas": 3}})
+            # (Not replicas: more than one is refused with this ReadWriteOnce cache.)
+            await cluster.patch_cr(name, {"spec": {"drainTimeoutSeconds": 45}})
             await wait_for(lambda: _observed(cluster, name, 2), what="generation 2")
             assert (await cluster.child("secrets", f"{name}-admin"))["data"] == admin["data"]
 

@@ -142,7 +142,29 @@ INVALID_SPECS = [
     ({"metricsApiKeySecretRef": {"name": "prom"}, "inferencePool": {"enabled": True}},
      "close /metrics to the InferencePool's endpoint picker"),
     ({"tolerations": {"key": "x"}}, "spec.tolerations must be a list of objects"),
+    # Checked as the pod will run: gpus fills in tensorParallelSize, which these options refuse.
+    ({"engine": {"asyncScheduling": True}, "resources": {"gpus": 2}},
+     "async_scheduling cannot be combined with tensor parallelism"),
+    ({"engine": {"speculativeConfig": {"method": "draft_model", "model": "/models/d", "num_speculative_tokens": 3}},
+      "resources": {"gpus": 4}}, "draft_model needs tensor_parallel_size 1"),
+    # A ReadWriteOnce cache PVC attaches to one node: a second replica would hang on Multi-Attach.
+    ({"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi"}}, "replicas": 2},
+     "accessMode is ReadWriteOnce but spec.replicas is 2"),
+    ({"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi", "accessMode": "ReadWriteOncePod"}},
+      "autoscaling": {"enabled": True, "maxReplicas": 3}}, "accessMode is ReadWriteOncePod but spec.autoscaling"),
 ]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"engine": {"asyncScheduling": True}, "resources": {"gpus": 1}},
+    {"engine": {"asyncScheduling": True}, "resources": {"gpus": 0}},
+    {"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi"}}, "replicas": 1,
+     "autoscaling": {"enabled": False, "maxReplicas": 4}},
+    {"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi", "storageClassName": "nfs"}}, "replicas": 3},
+    {"model": {"hf": {"repoId": "org/m"}, "cache": {"claimName": "shared"}}, "replicas": 3},
+])
+def test_specs_that_run_as_written_are_accepted(overrides: dict[str, Any]) -> None:
+    make_spec(overrides)
 
 
 @pytest.mark.parametrize(("overrides", "message"), INVALID_SPECS)

@@ -100,10 +100,14 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
-# Scaling decisions and handler outcomes.
+# Scaling decisions, refusals and foreign autoscalers; listed while a pod is stuck creating.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
+# An HPA (or KEDA's) on a child Deployment is reported, not fought.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 {{- end -}}
 
 {{- define "inflight.rules.ownNamespace" -}}

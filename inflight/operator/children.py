@@ -1,0 +1,125 @@
+"""Level-triggered checks of one InferenceDeployment's children, run by the timer.
+
+Owns what "drifted" means and how often each child is read. A child drifted when it is gone,
+when its ``inflight.dev/last-applied`` record is not what the spec renders now, or when the
+fields the operator owns no longer hash to what the API server stored at the operator's last
+write (``applied.fingerprint``: a mutating webhook's additions at that write are part of it, so
+they cause no re-apply loop; a hand edit later is a change). Every tick reads the Deployment
+(its status feeds the CR's); every ``config.full_check_every_ticks``-th tick reads the other
+children too, re-creates a deleted admin Secret (by a create, answered 409 when it exists: the
+operator may not read Secrets outside its own namespace) or model-cache PVC, and lists the
+namespace's HorizontalPodAutoscalers for one that targets the Deployment (an HPA of one's own, or
+KEDA's, which acts through one). Knows nothing about kopf or the status.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from inflight.operator import applied, reconcile, render
+from inflight.operator.context import OperatorContext
+from inflight.operator.kube import DEPLOYMENTS, HPAS, PVCS, SECRETS, KubeError
+from inflight.operator.spec import InferenceSpec
+from inflight.operator.status import Condition
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ChildCheck:
+    """One tick's findings: the drifted children ("Kind/name"), the live Deployment, the
+    Secret/PVC re-created, and the foreign autoscalers (``None``: not looked for this tick)."""
+
+    drifted: list[str] = field(default_factory=list)
+    deployment: dict[str, Any] | None = None
+    created: list[str] = field(default_factory=list)
+    foreign_autoscalers: tuple[str, ...] | None = None
+
+
+def is_drifted(live: dict[str, Any] | None, patch: dict[str, Any], key: str, written: dict[str, str],
+               pending: bool = False) -> bool:
+    """Whether ``live`` needs ``patch`` applied again. ``written``: fingerprints after the
+    operator's own writes (set here when a child is first seen unchanged); ``pending``: a newer
+    spec was refused part-way, so a child the operator wrote from it is left alone (re-applying
+    the older spec there would flip it back and forth with every retry)."""
+    if live is None:
+        return True
+    now = applied.fingerprint(live)
+    known = written.get(key)
+    if applied.record_of(live) != applied.record(patch):  # rendered otherwise now, or edited away
+        return not (pending and known == now)
+    if known is None:  # first look since the operator started: compare by content once
+        if applied.drifted(live, applied.without_nulls(patch)):
+            return True
+        written[key] = now
+        return False
+    return now != known
+
+
+async def check(
+    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
+    full: bool, leave_replicas: bool, pending: bool = False,
+) -> ChildCheck:
+    """Read the children (only the Deployment unless ``full``) and say which drifted."""
+    out = ChildCheck()
+    owner, key = await reconcile.keyed_owner(ctx, spec, owner)
+    for kind, body, patch in reconcile.rendered_children(spec, owner, None, leave_replicas):
+        name = body["metadata"]["name"]
+        is_main = kind == DEPLOYMENTS and name == spec.name
+        if not (full or is_main):
+            continue
+        live = await ctx.kube.get(kind, spec.namespace, name)
+        if is_main:
+            out.deployment = live
+        child = f"{body['kind']}/{name}"
+        if is_drifted(live, patch, child, written, pending):
+            out.drifted.append(child)
+    if full:
+        out.created = await ensure_created(ctx, spec, owner, key)
+        try:
+            out.foreign_autoscalers = await foreign_autoscalers(ctx, spec)
+        except KubeError as exc:  # e.g. an older chart's RBAC: the rest of the round still runs
+            logger.warning("cannot list HorizontalPodAutoscalers in %s (foreign autoscalers go unseen): %s",
+                           spec.namespace, exc)
+    return out
+
+
+async def ensure_created(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, key: str) -> list[str]:
+    """Re-create the admin Secret and the cache PVC when gone; what was created."""
+    created = []
+    secret = render.render_admin_secret(spec, owner, key)
+    try:
+        await ctx.kube.create(SECRETS, spec.namespace, secret)
+        created.append(f"Secret/{secret['metadata']['name']}")
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+    if (pvc := render.render_cache_pvc(spec, owner)) is not None:
+        if await ctx.kube.create_if_missing(PVCS, spec.namespace, pvc):
+            created.append(f"PersistentVolumeClaim/{pvc['metadata']['name']}")
+    return created
+
+
+async def foreign_autoscalers(ctx: OperatorContext, spec: InferenceSpec) -> tuple[str, ...]:
+    """HorizontalPodAutoscalers in the namespace whose target is the model's Deployment."""
+    found = []
+    for hpa in await ctx.kube.list(HPAS, spec.namespace, {}):
+        target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        if target.get("kind") == "Deployment" and target.get("name") == spec.name:
+            found.append(f"HorizontalPodAutoscaler/{hpa['metadata']['name']}")
+    return tuple(sorted(found))
+
+
+def foreign_autoscaler_condition(names: tuple[str, ...], spec: InferenceSpec) -> Condition:
+    if not names:
+        return Condition("ForeignAutoscaler", False, "NoneFound",
+                         "no HorizontalPodAutoscaler targets the Deployment")
+    who = ", ".join(names)
+    mine = "the operator's autoscaler is paused" if spec.autoscaling.enabled else "spec.replicas is not applied"
+    return Condition(
+        "ForeignAutoscaler", True, "ForeignAutoscaler",
+        f"{who} targets Deployment {spec.name}: it sets the replicas now and {mine}, so the two do not "
+        f"fight. Delete it (or point it, or KEDA's ScaledObject, at the InferenceDeployment's /scale) "
+        f"to give the replicas back.")

@@ -1,0 +1,175 @@
+"""One timer round for one InferenceDeployment, and the refusal bookkeeping the handlers share.
+
+Owns the round's order: read the children (``children.check``: the Deployment every tick,
+everything every Nth), repair what drifted (with backoff when the cluster refuses the repair),
+push live config, one autoscaling round when due (paused while a foreign HPA owns the
+replicas), and the status, written only when it differs from what the CR holds (the
+autoscaler's recommendation times, which move every round, are refreshed at most every
+``RECOMMENDATIONS_REFRESH_S``). Also owns how a refusal reaches the cluster: the ``Degraded``
+condition the round keeps in place, and one Warning Event per distinct refusal
+(``post_once``). Works from the last spec that applied (``ResourceState.good_spec``), so a
+refused edit freezes nothing. Knows kopf only as the ``patch`` it fills.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from inflight.operator import children, pod_events, reconcile, refusals, render, render_model, status
+from inflight.operator.context import OperatorContext
+from inflight.operator.kube import DEPLOYMENTS, KubeError
+from inflight.operator.operator_metrics import DRIFT_REPAIRS, STATUS_WRITES
+from inflight.operator.reconcile import ResourceState
+from inflight.operator.refusals import Refusal
+
+RECOMMENDATIONS_REFRESH_S = 60.0  # a restarted operator may see the windows end this much early
+MAX_EVENT_KEYS = 64
+
+
+def cr_ref(body: Any) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+    }
+
+
+def conditions_of(body: Any) -> list[dict[str, Any]]:
+    return list((body.get("status") or {}).get("conditions") or [])
+
+
+async def post_once(ctx: OperatorContext, body: Any, state: ResourceState, refusal: Refusal,
+                    logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """A Warning Event for ``refusal`` unless this one was posted already (retries post none)."""
+    if refusal.key in state.event_keys:
+        return
+    try:
+        await ctx.kube.post_event(cr_ref(body), "Warning", refusal.reason, refusal.text())
+    except KubeError as exc:  # the API server may be what is failing: the next retry posts it
+        logger.warning("could not post the %s Event yet: %s", refusal.reason, exc)
+        return
+    if len(state.event_keys) >= MAX_EVENT_KEYS:
+        state.event_keys.clear()
+    state.event_keys.add(refusal.key)
+
+
+async def _repair(ctx: OperatorContext, body: Any, spec: Any, owner: render.Owner, state: ResourceState,
+                  drifted: list[str], logger: kopf.Logger) -> dict[str, Any] | None:
+    """Re-apply the children; on a refusal, a condition, an Event and a retry after backoff."""
+    now = time.monotonic()
+    if now < state.repair_after:
+        return await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)
+    logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
+    try:
+        await reconcile.apply_children(ctx, spec, owner, state.written, state.replicas,
+                                       bool(state.foreign_autoscalers))
+    except reconcile.SpecRejected as exc:
+        refusal = exc.refusal(state.good_generation, during="repair")
+        cfg = ctx.config
+        state.repair_after = now + refusals.retry_delay(state.repair_failures, cfg.retry_base_seconds,
+                                                        cfg.retry_max_seconds)
+        state.repair_failures += 1
+        if state.refusal is None or state.refusal.during == "repair":
+            state.refusal = refusal
+        logger.warning("could not repair the children: %s", refusal.text())
+        await post_once(ctx, body, state, refusal, logger)
+    else:
+        for child in drifted:
+            DRIFT_REPAIRS.labels(kind=child.partition("/")[0]).inc()
+        state.repair_after, state.repair_failures = 0.0, 0
+        if state.refusal is not None and state.refusal.during == "repair":
+            state.refusal = None
+    return await ctx.kube.get(DEPLOYMENTS, spec.namespace, spec.name)  # as repaired
+
+
+async def _note_foreign(ctx: OperatorContext, body: Any, state: ResourceState, found: tuple[str, ...],
+                        spec: Any) -> None:
+    if found and found != state.foreign_autoscalers:
+        cond = children.foreign_autoscaler_condition(found, spec)
+        await ctx.kube.post_event(cr_ref(body), "Warning", "ForeignAutoscaler", cond.message)
+    state.foreign_autoscalers = found
+
+
+async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf.Patch, logger: kopf.Logger) -> None:
+    """One round (see the module docstring)."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: the delete handler owns the children now
+    degraded = next((c for c in conditions_of(body) if c.get("type") == "Degraded"), {})
+    if state.handled_generation != meta.get("generation") or degraded.get("observedGeneration") != meta.get(
+            "generation"):
+        return  # the reconcile handler's status for this generation has not landed: it owns status then
+    spec = state.good_spec  # a refused edit leaves the last spec that applied in charge
+    if spec is None:
+        return  # nothing applied by this operator yet: the reconcile handler owns creation
+    reconcile.seed_from_status(state, body.get("status"))
+    owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
+    full = state.ticks % ctx.config.full_check_every_ticks == 0
+    state.ticks += 1
+    pending = state.refusal is not None and state.refusal.during == "spec"
+    found = await children.check(ctx, spec, owner, state.written, full, bool(state.foreign_autoscalers), pending)
+    if found.foreign_autoscalers is not None:
+        await _note_foreign(ctx, body, state, found.foreign_autoscalers, spec)
+    for child in found.created:
+        logger.info("re-created %s (deleted)", child)
+        DRIFT_REPAIRS.labels(kind=child.partition("/")[0]).inc()
+    deployment = found.deployment
+    if found.drifted:  # level-triggered: a deleted or hand-edited child is put back
+        deployment = await _repair(ctx, body, spec, owner, state, found.drifted, logger)
+    if deployment is None:  # gone, and putting it back was refused: say so
+        if state.refusal is not None:
+            update = {"conditions": status.merge_conditions(
+                conditions_of(body), [state.refusal.condition()], time.time(), meta.get("generation"))}
+            if status.differs(body.get("status"), update):
+                patch.status.update(update)
+        return
+    pods = await reconcile.list_pods(ctx, spec)
+    for error in await reconcile.sync_live_config(ctx, spec, state, pods):
+        logger.warning("live config not pushed yet: %s", error)
+    now = time.time()
+    decision = None
+    autoscaling = spec.autoscaling.enabled and not state.foreign_autoscalers
+    due = state.last_decision_at is None or now - state.last_decision_at >= spec.autoscaling.interval_seconds
+    if autoscaling and due:
+        decision = await reconcile.autoscale(ctx, spec, cr_ref(body), deployment, pods, state, now)
+        deployment.setdefault("spec", {})["replicas"] = decision.desired
+    state.replicas = int((deployment.get("spec") or {}).get("replicas") or 0) or state.replicas
+    extra = [reconcile.metrics_condition(state)] if autoscaling else []
+    if state.refusal is not None:  # the refusal stays in Degraded until it clears
+        extra.append(state.refusal.condition())
+    else:  # the pods' failure (with the Events of pods stuck creating, read only then)
+        extra.append(status.degraded_condition(await pod_events.failure(ctx.kube, spec.namespace, deployment,
+                                                                        pods, now)))
+    extra.append(children.foreign_autoscaler_condition(state.foreign_autoscalers, spec))
+    new_status = status.observed_status(deployment, decision, conditions_of(body), meta.get("generation"), now, extra)
+    if state.last_scale_time is not None:
+        new_status["lastScaleTime"] = status.rfc3339(state.last_scale_time)
+    if spec.autoscaling.enabled:
+        new_status["recommendations"] = status.recommendations_status(state.history)
+    if (cache := render_model.cache_status(spec.name, spec.model, pods)) is not None:
+        new_status["modelCache"] = cache
+    if _worth_writing(body.get("status"), new_status, state, now):
+        STATUS_WRITES.labels(result="written").inc()
+        state.status_written_at = now
+        patch.status.update(new_status)
+    else:
+        STATUS_WRITES.labels(result="unchanged").inc()
+
+
+def _worth_writing(current: dict[str, Any] | None, new: dict[str, Any], state: ResourceState, now: float) -> bool:
+    """Whether ``new`` changes the status; recommendations count by their replicas, their times
+    are refreshed every RECOMMENDATIONS_REFRESH_S (they move every autoscaling round)."""
+    rest = {k: v for k, v in new.items() if k != "recommendations"}
+    if status.differs(current, rest):
+        return True
+    if "recommendations" not in new:
+        return False
+    held = [(r or {}).get("replicas") for r in (current or {}).get("recommendations") or []]
+    if held != [r["replicas"] for r in new["recommendations"]]:
+        return True
+    return state.status_written_at is None or now - state.status_written_at >= RECOMMENDATIONS_REFRESH_S
