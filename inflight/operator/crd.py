@@ -166,13 +166,19 @@ def _autoscaling_schema() -> dict[str, Any]:
     kv["x-kubernetes-validations"] = [_FRACTION_RULE]
     return {
         "type": "object",
-        "description": "Replicas from KV-cache usage and queue depth (the operator owns replicas when enabled).",
+        "description": "Replicas from KV-cache usage, queue depth and (with targetTtftSeconds) the TTFT "
+                       "backlog (the operator owns replicas when enabled).",
         "properties": {
             "enabled": {"type": "boolean", "default": d.enabled, "description": "Turn autoscaling on."},
             "minReplicas": _int("Fewest replicas.", 1, d.min_replicas),
             "maxReplicas": _int("Most replicas.", 1, d.max_replicas),
             "targetKvCacheUsage": kv,
             "targetQueueDepth": num("Target waiting requests per ready pod.", d.target_queue_depth, 0, True),
+            "targetTtftSeconds": {
+                "type": "number", "minimum": 0, "exclusiveMinimum": True,
+                "description": "Target seconds of TTFT backlog per ready pod: its queued prompt tokens over its "
+                               "measured prefill rate (docs/autoscaling.md). Unset: this signal is off.",
+            },
             "scaleUpStabilizationSeconds": num("Scale up to the lowest recommendation of this window.",
                                                d.scale_up_stabilization_seconds, 0, False),
             "scaleDownStabilizationSeconds": num("Scale down to the highest recommendation of this window.",
@@ -274,13 +280,19 @@ def _status_schema() -> dict[str, Any]:
             "endpoint": {"type": "string"},
             "kvCacheUsage": num("Mean KV-cache usage over ready pods at the last scrape."),
             "queueDepth": num("Mean waiting requests per ready pod at the last scrape."),
+            "ttftBacklogSeconds": num("Mean seconds of TTFT backlog per ready pod at the last scrape (with "
+                                      "spec.autoscaling.targetTtftSeconds; unset before a pod measured a "
+                                      "prefill rate)."),
             "lastScaleTime": {"type": "string", "format": "date-time"},
             "recommendations": {
                 "type": "array",
                 "description": "The autoscaler's recommendations inside its stabilization windows, kept here so "
                                "an operator restart does not forget a scale-down window.",
                 "items": {"type": "object", "properties": {
-                    "time": {"type": "string", "format": "date-time"}, "replicas": {"type": "integer"}}},
+                    "time": {"type": "string", "format": "date-time"}, "replicas": {"type": "integer"},
+                    "reason": {"type": "string", "description": "Why: the signal that won (e.g. ScaleUpTtft)."},
+                    "message": {"type": "string",
+                                "description": "Every signal's value and target at that recommendation."}}},
             },
             "autoscalingBaseReplicas": {
                 "type": "integer",

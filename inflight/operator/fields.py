@@ -10,6 +10,7 @@ fields mean.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -79,6 +80,16 @@ def number(raw: dict[str, Any], key: str, default: float, prefix: str, zero: boo
         bound = ">= 0" if zero else "> 0"
         raise ValueError(f"{prefix}.{key} must be a number {bound} (got {value!r}).")
     return float(value)
+
+
+def optional_number(raw: dict[str, Any], key: str, prefix: str) -> float | None:
+    """A finite number > 0, or None when the field is unset (or null)."""
+    if raw.get(key) is None:
+        return None
+    value = number(raw, key, 0.0, prefix)
+    if not math.isfinite(value):
+        raise ValueError(f"{prefix}.{key} must be a finite number > 0 (got {raw.get(key)!r}).")
+    return value
 
 
 def matching(value: str, pattern: re.Pattern[str], what: str, example: str) -> str:

@@ -22,6 +22,11 @@ from inflight.operator.render import CONTAINER_PORT
 
 KV_METRIC = "inflight:kv_cache_usage_perc"
 WAITING_METRIC = "inflight:num_requests_waiting"
+# The TTFT-backlog signal's inputs (optional: a runtime without them gives that signal nothing).
+PREFILL_BACKLOG_METRIC = "inflight:num_prefill_backlog_tokens"
+PREFILL_RATE_METRIC = "inflight:prefill_tokens_per_second"
+_SUMMED = (WAITING_METRIC, PREFILL_BACKLOG_METRIC)  # several series (front ends) add up
+_READ = (KV_METRIC, WAITING_METRIC, PREFILL_BACKLOG_METRIC, PREFILL_RATE_METRIC)
 
 logger = logging.getLogger(__name__)
 
@@ -61,19 +66,30 @@ def http_port(pod: dict[str, Any]) -> int:
     return CONTAINER_PORT
 
 
+def read_metrics(text: str) -> dict[str, float]:
+    """The autoscaler's metrics present in Prometheus text, by name (summed or the largest)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in _READ:
+            continue
+        values = [s.value for s in family.samples if s.name == family.name]
+        if values:
+            found[family.name] = sum(values) if family.name in _SUMMED else max(values)
+    return found
+
+
 def parse_metrics(text: str) -> tuple[float | None, float | None]:
     """(kv_cache_usage, num_waiting) from Prometheus text; a missing metric is ``None``."""
-    kv: float | None = None
-    waiting: float | None = None
-    for family in text_string_to_metric_families(text):
-        values = [s.value for s in family.samples if s.name == family.name]
-        if not values:
-            continue
-        if family.name == KV_METRIC:
-            kv = max(values)
-        elif family.name == WAITING_METRIC:
-            waiting = sum(values)
-    return kv, waiting
+    found = read_metrics(text)
+    return found.get(KV_METRIC), found.get(WAITING_METRIC)
+
+
+def pod_metrics(name: str, text: str) -> PodMetrics:
+    """One pod's autoscaling inputs from its /metrics text; a missing metric is ``None``."""
+    found = read_metrics(text)
+    return PodMetrics(name=name, kv_cache_usage=found.get(KV_METRIC), num_waiting=found.get(WAITING_METRIC),
+                      prefill_backlog_tokens=found.get(PREFILL_BACKLOG_METRIC),
+                      prefill_tokens_per_second=found.get(PREFILL_RATE_METRIC))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +108,15 @@ async def scrape_pod(session: aiohttp.ClientSession, target: PodTarget, timeout_
         async with session.get(url, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}")
-            kv, waiting = parse_metrics(await resp.text())
+            metrics = pod_metrics(target.name, await resp.text())
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         logger.warning("scraping %s at %s failed: %s", target.name, target.base_url, exc)
         return Scrape(PodMetrics(name=target.name, kv_cache_usage=None, num_waiting=None),
                       f"{target.name} at {url}: {exc!r}"[:200])
-    missing = [m for m, v in ((KV_METRIC, kv), (WAITING_METRIC, waiting)) if v is None]
+    missing = [m for m, v in ((KV_METRIC, metrics.kv_cache_usage), (WAITING_METRIC, metrics.num_waiting))
+               if v is None]
     error = f"{target.name} at {url}: no {', '.join(missing)}" if missing else None
-    return Scrape(PodMetrics(name=target.name, kv_cache_usage=kv, num_waiting=waiting), error)
+    return Scrape(metrics, error)
 
 
 async def scrape_pods(

@@ -271,6 +271,7 @@ def policy_of(spec: InferenceSpec) -> Policy:
         max_replicas=a.max_replicas,
         target_kv_cache_usage=a.target_kv_cache_usage,
         target_queue_depth=a.target_queue_depth,
+        target_ttft_seconds=a.target_ttft_seconds,
         scale_up_window_s=a.scale_up_stabilization_seconds,
         scale_down_window_s=a.scale_down_stabilization_seconds,
     )

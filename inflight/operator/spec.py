@@ -74,6 +74,7 @@ class Autoscaling:
     max_replicas: int = 4
     target_kv_cache_usage: float = 0.8
     target_queue_depth: float = 4.0
+    target_ttft_seconds: float | None = None  # seconds of TTFT backlog per pod; None: signal off
     scale_up_stabilization_seconds: float = 0.0
     scale_down_stabilization_seconds: float = 300.0
     interval_seconds: float = 15.0
@@ -298,6 +299,7 @@ def _parse_autoscaling(raw: dict[str, Any]) -> Autoscaling:
         max_replicas=_int(raw, "maxReplicas", d.max_replicas, minimum=1, prefix=p),
         target_kv_cache_usage=_num(raw, "targetKvCacheUsage", d.target_kv_cache_usage, p),
         target_queue_depth=_num(raw, "targetQueueDepth", d.target_queue_depth, p),
+        target_ttft_seconds=fields.optional_number(raw, "targetTtftSeconds", p),
         scale_up_stabilization_seconds=_num(raw, "scaleUpStabilizationSeconds", d.scale_up_stabilization_seconds,
                                             p, zero=True),
         scale_down_stabilization_seconds=_num(raw, "scaleDownStabilizationSeconds",

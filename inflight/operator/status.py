@@ -49,7 +49,8 @@ def parse_rfc3339(text: object) -> float | None:
 def recommendations_status(history: tuple[Recommendation, ...]) -> list[dict[str, Any]]:
     """The autoscaler's recent recommendations for the status (millisecond times), so that a
     restarted operator keeps honouring the stabilization windows."""
-    return [{"time": _rfc3339_ms(r.time), "replicas": r.replicas} for r in history]
+    return [{"time": _rfc3339_ms(r.time), "replicas": r.replicas,
+             **({"reason": r.reason, "message": r.message} if r.reason else {})} for r in history]
 
 
 def _rfc3339_ms(ts: float) -> str:
@@ -64,7 +65,9 @@ def recommendations_from_status(cr_status: dict[str, Any] | None) -> tuple[Recom
         when = parse_rfc3339((entry or {}).get("time"))
         replicas = (entry or {}).get("replicas")
         if when is not None and isinstance(replicas, int) and not isinstance(replicas, bool):
-            out.append(Recommendation(time=when, replicas=replicas))
+            reason, message = (entry or {}).get("reason"), (entry or {}).get("message")
+            out.append(Recommendation(time=when, replicas=replicas, reason=reason if isinstance(reason, str) else "",
+                                      message=message if isinstance(message, str) else ""))
     return tuple(out)
 
 
@@ -204,4 +207,6 @@ def observed_status(
         status["desiredReplicas"] = decision.desired
         status["kvCacheUsage"] = None if decision.kv_cache_usage is None else round(decision.kv_cache_usage, 4)
         status["queueDepth"] = None if decision.queue_depth is None else round(decision.queue_depth, 3)
+        ttft = decision.ttft_backlog_seconds
+        status["ttftBacklogSeconds"] = None if ttft is None else round(ttft, 3)
     return status

@@ -182,6 +182,13 @@ class EngineStats:
     # Cumulative seconds the device spent executing steps (its rate is NVML's utilisation);
     # None where it is not measured (only the simulated device measures it yet).
     device_busy_seconds: float | None = None
+    # The TTFT backlog (inflight.runtime.core.prefill_backlog): tokens still to be prefilled
+    # (waiting prompts, running prompts' rest), prefill tokens computed (cumulative, prefix-cache
+    # hits excluded), and the measured prefill rate (tokens per second while a backlog existed;
+    # 0.0 until one was worked on).
+    num_prefill_backlog_tokens: int = 0
+    num_prefill_computed_tokens: int = 0
+    prefill_tokens_per_second: float = 0.0
 
     __reduce__ = _reduce_by_fields
 

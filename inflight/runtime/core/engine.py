@@ -39,6 +39,7 @@ from inflight.runtime.core.kv_manager import KVCacheManager, release_window
 from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
 from inflight.runtime.core.parked import ParkedRequests
 from inflight.runtime.core.pooling_step import pooling_engine
+from inflight.runtime.core.prefill_backlog import PrefillBacklog
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
@@ -86,13 +87,14 @@ class LLMEngine:
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = runner.new_sampler() if isinstance(runner, SimRunner) else Sampler(runner.device)
         self.output_processor = OutputProcessor(
-            self.eos_token_ids, self.max_model_len, self.scheduler.remove, count_tenants=config.scheduler_policy == "fair",
+            self.eos_token_ids, self.max_model_len, self._remove, count_tenants=config.scheduler_policy == "fair",
             metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
         )
         self._arrivals = 0
         self._num_tokens_last_step = 0
         self._num_steps = 0
         self._spec = SpecStats()
+        self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
         self.pipeline = StepPipeline(self) if config.async_scheduling_on and self.pooling is None else None
 
@@ -202,6 +204,11 @@ class LLMEngine:
                 raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
         self.output_processor.add(req, generator, matcher)
         self.scheduler.add(req)
+        self.prefill.added(req)
+
+    def _remove(self, req: Request) -> None:  # a request finished or was aborted
+        self.prefill.removed(req)
+        self.scheduler.remove(req)
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
         self.parked.discard(req_id)
@@ -222,6 +229,11 @@ class LLMEngine:
         A row whose grammar mask is late gets no token: its request is parked (it computed
         all but its last position, which is recomputed once the mask is ready). Under async
         scheduling the outputs are the previous step's (:mod:`inflight.runtime.core.async_steps`)."""
+        outputs = self._step()
+        self.prefill.stepped(time.monotonic())  # the prompt tokens it computed, the drain rate
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         self.runner.check_health()
         if self.pipeline is not None:
             return self.pipeline.step()
@@ -258,6 +270,7 @@ class LLMEngine:
         sched = plain_when_grammar_busy(self.scheduler.schedule(), self.output_processor.matcher_of)
         self._num_steps += 1
         self._num_tokens_last_step = sched.num_batched_tokens
+        self.prefill.scheduled(sched.preempted, sched.admitted)
         now = time.monotonic()
         for req in sched.admitted:
             if req.first_scheduled_time is None:
@@ -349,6 +362,9 @@ class LLMEngine:
             num_tokens_last_step=self._num_tokens_last_step,
             num_steps=self._num_steps,
             device_busy_seconds=self.runner.device_busy_seconds,
+            num_prefill_backlog_tokens=self.prefill.num_backlog_tokens,
+            num_prefill_computed_tokens=self.prefill.num_computed_tokens,
+            prefill_tokens_per_second=self.prefill.tokens_per_second,
             max_num_sequences=self.config.max_num_sequences,
             spec_num_drafts=self._spec.num_drafts,
             spec_num_draft_tokens=self._spec.num_draft_tokens,
@@ -381,3 +397,4 @@ class LLMEngine:
         self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
         self._num_steps = 0
         self.output_processor.reset_counts()
+        self.prefill.reset_counts()

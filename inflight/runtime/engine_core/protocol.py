@@ -38,7 +38,8 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 7: Ping/Pong (the idle core's heartbeat)
 # 8: EngineStats.device_busy_seconds (the simulated device's busy time)
 # 9: StepDone as columns (req ids, token ids, counts, sparse extras)
-PROTOCOL_VERSION = 10  # 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
+# 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
+PROTOCOL_VERSION = 11  # 11: EngineStats' prefill backlog, prefill tokens computed and prefill rate
 
 
 # ---- front end -> core ------------------------------------------------------------------

@@ -46,6 +46,10 @@ _GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
     ("inflight:max_num_sequences", "Live max_num_sequences (batch size limit).",
      lambda s: s.max_num_sequences),
     ("inflight:num_kv_blocks", "KV-cache blocks in the pool.", lambda s: s.num_kv_blocks),
+    ("inflight:num_prefill_backlog_tokens", "Prompt tokens still to be prefilled: waiting requests' prompts "
+     "(recomputes included) and the rest of running prompts.", lambda s: s.num_prefill_backlog_tokens),
+    ("inflight:prefill_tokens_per_second", "Measured prefill rate: prompt tokens computed per second while a "
+     "backlog existed (decayed; 0 until one was worked on).", lambda s: s.prefill_tokens_per_second),
 )
 _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
     ("inflight:num_preemptions_total", "Requests preempted (freed, recomputed later).",
@@ -53,6 +57,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
     ("inflight:prompt_tokens_total", "Prompt tokens of requests that started generating (prefix-cache hits "
      "included, as vLLM counts them).", lambda s: s.num_prompt_tokens),
     ("inflight:generation_tokens_total", "Tokens generated.", lambda s: s.num_generation_tokens),
+    ("inflight:prefill_computed_tokens_total", "Prompt tokens computed by prefill (prefix-cache hits excluded, "
+     "recomputes included).", lambda s: s.num_prefill_computed_tokens),
     ("inflight:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
      lambda s: s.prefix_cache_queries),
     ("inflight:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
