@@ -132,8 +132,9 @@ def test_autoscaling_guide_matches_the_autoscaler() -> None:
     text = _doc("autoscaling.md")
     source = Path(autoscaler.__file__).read_text()
     literals = set(re.findall(r'"([A-Z][a-z]+(?:[A-Z][a-z]+)*)"', source))
-    # f"ScaleUp{signal}" with signal KvCache or Queue; "ScaleUp" alone is only a prefix test.
-    reasons = (literals - {"KvCache", "Queue", "ScaleUp"}) | {"ScaleUpKvCache", "ScaleUpQueue"}
+    # f"ScaleUp{signal}" with signal KvCache, Queue or Ttft; "ScaleUp" alone is only a prefix test.
+    signals = {"KvCache", "Queue", "Ttft"}
+    reasons = (literals - signals - {"ScaleUp"}) | {f"ScaleUp{s}" for s in signals}
     undocumented = sorted(r for r in reasons if f"`{r}`" not in text)
     assert undocumented == [], f"autoscaling.md does not explain reasons {undocumented}"
     assert f"|ratio - 1| <= {autoscaler.DEFAULT_TOLERANCE:g}" in text

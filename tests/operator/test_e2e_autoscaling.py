@@ -15,14 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import os
-import pathlib
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,10 +28,10 @@ from inflight.operator import admin_keys
 from tests.operator.kmock_harness import (
     OPERATOR_NAMESPACE,
     Cluster,
-    pod_object,
     running_operator,
     wait_for,
 )
+from tests.operator.runtime_pods import runtime_processes, sync_pods
 
 pytestmark = pytest.mark.slow
 
@@ -44,24 +39,9 @@ NAME = "demo-e2e"
 DOWN_WINDOW_S = 3.0
 NUM_REQUESTS = 24  # kept in flight: 4 run, 20 wait on a --max-num-sequences 4 server
 MAX_LOAD_REQUESTS = 2000
-PODS = "/api/v1/namespaces/default/pods"
 ROOT_KEY = b"e2e-root-key-0123456789abcdef-0123"  # the operator's root Secret, made beforehand
 ADMIN_KEY = admin_keys.derive(ROOT_KEY, "default", NAME)  # what the operator gives the pods
 LIVE_QUEUE_LEN = 50  # the CR's maxQueueLen; the servers start with the default
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -70,34 +50,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     model = tmp_path_factory.mktemp("e2e") / "demo"
     subprocess.run([sys.executable, "-m", "inflight.runtime.demo.model", str(model), "--size", "tiny"],
                    check=True, capture_output=True, timeout=120)
-    ports = [_free_port(), _free_port()]
-    logs = [pathlib.Path(model.parent / f"server-{i}.log").open("w") for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "inflight.runtime", "serve", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(port), "--served-model-name", "demo", "--num-kv-blocks", "64",
-             "--max-num-sequences", "4", "--drain-timeout", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "INFLIGHT_ADMIN_API_KEY": ADMIN_KEY},
-        )
-        for port, log in zip(ports, logs, strict=True)
-    ]
-    try:
-        deadline = time.monotonic() + 120
-        while not all(_ready(p) for p in ports):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(f"inflight serve did not become ready; logs in {model.parent}")
-            time.sleep(0.3)
+    args = ["--num-kv-blocks", "64", "--max-num-sequences", "4"]
+    with runtime_processes(model, model.parent, args, ADMIN_KEY) as ports:
         yield ports
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
-            if proc.poll() is None:
-                proc.kill()
-        for log in logs:
-            log.close()
 
 
 def _doc() -> dict[str, Any]:
@@ -139,18 +94,10 @@ async def _load_until(port: int, enough: asyncio.Event) -> list[int]:
 async def _kubelet(cluster: Cluster, ports: list[int], seen: dict[str, Any], stop: asyncio.Event) -> None:
     """Keep pod objects in line with the Deployment's replicas; record replicas and reasons seen."""
     while not stop.is_set():
-        deploy = await cluster.child("deployments", NAME)
+        replicas = await sync_pods(cluster, NAME, ports)
         cr = await cluster.cr(NAME)
-        if deploy is not None:
-            replicas = deploy["spec"].get("replicas", 0)
+        if replicas is not None:
             seen["replicas"].append(replicas)
-            for i, port in enumerate(ports):
-                pod_name = f"{NAME}-{i}"
-                exists = await cluster.get(f"{PODS}/{pod_name}") is not None
-                if i < replicas and not exists:
-                    await cluster.create(PODS, pod_object(pod_name, NAME, port))
-                elif i >= replicas and exists:
-                    await cluster.request("DELETE", f"{PODS}/{pod_name}")
         reason = ((cr or {}).get("status") or {}).get("lastDecisionReason")
         if reason and (not seen["reasons"] or seen["reasons"][-1] != reason):
             seen["reasons"].append(reason)

@@ -2,7 +2,7 @@
 queue depth do not see, with real ``inflight serve`` processes standing in for the pods.
 
 kmock is the API server and our kopf operator runs against it, as in test_e2e_autoscaling.py
-(whose kubelet loop and fixtures' shape this reuses). The runtimes run the simulated device
+(they share `runtime_pods.py`: the runtime processes and the kubelet round). The runtimes run the simulated device
 with a slow modelled prefill (``prefill_token_ms``) and a small step budget, so a few long
 prompts with ``max_tokens: 1`` build seconds of prefill backlog while KV usage stays low
 (the cache is large and the prompts leave as soon as they are prefilled) and at most a couple
@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,12 +27,12 @@ import aiohttp
 import pytest
 
 from inflight.operator import admin_keys
-from tests.operator.kmock_harness import OPERATOR_NAMESPACE, Cluster, pod_object, running_operator, wait_for
+from tests.operator.kmock_harness import OPERATOR_NAMESPACE, Cluster, running_operator, wait_for
+from tests.operator.runtime_pods import runtime_processes, sync_pods
 
 pytestmark = pytest.mark.slow
 
 NAME = "ttft-e2e"
-PODS = "/api/v1/namespaces/default/pods"
 ROOT_KEY = b"ttft-e2e-root-key-0123456789abcdef"
 ADMIN_KEY = admin_keys.derive(ROOT_KEY, "default", NAME)
 PROMPT_TOKENS = 800  # of the tiny demo model's 1024 positions
@@ -51,20 +46,6 @@ KV_TARGET = 0.8
 SIM_PROFILE = {"base_ms": 1.0, "decode_row_ms": 0.1, "prefill_token_ms": 2.0, "attention_ms_per_1k_context": 0.0}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     """Two runtime processes on the simulated device with a slow prefill; yields their ports."""
@@ -74,35 +55,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
                    check=True, capture_output=True, timeout=120)
     profile = root / "slow-prefill.json"
     profile.write_text(json.dumps(SIM_PROFILE))
-    ports = [_free_port(), _free_port()]
-    logs = [(root / f"server-{i}.log").open("w") for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "inflight.runtime", "serve", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(port), "--served-model-name", "demo", "--device", "sim", "--sim-profile", str(profile),
-             "--num-kv-blocks", "1024", "--max-num-sequences", "8", "--max-num-batched-tokens", "256",
-             "--enable-chunked-context", "--no-enable-prefix-caching", "--drain-timeout", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "INFLIGHT_ADMIN_API_KEY": ADMIN_KEY},
-        )
-        for port, log in zip(ports, logs, strict=True)
-    ]
-    try:
-        deadline = time.monotonic() + 120
-        while not all(_ready(p) for p in ports):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(f"inflight serve did not become ready; logs in {root}")
-            time.sleep(0.3)
+    args = ["--device", "sim", "--sim-profile", str(profile), "--num-kv-blocks", "1024", "--max-num-sequences", "8",
+            "--max-num-batched-tokens", "256", "--enable-chunked-context", "--no-enable-prefix-caching"]
+    with runtime_processes(model, root, args, ADMIN_KEY) as ports:
         yield ports
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
-            if proc.poll() is None:
-                proc.kill()
-        for log in logs:
-            log.close()
 
 
 def _doc(ttft_target: float | None) -> dict[str, Any]:
@@ -149,18 +105,10 @@ async def _kubelet(cluster: Cluster, ports: list[int], seen: dict[str, Any], sto
     """Keep pod objects in line with the Deployment's replicas; record replicas and the
     decisions the status shows (message with the KV usage and queue depth it saw)."""
     while not stop.is_set():
-        deploy = await cluster.child("deployments", NAME)
+        replicas = await sync_pods(cluster, NAME, ports)
         cr = await cluster.cr(NAME)
-        if deploy is not None:
-            replicas = deploy["spec"].get("replicas", 0)
+        if replicas is not None:
             seen["replicas"].append(replicas)
-            for i, port in enumerate(ports):
-                pod_name = f"{NAME}-{i}"
-                exists = await cluster.get(f"{PODS}/{pod_name}") is not None
-                if i < replicas and not exists:
-                    await cluster.create(PODS, pod_object(pod_name, NAME, port))
-                elif i >= replicas and exists:
-                    await cluster.request("DELETE", f"{PODS}/{pod_name}")
         status = (cr or {}).get("status") or {}
         message = status.get("lastDecisionMessage")
         if message and (not seen["decisions"] or seen["decisions"][-1][1] != message):
