@@ -73,6 +73,10 @@ class OperatorConfig:
             liveness_port=int(port),
             lease_seconds=env_vars.read_float("INFLIGHT_OPERATOR_LEASE_SECONDS", env),  # type: ignore[arg-type]
             root_secret=env_vars.read_str("INFLIGHT_OPERATOR_ROOT_SECRET", env) or "",
+            api_timeout_seconds=env_vars.read_float("INFLIGHT_OPERATOR_API_TIMEOUT_SECONDS", env),  # type: ignore[arg-type]
+            retry_base_seconds=env_vars.read_float("INFLIGHT_OPERATOR_RETRY_BASE_SECONDS", env),  # type: ignore[arg-type]
+            retry_max_seconds=env_vars.read_float("INFLIGHT_OPERATOR_RETRY_MAX_SECONDS", env),  # type: ignore[arg-type]
+            full_check_every_ticks=env_vars.read_int("INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS", env),  # type: ignore[arg-type]
         )
 
 

@@ -143,6 +143,12 @@ def test_operator_config_from_env() -> None:
         OperatorConfig.from_env({"INFLIGHT_OPERATOR_TICK_SECONDS": "soon"})
     with pytest.raises(ValueError, match="tick_seconds must be a number > 0"):
         OperatorConfig(tick_seconds=0)
+    refusals = OperatorConfig.from_env({"INFLIGHT_OPERATOR_API_TIMEOUT_SECONDS": "10", "INFLIGHT_OPERATOR_RETRY_BASE_SECONDS": "1",
+                                        "INFLIGHT_OPERATOR_RETRY_MAX_SECONDS": "60", "INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS": "2"})
+    assert (refusals.api_timeout_seconds, refusals.retry_base_seconds, refusals.retry_max_seconds,
+            refusals.full_check_every_ticks) == (10.0, 1.0, 60.0, 2)
+    with pytest.raises(ValueError, match="full_check_every_ticks must be an integer >= 1"):
+        OperatorConfig.from_env({"INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS": "0"})
 
 
 @pytest.mark.parametrize(
