@@ -84,17 +84,17 @@ class LLMEngine:
         self.kv = KVCacheManager(self.pool, config.block_size,  # a draft model reads the same blocks
                                  release_window(runner.spec, *([drafter.spec] if drafter else [])))
         self.scheduler = Scheduler(self.config, self.kv)
+        self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
         self.sampler = runner.new_sampler() if isinstance(runner, SimRunner) else Sampler(runner.device)
         self.output_processor = OutputProcessor(
-            self.eos_token_ids, self.max_model_len, self._remove, count_tenants=config.scheduler_policy == "fair",
-            metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
+            self.eos_token_ids, self.max_model_len, self.prefill.remover(self.scheduler.remove),
+            count_tenants=config.scheduler_policy == "fair", metrics_tenants=parse_metrics_tenants(config.metrics_tenants),
         )
         self._arrivals = 0
         self._num_tokens_last_step = 0
         self._num_steps = 0
         self._spec = SpecStats()
-        self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
         self.pipeline = StepPipeline(self) if config.async_scheduling_on and self.pooling is None else None
 
@@ -205,10 +205,6 @@ class LLMEngine:
         self.output_processor.add(req, generator, matcher)
         self.scheduler.add(req)
         self.prefill.added(req)
-
-    def _remove(self, req: Request) -> None:  # a request finished or was aborted
-        self.prefill.removed(req)
-        self.scheduler.remove(req)
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
         self.parked.discard(req_id)

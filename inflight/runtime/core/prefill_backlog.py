@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from inflight.runtime.core.request import Request
 
@@ -65,6 +65,16 @@ class PrefillBacklog:
         self._waiting_tokens -= self._waiting.pop(req, 0)
         if req.num_tokens - req.num_computed_tokens > 1:
             self._prefilling[req] = req.num_computed_tokens
+
+    def remover(self, then: Callable[[Request], None]) -> Callable[[Request], None]:
+        """The hook for a request that finished or was aborted: out of the backlog, then ``then``
+        (the scheduler's remove). A closure over this object, not the engine, so the engine and
+        its output processor hold no cycle and a closed engine frees its runner by reference
+        counting alone (tests/runtime/test_runner_release.py)."""
+        def remove(req: Request) -> None:
+            self.removed(req)
+            then(req)
+        return remove
 
     def scheduled(self, preempted: Iterable[Request], admitted: Iterable[Request]) -> None:
         """A schedule preempted these requests (back to waiting, to be computed again) and admitted those."""
