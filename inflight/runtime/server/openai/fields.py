@@ -10,6 +10,7 @@ about what the fields mean.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from inflight.runtime.sampling_params import brief
@@ -117,3 +118,14 @@ def get_str(obj: dict[str, Any], name: str) -> str | None:
     if not isinstance(value, str):
         raise bad_request(f"'{name}' must be a string (got {brief(value)})", name)
     return value
+
+
+# The sampling fields read straight into SamplingParams (those a request leaves out keep its
+# defaults); max_tokens, stop, stop_token_ids, logit_bias and the logprob counts are read apart.
+SAMPLING_READERS: dict[str, Callable[[dict[str, Any], str], object]] = {
+    "temperature": get_number, "top_p": get_number, "min_p": get_number,
+    "presence_penalty": get_number, "frequency_penalty": get_number, "repetition_penalty": get_number,
+    "top_k": lambda obj, name: get_int(obj, name, -1), "seed": get_int,
+    "min_tokens": lambda obj, name: get_int(obj, name, 0), "ignore_eos": get_bool,
+    "skip_special_tokens": get_bool,
+}

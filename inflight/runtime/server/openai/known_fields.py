@@ -29,7 +29,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from inflight.runtime.server.errors import bad_request
-from inflight.runtime.server.openai.fields import ACCEPTED_HARMLESS, UNSUPPORTED_UNLESS_OFF
+from inflight.runtime.server.openai.fields import ACCEPTED_HARMLESS, SAMPLING_READERS, UNSUPPORTED_UNLESS_OFF
 
 IGNORED_FIELDS_HEADER = "x-inflight-ignored-fields"
 IGNORED_FIELDS = web.RequestKey("inflight_ignored_fields", tuple)
@@ -49,8 +49,7 @@ class Shape:
     items: Mapping[str, Shape] = field(default_factory=dict)
 
 
-_SAMPLING = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-             "top_k", "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "max_tokens", "stop", "stop_token_ids", "logit_bias")
+_SAMPLING = (*SAMPLING_READERS, "max_tokens", "stop", "stop_token_ids", "logit_bias")
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 COMMON_FIELDS = frozenset((
     "model", "stream", "stream_options", "n", "priority", "user", "cache_salt", "prompt_logprobs",

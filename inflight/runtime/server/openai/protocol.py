@@ -11,7 +11,6 @@ Knows nothing about tokenizers, the engine or HTTP transport: the handlers encod
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,7 @@ from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
-from inflight.runtime.server.openai.fields import get_bool, get_int, get_number, get_str, refuse_unsupported
+from inflight.runtime.server.openai.fields import SAMPLING_READERS, get_bool, get_int, get_str, refuse_unsupported
 from inflight.runtime.server.openai.known_fields import CHAT_SHAPE, COMPLETION_SHAPE, check_known
 from inflight.runtime.server.openai.request_features import (
     RequestFeatures,
@@ -37,15 +36,6 @@ DEFAULT_COMPLETION_MAX_TOKENS = next(f.default for f in dataclasses.fields(Sampl
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 Prompt = str | tuple[int, ...]
-# The sampling fields read straight into SamplingParams (those a request leaves out keep its
-# defaults); max_tokens, stop, stop_token_ids and the logprob counts are read apart.
-_SAMPLING_FIELDS: dict[str, Callable[[dict[str, Any], str], object]] = {
-    "temperature": get_number, "top_p": get_number, "min_p": get_number,
-    "presence_penalty": get_number, "frequency_penalty": get_number, "repetition_penalty": get_number,
-    "top_k": lambda obj, name: get_int(obj, name, -1), "seed": get_int,
-    "min_tokens": lambda obj, name: get_int(obj, name, 0), "ignore_eos": get_bool,
-    "skip_special_tokens": get_bool,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +166,7 @@ def _sampling_params(
     if features.structured is not None and obj.get("min_tokens"):
         raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
                           "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
-    kwargs: dict[str, Any] = {name: value for name, read in _SAMPLING_FIELDS.items()
+    kwargs: dict[str, Any] = {name: value for name, read in SAMPLING_READERS.items()
                               if (value := read(obj, name)) is not None}  # the rest: SamplingParams' defaults
     if max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
