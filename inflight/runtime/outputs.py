@@ -119,6 +119,8 @@ class RequestOutput:
     # A pooling engine's answer, on the request's one (finished) output: the pooled vector (or a
     # classifier's logits) as little-endian float32 bytes, before any normalization.
     pooled: bytes | None = None
+    # With finish_reason "stop" at a stop string: that string (vLLM's stop_reason); None otherwise.
+    stop_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

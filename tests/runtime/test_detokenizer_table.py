@@ -89,3 +89,17 @@ def test_eos_is_never_text_and_a_broken_character_is_flushed_at_the_end(tokenize
     assert not stopped and "<eos>" not in full
     assert full.startswith("ok ") and "".join(deltas) == full
     assert full.endswith("\ufffd")  # the stray bytes show as a replacement character, once, at the end
+
+
+@pytest.mark.parametrize(("text", "stop", "hit"), [
+    ("two stops: xx then yy", ("yy", "xx"), "xx"),  # the earliest in the text, not the first listed
+    ("price 世界 then more", ("more", "世界"), "世界"),
+    ("no stop here", ("STOP",), None),
+])
+def test_the_stop_string_that_ended_the_text_is_named(tokenizer, text: str, stop: tuple[str, ...],
+                                                      hit: str | None) -> None:
+    detok = IncrementalDetokenizer(tokenizer, stop, frozenset({EOS}))
+    for token_id in _ids(tokenizer, text):
+        if detok.append(token_id):
+            break
+    assert detok.stop_hit == hit

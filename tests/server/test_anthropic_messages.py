@@ -196,7 +196,7 @@ def test_unsent_sampling_fields_take_the_model_defaults(demo_model_dir: Path) ->
 
 
 def test_thinking_and_auto_calls_render_as_blocks() -> None:
-    renderer = MessagesRenderer(MODEL_NAME, (), lambda ids: "")
+    renderer = MessagesRenderer(MODEL_NAME, ())
     chat = {"usage": {"prompt_tokens": 3, "completion_tokens": 5}, "choices": [{
         "finish_reason": "tool_calls", "message": {"content": "ok", "reasoning_content": "hmm", "tool_calls": [
             {"id": "call_1", "function": {"name": "f", "arguments": '{"a": 1}'}}]}}]}
@@ -246,7 +246,7 @@ def test_failures_keep_the_anthropic_shape(server: LiveServer) -> None:
     assert reply.json()["type"] == "error" and "JSON" in reply.json()["error"]["message"]
     missing = http("POST", f"{server.url}/v1/messages/nope", {})
     assert missing.status == 404 and missing.json()["error"]["type"] == "not_found_error"
-    stream = MessagesRenderer(MODEL_NAME, (), lambda ids: "").stream({}, 1)
+    stream = MessagesRenderer(MODEL_NAME, ()).stream({}, 1)
     event = stream.failure(APIError(503, "the engine has stopped", "service_unavailable_error"))
     name, data = event.decode().strip().split("\n")
     assert name == "event: error" and json.loads(data.removeprefix("data: ")) == {

@@ -44,6 +44,7 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.emitted = 0
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text (the earliest in it)
         self.skip_special_tokens = skip_special_tokens
         self._decode_ids = _backend_decoder(tokenizer, skip_special_tokens) or self._decode_slow
         self._backend = stream
@@ -86,10 +87,11 @@ class IncrementalDetokenizer:
         if not self.stop:
             return False
         start = max(0, old_len - self.max_stop_len + 1)
-        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        cut, self.stop_hit = min(hits)
+        self.text = self.text[:cut]
         self.stopped = True
         return True
 

@@ -101,7 +101,7 @@ class OutputText:
                 del requests[req_id]
                 stopped.append(req_id)
                 done.append(RequestOutput(req_id, token_ids, detok.take_delta(True), True, "stop", num_prompt,
-                                          state.num_output_tokens, num_cached))  # fmt: skip
+                                          state.num_output_tokens, num_cached, stop_reason=detok.stop_hit))  # fmt: skip
                 continue
             if extra is None:  # a running request's next tokens (several: speculative decoding)
                 out, stop_here = self._row(state, req_id, token_ids, num_prompt, num_cached, False, None, None,
@@ -129,7 +129,7 @@ class OutputText:
             logprobs = logprobs[:kept] if logprobs is not None else None
         return RequestOutput(req_id, token_ids, text, finished or stop_here, reason, num_prompt,
                              state.num_output_tokens, num_cached, logprobs, times, prompt_logprobs,
-                             error, pooled), stop_here and not finished  # fmt: skip
+                             error, pooled, state.detok.stop_hit if stop_here else None), stop_here and not finished  # fmt: skip
 
     def _advance(self, state: _Text, req_id: str, token_ids: tuple[int, ...], finished: bool) -> tuple[str, int, bool]:
         """Feed a row's tokens: (its text delta, how many tokens it keeps, whether a stop string

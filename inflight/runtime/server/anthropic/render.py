@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from inflight.runtime.server.errors import APIError
@@ -36,15 +36,14 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 class MessagesRenderer:
-    """One /v1/messages request's rendering. ``decode``: token ids to text (which of
-    ``stop_sequences`` ended the answer is read from its last tokens)."""
+    """One /v1/messages request's rendering (which of ``stop_sequences`` ended the answer is the
+    choice's ``stop_reason``, the stop string the text path cut it at)."""
 
     endpoint = "messages"
 
-    def __init__(self, model: str, stop_sequences: Sequence[str], decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, model: str, stop_sequences: Sequence[str]) -> None:
         self.model = model
         self.stop_sequences = tuple(stop_sequences)
-        self.decode = decode
         self.message_id = f"msg_{secrets.token_hex(12)}"
 
     def stop(self, finish_reason: str | None, choices: Sequence[Any]) -> tuple[str, str | None]:
@@ -53,11 +52,8 @@ class MessagesRenderer:
             return "tool_use", None
         if finish_reason == "length":
             return "max_tokens", None
-        if finish_reason == "stop" and self.stop_sequences and choices:
-            tail = self.decode(list(choices[0].tail_token_ids))
-            found = [(tail.rfind(s), s) for s in self.stop_sequences if s in tail]
-            if found:
-                return "stop_sequence", max(found)[1]
+        if finish_reason == "stop" and choices and choices[0].stop_reason in self.stop_sequences:
+            return "stop_sequence", choices[0].stop_reason
         return "end_turn", None
 
     def body(self, chat_body: dict[str, Any], choices: Sequence[Any] = ()) -> dict[str, Any]:

@@ -32,9 +32,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     body, size = await openai_api.read_body(request)
     chat, ignored = translate(body, state.settings.request_policy.reject_unknown_fields)
     record_ignored(request, ignored)
-    tokenizer = state.engine.engine.tokenizer
-    renderer = MessagesRenderer(state.settings.model_name, chat.get("stop", ()),
-                                lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+    renderer = MessagesRenderer(state.settings.model_name, chat.get("stop", ()))
     return await openai_api.run_chat(request, chat, size, "msg", renderer)
 
 

@@ -17,7 +17,6 @@ from inflight.runtime.outputs import RequestOutput, RequestTimes, TokenLogprob
 from inflight.runtime.server.openai.chat_output import ChatOutputPlan, build_message
 
 TokenText = Callable[[int], str]
-TAIL_TOKENS = 16  # output ids a choice keeps at its end: enough to hold any stop string it ended at
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this
 
 
@@ -41,11 +40,11 @@ class ChoiceState:
         self.times: RequestTimes | None = None
         self.last_token_at: float | None = None  # time.monotonic() of the latest delta
         self.prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.., when asked
-        self.tail_token_ids: tuple[int, ...] = ()  # the last TAIL_TOKENS output ids (which stop string ended it)
+        self.stop_reason: str | None = None  # the stop string that ended it (RequestOutput.stop_reason)
 
     def add(self, out: RequestOutput) -> None:
-        if out.new_token_ids:
-            self.tail_token_ids = (self.tail_token_ids + tuple(out.new_token_ids))[-TAIL_TOKENS:]
+        if out.stop_reason is not None:
+            self.stop_reason = out.stop_reason
         self.text_parts.append(out.new_text)
         self.num_chars += len(out.new_text)
         if out.new_logprobs:
