@@ -100,6 +100,11 @@ VARIABLES: tuple[EnvVar, ...] = (
            "the longest wait between retries of a refused apply"),
     EnvVar("INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS", int, 6, (f"{_OP}.context",),
            "every Nth tick reads every child and the namespace's HPAs; the others read the Deployment only"),
+    EnvVar("INFLIGHT_OPERATOR_ACTIVATOR_URL", str, "", (f"{_OP}.context",),
+           "the chart's activator (minReplicas: 0 holds requests there); empty: none, never scale to 0"),
+    EnvVar("INFLIGHT_OPERATOR_MAX_CONCURRENT_ROLLOUTS", str, "1", (f"{_OP}.context",),
+           "pod-template changes the operator causes (its version, the runtime image default, a new root key) "
+           "roll this many models at a time; manual: each waits for inflight.dev/rollout=approved; unlimited"),
     EnvVar("INFLIGHT_OPERATOR_LIVENESS_PORT", int, 0, (f"{_OP}.context",),
            "kopf's liveness port, answered while standing by (0: off)"),
     EnvVar("INFLIGHT_OPERATOR_ROOT_SECRET", str, "inflight-operator-root-key", (f"{_OP}.context",),

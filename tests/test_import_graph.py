@@ -167,6 +167,11 @@ NEVER = {
     "distributed": {"core", "spec_decode", "engine_core", "server", "cli", "demo"},
     "engine_core": {"server", "cli", "demo"},
     "server": {"cli", "demo"},
+    # LoRA adapters: files, host copies, device slots; reads the model's shapes, drives nothing above
+    "lora": {"core", "worker", "spec_decode", "structured", "distributed", "engine_core", "server", "cli", "demo"},
+    # KV events: what the block pool tells a router; the core drives it, it drives nothing
+    "kv_events": {"core", "worker", "spec_decode", "model", "structured", "distributed", "engine_core", "server",
+                  "cli", "demo"},
 }
 
 

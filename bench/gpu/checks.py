@@ -185,6 +185,29 @@ def _check_intq_linear(ops: KernelOps, dtype: torch.dtype, device: str) -> Check
     return _compare("intq_linear(ct)", torch.cat(got), torch.cat(expected), dtype)
 
 
+def _check_lora(ops: KernelOps, dtype: torch.dtype, device: str) -> CheckResult:
+    """Multi-LoRA deltas of 8 adapters (rank 64, the lower ranks padded with zeros) plus rows
+    with none, into a column slice of a fused qkv output: a mixed step and a decode step."""
+    from inflight.kernels import lora_reference
+
+    in_features, q_features, width = 4096, 4096, 4096 + 2 * 1024
+    a = torch.randn(8, 64, in_features, device=device, dtype=dtype) * in_features**-0.5
+    b = torch.randn(8, q_features, 64, device=device, dtype=dtype) * 0.125
+    for s, rank in enumerate((8, 16, 16, 32, 64, 64, 8, 16)):
+        a[s, rank:], b[s, :, rank:] = 0, 0
+    got, expected = [], []
+    for num_rows in (300, 5):
+        x = torch.randn(num_rows, in_features, device=device, dtype=dtype)
+        slots = torch.randint(-1, 8, (num_rows,), device=device, dtype=torch.int32)
+        fused = torch.randn(num_rows, width, device=device, dtype=dtype)
+        ref = fused.clone()
+        ops.lora_delta(x, a, b, slots, fused[:, :q_features])
+        lora_reference.lora_delta(x, a, b, slots, ref[:, :q_features])
+        got.append(fused)
+        expected.append(ref)
+    return _compare("lora_delta", torch.cat(got), torch.cat(expected), dtype)
+
+
 CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_store,
     _check_decode,
@@ -194,6 +217,7 @@ CHECKS: tuple[Callable[[KernelOps, torch.dtype, str], CheckResult], ...] = (
     _check_silu_and_mul,
     _check_quant_linear,
     _check_intq_linear,
+    _check_lora,
 )
 
 

@@ -18,7 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-FLOAT_ARGS = ("qk_scale", "eps")
+FLOAT_ARGS = ("qk_scale", "eps", "k_inv", "v_inv", "k_scale", "v_scale")
+# fp8 (e4m3) KV caches: the kernels' constexprs (inflight/kernels/triton_fp8.py) and a float cache's
+FP8_KV = {"KV_FP8": True, "MANT": 3, "BIAS": 7, "SUB_STEP": 2.0**-9}
+FLOAT_KV = {"KV_FP8": False, "MANT": 0, "BIAS": 0, "SUB_STEP": 0.0}
+FP8_STORE = {"KV_FP8": True, "MANT": 3, "BIAS": 7, "MAX_VALUE": 448.0, "MIN_NORMAL": 2.0**-6, "SUB_INV": 2.0**9}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,11 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
     return [
         KernelSpec("store_kv", kv._store_kv_kernel,
                    {"key_ptr": p, "value_ptr": p, **cache, "slot_ptr": "*i64"},
-                   {"BLOCK_SIZE": block_size, "BLOCK_H": 8, "BLOCK_D": head_dim}),
+                   {"BLOCK_SIZE": block_size, "BLOCK_H": 8, "BLOCK_D": head_dim, "KV_FP8": False, "MANT": 0,
+                    "BIAS": 0, "MAX_VALUE": 0.0, "MIN_NORMAL": 0.0, "SUB_INV": 0.0}),
+        KernelSpec("store_kv_fp8", kv._store_kv_kernel,
+                   {"key_ptr": p, "value_ptr": p, "k_cache_ptr": "*u8", "v_cache_ptr": "*u8", "slot_ptr": "*i64"},
+                   {"BLOCK_SIZE": block_size, "BLOCK_H": 8, "BLOCK_D": head_dim, **FP8_STORE}),
         *_attention_specs(dtype, head_dim, block_size),
         KernelSpec("rms_norm", nr._rms_norm_kernel,
                    {"x_ptr": p, "residual_ptr": p, "weight_ptr": p, "out_ptr": p,
@@ -62,6 +70,7 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
                    {"BLOCK": act.BLOCK}),
         *_quant_specs(dtype),
         *_intq_specs(dtype),
+        *_lora_specs(dtype),
     ]  # fmt: skip
 
 
@@ -117,6 +126,28 @@ def _intq_specs(dtype: str) -> list[KernelSpec]:
     return specs
 
 
+def _lora_specs(dtype: str) -> list[KernelSpec]:
+    """The multi-LoRA shrink and expand (8 slots of rank 16 on a 4096 -> 4096 projection, the
+    output a column slice of a fused qkv output), unit strides specialized as Triton's launcher does."""
+    from inflight.kernels import triton_lora as tl_lora
+
+    p = f"*{dtype}"
+    common = {"NUM_SLOTS": 8, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False,
+              "BLOCK_M": tl_lora.BLOCK_M, "BLOCK_R": 16}
+    ragged = ("num_tokens",)
+    return [
+        KernelSpec("lora_shrink", tl_lora._shrink_kernel,
+                   {"x_ptr": p, "a_ptr": p, "shrunk_ptr": "*fp32", "sorted_rows_ptr": "*i32",
+                    "block_slot_ptr": "*i32"},
+                   {**common, "stride_xk": 1, "stride_ak": 1, "BLOCK_K": tl_lora.BLOCK_K}, unaligned=ragged),
+        KernelSpec("lora_expand", tl_lora._expand_kernel,
+                   {"shrunk_ptr": "*fp32", "b_ptr": p, "out_ptr": p, "sorted_rows_ptr": "*i32",
+                    "block_slot_ptr": "*i32"},
+                   {**common, "stride_br": 1, "stride_on": 1, "BLOCK_N": tl_lora.BLOCK_N, "SPLIT_K": 4},
+                   unaligned=ragged),
+    ]  # fmt: skip
+
+
 def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelSpec]:
     """Decode (split and direct), its merge, and prefill, with the planners' tile sizes."""
     from inflight.kernels import triton_decode_attention as dec
@@ -131,6 +162,7 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
         "BLOCK_SIZE": block_size,
         "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
         "DOT_UPCAST": False,
+        **FLOAT_KV,
     }
     ragged = ("num_seqs", "num_heads", "num_splits", "split_size", "num_tokens", "window")
     paged = {
@@ -143,6 +175,7 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
         "sinks_ptr": "*fp32",
     }
     decode_ptrs = {**paged, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"}
+    fp8_cache = {"k_cache_ptr": "*u8", "v_cache_ptr": "*u8"}
     return [
         *(KernelSpec(name, dec._decode_split_kernel, decode_ptrs,
                      {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct, "HAS_SINKS": False},
@@ -153,6 +186,12 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
                    {"BLOCK_P": 8, "BLOCK_D": head_dim, "HAS_SINKS": False}, num_warps=2, unaligned=ragged),
         KernelSpec("prefill", pf._prefill_kernel, {**paged, "query_start_loc_ptr": "*i32"},
                    {**attn, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n, "HAS_SINKS": False},
+                   prefill.num_warps, prefill.num_stages, unaligned=ragged),
+        KernelSpec("decode_fp8", dec._decode_split_kernel, {**decode_ptrs, **fp8_cache},
+                   {**attn, **FP8_KV, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": False, "HAS_SINKS": False},
+                   decode.num_warps, decode.num_stages, unaligned=ragged),
+        KernelSpec("prefill_fp8", pf._prefill_kernel, {**paged, **fp8_cache, "query_start_loc_ptr": "*i32"},
+                   {**attn, **FP8_KV, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n, "HAS_SINKS": False},
                    prefill.num_warps, prefill.num_stages, unaligned=ragged),
     ]  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 Owns the layout only: the step table first, the issue's targets (met or MISSED), then each
 step's tables (kernel checks, decode
-attention bandwidth, engine step vs roofline, the served burst) where the step produced them.
+attention bandwidth, the multi-LoRA delta's times, engine step vs roofline, the served burst) where the step produced them.
 Knows nothing about how anything was measured.
 """
 
@@ -44,6 +44,20 @@ def _decode(data: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"| {r['batch']} | {r['context']} | {r['splits']} | {1e3 * r['ms']:.1f} | "
                      f"{r['gb_per_s']:.0f} | {100 * r['fraction_of_copy']:.1f}% |")  # fmt: skip
+    return lines
+
+
+def _lora(data: dict[str, Any]) -> list[str]:
+    if not data.get("lora"):
+        return []
+    lines = ["", "### Multi-LoRA delta (adapters round-robin over the rows) vs its reference and the base GEMM", "",
+             "| tokens | triton us | reference us | base GEMM us | triton / base |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in data.get("lora", []):
+        if r.get("error"):
+            lines.append(f"| {r['num_tokens']} | FAILED: {str(r['error']).replace('|', chr(92) + '|')} | | | |")
+            continue
+        lines.append(f"| {r['num_tokens']} | {1e3 * r['triton_ms']:.1f} | {1e3 * r['reference_ms']:.1f} | "
+                     f"{1e3 * r['base_ms']:.1f} | {r['triton_ms'] / r['base_ms']:.2f} |")  # fmt: skip
     return lines
 
 
@@ -108,7 +122,7 @@ def _burst_line(data: dict[str, Any]) -> list[str]:
             f"({data.get('busy_samples', 0)} NVML samples), {data['num_errors']} errors."]  # fmt: skip
 
 
-SECTIONS = {"kernel bench": (_checks, _decode), "engine step": (_engine, _breakdown), "served burst": (_burst,)}
+SECTIONS = {"kernel bench": (_checks, _decode, _lora), "engine step": (_engine, _breakdown), "served burst": (_burst,)}
 
 
 def _targets(payload: dict[str, Any]) -> list[str]:

@@ -46,12 +46,13 @@ def fit_profile(report: dict[str, Any]) -> tuple[dict[str, float], str]:
     slope = (net(hi) - net(lo)) / (hi - lo)
     base = net(lo) - slope * lo
     profile = {"base_ms": max(0.0, base), "decode_row_ms": max(0.0, slope),
-               "prefill_token_ms": SimProfile().prefill_token_ms, "attention_ms_per_1k_context": att_per_1k}  # fmt: skip
+               "prefill_token_ms": SimProfile().prefill_token_ms, "attention_ms_per_1k_context": att_per_1k,
+               "host_copy_gb_per_s": SimProfile().host_copy_gb_per_s}  # fmt: skip
     how = (f"{mode} decode steps at batch {lo} ({by_batch[lo]['step_ms']:.2f} ms) and {hi} "
            f"({by_batch[hi]['step_ms']:.2f} ms), attention "
            + (f"{kv_per_token / 1024:.1f} KiB/token at {100 * ATTENTION_FRACTION_OF_COPY:.0f}% of {copy:.0f} GB/s"
               if kv_per_token else "not priced (no copy bandwidth)")
-           + ", prefill_token_ms the default")  # fmt: skip
+           + ", prefill_token_ms and host_copy_gb_per_s the defaults")  # fmt: skip
     return profile, how
 
 

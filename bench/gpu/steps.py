@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTEST_WORKERS = 4  # pytest-xdist workers sharing the one GPU, where xdist is installed
 COMPILE_DTYPES = ("bf16",)  # what the engine runs on a GPU; --compile-dtypes bf16,fp16,fp32 for all
 GPU_TESTS = ["-m", "gpu", "tests/kernels", "tests/runtime/test_engine_matches_transformers.py",
-             "tests/runtime/test_decode_graphs.py"]  # fmt: skip
+             "tests/runtime/test_decode_graphs.py", "tests/engine/test_host_tier_engine.py"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ int inflight_decode_attention_block_f32(
             if (failed) continue;
             attend_sequence(out + s * q_size, k_cache, v_cache, block_tables + s * max_blocks, context_lens[s],
                             window, out + s * q_size, num_heads, num_kv_heads, head_dim, block_size, scale, sinks,
-                            acc, m, p);
+                            acc, m, p, (kv8_t){0});
         }
         free(acc);
         free(m);

@@ -15,7 +15,9 @@
  * reading q/k/v from the fused projection's rows) replaces ~20 Python-level calls per layer with
  * one, which matters most in the CPU decode lanes, where each call may wait for the GIL;
  * the few-row linear streams weights that library GEMMs read slowly when only a few rows
- * multiply them.
+ * multiply them. fp8 KV caches (inflight/kernels/fp8_kv.py): the store encodes bytes
+ * (fp8_encode, bit-exact with torch's cast of the clamped value), decode attention decodes each
+ * block's rows through a 256-entry table into a float scratch and runs the float code on them.
  */
 #include <math.h>
 #include <stdint.h>
@@ -145,13 +147,28 @@ static inline __attribute__((always_inline)) float softmax_normalizer(float m, f
     return l > 0.0f ? keep / l : 0.0f;
 }
 
+/* An fp8 cache (kv8.k NULL: float caches): bytes in the layout of the float caches, decoded
+ * through 256-entry tables that already hold byte value * the layer's scale; each block's
+ * rows are decoded into the float scratch kf/vf [block_size, num_kv_heads, head_dim] and read
+ * from there by the float code, so both paths share every line of the softmax. */
+typedef struct {
+    const uint8_t *k, *v;
+    const float *k_lut, *v_lut;
+    float *kf, *vf;
+} kv8_t;
+
+static inline __attribute__((always_inline)) void kv8_decode_rows(const uint8_t *src, const float *lut, float *dst,
+                                                                  int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = lut[src[i]];
+}
+
 /* One sequence (see above). Scratch: acc [num_heads, head_dim], m, l and mb [num_heads],
  * p [num_heads, block_size + TILE]. */
 static inline __attribute__((always_inline)) void decode_sequence(
     const float *qs, const float *k_cache, const float *v_cache, const int32_t *table,
     int64_t ctx, int64_t first, float *o, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, int64_t block_size, float scale, const float *sinks, float *acc, float *m,
-    float *l, float *mb, float *p) {
+    float *l, float *mb, float *p, kv8_t kv8) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t tok_stride = num_kv_heads * head_dim;
     const int64_t blk_stride = block_size * tok_stride;
@@ -167,9 +184,17 @@ static inline __attribute__((always_inline)) void decode_sequence(
     for (int64_t b = first / block_size; b * block_size < ctx; ++b) {
         const int64_t n = ctx - b * block_size < block_size ? ctx - b * block_size : block_size;
         const int64_t t0 = first > b * block_size ? first - b * block_size : 0;
-        const float *kb = k_cache + (int64_t)table[b] * blk_stride;
-        const float *vb = v_cache + (int64_t)table[b] * blk_stride;
-        const float *nk = (b + 1) * block_size < ctx ? k_cache + (int64_t)table[b + 1] * blk_stride : NULL;
+        const float *kb, *vb, *nk;
+        if (kv8.k != NULL) {  /* fp8: this block's rows decoded into the scratch */
+            const int64_t off = (int64_t)table[b] * blk_stride;
+            kv8_decode_rows(kv8.k + off, kv8.k_lut, kv8.kf, t0 * tok_stride, n * tok_stride);
+            kv8_decode_rows(kv8.v + off, kv8.v_lut, kv8.vf, t0 * tok_stride, n * tok_stride);
+            kb = kv8.kf, vb = kv8.vf, nk = NULL;
+        } else {
+            kb = k_cache + (int64_t)table[b] * blk_stride;
+            vb = v_cache + (int64_t)table[b] * blk_stride;
+            nk = (b + 1) * block_size < ctx ? k_cache + (int64_t)table[b + 1] * blk_stride : NULL;
+        }
         for (int64_t h = 0; h < num_heads; ++h) mb[h] = -INFINITY;
         for (int64_t base = t0; base < n; base += TILE)
             tile_scores(qs, kb, vb, tok_stride, base, n - base < TILE ? n - base : TILE, num_heads, h_kv, head_dim,
@@ -205,11 +230,11 @@ static inline __attribute__((always_inline)) void decode_sequence(
 static inline __attribute__((always_inline)) void attend_sequence(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t ctx,
     int64_t window, float *o, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-    float scale, const float *sinks, float *acc, float *m, float *p) {
+    float scale, const float *sinks, float *acc, float *m, float *p, kv8_t kv8) {
     const int64_t first = window > 0 && ctx > window ? ctx - window : 0;
 #define SEQ(D)                                                                                          \
     decode_sequence(q, k_cache, v_cache, table, ctx, first, o, num_heads, num_kv_heads, D, block_size, \
-                    scale, sinks, acc, m, m + num_heads, m + 2 * num_heads, p)
+                    scale, sinks, acc, m, m + num_heads, m + 2 * num_heads, p, kv8)
     switch (head_dim) {
         case 32: SEQ(32); break;
         case 64: SEQ(64); break;
@@ -243,7 +268,7 @@ int inflight_paged_decode_attention_f32(
             if (failed) continue;
             attend_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks,
                             context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
-                            head_dim, block_size, scale, sinks, acc, m, p);
+                            head_dim, block_size, scale, sinks, acc, m, p, (kv8_t){0});
         }
         free(acc);
         free(m);
@@ -402,3 +427,4 @@ void inflight_small_m_linear_f32(
 #include "cpu_decode_block.h"  /* composes the kernels above: kept in its own file */
 #include "cpu_prefill_attention.h"  /* prompt chunks: tiled online softmax, softmax_normalizer above */
 #include "cpu_decode_stack.h"  /* a pure-decode step's whole layer stack: composes the block above */
+#include "cpu_fp8_kv.h"  /* fp8 KV caches: store, decode attention over them, block decoding for prefill */

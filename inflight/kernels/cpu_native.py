@@ -8,6 +8,8 @@ bigger matmuls), so results never depend on which one ran beyond float rounding.
 (:mod:`.cpu_packed`), at every row count (few-row products on the weight's float copy where it
 kept one);
 a pure-decode step's whole layer stack over such weights is one call (:mod:`.cpu_stack`).
+fp8 KV caches take the fp8 store and attention kernels (:mod:`.cpu_fp8_kv`), with the layer's
+``k_scale``/``v_scale``; the one-call block and stack read float caches only.
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) into
 ``kernels/`` under :func:`inflight.cache.cache_root`, keyed by the source and the headers it
@@ -36,8 +38,19 @@ from typing import Any
 import torch
 
 from inflight.cache import cache_root
-from inflight.kernels import cpu_linear, cpu_prefill, cpu_stack, decode_block, decode_stack, reference
+from inflight.kernels import (
+    cpu_fp8_kv,
+    cpu_linear,
+    cpu_prefill,
+    cpu_stack,
+    decode_block,
+    decode_stack,
+    fp8_kv,
+    lora_cpu,
+    reference,
+)
 from inflight.kernels.cpu_packed import cpuinfo_line
+from inflight.kernels.fp8_kv import Scale
 from inflight.kernels.ops import KernelOps
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -49,6 +62,11 @@ _SIGNATURES = {
     "inflight_paged_decode_attention_f32": (
         ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int, _i64, _ptr]),
     "inflight_store_kv_cache_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int]),
+    "inflight_paged_decode_attention_fp8": (
+        ctypes.c_int, [_ptr] * 8 + [_i64] * 6 + [_f32, _int, _i64, _ptr]),
+    "inflight_store_kv_cache_fp8": (
+        None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _f32, _int, _int, _f32, _int]),
+    "inflight_dequantize_fp8_blocks": (None, [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _int]),
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
@@ -147,7 +165,13 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    if fp8_kv.is_fp8(k_cache.dtype) or fp8_kv.is_fp8(v_cache.dtype):
+        return cpu_fp8_kv.decode_attention(_lib(), query, k_cache, v_cache, block_tables, context_lens, scale,
+                                             sliding_window, sinks, (k_scale, v_scale))  # fmt: skip
     return _decode_attention(_lib().inflight_paged_decode_attention_f32, query, k_cache, v_cache, block_tables,
                              context_lens, scale, sliding_window, sinks)
 
@@ -255,10 +279,23 @@ def store_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> None:
+    if fp8_kv.is_fp8(k_cache.dtype) and _rows_ok(key) and _rows_ok(value) and k_cache.dtype == v_cache.dtype \
+            and k_cache.is_contiguous() and v_cache.is_contiguous():
+        fmt = fp8_kv.FORMATS[k_cache.dtype]
+        slots = slot_mapping.to(torch.int64).contiguous()
+        _lib().inflight_store_kv_cache_fp8(
+            key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+            slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2], 1.0 / fp8_kv.scale_value(k_scale),
+            1.0 / fp8_kv.scale_value(v_scale), fmt.mantissa_bits, fmt.bias, fmt.max_value, torch.get_num_threads(),
+        )
+        return
     if not (_rows_ok(key) and _rows_ok(value) and k_cache.dtype == v_cache.dtype == torch.float32
             and k_cache.is_contiguous() and v_cache.is_contiguous()):
-        reference.store_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        reference.store_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
         return
     slots = slot_mapping.to(torch.int64).contiguous()
     _lib().inflight_store_kv_cache_f32(
@@ -328,6 +365,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
 
 paged_prefill_attention = cpu_prefill.bound_to(_lib)
 linear = cpu_linear.bound_to(_lib)
+lora_delta = lora_cpu.bound_to(compile_library)  # the multi-LoRA delta (issue 49)
 
 
 # The native bundle. The dispatcher hands it out only after load_library() succeeded.
@@ -343,4 +381,5 @@ CPU_OPS = KernelOps(
     graph_safe=True,
     decode_attention_block=decode_attention_block,
     decode_layer_stack=decode_layer_stack,
+    lora_delta=lora_delta,
 )

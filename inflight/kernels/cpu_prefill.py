@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from inflight.kernels import reference
+from inflight.kernels import cpu_fp8_kv, reference
+from inflight.kernels.fp8_kv import Scale, is_fp8
 
 _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
@@ -50,7 +51,18 @@ def bound_to(library: Callable[[], ctypes.CDLL]) -> Callable[..., torch.Tensor]:
         value: torch.Tensor | None = None,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,  # [num_heads] float32 logits
+        *,
+        k_scale: Scale = None,
+        v_scale: Scale = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        if cpu_fp8_kv.native_ok(query, k_cache, v_cache):  # the float kernel on the blocks decoded once
+            k_cache, v_cache, block_tables = cpu_fp8_kv.dequantized_blocks(
+                library(), k_cache, v_cache, block_tables, context_lens, (k_scale, v_scale))
+            key = value = None  # the float copies hold what attention must see (rounded through fp8)
+        elif is_fp8(k_cache.dtype) or is_fp8(v_cache.dtype):
+            return reference.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc,
+                                                     context_lens, scale, key, value, sliding_window, sinks,
+                                                     k_scale=k_scale, v_scale=v_scale)  # fmt: skip
         args = (query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
         if not native_layout(query, k_cache, v_cache):
             return reference.paged_prefill_attention(*args, key, value, sliding_window, sinks)

@@ -8,8 +8,8 @@ reshape: ~20 Python-level calls, each a chance for a CPU decode lane
 as one native call (:mod:`.cpu_native`); this module holds its torch reference (the
 specification: exactly the per-op reference kernels, in the decoder's order) and the two value
 types it takes. :class:`DecodeRows` is the step's per-token tensors in the dtypes and layouts
-the kernels read, converted once per step for every layer. Knows nothing about the model or
-the engine.
+the kernels read, converted once per step for every layer. Float KV caches only: an fp8 cache's
+steps run layer by layer (the decoder's path choice). Knows nothing about the model or the engine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.kernels import reference
+from inflight.kernels import fp8_kv, reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,8 @@ def decode_attention_block(
     """Each sequence's one token: q and k normed per head (when the layer has qk-norm) and
     rotated, k and v stored in the token's cache slot, then q attending to its context; the
     output is flat per token, ready for the output projection."""
+    if fp8_kv.is_fp8(kv_cache[0].dtype):  # no place for the layer's scales: the decoder never calls it so
+        raise ValueError("the one-call decode attention block reads float KV caches; an fp8 cache runs layer by layer")
     num_seqs = qkv.shape[0]
     q_size, kv_size = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

@@ -1,9 +1,9 @@
 """The kernel bundle type: ``KernelOps``, and ``TORCH_OPS``, the bundle of torch references.
 
-A leaf: imports only torch, :mod:`inflight.kernels.reference` and :mod:`.decode_block`, so the
-backends that build a bundle (:mod:`.cpu_native`, :mod:`.triton_ops`) and :mod:`.dispatch`,
-which picks one, all import it without importing each other. Knows nothing about which
-backend runs where.
+A leaf: imports only torch, :mod:`inflight.kernels.reference`, :mod:`.lora_reference` and
+:mod:`.decode_block`, so the backends that build a bundle (:mod:`.cpu_native`,
+:mod:`.triton_ops`) and :mod:`.dispatch`, which picks one, all import it without importing
+each other. Knows nothing about which backend runs where.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.kernels import decode_block, reference
+from inflight.kernels import decode_block, lora_reference, reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,11 @@ class KernelOps:
     # (:mod:`.decode_stack`), over MKL-packed dense layers; it answers None for a step it does
     # not take. None: the decoder runs its layers op by op.
     decode_layer_stack: Callable[..., torch.Tensor | None] | None = None
+    # Multi-LoRA: ``out[t] += (x[t] @ a[s].T) @ b[s].T`` for each row's adapter slot ``s``
+    # (-1: none), in place into a possibly strided ``out``. The torch reference (rows grouped
+    # by slot; reads the slots on the host) unless a bundle brings its own: the Triton bundle's
+    # never reads them on the host, so it runs inside a captured CUDA graph.
+    lora_delta: Callable[..., None] = lora_reference.lora_delta
 
 
 TORCH_OPS = KernelOps(

@@ -15,6 +15,11 @@ Shapes (all packed, no padding of tokens):
 * ``sinks``: ``None``, or ``[num_heads]`` float32 (gpt-oss): a learned logit per query head that
   joins each softmax's denominator with no value, ``softmax([scores, sink])[:-1] @ V``. It is a
   logit as is (the attention scale does not apply to it).
+* ``k_scale``/``v_scale`` (keyword only): the per-layer scales of an fp8 cache (``float8_e4m3fn``
+  or ``float8_e5m2``; :mod:`inflight.kernels.fp8_kv`): the store quantizes ``x * (1 / scale)``
+  (saturating), attention reads ``stored * scale`` and runs the float path. None: 1.0. A float
+  cache is never scaled. Attention always sees the context as the cache holds it (a whole
+  prompt's own K/V are rounded through the cache's format too).
 
 This module knows nothing about the scheduler or the model.
 """
@@ -26,6 +31,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inflight.kernels import fp8_kv
+from inflight.kernels.fp8_kv import Scale
+
 
 def store_kv_cache(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -33,23 +41,33 @@ def store_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> None:
-    """Write each token's K and V into its slot of the paged cache (in place)."""
+    """Write each token's K and V into its slot of the paged cache (in place), quantized when
+    the cache is fp8."""
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
     flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_k.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    _index_copy(flat_k, slot_mapping, fp8_kv.store_value(key, k_cache.dtype, k_scale))
+    _index_copy(flat_v, slot_mapping, fp8_kv.store_value(value, v_cache.dtype, v_scale))
+
+
+def _index_copy(flat: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``flat[slots] = rows`` in place; fp8 through byte views (torch has no fp8 index_copy)."""
+    if fp8_kv.is_fp8(flat.dtype):
+        flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
+    flat.index_copy_(0, slots, rows)
 
 
 def _gather_blocks(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``cache[table]`` for an int64 block table of any shape, via one ``index_select`` (faster on CPU)."""
-    rows = cache.flatten(1).index_select(
-        0, table.reshape(-1)
-    )  # [table.numel(), block_size * H_kv * D]
+    raw = cache.view(torch.uint8) if fp8_kv.is_fp8(cache.dtype) else cache  # no fp8 index_select
+    rows = raw.flatten(1).index_select(0, table.reshape(-1)).view(cache.dtype)  # [table.numel(), bs * H_kv * D]
     return rows.view(*table.shape, *cache.shape[1:])
 
 
@@ -74,6 +92,9 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] float32 logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to its cached context (GQA aware), the last
     ``sliding_window`` tokens of it when a window is given, with a sink logit per head when given.
@@ -87,14 +108,15 @@ def paged_decode_attention(
     buckets = _length_buckets(context_lens.tolist(), k_cache.shape[1])
     if len(buckets) == 1:
         return _decode_bucket(
-            query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1], sliding_window, sinks
+            query, k_cache, v_cache, block_tables, context_lens, scale, buckets[0][1], sliding_window, sinks,
+            (k_scale, v_scale),
         )
     out = torch.empty_like(query)
     for rows, num_blocks in buckets:
         idx = torch.tensor(rows, dtype=torch.long, device=query.device)
         part = _decode_bucket(
             query.index_select(0, idx), k_cache, v_cache, block_tables.index_select(0, idx),
-            context_lens.index_select(0, idx), scale, num_blocks, sliding_window, sinks,
+            context_lens.index_select(0, idx), scale, num_blocks, sliding_window, sinks, (k_scale, v_scale),
         )
         out.index_copy_(0, idx, part)
     return out
@@ -127,6 +149,7 @@ def _decode_bucket(
     max_blocks: int,  # blocks of the longest context in this bucket
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads]
+    kv_scales: tuple[Scale, Scale] = (None, None),
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -134,8 +157,10 @@ def _decode_bucket(
     num_slots = max_blocks * k_cache.shape[1]
     table = block_tables[:, :max_blocks].long()
     # Gather every sequence's blocks at once, then view them as [S, H_kv, T, D] (no copy).
-    keys = _gather_blocks(k_cache, table).view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
-    values = _gather_blocks(v_cache, table).view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    keys = fp8_kv.dequantize(_gather_blocks(k_cache, table), kv_scales[0])
+    values = fp8_kv.dequantize(_gather_blocks(v_cache, table), kv_scales[1])
+    keys = keys.view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
+    values = values.view(num_seqs, num_slots, num_kv_heads, head_dim).transpose(1, 2)
     # The G query heads sharing a KV head act as G queries of one attention call.
     q = query.reshape(num_seqs, num_kv_heads, group, head_dim)
     positions = torch.arange(num_slots, device=query.device)
@@ -166,6 +191,9 @@ def paged_prefill_attention(
     value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], this chunk's own V
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] float32 logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk.
 
@@ -186,11 +214,12 @@ def paged_prefill_attention(
         q_len = q_end - q_begin
         if q_len == 0:
             continue
-        if key is not None and value is not None and ctx == q_len:
-            keys, values = key[q_begin:q_end].float(), value[q_begin:q_end].float()  # [ctx, H_kv, D]
+        if key is not None and value is not None and ctx == q_len:  # as the cache holds them
+            keys, values = _as_cached(key[q_begin:q_end], k_cache.dtype, k_scale), _as_cached(
+                value[q_begin:q_end], v_cache.dtype, v_scale)  # [ctx, H_kv, D] float32
         else:
-            keys = _gather_context(k_cache, block_tables[s], ctx).float()  # [ctx, H_kv, D]
-            values = _gather_context(v_cache, block_tables[s], ctx).float()
+            keys = fp8_kv.dequantize(_gather_context(k_cache, block_tables[s], ctx), k_scale)  # [ctx, H_kv, D]
+            values = fp8_kv.dequantize(_gather_context(v_cache, block_tables[s], ctx), v_scale)
         q = query[q_begin:q_end].float().transpose(0, 1)[None]  # [1, H, q_len, D]
         visible = None  # a whole prompt (no cached prefix): plain causal, no mask tensor
         windowed = bool(sliding_window) and ctx > sliding_window
@@ -219,6 +248,13 @@ def paged_prefill_attention(
         )[0].transpose(0, 1)  # [q_len, H, D]
         out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
     return out
+
+
+def _as_cached(x: torch.Tensor, cache_dtype: torch.dtype, scale: Scale) -> torch.Tensor:
+    """float32 ``x`` as a cache of ``cache_dtype`` reads it back (rounded through fp8 when it is)."""
+    if not fp8_kv.is_fp8(cache_dtype):
+        return x.float()
+    return fp8_kv.dequantize(fp8_kv.quantize(x, cache_dtype, scale), scale)
 
 
 def attention_with_sinks(

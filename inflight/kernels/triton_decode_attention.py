@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inflight.kernels.fp8_kv import Scale
 from inflight.kernels.triton_common import (
     cdiv,
     check_heads,
@@ -32,6 +33,7 @@ from inflight.kernels.triton_common import (
     next_power_of_2,
     num_sms,
 )
+from inflight.kernels.triton_fp8 import FLOAT_KV, kv_args, load_kv_tile_fp8
 from inflight.kernels.triton_helpers import (
     dot_precision,
     load_kv_tile,
@@ -103,6 +105,8 @@ def _decode_split_kernel(
     split_size,
     head_dim,
     window,  # > 0: only the last `window` context tokens are visible; 0: all of them
+    k_scale,  # fp8 caches: what a decoded byte is multiplied by
+    v_scale,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -112,6 +116,10 @@ def _decode_split_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    MANT: tl.constexpr,
+    BIAS: tl.constexpr,
+    SUB_STEP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -138,8 +146,14 @@ def _decode_split_kernel(
     for tile_start in range(start, end, BLOCK_N):
         pos = tile_start + offs_n  # [BLOCK_N] token positions
         n_mask = pos < end
-        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
-                            stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
+        if KV_FP8:  # the caches are fp8 bytes: decoded and scaled here
+            k, v = load_kv_tile_fp8(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head, stride_cb,
+                                    stride_cs, stride_ch, offs_d, d_mask, k_scale, v_scale, BLOCK_SIZE, MANT,
+                                    BIAS, SUB_STEP)  # fmt: skip
+            v = v.to(q.dtype)
+        else:
+            k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
+                                stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
         m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], qk_scale, m_i, l_i, acc,
                                             DOT_PRECISION, DOT_UPCAST)  # fmt: skip
 
@@ -212,10 +226,15 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to its cached context (GQA aware), the last
-    ``sliding_window`` tokens of it when a window is given, with a sink logit per head when given."""
-    check_kv_cache(k_cache, v_cache)
+    ``sliding_window`` tokens of it when a window is given, with a sink logit per head when given;
+    an fp8 cache's bytes are decoded and scaled in the kernel (:mod:`.triton_fp8`)."""
+    if kv_args(k_cache, v_cache, k_scale, v_scale) is None:
+        check_kv_cache(k_cache, v_cache)
     check_ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
     num_seqs = query.shape[0]
     check_paged_inputs(num_seqs, block_tables, context_lens)
@@ -224,7 +243,8 @@ def paged_decode_attention(
         num_seqs, k_cache.shape[2], max_context, k_cache.shape[3], num_sms(query.device)
     )
     return decode_with_plan(
-        query, k_cache, v_cache, block_tables, context_lens, scale, plan, sliding_window, sinks
+        query, k_cache, v_cache, block_tables, context_lens, scale, plan, sliding_window, sinks,
+        k_scale=k_scale, v_scale=v_scale,
     )
 
 
@@ -252,9 +272,14 @@ def decode_with_plan(
     plan: DecodePlan,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """``paged_decode_attention`` with an explicit split plan (tests force splits with it)."""
     group = check_heads(query, k_cache)
+    fp8 = kv_args(k_cache, v_cache, k_scale, v_scale)
+    kv_consts = FLOAT_KV if fp8 is None else fp8.constants
     check_same_device(
         query=query, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens
     )
@@ -271,13 +296,15 @@ def decode_with_plan(
     block_d = next_power_of_2(head_dim)
     grid = (num_seqs, k_cache.shape[2], plan.num_splits)
     _decode_split_kernel[grid](
-        query, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse, sinks_arg,
+        query, k_cache if fp8 is None else fp8.k_cache, v_cache if fp8 is None else fp8.v_cache,
+        block_tables, context_lens, out, mid_o, mid_lse, sinks_arg,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         num_heads, plan.num_splits, plan.split_size, head_dim, sliding_window or 0,
+        1.0 if fp8 is None else fp8.k_scale, 1.0 if fp8 is None else fp8.v_scale,
         GROUP=group,
         BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=block_d,
@@ -287,6 +314,7 @@ def decode_with_plan(
         HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(query.dtype),
         DOT_UPCAST=needs_upcast(query.device),
+        **kv_consts,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip

@@ -3,7 +3,8 @@
 Owns ``store_kv_cache`` (same signature as :func:`inflight.kernels.reference.store_kv_cache`).
 One program per token copies that token's ``[num_kv_heads, head_dim]`` K and V rows into
 slot ``slot_mapping[t]`` (``block_id * block_size + offset``); a negative slot skips the
-token. Knows nothing about which blocks belong to which request.
+token. An fp8 cache is written as bytes, each value times ``1 / scale`` encoded by
+:func:`inflight.kernels.triton_fp8.fp8_encode` (saturating, nearest-even). Knows nothing about which blocks belong to which request.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inflight.kernels.fp8_kv import Scale
 from inflight.kernels.triton_common import (
     check_dtype,
     check_kv_cache,
@@ -19,6 +21,7 @@ from inflight.kernels.triton_common import (
     check_same_device,
     next_power_of_2,
 )
+from inflight.kernels.triton_fp8 import fp8_encode, kv_args
 
 
 @triton.jit
@@ -37,9 +40,17 @@ def _store_kv_kernel(
     stride_ch,
     num_kv_heads,
     head_dim,
+    k_inv,  # 1 / the K scale (fp8 caches)
+    v_inv,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    MANT: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAX_VALUE: tl.constexpr,
+    MIN_NORMAL: tl.constexpr,
+    SUB_INV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -55,8 +66,14 @@ def _store_kv_kernel(
     dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    if KV_FP8:  # the caches are bytes
+        k8 = fp8_encode(k.to(tl.float32) * k_inv, MANT, BIAS, MAX_VALUE, MIN_NORMAL, SUB_INV)
+        v8 = fp8_encode(v.to(tl.float32) * v_inv, MANT, BIAS, MAX_VALUE, MIN_NORMAL, SUB_INV)
+        tl.store(k_cache_ptr + dst, k8.to(tl.uint8), mask=mask)
+        tl.store(v_cache_ptr + dst, v8.to(tl.uint8), mask=mask)
+    else:
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv_cache(
@@ -65,9 +82,15 @@ def store_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> None:
-    """Write each token's K and V into its slot of the paged cache (in place)."""
-    check_kv_cache(k_cache, v_cache)
+    """Write each token's K and V into its slot of the paged cache (in place), quantized when
+    the cache is fp8."""
+    fp8 = kv_args(k_cache, v_cache, k_scale, v_scale)
+    if fp8 is None:
+        check_kv_cache(k_cache, v_cache)
     doc = "[num_tokens, num_kv_heads, head_dim]"
     check_ndim("key", key, 3, doc)
     check_ndim("value", value, 3, doc)
@@ -95,8 +118,8 @@ def store_kv_cache(
     _store_kv_kernel[(num_tokens,)](
         key,
         value,
-        k_cache,
-        v_cache,
+        k_cache if fp8 is None else fp8.k_cache,
+        v_cache if fp8 is None else fp8.v_cache,
         slot_mapping,
         key.stride(0),
         key.stride(1),
@@ -107,8 +130,16 @@ def store_kv_cache(
         k_cache.stride(2),
         num_kv_heads,
         head_dim,
+        1.0 if fp8 is None else 1.0 / fp8.k_scale,
+        1.0 if fp8 is None else 1.0 / fp8.v_scale,
         BLOCK_SIZE=block_size,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
+        KV_FP8=fp8 is not None,
+        MANT=0 if fp8 is None else fp8.mant,
+        BIAS=0 if fp8 is None else fp8.bias,
+        MAX_VALUE=0.0 if fp8 is None else fp8.max_value,
+        MIN_NORMAL=0.0 if fp8 is None else fp8.min_normal,
+        SUB_INV=0.0 if fp8 is None else 1.0 / fp8.sub_step,
         num_warps=4 if block_h * block_d <= 2048 else 8,
     )

@@ -12,6 +12,7 @@ from inflight.kernels.ops import KernelOps
 from inflight.kernels.triton_activation import silu_and_mul
 from inflight.kernels.triton_decode_attention import paged_decode_attention
 from inflight.kernels.triton_kv_store import store_kv_cache
+from inflight.kernels.triton_lora import lora_delta
 from inflight.kernels.triton_moe import fused_moe
 from inflight.kernels.triton_norm_rope import rms_norm, rotary_embedding
 from inflight.kernels.triton_prefill_attention import paged_prefill_attention
@@ -27,4 +28,5 @@ TRITON_OPS = KernelOps(
     silu_and_mul=silu_and_mul,
     graph_safe=True,
     fused_moe=fused_moe,
+    lora_delta=lora_delta,
 )

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inflight.kernels.fp8_kv import Scale, is_fp8
 from inflight.kernels.triton_common import (
     check_dtype,
     check_heads,
@@ -29,6 +30,7 @@ from inflight.kernels.triton_common import (
     next_power_of_2,
 )
 from inflight.kernels.triton_decode_attention import check_sinks
+from inflight.kernels.triton_fp8 import FLOAT_KV, kv_args, load_kv_tile_fp8
 from inflight.kernels.triton_helpers import (
     dot_precision,
     load_kv_tile,
@@ -95,6 +97,8 @@ def _prefill_kernel(
     num_seqs,
     head_dim,
     window,  # > 0: a query at position p sees keys after p - window; 0: all before it
+    k_scale,  # fp8 caches: what a decoded byte is multiplied by
+    v_scale,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -103,6 +107,10 @@ def _prefill_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    MANT: tl.constexpr,
+    BIAS: tl.constexpr,
+    SUB_STEP: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
     head = tl.program_id(1)
@@ -136,8 +144,14 @@ def _prefill_kernel(
     for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + offs_n  # [BLOCK_N] key positions
         n_mask = pos < kv_end
-        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
-                            stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
+        if KV_FP8:  # the caches are fp8 bytes: decoded and scaled here
+            k, v = load_kv_tile_fp8(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head, stride_cb,
+                                    stride_cs, stride_ch, offs_d, d_mask, k_scale, v_scale, BLOCK_SIZE, MANT,
+                                    BIAS, SUB_STEP)  # fmt: skip
+            v = v.to(q.dtype)
+        else:
+            k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, pos, n_mask, kv_head,
+                                stride_cb, stride_cs, stride_ch, offs_d, d_mask, BLOCK_SIZE)  # fmt: skip
         visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]  # causal within the chunk
         in_window = (pos[None, :] > q_pos[:, None] - window) | (window <= 0)
         visible = visible & in_window
@@ -169,17 +183,21 @@ def paged_prefill_attention(
     value: torch.Tensor | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunks of prompt tokens attending to their paged context, causal within the chunk
     (and within the last ``sliding_window`` positions when a window is given; with a sink
-    logit per head in every softmax when ``sinks`` is given)."""
+    logit per head in every softmax when ``sinks`` is given); an fp8 cache's bytes are decoded
+    and scaled in the kernel (:mod:`.triton_fp8`), so attention sees the chunk's K/V as stored."""
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")
     config = plan_prefill(
         query.shape[0], context_lens.shape[0], query.shape[2], query.element_size()
     )
     return prefill_with_config(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, config,
-        sliding_window, sinks,
+        sliding_window, sinks, k_scale=k_scale, v_scale=v_scale,
     )
 
 
@@ -188,7 +206,8 @@ def _check_prefill_inputs(
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
 ) -> int:  # fmt: skip
     """Validate shapes, dtypes and devices; return the GQA group size."""
-    check_kv_cache(k_cache, v_cache)
+    if not (is_fp8(k_cache.dtype) or is_fp8(v_cache.dtype)):  # fp8 caches: kv_args checks them
+        check_kv_cache(k_cache, v_cache)
     check_ndim("query", query, 3, "[num_tokens, num_heads, head_dim]")
     group = check_heads(query, k_cache)
     num_seqs = context_lens.shape[0] if context_lens.dim() == 1 else -1
@@ -216,11 +235,16 @@ def prefill_with_config(
     config: PrefillConfig,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads] logits
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """``paged_prefill_attention`` with explicit tile sizes (tests force small tiles)."""
     group = _check_prefill_inputs(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens
     )
+    fp8 = kv_args(k_cache, v_cache, k_scale, v_scale)
+    kv_consts = FLOAT_KV if fp8 is None else fp8.constants
     if query.stride(-1) != 1:
         query = query.contiguous()
     block_tables = block_tables.contiguous()
@@ -233,13 +257,15 @@ def prefill_with_config(
     sinks_arg = check_sinks(sinks, num_heads, query.device)
     grid = (num_tokens // config.block_m + num_seqs, num_heads)
     _prefill_kernel[grid](
-        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, out, sinks_arg,
+        query, k_cache if fp8 is None else fp8.k_cache, v_cache if fp8 is None else fp8.v_cache,
+        block_tables, query_start_loc, context_lens, out, sinks_arg,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         num_seqs, head_dim, sliding_window or 0,
+        1.0 if fp8 is None else fp8.k_scale, 1.0 if fp8 is None else fp8.v_scale,
         GROUP=group,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
@@ -248,6 +274,7 @@ def prefill_with_config(
         HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(query.dtype),
         DOT_UPCAST=needs_upcast(query.device),
+        **kv_consts,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip

@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import applied, reconcile, render
+from inflight.operator import applied, reconcile, render, rollout_gate
 from inflight.operator.context import OperatorContext
-from inflight.operator.kube import DEPLOYMENTS, HPAS, PVCS, SECRETS, KubeError
+from inflight.operator.kube import DEPLOYMENTS, HPAS, LEADER_WORKER_SETS, PVCS, SECRETS, KubeError
 from inflight.operator.spec import InferenceSpec
 from inflight.operator.status import Condition
 
@@ -36,6 +36,7 @@ class ChildCheck:
     deployment: dict[str, Any] | None = None
     created: list[str] = field(default_factory=list)
     foreign_autoscalers: tuple[str, ...] | None = None
+    rollout_waiting: bool = False  # an operator-caused template change waits at the rollout gate
 
 
 def is_drifted(live: dict[str, Any] | None, patch: dict[str, Any], key: str, written: dict[str, str],
@@ -60,19 +61,26 @@ def is_drifted(live: dict[str, Any] | None, patch: dict[str, Any], key: str, wri
 
 async def check(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
-    full: bool, leave_replicas: bool, pending: bool = False,
+    full: bool, leave_replicas: bool, pending: bool = False, generation: int | None = None,
 ) -> ChildCheck:
-    """Read the children (only the Deployment unless ``full``) and say which drifted."""
+    """Read the children (only the Deployment unless ``full``) and say which drifted. The
+    Deployment is compared as the rollout gate would apply it (``generation``: the CR's that
+    applied; a template the gate holds is no drift, ``rollout_waiting`` says it waits)."""
     out = ChildCheck()
     owner, key = await reconcile.keyed_owner(ctx, spec, owner)
-    for kind, body, patch in reconcile.rendered_children(spec, owner, None, leave_replicas):
+    hold = rollout_gate.Hold(generation)
+    for kind, body, patch in reconcile.rendered_children(spec, owner, None, leave_replicas, hold):
         name = body["metadata"]["name"]
-        is_main = kind == DEPLOYMENTS and name == spec.name
+        is_main = kind in (DEPLOYMENTS, LEADER_WORKER_SETS) and name == spec.name  # the workload
         if not (full or is_main):
             continue
         live = await ctx.kube.get(kind, spec.namespace, name)
         if is_main:
             out.deployment = live
+            if kind == DEPLOYMENTS and (
+                    held := rollout_gate.held_template(live, body["spec"]["template"], generation)) is not None:
+                out.rollout_waiting = True
+                patch = rollout_gate.with_hold(patch, rollout_gate.Hold(generation, held))
         child = f"{body['kind']}/{name}"
         if is_drifted(live, patch, child, written, pending):
             out.drifted.append(child)

@@ -8,6 +8,7 @@ got the live config) lives in kopf's per-object memo, not here. Knows no handler
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -18,7 +19,7 @@ import aiohttp
 import kopf
 
 from inflight import env_vars
-from inflight.operator import admin_keys
+from inflight.operator import admin_keys, rollout_gate
 from inflight.operator.kube import KubeClient
 
 LoginFn = Callable[[], "kopf.ConnectionInfo | None"]
@@ -46,8 +47,15 @@ class OperatorConfig:
     # Every Nth tick reads every child (ConfigMap, Service, PDB, pool objects, the admin Secret by a
     # create, the cache PVC) and the namespace's HPAs; the other ticks read the Deployment only.
     full_check_every_ticks: int = 6
+    # The chart's activator (``minReplicas: 0``: inflight.operator.scale_to_zero); "" = none.
+    activator_url: str = ""
+    # Pod-template changes the operator itself causes (its version, the runtime image default, a
+    # new root key) roll at most this many models at a time; "manual": each waits for the CR
+    # annotation inflight.dev/rollout=approved; "unlimited": no gate (``rollout_gate``).
+    max_concurrent_rollouts: int | str = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "max_concurrent_rollouts", rollout_gate.parse_limit(self.max_concurrent_rollouts))
         if isinstance(self.full_check_every_ticks, bool) or not isinstance(self.full_check_every_ticks, int) \
                 or self.full_check_every_ticks < 1:
             raise ValueError(f"OperatorConfig.full_check_every_ticks must be an integer >= 1 "
@@ -77,6 +85,8 @@ class OperatorConfig:
             retry_base_seconds=env_vars.read_float("INFLIGHT_OPERATOR_RETRY_BASE_SECONDS", env),  # type: ignore[arg-type]
             retry_max_seconds=env_vars.read_float("INFLIGHT_OPERATOR_RETRY_MAX_SECONDS", env),  # type: ignore[arg-type]
             full_check_every_ticks=env_vars.read_int("INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS", env),  # type: ignore[arg-type]
+            activator_url=env_vars.read_str("INFLIGHT_OPERATOR_ACTIVATOR_URL", env) or "",
+            max_concurrent_rollouts=env_vars.read_str("INFLIGHT_OPERATOR_MAX_CONCURRENT_ROLLOUTS", env) or "",
         )
 
 
@@ -115,6 +125,7 @@ class OperatorContext:
         self._retired: list[KubeClient] = []
         self._http: aiohttp.ClientSession | None = None
         self._root_key: bytes | None = None
+        self.rollout_lock = asyncio.Lock()  # admissions at the rollout gate, one at a time
 
     async def admin_key(self, namespace: str, name: str) -> tuple[str, str]:
         """(the admin key of ``namespace/name``, the root key's id); the root is read (or

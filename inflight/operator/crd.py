@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from inflight.operator import crd_parts, engine_args, fields
+from inflight.operator import crd_parts, engine_args, fields, multi_node
 from inflight.operator.render import API_GROUP, API_VERSION, KIND
 from inflight.operator.spec import (
     RUNTIME_IMAGE,
@@ -28,11 +28,19 @@ from inflight.operator.spec import (
     SecretRef,
     ServiceSpec,
 )
-from inflight.runtime.config import DTYPES, LIVE_TUNABLE_FIELDS, MAX_CONFIG_INT, QUANTIZATIONS, SCHEDULER_POLICIES
+from inflight.runtime.config import (
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LIVE_TUNABLE_FIELDS,
+    MAX_CONFIG_INT,
+    QUANTIZATIONS,
+    SCHEDULER_POLICIES,
+)
 
 PLURAL = "inferencedeployments"
 CRD_FILE = f"crds/{API_GROUP}_{PLURAL}.yaml"
-_CHOICES = {"dtype": DTYPES, "scheduler_policy": SCHEDULER_POLICIES, "quantization": QUANTIZATIONS}
+_CHOICES = {"dtype": DTYPES, "scheduler_policy": SCHEDULER_POLICIES, "quantization": QUANTIZATIONS,
+            "kv_cache_dtype": KV_CACHE_DTYPES}
 _FRACTION_RULE = {"rule": "self > 0.0 && self <= 1.0", "message": "must be in (0, 1]"}
 
 
@@ -69,10 +77,12 @@ def _speculative_property() -> dict[str, Any]:
                        "flag's JSON). Off when unset.",
         "properties": {
             "method": {"type": "string", "enum": list(METHODS),
-                       "description": "ngram: prompt lookup; draft_model: a small model (model) proposes."},
-            "model": {"type": "string", "description": "draft_model: the draft model's directory in the runtime "
-                                                       "container (mount it beside the model); it must share the "
-                                                       "served model's tokenizer."},
+                       "description": "ngram: prompt lookup; draft_model: a small model (model) proposes; "
+                                      "eagle3: an EAGLE-3 head (model) proposes from the served model's hidden "
+                                      "states."},
+            "model": {"type": "string", "description": "draft_model / eagle3: the draft model's or head's directory "
+                                                       "in the runtime container (mount it beside the model); a "
+                                                       "draft model must share the served model's tokenizer."},
             "num_speculative_tokens": count("Draft tokens proposed per step.", 16),
             "prompt_lookup_max": count("Longest n-gram looked up."),
             "prompt_lookup_min": count("Shortest n-gram looked up."),
@@ -170,7 +180,8 @@ def _autoscaling_schema() -> dict[str, Any]:
                        "backlog (the operator owns replicas when enabled).",
         "properties": {
             "enabled": {"type": "boolean", "default": d.enabled, "description": "Turn autoscaling on."},
-            "minReplicas": _int("Fewest replicas.", 1, d.min_replicas),
+            "minReplicas": _int("Fewest replicas; 0 scales to zero behind the chart's activator "
+                                 "(docs/operator-scale-to-zero.md).", 0, d.min_replicas),
             "maxReplicas": _int("Most replicas.", 1, d.max_replicas),
             "targetKvCacheUsage": kv,
             "targetQueueDepth": num("Target waiting requests per ready pod.", d.target_queue_depth, 0, True),
@@ -218,6 +229,7 @@ def _spec_schema() -> dict[str, Any]:
             "priorityClassName": _str("PriorityClass of the pods."),
             "replicas": _int("Replicas when autoscaling is off (the scale subresource).", 0,
                              fields.default(InferenceSpec, "replicas")),
+            "nodes": multi_node.nodes_schema(),
             "autoscaling": _autoscaling_schema(),
             "service": {
                 "type": "object",
@@ -250,6 +262,7 @@ def _spec_schema() -> dict[str, Any]:
             "drainTimeoutSeconds": _int("Runtime drain timeout on shutdown (grace period follows it).", 0,
                                         fields.default(InferenceSpec, "drain_timeout_seconds")),
             **crd_parts.pod_properties(),
+            "adapters": crd_parts.adapters_schema(),
         },
         "x-kubernetes-validations": [{
             "rule": "!has(self.engine) || !has(self.engine.tensorParallelSize) || !has(self.resources) || "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from inflight.operator import fields
+from inflight.operator.adapter_source import MAX_ADAPTERS, HfAdapter
 from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS, HfSource
 from inflight.operator.pod_runtime import PROBE_KEYS
 from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, DisruptionBudget, Rollout
@@ -190,8 +191,57 @@ def inference_pool_schema() -> dict[str, Any]:
     }
 
 
+def adapters_schema() -> dict[str, Any]:
+    """``spec.adapters``: LoRA adapters loaded into the pods live (docs/operator-adapters.md)."""
+    def obj(desc: str, required: list[str], props: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "description": desc, **({"required": required} if required else {}),
+                "properties": props}
+
+    source = obj("Where the adapter's PEFT files (adapter_config.json, adapter_model.safetensors) are: "
+                 "exactly one of hf, pvc, image.", [], {
+        "hf": obj("A Hugging Face Hub repo, downloaded by an init container (into the model cache with an hf "
+                  "model and a cache PVC, else into each pod).", ["repo"], {
+            "repo": _str("Repo id, e.g. org/sql-lora."),
+            "revision": _str("Branch, tag or commit.", default=fields.default(HfAdapter, "revision")),
+            "tokenSecret": obj("Secret holding a Hub token (gated or private repos).", ["name"], {
+                "name": _str("Secret name."), "key": _str("Key in the Secret.", default="token")}),
+        }),
+        "pvc": obj("A PVC holding the adapter, mounted read-only under /adapters/pvc/<claimName> (adapters on a "
+                   "claim already mounted are added without a restart).", ["claimName"], {
+            "claimName": _str("PersistentVolumeClaim name."),
+            "path": _str("The adapter's directory inside the volume.", default=""),
+        }),
+        "image": obj("An image holding the adapter, copied by an init container.", ["reference", "path"], {
+            "reference": _str("Image reference, e.g. registry/org/sql-lora:1."),
+            "path": _str("The adapter's directory inside the image (absolute)."),
+        }),
+    })
+    source["x-kubernetes-validations"] = [{
+        "rule": "[has(self.hf), has(self.pvc), has(self.image)].filter(x, x).size() == 1",
+        "message": "set exactly one of hf, pvc, image"}]
+    item = obj("One LoRA adapter; requests select it by name in their model field.", ["name", "source"], {
+        "name": _str("The model name clients send (a DNS label; not the base model's served name).",
+                     pattern=fields.DNS_LABEL.pattern, maxLength=63),
+        "source": source,
+    })
+    return {
+        "type": "array", "maxItems": MAX_ADAPTERS, "items": item,
+        "description": "LoRA adapters served on the base model (turns engine.enableLora on). Added or removed "
+                       "ones are loaded into / unloaded from the running pods without a rollout; new pods get "
+                       "them before they are Ready (readiness gate inflight.dev/adapters-loaded).",
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+    }
+
+
 def status_properties() -> dict[str, Any]:
     return {
+        "adapters": {
+            "type": "array",
+            "description": "Per adapter: on how many of the ready pods it is loaded, and the last load error.",
+            "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "loadedPods": {"type": "integer"}, "totalPods": {"type": "integer"},
+                "lastError": {"type": "string"}}},
+        },
         "modelCache": {
             "type": "object",
             "description": "State of the hf model download (Pending, Downloading, Ready, Failed).",

@@ -29,11 +29,18 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "scheduler_policy",
     "max_queue_len",
     "tensor_parallel_size",
+    "pipeline_parallel_size",  # follows spec.nodes (one stage per pod of a LeaderWorkerSet group)
     "enforce_eager",
     "async_scheduling",
     "quantization",
     "speculative_config",  # an object in the CR (vLLM's keys), JSON text on the command line
     "max_tokens_in_paged_kv_cache",
+    "enable_lora",  # also set by the operator when spec.adapters is not empty
+    "max_loras",
+    "max_lora_rank",
+    "max_cpu_loras",
+    "kv_cache_dtype",  # fp8 KV: twice the sequences of bf16 in the same memory (docs/kv-cache-dtype.md)
+    "calculate_kv_scales",
 )
 # Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
@@ -46,6 +53,15 @@ EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "metrics_tenants": "names of tenants for per-tenant metrics, a per-deployment detail; extraArgs sets it",
     "runner": "the pooling (embeddings) runner is not yet a CR field; extraArgs (--runner) sets it",
     "pooler_config": "the pooling runner's settings, with --runner; extraArgs sets it",
+    "kv_offloading_size": "host memory behind the prefix cache must fit the pod's memory limit, which the CR "
+                          "does not size yet; extraArgs (--kv-offloading-size) sets it",
+    "kv_events_config": "set by the operator when inferencePool is on (the picker's precise-prefix scorer "
+                        "listens); extraArgs overrides it",
+    # multi-node rendezvous: the LeaderWorkerSet render passes them per pod (render_lws.group_flags)
+    "nnodes": "spec.nodes sets it (render_lws.group_flags)",
+    "node_rank": "each pod's LWS_WORKER_INDEX (render_lws.group_flags)",
+    "master_addr": "the group leader's LWS_LEADER_ADDRESS (render_lws.group_flags)",
+    "master_port": "the operator's rendezvous port (render_lws.RENDEZVOUS_PORT)",
 }
 
 

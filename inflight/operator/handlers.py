@@ -39,6 +39,7 @@ from inflight.operator import (
     reconcile,
     refusals,
     render,
+    rollout_gate,
     status,
     tick,
 )
@@ -173,8 +174,8 @@ async def on_reconcile(
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     owner = render.Owner(name=spec.name, uid=meta.get("uid", ""))
     try:
-        await reconcile.apply_children(ctx, spec, owner, state.written, state.replicas,
-                                       bool(state.foreign_autoscalers))
+        gate = await reconcile.apply_through_gate(ctx, spec, owner, state, rollout_gate.Target(
+            spec.namespace, spec.name, generation, rollout_gate.approved(body)))
     except reconcile.SpecRejected as exc:
         RECONCILES.labels(result="rejected" if exc.permanent else "refused").inc()
         refusal = exc.refusal(generation)
@@ -195,7 +196,10 @@ async def on_reconcile(
     for error in errors:
         logger.warning("live config not pushed yet (the timer retries): %s", error)
     base, conflict = status.autoscaling_conflict(spec, body.get("status"))
-    new_status = status.reconciled_status(spec, tick.conditions_of(body), generation, now, [conflict])
+    extra = [conflict, *tick.rollout_conditions(body, gate)]
+    if gate.approval_used:
+        patch.metadata.annotations[rollout_gate.APPROVAL_ANNOTATION] = None  # used once
+    new_status = status.reconciled_status(spec, tick.conditions_of(body), generation, now, extra)
     new_status["autoscalingBaseReplicas"] = base
     if conflict.status and not _has_condition(body, "AutoscalingConflict", True):
         await ctx.kube.post_event(tick.cr_ref(body), "Warning", "AutoscalingConflict", conflict.message)

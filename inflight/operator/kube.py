@@ -65,6 +65,7 @@ class Kind:
 
 INFERENCE_POOLS = Kind("inference.networking.k8s.io/v1", "inferencepools", "InferencePool")
 INFERENCE_DEPLOYMENTS = Kind("inflight.dev/v1alpha1", "inferencedeployments", "InferenceDeployment")
+LEADER_WORKER_SETS = Kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet")  # spec.nodes > 1
 DEPLOYMENTS = Kind("apps/v1", "deployments", "Deployment", "AppsV1Api", "namespaced_deployment")
 SERVICES = Kind("v1", "services", "Service", "CoreV1Api", "namespaced_service")
 PDBS = Kind("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", "PolicyV1Api",

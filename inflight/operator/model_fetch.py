@@ -2,7 +2,8 @@
 
 ``python -m inflight.operator.model_fetch --repo-id ORG/NAME --revision REV --dest DIR
 [--allow-pattern GLOB ...]`` runs in the runtime image (which has huggingface_hub) before the
-runtime container starts. It downloads the matching files with ``huggingface_hub.snapshot_download``
+runtime container starts (also once per hf LoRA adapter, with ``--expect-file
+adapter_config.json``: ``render_adapters``). It downloads the matching files with ``huggingface_hub.snapshot_download``
 straight into ``DIR`` (the directory the runtime is given as ``--model``), checks that a
 ``config.json`` arrived, and writes a marker file last. A pod that finds the marker for the
 same repo and revision starts without contacting the Hub, so a scale-up or restart on a
@@ -49,8 +50,10 @@ def _marker_matches(dest: pathlib.Path, repo_id: str, revision: str) -> str | No
     return None
 
 
-def fetch(repo_id: str, revision: str, dest: pathlib.Path, allow_patterns: Sequence[str]) -> FetchResult:
-    """Download (or find in the cache) ``repo_id@revision`` into ``dest``."""
+def fetch(repo_id: str, revision: str, dest: pathlib.Path, allow_patterns: Sequence[str],
+          expect_file: str = "config.json") -> FetchResult:
+    """Download (or find in the cache) ``repo_id@revision`` into ``dest``; ``expect_file`` must
+    arrive (``config.json`` for a model, ``adapter_config.json`` for a LoRA adapter)."""
     cached = _marker_matches(dest, repo_id, revision)
     if cached is not None:
         return FetchResult(dest, cached or None, True, _listing(dest))
@@ -62,9 +65,10 @@ def fetch(repo_id: str, revision: str, dest: pathlib.Path, allow_patterns: Seque
     dest.mkdir(parents=True, exist_ok=True)
     commit = HfApi().repo_info(repo_id, revision=revision).sha
     snapshot_download(repo_id, revision=commit or revision, local_dir=dest, allow_patterns=list(allow_patterns))
-    if not (dest / "config.json").is_file():
+    if not (dest / expect_file).is_file():
+        what = "a LoRA adapter" if expect_file == "adapter_config.json" else "a model"
         raise ValueError(
-            f"{repo_id}@{revision} has no config.json matching {list(allow_patterns)}: not a model the "
+            f"{repo_id}@{revision} has no {expect_file} matching {list(allow_patterns)}: not {what} the "
             "runtime can load (check the repo id, revision and allowPatterns)."
         )
     tmp = dest / f"{MARKER}.{os.getpid()}"
@@ -86,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--revision", default=fields.default(HfSource, "revision"))
     parser.add_argument("--dest", required=True, type=pathlib.Path)
     parser.add_argument("--allow-pattern", action="append", dest="allow_patterns", required=True)
+    parser.add_argument("--expect-file", default="config.json",
+                        help="a file the download must contain (adapter_config.json for a LoRA adapter)")
     args = parser.parse_args(argv)
     try:
-        result = fetch(args.repo_id, args.revision, args.dest, args.allow_patterns)
+        result = fetch(args.repo_id, args.revision, args.dest, args.allow_patterns, args.expect_file)
     except Exception as exc:  # noqa: BLE001 - any failure: one clear line, exit non-zero (pod shows it)
         print(f"model-fetch: {args.repo_id}@{args.revision} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

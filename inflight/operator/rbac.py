@@ -35,6 +35,8 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # Pods are listed to scrape /metrics, push live config and read the model download's state.
     Permission("", "pods", ("list",)),
+    # spec.adapters: the readiness gate inflight.dev/adapters-loaded, set once a pod has every adapter.
+    Permission("", "pods/status", ("patch",)),
     # The admin Secret (<name>-admin) is written with a derived key (admin_keys) and deleted
     # with its owner; never read: no Secret outside the operator's namespace is readable.
     Permission("", "secrets", ("create", "delete")),
@@ -42,6 +44,8 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "persistentvolumeclaims", ("get", "create", "delete")),
     # spec.inferencePool: the InferencePool (the picker's Deployment/Service are covered above).
     Permission("inference.networking.k8s.io", "inferencepools", ("get", "create", "patch", "delete")),
+    # spec.nodes > 1: the LeaderWorkerSet that runs the groups (its replicas are the autoscaler's).
+    Permission("leaderworkerset.x-k8s.io", "leaderworkersets", ("get", "create", "patch", "delete")),
     # Scaling decisions, refusals and foreign autoscalers are posted as Events by the operator
     # itself (kopf posts none for a failed handler or timer).
     # Listed (in a namespace) only while a pod is stuck creating: why its volumes do not attach.
@@ -63,6 +67,8 @@ OWN_NAMESPACE_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "secrets", ("get", "create")),
     Permission("apps", "deployments", ("patch",)),
     Permission("", "pods", ("list",)),
+    # The rollout gate's ledger (ConfigMap inflight-operator-rollouts): rollouts in progress.
+    Permission("", "configmaps", ("get", "create", "patch")),
 )
 
 

@@ -18,18 +18,24 @@ from inflight.operator import (
     applied,
     autoscaler,
     engine_args,
+    lws_status,
     metrics_scrape,
     operator_metrics,
     refusals,
     render,
+    render_lws,
+    rollout_gate,
+    scale_to_zero,
     status,
 )
+from inflight.operator.adapters import AdapterState
 from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     INFERENCE_POOLS,
+    LEADER_WORKER_SETS,
     PDBS,
     PODS,
     PVCS,
@@ -72,38 +78,43 @@ class ResourceState:
     status_written_at: float | None = None  # when the timer last wrote the status
     repair_after: float = 0.0  # monotonic time before which a refused repair is not retried
     repair_failures: int = 0  # refused repairs in a row (the backoff's exponent)
+    adapters: AdapterState = field(default_factory=AdapterState)  # LoRA load refusals and Events posted
+    rollout: rollout_gate.Gate | None = None  # the rollout gate's last answer (``rollout_gate``)
+    ready_groups: frozenset[str] = frozenset()  # spec.nodes > 1: groups seen ready (``lws_status``)
 
 
 class SpecRejected(Exception):
     """The API server refused an object the spec rendered (``error``); ``permanent``: a 400/422
     or a missing kind, which only a spec change can help; otherwise a retry may succeed."""
 
-    def __init__(self, error: KubeError, permanent: bool, hint: str = "") -> None:
+    def __init__(self, error: KubeError, permanent: bool, hint: str = "", reason: str = "") -> None:
         super().__init__(hint or str(error))
         self.error = error
         self.permanent = permanent
         self.hint = hint
+        self.reason = reason  # the Degraded reason when not the status code's (``refusals.from_error``)
 
     def refusal(self, generation: int | None, during: str = "spec") -> Refusal:
-        return refusals.from_error(self.error, generation, during, self.hint)
+        return refusals.from_error(self.error, generation, during, self.hint, self.reason)
 
 
 async def apply_children(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str] | None = None,
-    replicas: int | None = None, leave_replicas: bool = False,
+    replicas: int | None = None, leave_replicas: bool = False, hold: rollout_gate.Hold | None = None,
 ) -> None:
     """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
     admin Secret (replaced when the pods' key id is not the root key's: an older scheme or a
     new root) and the model-cache PVC only when missing (never resized). A created Deployment
     gets ``replicas`` (the autoscaler's count) when given; ``leave_replicas``: never patch them
-    (a foreign HPA owns them). ``written`` gets the fingerprint of each child as it is written
+    (a foreign HPA owns them); ``hold``: the CR generation and, while the rollout gate holds an
+    operator-caused change, the recorded pod template (``rollout_gate``). ``written`` gets the fingerprint of each child as it is written
     (``ResourceState.written``), those of a partial apply too.
 
     Raises ``SpecRejected`` for every API error (``permanent`` for 400/422 and a missing
     InferencePool kind).
     """
     try:
-        await _apply_children(ctx, spec, owner, {} if written is None else written, replicas, leave_replicas)
+        await _apply_children(ctx, spec, owner, {} if written is None else written, replicas, leave_replicas, hold)
     except KubeError as exc:
         raise SpecRejected(exc, exc.status in refusals.PERMANENT_CODES) from exc
 
@@ -114,15 +125,16 @@ async def keyed_owner(ctx: OperatorContext, spec: InferenceSpec, owner: render.O
     return dataclasses.replace(owner, admin_key_id=key_id), key
 
 
-async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, key: str) -> None:
+async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, key: str,
+                              replace: bool = True) -> None:
     """Create ``<name>-admin`` with the derived key; when the live pods were rendered for
     another key id (or none: the older random-key scheme), replace it first. The operator
     cannot read Secrets outside its namespace, so the Deployment's annotation is the record."""
     kube, ns = ctx.kube, spec.namespace
     admin = render.render_admin_secret(spec, owner, key)
-    live = await kube.get(DEPLOYMENTS, ns, spec.name)
-    if live is not None:
-        template = ((live.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    live = await kube.get(lws_status.workload_kind(spec), ns, spec.name)
+    if live is not None and replace:  # not while the rollout gate holds the template (and its key id)
+        template = lws_status.pod_template(live).get("metadata") or {}
         if (template.get("annotations") or {}).get(render.ADMIN_KEY_ID_ANNOTATION) != owner.admin_key_id:
             if await kube.delete(SECRETS, ns, admin["metadata"]["name"]):
                 logger.info("replacing admin Secret %s/%s (new key id %s; the pods roll)",
@@ -137,14 +149,14 @@ async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: 
 
 async def _apply_children(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
-    replicas: int | None, leave_replicas: bool,
+    replicas: int | None, leave_replicas: bool, hold: rollout_gate.Hold | None = None,
 ) -> None:
     kube, ns = ctx.kube, spec.namespace
     owner, key = await keyed_owner(ctx, spec, owner)
-    await _apply_admin_secret(ctx, spec, owner, key)
+    await _apply_admin_secret(ctx, spec, owner, key, replace=hold is None or hold.template is None)
     if (pvc := render.render_cache_pvc(spec, owner)) is not None:
         await kube.create_if_missing(PVCS, ns, pvc)
-    children = rendered_children(spec, owner, replicas, leave_replicas)
+    children = rendered_children(spec, owner, replicas, leave_replicas, hold)
     for kind, body, patch in children:
         try:
             stored = await kube.apply(kind, ns, body, patch)
@@ -154,9 +166,13 @@ async def _apply_children(
                     "spec.inferencePool is enabled but the API server has no InferencePool kind "
                     "(inference.networking.k8s.io/v1): install the Gateway API Inference Extension CRDs "
                     "or set inferencePool.enabled: false")) from exc
+            if exc.status == 404 and body["kind"] == "LeaderWorkerSet":  # retried: it may be installed later
+                raise SpecRejected(exc, False, lws_status.missing_hint(spec), lws_status.MISSING_REASON) from exc
             raise
         written[f"{body['kind']}/{body['metadata']['name']}"] = applied.fingerprint(stored)
     wanted = {(body["kind"], body["metadata"]["name"]) for _, body, _ in children}
+    if spec.nodes > 1 and await kube.get(DEPLOYMENTS, ns, spec.name) is not None:  # the LWS replaced it
+        await kube.delete(DEPLOYMENTS, ns, spec.name)
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
         if (kind.kind, obj_name) not in wanted and await kube.get(kind, ns, obj_name) is not None:
             await kube.delete(kind, ns, obj_name)
@@ -164,6 +180,7 @@ async def _apply_children(
 
 def rendered_children(
     spec: InferenceSpec, owner: render.Owner, replicas: int | None = None, leave_replicas: bool = False,
+    hold: rollout_gate.Hold | None = None,
 ) -> list[tuple[Kind, dict[str, Any], dict[str, Any]]]:
     """(kind, object to create, merge patch to apply) for every child the spec describes
     (the admin Secret and cache PVC aside: they are created once, never re-applied). An
@@ -171,17 +188,46 @@ def rendered_children(
     count = render.initial_replicas(spec)
     if replicas is not None and spec.autoscaling.enabled:
         count = min(max(replicas, spec.autoscaling.min_replicas), spec.autoscaling.max_replicas)
-    deployment = render.render_deployment(spec, owner, count)
+    deployment = rollout_gate.with_hold(render.render_deployment(spec, owner, count), hold)
     leave = spec.autoscaling.enabled or leave_replicas
+    workload = (DEPLOYMENTS, deployment, rollout_gate.with_hold(render.deployment_patch(deployment, leave), hold))
+    if spec.nodes > 1:  # a LeaderWorkerSet of groups instead (no rollout gate: LWS rolls groups itself)
+        lws = render_lws.render_leader_worker_set(spec, owner, count)
+        workload = (LEADER_WORKER_SETS, lws, render_lws.lws_patch(lws, leave))
     out: list[tuple[Kind, dict[str, Any], dict[str, Any]]] = [
         (CONFIGMAPS, cm := render.render_configmap(spec, owner), cm),
-        (DEPLOYMENTS, deployment, render.deployment_patch(deployment, leave)),
+        workload,
         (SERVICES, svc := render.render_service(spec, owner), svc),
         (PDBS, pdb := render.render_pdb(spec, owner), pdb),
     ]
     kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
     out += [(kinds[obj["kind"]], obj, obj) for obj in render.render_pool_objects(spec, owner)]
     return out
+
+
+async def apply_through_gate(
+    ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, state: ResourceState, target: rollout_gate.Target,
+    apply_if_waiting: bool = True,
+) -> rollout_gate.Gate:
+    """``apply_children`` (with ``state``'s written fingerprints and replicas) through the rollout
+    gate: an operator-caused pod-template change waits for a slot (``rollout_gate.release``;
+    ``apply_if_waiting`` False: only ask the gate, apply nothing while the change waits)."""
+    keyed, _ = await keyed_owner(ctx, spec, owner)
+    leave = bool(state.foreign_autoscalers)
+    template = next((body["spec"]["template"] for kind, body, _ in rendered_children(spec, keyed, None, leave)
+                     if kind == DEPLOYMENTS and body["metadata"]["name"] == spec.name), {})  # {}: an LWS
+    cfg = ctx.config
+
+    async def apply(hold: rollout_gate.Hold) -> None:
+        await apply_children(ctx, spec, owner, state.written, state.replicas, leave, hold)
+
+    try:
+        gate = await rollout_gate.release(ctx.kube, cfg.lease_namespace, cfg.max_concurrent_rollouts,
+                                          ctx.rollout_lock, target, template, apply, apply_if_waiting)
+    except KubeError as exc:
+        raise SpecRejected(exc, exc.status in refusals.PERMANENT_CODES) from exc
+    state.rollout = gate
+    return gate
 
 
 def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> None:
@@ -219,6 +265,12 @@ async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: 
             deleted.append(kind.kind)
     if await ctx.kube.delete(SECRETS, namespace, render.admin_secret_name(name)):
         deleted.append(SECRETS.kind)
+    try:  # spec.nodes > 1; a cluster without the LWS kind answers 404 (nothing to delete)
+        if await ctx.kube.delete(LEADER_WORKER_SETS, namespace, name):
+            deleted.append(LEADER_WORKER_SETS.kind)
+    except KubeError as exc:
+        if exc.status != 403:  # an older chart's RBAC: it could not have created one either
+            raise
     for kind, obj_name in ((PVCS, f"{name}-model-cache"),):
         obj = await ctx.kube.get(kind, namespace, obj_name)
         owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
@@ -232,7 +284,8 @@ def live_key(spec: InferenceSpec) -> str:
 
 
 async def list_pods(ctx: OperatorContext, spec: InferenceSpec) -> list[dict[str, Any]]:
-    return await ctx.kube.list(PODS, spec.namespace, render.selector_labels(spec.name))
+    """The pods that serve HTTP (a multi-node group's leaders only: the workers are headless)."""
+    return await ctx.kube.list(PODS, spec.namespace, render.serving_labels(spec))
 
 
 async def sync_live_config(
@@ -299,6 +352,8 @@ async def autoscale(
     obs = Observations(current_replicas=current, ready=metrics, num_pending=max(0, current - len(ready)))
     policy = policy_of(spec)
     decision = autoscaler.decide(obs, policy, state.history, now)
+    if spec.autoscaling.min_replicas == 0:  # the activator's demand decides 0 -> 1 and 1 -> 0
+        decision = await scale_to_zero.with_demand(ctx, spec, decision, current)
     operator_metrics.DECISIONS.labels(reason=decision.reason).inc()
     state.history = autoscaler.prune(state.history + (decision.recommendation,), policy, now)
     state.last_decision_at = now
@@ -307,7 +362,8 @@ async def autoscale(
         spec.namespace, spec.name, current, decision.desired, decision.reason, decision.message,
     )
     if decision.desired != current:
-        await ctx.kube.patch(DEPLOYMENTS, spec.namespace, spec.name, {"spec": {"replicas": decision.desired}})
+        await ctx.kube.patch(lws_status.workload_kind(spec), spec.namespace, spec.name,
+                             {"spec": {"replicas": decision.desired}})  # an LWS's replicas are groups
         state.last_scale_time = now
         state.replicas = decision.desired
         await ctx.kube.post_event(

@@ -24,7 +24,7 @@ PERMANENT_CODES = (400, 422)  # the object is invalid: only a spec change can he
 class Refusal:
     """One refusal: the condition reason, the API server's answer and what it was about."""
 
-    reason: str  # InvalidSpec | ApplyRefused | ApplyFailed
+    reason: str  # InvalidSpec | ApplyRefused | ApplyFailed | LeaderWorkerSetMissing
     code: int  # the HTTP status; 0: no answer (timeout, connection) or not from the API server
     api_reason: str  # the Status object's reason: Forbidden, Conflict, Invalid, Timeout, ...
     target: str  # "create deployments/default/x"; "" for InvalidSpec
@@ -55,10 +55,12 @@ def invalid_spec(message: str, generation: int | None) -> Refusal:
     return Refusal("InvalidSpec", 0, "", "", message, generation, permanent=True)
 
 
-def from_error(exc: KubeError, generation: int | None, during: str = "spec", message: str = "") -> Refusal:
-    """The refusal an API error stands for (``message`` replaces the server's, e.g. with a hint)."""
+def from_error(exc: KubeError, generation: int | None, during: str = "spec", message: str = "",
+               reason: str = "") -> Refusal:
+    """The refusal an API error stands for (``message`` replaces the server's, e.g. with a hint;
+    ``reason`` the status code's, e.g. LeaderWorkerSetMissing for a 404 on that kind)."""
     permanent = exc.status in PERMANENT_CODES
-    reason = "ApplyRefused" if 400 <= exc.status < 500 else "ApplyFailed"
+    reason = reason or ("ApplyRefused" if 400 <= exc.status < 500 else "ApplyFailed")
     api_reason = exc.reason or {403: "Forbidden", 409: "Conflict", 422: "Invalid"}.get(exc.status, "")
     return Refusal(reason, exc.status, api_reason, f"{exc.method} {exc.what}", message or exc.message,
                    generation, permanent, during)

@@ -1,6 +1,7 @@
 """Pure manifest builders: InferenceSpec -> Deployment, Service, PDB, live-config ConfigMap,
 admin Secret and model-cache PVC (the model volume and init containers are ``render_model``'s,
-the InferencePool and endpoint picker ``render_pool``'s).
+the LoRA adapters' volumes, init containers and readiness gate ``render_adapters``', the
+InferencePool and endpoint picker ``render_pool``'s).
 
 Owns what the child objects look like, including the pod passthrough (imagePullSecrets,
 env/envFrom, volumes/volumeMounts, runtimeClassName, pod labels/annotations, shm size, GPU
@@ -25,8 +26,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.operator import engine_args, pod_runtime, render_model, render_pool
-from inflight.operator.spec import METRICS_KEY_ENV, InferenceSpec, passes_metrics_key
+from inflight.operator import engine_args, pod_runtime, render_adapters, render_kv_events, render_model, render_pool
+from inflight.operator.spec import METRICS_KEY_ENV, InferenceSpec, lora_enabled, passes_metrics_key
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS
 
 API_GROUP = "inflight.dev"
@@ -51,6 +52,14 @@ class Owner:
 
 def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "inflight-runtime", "app.kubernetes.io/instance": name}
+
+
+ROLE_LABEL = "inflight.dev/role"  # "leader" | "worker": the pods of a multi-node group (``render_lws``)
+
+
+def serving_labels(spec: InferenceSpec) -> dict[str, str]:
+    """The labels of the pods that serve HTTP: every pod, or a group's leaders (``spec.nodes`` > 1)."""
+    return {**selector_labels(spec.name), **({ROLE_LABEL: "leader"} if spec.nodes > 1 else {})}
 
 
 def selector_string(name: str) -> str:
@@ -117,6 +126,7 @@ def runtime_args(spec: InferenceSpec) -> list[str]:
         *engine_args.static_flags(spec.engine),
         *engine_args.live_flags(),
         *_open_metrics(spec),
+        *render_kv_events.runtime_args(spec, CONTAINER_PORT),
         *spec.extra_args,
     ]
 
@@ -148,7 +158,8 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
         "name": "INFLIGHT_ADMIN_API_KEY",
         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(spec.name), "key": ADMIN_KEY}},
     })
-    return env + pod_runtime.kernel_cache_env(spec.runtime) + [copy.deepcopy(e) for e in spec.pod.env]
+    return (env + pod_runtime.kernel_cache_env(spec.runtime) + render_kv_events.runtime_env(spec)
+            + [copy.deepcopy(e) for e in spec.pod.env])
 
 
 def _resources(spec: InferenceSpec) -> dict[str, Any]:
@@ -172,7 +183,8 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
         "image": spec.image,
         "command": ["inflight"],
         "args": runtime_args(spec),
-        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"},
+                  *render_kv_events.runtime_ports(spec)],
         "env": _env(spec),
         "resources": _resources(spec),
         "startupProbe": spec.runtime.probes["startup"].render(),
@@ -183,6 +195,7 @@ def _container(spec: InferenceSpec) -> dict[str, Any]:
             render_model.runtime_mount(spec.model),
             {"name": "dshm", "mountPath": "/dev/shm"},
             *pod_runtime.kernel_cache_mount(spec.runtime),
+            *render_adapters.mounts(spec.adapters, spec.model),
             *(copy.deepcopy(m) for m in spec.pod.volume_mounts),
         ],
         "securityContext": {
@@ -207,13 +220,17 @@ def render_pod_template(spec: InferenceSpec, admin_key_id: str = "") -> dict[str
             _shm_volume(spec),
             *render_model.extra_volumes(spec.model),
             *pod_runtime.kernel_cache_volume(spec.runtime),
+            *render_adapters.volumes(spec.adapters, spec.model),
             *(copy.deepcopy(v) for v in spec.pod.volumes),
         ],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
     }
     pod_runtime.apply_to_pod_spec(spec.runtime, pod_spec)
-    if init := render_model.init_containers(spec.model, spec.image):
+    if init := [*render_model.init_containers(spec.model, spec.image),
+                *render_adapters.init_containers(spec.adapters, spec.model, spec.image)]:
         pod_spec["initContainers"] = init
+    if gates := render_adapters.readiness_gates(lora_enabled(spec)):
+        pod_spec["readinessGates"] = gates
     if spec.pod.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.pod.image_pull_secrets]
     if spec.pod.runtime_class_name:
@@ -320,7 +337,7 @@ def render_service(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
         "metadata": meta,
         "spec": {
             "type": spec.service.type,
-            "selector": selector_labels(spec.name),
+            "selector": serving_labels(spec),
             "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -336,9 +353,9 @@ def render_pdb(spec: InferenceSpec, owner: Owner) -> dict[str, Any]:
     }
 
 
-_OPTIONAL_POD_KEYS = (
+OPTIONAL_POD_KEYS = (
     "initContainers", "nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets",
-    "runtimeClassName", "serviceAccountName", "topologySpreadConstraints",
+    "runtimeClassName", "serviceAccountName", "topologySpreadConstraints", "readinessGates",
 )
 
 
@@ -352,7 +369,7 @@ def deployment_patch(deployment: dict[str, Any], autoscaling: bool) -> dict[str,
     if autoscaling:
         patch["spec"].pop("replicas", None)
     pod_spec = patch["spec"]["template"]["spec"]
-    for key in _OPTIONAL_POD_KEYS:
+    for key in OPTIONAL_POD_KEYS:
         pod_spec.setdefault(key, None)
     if patch["spec"]["strategy"]["type"] == "Recreate":
         patch["spec"]["strategy"]["rollingUpdate"] = None  # the API server refuses it with Recreate

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.operator.spec import InferenceSpec
+from inflight.operator import render_kv_events
+from inflight.operator.spec import InferenceSpec, lora_enabled
 
 POOL_API_VERSION = "inference.networking.k8s.io/v1"
 EPP_GRPC_HEALTH_PORT = 9003
@@ -22,6 +23,7 @@ EPP_METRICS_PORT = 9090
 QUEUE_METRIC = "inflight:num_requests_waiting"
 RUNNING_METRIC = "inflight:num_requests_running"
 KV_METRIC = "inflight:kv_cache_usage_perc"
+LORA_METRIC = "vllm:lora_requests_info"  # running/waiting adapters: the picker's adapter affinity
 
 
 def picker_name(name: str) -> str:
@@ -64,9 +66,10 @@ def picker_args(spec: InferenceSpec) -> list[str]:
         "--total-queued-requests-metric", QUEUE_METRIC,
         "--total-running-requests-metric", RUNNING_METRIC,
         "--kv-cache-usage-percentage-metric", KV_METRIC,
-        "--lora-info-metric", "",
+        "--lora-info-metric", LORA_METRIC if lora_enabled(spec) else "",
         "--cache-info-metric", "",
         "--zap-encoder", "json",
+        *render_kv_events.picker_args(spec),  # the precise-prefix scorer, on an llm-d scheduler image
     ]
 
 

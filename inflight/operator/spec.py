@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inflight import env_vars
-from inflight.operator import engine_args, fields
+from inflight.operator import engine_args, fields, multi_node
+from inflight.operator.adapter_source import Adapter, check_adapter_mounts, parse_adapters, with_lora
 from inflight.operator.model_source import ModelSource, parse_model
 from inflight.operator.pod_runtime import KERNEL_CACHE_ENV, PodRuntime, parse_pod_runtime
 from inflight.operator.pod_settings import (
@@ -142,6 +143,8 @@ class InferenceSpec:
     rollout: Rollout = Rollout()
     inference_pool: InferencePoolSpec = InferencePoolSpec()
     disruption_budget: DisruptionBudget = DisruptionBudget()
+    adapters: tuple[Adapter, ...] = ()  # LoRA adapters, loaded into the pods live (``adapters``)
+    nodes: int = 1  # pods one copy of the model spans (> 1: a LeaderWorkerSet, ``multi_node``)
 
 
 _Ref = TypeVar("_Ref", SecretRef, MetricsKeyRef)
@@ -159,6 +162,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
     if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
         raise ValueError("spec.engine.extraArgs must be a list of strings.")
     replicas = _int(spec, "replicas", fields.default(InferenceSpec, "replicas"), minimum=0)
+    nodes = multi_node.parse_nodes(spec)
     resources_raw = _obj(spec, "resources")
     resources = _parse_resources(resources_raw)
     pod = parse_pod_settings(spec, resources_raw)
@@ -167,11 +171,14 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
             {e.get("name") for e in pod.env} & set(KERNEL_CACHE_ENV))):
         raise ValueError(f"spec.env sets {', '.join(taken)}, which spec.kernelCache points at its volume; "
                          "drop one of them.")
+    model = parse_model(name, _obj(spec, "model", required=True))
+    adapters = parse_adapters(spec.get("adapters"), model.served_model_name)
     parsed = InferenceSpec(
         name=name,
         namespace=namespace,
-        model=parse_model(name, _obj(spec, "model", required=True)),
-        engine=_with_tensor_parallel(engine_args.parse_engine(engine_raw), resources.gpus),
+        model=model,
+        engine=with_lora(multi_node.with_pipeline_parallel(
+            _with_tensor_parallel(engine_args.parse_engine(engine_raw), resources.gpus), nodes), adapters),
         extra_args=tuple(extra_args),
         image=_str(spec, "image", defaults.runtime_image),
         resources=resources,
@@ -191,9 +198,14 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
         rollout=parse_rollout(_obj(spec, "rollout")),
         inference_pool=_parse_inference_pool(_obj(spec, "inferencePool"), defaults.picker_image),
         disruption_budget=parse_disruption_budget(_obj(spec, "disruptionBudget")),
+        adapters=adapters,
+        nodes=nodes,
     )
     _check_metrics_key(parsed)
     _check_cache_sharing(parsed)
+    _check_multi_node(parsed)
+    if lora_enabled(parsed):
+        check_adapter_mounts(parsed.pod.volumes, parsed.pod.volume_mounts)
     return parsed
 
 
@@ -221,6 +233,13 @@ def _check_cache_sharing(spec: InferenceSpec) -> None:
     )
 
 
+def _check_multi_node(spec: InferenceSpec) -> None:
+    cache = spec.model.cache
+    multi_node.check(spec.nodes, min_replicas=spec.autoscaling.min_replicas if spec.autoscaling.enabled else None,
+                     pool=spec.inference_pool.enabled, lora=lora_enabled(spec),
+                     cache_access_mode=None if cache is None or cache.size is None else cache.access_mode)
+
+
 def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
     """``tensor_parallel_size`` defaults to the pod's GPUs; an explicit value must equal them.
 
@@ -245,6 +264,11 @@ def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
             "drives one GPU of the pod. Leave tensorParallelSize unset to follow gpus."
         )
     return engine
+
+
+def lora_enabled(spec: InferenceSpec) -> bool:
+    """Whether the pods run with ``--enable-lora`` (adapters listed, or ``engine.enableLora``)."""
+    return bool(spec.engine.get("enable_lora"))
 
 
 def _parse_inference_pool(raw: dict[str, Any], picker_image: str) -> InferencePoolSpec:
@@ -295,7 +319,7 @@ def _parse_autoscaling(raw: dict[str, Any]) -> Autoscaling:
         raise ValueError(f"{p}.enabled must be true or false (got {enabled!r}).")
     scaling = Autoscaling(
         enabled=enabled,
-        min_replicas=_int(raw, "minReplicas", d.min_replicas, minimum=1, prefix=p),
+        min_replicas=_int(raw, "minReplicas", d.min_replicas, minimum=0, prefix=p),  # 0: scale_to_zero
         max_replicas=_int(raw, "maxReplicas", d.max_replicas, minimum=1, prefix=p),
         target_kv_cache_usage=_num(raw, "targetKvCacheUsage", d.target_kv_cache_usage, p),
         target_queue_depth=_num(raw, "targetQueueDepth", d.target_queue_depth, p),

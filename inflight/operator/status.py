@@ -23,7 +23,7 @@ from inflight.operator.spec import InferenceSpec
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str  # Ready | Available | Progressing | Degraded | MetricsUnavailable | AutoscalingConflict
-    # | ForeignAutoscaler
+    # | ForeignAutoscaler | AdaptersReady (``adapters``) | GroupsReady (``lws_status``)
     status: bool
     reason: str
     message: str

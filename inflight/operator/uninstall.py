@@ -76,7 +76,10 @@ async def run(conn: kopf.ConnectionInfo, args: argparse.Namespace) -> list[str]:
         if args.operator_deployment:
             labels = dict(item.split("=", 1) for item in args.operator_selector.split(",") if item)
             await stop_operator(kube, args.operator_namespace, args.operator_deployment, labels)
-        return await release_finalizers(kube, args.watch_namespace or None)
+        released: list[str] = []
+        for namespace in args.watch_namespace or [None]:  # None: every namespace
+            released += await release_finalizers(kube, namespace)
+        return released
     finally:
         await kube.close()
 
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     parser.add_argument("--operator-deployment", default="", help="scale this Deployment to 0 first")
     parser.add_argument("--operator-selector", default="", help="its pods' labels, k=v,k=v")
-    parser.add_argument("--watch-namespace", default="", help="only this namespace (default: all)")
+    parser.add_argument("--watch-namespace", action="append", default=[],
+                        help="only this namespace (repeatable; default: all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     conn = kopf.login_via_client(logger=logger, settings=kopf.OperatorSettings())

@@ -16,9 +16,10 @@ if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from inflight.runtime.config import EngineConfig  # noqa: E402
+from inflight.runtime.lora.types import LoRARequest  # noqa: E402  (no torch: the offline LoRA argument)
 from inflight.runtime.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "LoRARequest", "SamplingParams"]
 
 
 def __getattr__(name: str):  # lazy: importing the package must not import torch

@@ -17,6 +17,7 @@ SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "sim")
 QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype names
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
 LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
@@ -30,6 +31,12 @@ DRAIN_TIMEOUT_S = 30
 # (issue 46). The seed alone may use the 64 bits torch.manual_seed takes.
 MAX_CONFIG_INT = 2**31 - 1
 MAX_SEED = 2**64 - 1
+MAX_KV_OFFLOADING_GIB = 1 << 20  # kv_offloading_size: far past any host's memory, well inside a float
+# LoRA bounds: the rank vLLM accepts at most (its choices run 8 .. 512), and slot counts far past
+# what fits a device (each slot holds A and B for every targeted layer and module).
+MAX_LORA_RANK = 512
+MAX_LORAS = 256
+MAX_CPU_LORAS = 4096
 
 
 def _help(text: str) -> dict[str, str]:
@@ -73,6 +80,15 @@ class EngineConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata=_help("Share KV blocks between requests with identical prompt prefixes.")
     )
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata=_help(
+            "GiB of host memory behind the prefix cache (vLLM's native CPU offloading): full cached blocks "
+            "the device pool evicts are copied there, and a prefix hit there is copied back instead of "
+            "recomputed (docs/kv-offloading.md). Needs prefix caching; not with tensor parallelism or "
+            "the pooling runner. Off when unset."
+        ),
+    )
     max_model_len: int | None = field(
         default=None,
         metadata=_help("Longest prompt + output in tokens. Default: the model's max_position_embeddings."),
@@ -112,11 +128,51 @@ class EngineConfig:
         default=1,
         metadata=_help("Split the model across this many devices (ranks) of one node; 1: no split."),
     )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata=_help("Split the decoder layers into this many stages, each on its own ranks (tensor_parallel_size "
+                       "of them; world size TP x PP); 1: no pipeline. docs/multi-node.md."),
+    )
+    nnodes: int | None = field(
+        default=None,
+        metadata=_help("Nodes the TP x PP ranks span (the same number of ranks on each); unset: LWS_GROUP_SIZE, "
+                       "else 1. Nodes other than 0 run `inflight serve ... --headless`."),
+    )
+    node_rank: int | None = field(
+        default=None,
+        metadata=_help("This node's index (0: the engine, rank 0, and the HTTP server); unset: LWS_WORKER_INDEX, "
+                       "else 0."),
+    )
+    master_addr: str | None = field(
+        default=None,
+        metadata=_help("Address of node 0, where the ranks meet; unset: LWS_LEADER_ADDRESS, else 127.0.0.1."),
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata=_help("Port node 0 opens for the ranks to meet; unset: 29500 with several nodes, any free port "
+                       "with one."),
+    )
     kernel_backend: str = field(
         default="auto",
         metadata=_help(
             "auto | triton | torch | cpu: which attention/KV kernels run (auto: Triton on CUDA, "
             "the native C kernels on the CPU when a C compiler can build them, else torch)."
+        ),
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=_help(
+            "auto | fp8 | fp8_e4m3 | fp8_e5m2 (vLLM's names): how the paged KV cache stores K and V. "
+            "auto: the serving dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per value with a "
+            "per-layer K and V scale (from the checkpoint, else --calculate-kv-scales, else 1.0), "
+            "so the same memory holds 2x the blocks of bf16. Not token-exact (docs/kv-cache-dtype.md)."
+        ),
+    )
+    calculate_kv_scales: bool = field(
+        default=False,
+        metadata=_help(
+            "With an fp8 KV cache and no scales in the checkpoint: set each layer's K and V scale "
+            "from the first prompt's K/V (amax / 200 for K, / 100 for V: vLLM's); else 1.0."
         ),
     )
     quantization: str = field(
@@ -134,7 +190,8 @@ class EngineConfig:
             'Speculative decoding as vLLM configures it, a JSON object: {"method": "ngram", '
             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
             '"disable_by_batch_size": 8}, or a small draft model that shares the tokenizer: '
-            '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}. Off when unset.'
+            '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}, or an EAGLE-3 head trained '
+            'for the served model: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}. Off when unset.'
         ),
     )
     runner: str = field(
@@ -186,6 +243,36 @@ class EngineConfig:
             "digest, at most 64 at a time."
         ),
     )
+    kv_events_config: str | None = field(
+        default=None,
+        metadata=_help(
+            'KV-cache events as vLLM configures them, a JSON object: {"enable_kv_cache_events": true, '
+            '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": null, "buffer_steps": 10000, '
+            '"hwm": 100000, "max_queue_size": 100000, "topic": ""}: which prefix-cache blocks are stored '
+            "and evicted, sent over ZMQ as vLLM's msgpack BlockStored / BlockRemoved / AllBlocksCleared "
+            "for a router such as llm-d's precise-prefix scorer (docs/kv-events.md). Off when unset."
+        ),
+    )
+
+    enable_lora: bool = field(
+        default=False,
+        metadata=_help(
+            "Serve PEFT LoRA adapters on the base model (vLLM's flag): rows of one step may use "
+            "different adapters (docs/lora.md)."
+        ),
+    )
+    max_loras: int = field(
+        default=1, metadata=_help("Most distinct LoRA adapters in one step (device slots).")
+    )
+    max_lora_rank: int = field(
+        default=16,
+        metadata=_help("Largest LoRA rank accepted; device slots are padded to it (vLLM's choices: "
+                       "8, 16, 32, 64, 128, 256, 320, 512; any positive integer up to 512 works)."),
+    )
+    max_cpu_loras: int | None = field(
+        default=None,
+        metadata=_help("Most LoRA adapters kept as host copies (LRU); unset: max_loras. Must be >= max_loras."),
+    )
 
     def __post_init__(self) -> None:
         _check_int(self, "max_num_sequences", 1)
@@ -210,12 +297,21 @@ class EngineConfig:
             _check_int(self, "long_prefill_token_threshold", 0)
         _check_int(self, "max_queue_len", 0)
         _check_int(self, "tensor_parallel_size", 1)
+        _check_int(self, "pipeline_parallel_size", 1)
+        for name, low, high in (("nnodes", 1, 4096), ("node_rank", 0, 4095), ("master_port", 1, 65535)):
+            if getattr(self, name) is not None:
+                _check_int(self, name, low, high)
+        if self.master_addr is not None and (not isinstance(self.master_addr, str) or not self.master_addr):
+            raise ValueError(f"master_addr must be a host name or address (got {self.master_addr!r}).")
         _check_int(self, "seed", 0, MAX_SEED)
         _check_choice(self, "scheduler_policy", SCHEDULER_POLICIES)
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "device", DEVICES)
         _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
         _check_choice(self, "quantization", QUANTIZATIONS)
+        _check_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
+        if not isinstance(self.calculate_kv_scales, bool):
+            raise ValueError(f"calculate_kv_scales must be true or false (got {self.calculate_kv_scales!r}).")
         if self.speculative_config is not None:
             if not isinstance(self.speculative_config, str):
                 raise ValueError("speculative_config must be a JSON object given as text.")
@@ -223,18 +319,30 @@ class EngineConfig:
 
             spec = parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
             if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
-                raise ValueError("speculative method draft_model needs tensor_parallel_size 1 (a draft model "
-                                 "is not split across devices yet); use method ngram with tensor parallelism")
+                raise ValueError(f"speculative method {spec.method} needs tensor_parallel_size 1 (a draft model or "
+                                 "head is not split across devices yet); use method ngram with tensor parallelism")
         self._check_pooling()
+        self._check_lora()
         if self.metrics_tenants is not None:
             from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 
             if not isinstance(self.metrics_tenants, str):
                 raise ValueError("metrics_tenants must be tenant names separated by commas, given as text.")
             parse_metrics_tenants(self.metrics_tenants)  # raises ValueError naming the bad name
+        if self.kv_events_config is not None:
+            from inflight.runtime.kv_events.config import parse_kv_events_config
+
+            if not isinstance(self.kv_events_config, str):
+                raise ValueError("kv_events_config must be a JSON object given as text.")
+            parse_kv_events_config(self.kv_events_config)  # raises ValueError naming the key
         for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
+        self._check_kv_offloading()
+        if self.pipeline_parallel_size > 1:
+            from inflight.runtime.distributed.pipeline_checks import check_pipeline_config
+
+            check_pipeline_config(self)  # raises ValueError naming what does not combine with stages
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be true, false or unset (auto) (got {self.async_scheduling!r}).")
 
@@ -250,6 +358,37 @@ class EngineConfig:
                              + ("speculative decoding" if self.speculative_config is not None
                                 else "tensor parallelism (tensor_parallel_size > 1)")
                              + " yet; turn one of them off.")
+
+    def _check_lora(self) -> None:
+        if not isinstance(self.enable_lora, bool):
+            raise ValueError(f"enable_lora must be true or false (got {self.enable_lora!r}).")
+        _check_int(self, "max_loras", 1, MAX_LORAS)
+        _check_int(self, "max_lora_rank", 1, MAX_LORA_RANK)
+        if self.max_cpu_loras is not None:
+            _check_int(self, "max_cpu_loras", 1, MAX_CPU_LORAS)
+            if self.max_cpu_loras < self.max_loras:
+                raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}) "
+                                 "(vLLM's rule); raise max_cpu_loras or leave it unset.")
+        if self.enable_lora and (self.runner == "pooling" or self.device == "sim"):
+            raise ValueError("enable_lora needs the generate runner on a real device (cpu or cuda); "
+                             "drop enable_lora, runner pooling or device sim.")
+        if self.enable_lora and self.async_scheduling is True:
+            raise ValueError("enable_lora cannot be combined with async_scheduling yet (a step's adapter "
+                             "slots are loaded while it is prepared); turn one of them off.")
+
+    def _check_kv_offloading(self) -> None:
+        size = self.kv_offloading_size
+        if size is None:
+            return
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= MAX_KV_OFFLOADING_GIB:
+            raise ValueError(f"kv_offloading_size must be a number of GiB > 0 and <= {MAX_KV_OFFLOADING_GIB} "
+                             f"(got {_brief(size)}).")
+        clash = ("enable_prefix_caching false (the host tier keeps prefix-cache blocks)"
+                 if not self.enable_prefix_caching
+                 else "tensor_parallel_size > 1" if self.tensor_parallel_size > 1
+                 else "runner pooling" if self.runner == "pooling" else None)  # fmt: skip
+        if clash is not None:
+            raise ValueError(f"kv_offloading_size cannot be combined with {clash}; drop one of them.")
 
     def _check_pooling(self) -> None:
         from inflight.runtime.model.pooling import RUNNERS, parse_pooler_config

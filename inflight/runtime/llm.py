@@ -27,6 +27,7 @@ from typing import Any
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.engine_core.output_text import OutputText, step_with_text
+from inflight.runtime.lora.types import LoRARequest
 from inflight.runtime.model.gguf_source import resolve_model_dir
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
@@ -70,8 +71,11 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[CompletionOutput]:
-        """Generate for every prompt; results come back in prompt order."""
+        """Generate for every prompt; results come back in prompt order. ``lora_request`` (vLLM's):
+        one LoRA adapter for every prompt, or one (or None) per prompt; each is loaded on first use
+        (``LLM(model, enable_lora=True)``)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
@@ -80,12 +84,16 @@ class LLM:
         param_list = [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompt_list):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompt_list)} prompts.")
+        loras = (list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompt_list))
+        if len(loras) != len(prompt_list):
+            raise ValueError(f"got {len(loras)} LoRA requests for {len(prompt_list)} prompts.")
+        lora_names = [None if lr is None else self.engine.add_lora(lr.lora_name, lr.lora_path).name for lr in loras]
         req_ids, prompt_ids = [], []
-        for prompt, p in zip(prompt_list, param_list, strict=True):
+        for prompt, p, lora_name in zip(prompt_list, param_list, lora_names, strict=True):
             req_id = f"offline-{self._counter}"
             self._counter += 1
             ids, cache_salt = self._parse_prompt(prompt)
-            self.engine.add_request(req_id, ids, p, cache_salt=cache_salt)
+            self.engine.add_request(req_id, ids, p, cache_salt=cache_salt, lora_name=lora_name)
             self._text.add(req_id, p)
             req_ids.append(req_id)
             prompt_ids.append(ids)

@@ -191,9 +191,29 @@ class EngineStats:
     num_prefill_backlog_tokens: int = 0
     num_prefill_computed_tokens: int = 0
     prefill_tokens_per_second: float = 0.0
+    # The host KV tier (kv_offloading_size; all 0 without one): its blocks and those in use, the
+    # prompt tokens looked up past the device's prefix hits and found there (vLLM's external prefix
+    # cache), blocks copied out (saved) and in (loaded) and their bytes, evicted device blocks it
+    # could not take (every slot pinned by the step's copy-ins). Cumulative but the block counts.
+    num_host_kv_blocks: int = 0
+    num_used_host_kv_blocks: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    kv_offload_stored_blocks: int = 0
+    kv_offload_loaded_blocks: int = 0
+    kv_offload_bytes: int = 0
+    kv_offload_dropped_blocks: int = 0
+    # LoRA (--enable-lora): the adapters of running requests and of waiting ones, each name once
+    # (vllm:lora_requests_info; the engine core fills them from LLMEngine.lora_stats()).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
     __reduce__ = _reduce_by_fields
 
     @property
     def kv_cache_usage(self) -> float:
         return self.num_used_kv_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+    @property
+    def host_kv_cache_usage(self) -> float:
+        return self.num_used_host_kv_blocks / self.num_host_kv_blocks if self.num_host_kv_blocks else 0.0

@@ -68,7 +68,8 @@ def test_schema_types_every_values_key() -> None:
     schema = json.loads(SCHEMA_FILE.read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     # Free-form maps (labels, annotations, resources...) have no fixed keys below them.
-    free_form = ("grafanaDashboard.labels.", "resources.requests.", "resources.limits.")
+    free_form = ("grafanaDashboard.labels.", "resources.requests.", "resources.limits.",
+                 "activator.resources.requests.", "activator.resources.limits.")
     missing = sorted(
         p for p in _leaf_paths(values) - _schema_paths(schema) if not p.startswith(free_form)
     )

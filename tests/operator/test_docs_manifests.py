@@ -13,7 +13,7 @@ from inflight.operator.spec import parse_spec
 from tests.operator.helpers import CRD_PATH, REPO
 from tests.operator.kmock_schema import strict_errors
 
-DOCS = ["docs/model-sources.md", "docs/kubernetes.md", "docs/autoscaling.md"]
+DOCS = ["docs/model-sources.md", "docs/kubernetes.md", "docs/autoscaling.md", "docs/multi-node.md"]
 
 
 def _manifests() -> list[tuple[str, dict[str, Any]]]:

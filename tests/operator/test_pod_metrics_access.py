@@ -48,6 +48,8 @@ def _container_env(spec_overrides: dict[str, Any]) -> tuple[list[str], dict[str,
             env[var["name"]] = SECRETS[(ref["name"], ref["key"])]
         elif "configMapKeyRef" in source:
             env[var["name"]] = config[source["configMapKeyRef"]["key"]]
+        elif "fieldRef" in source:  # the downward API (POD_IP, for the KV events' topic)
+            env[var["name"]] = {"status.podIP": "10.0.0.7"}[source["fieldRef"]["fieldPath"]]
         else:
             env[var["name"]] = var["value"]
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in container["args"]]

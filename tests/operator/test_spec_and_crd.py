@@ -37,8 +37,9 @@ def test_crd_engine_properties_are_exactly_the_engine_knobs() -> None:
     assert engine_props == expected
     issue_list = {"maxNumSequences", "maxNumTokens", "kvCacheFreeGpuMemFraction", "blockSize",
                   "enableChunkedContext", "enablePrefixCaching", "maxModelLen", "dtype",
-                  "schedulerPolicy", "maxQueueLen", "tensorParallelSize",
-                  "enforceEager", "asyncScheduling", "quantization", "speculativeConfig", "maxTokensInPagedKvCache"}
+                  "schedulerPolicy", "maxQueueLen", "tensorParallelSize", "pipelineParallelSize",
+                  "enforceEager", "asyncScheduling", "quantization", "speculativeConfig", "maxTokensInPagedKvCache",
+                  "enableLora", "maxLoras", "maxLoraRank", "maxCpuLoras", "kvCacheDtype", "calculateKvScales"}
     assert engine_props - {"extraArgs"} == issue_list
 
 
@@ -123,7 +124,7 @@ INVALID_SPECS = [
     ({"engine": {"extraArgs": "--x"}}, "extraArgs must be a list of strings"),
     ({"replicas": -1}, "spec.replicas must be an integer >= 0"),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas (5) must not exceed maxReplicas (2)"),
-    ({"autoscaling": {"minReplicas": 0}}, "minReplicas must be an integer >= 1"),
+    ({"autoscaling": {"minReplicas": -1}}, "minReplicas must be an integer >= 0"),
     ({"autoscaling": {"targetQueueDepth": 0}}, "targetQueueDepth must be a number > 0"),
     ({"autoscaling": {"targetKvCacheUsage": 1.2}}, "targetKvCacheUsage must be in (0, 1]"),
     ({"service": {"type": "Headless"}}, "spec.service.type must be one of"),

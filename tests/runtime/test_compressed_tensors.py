@@ -135,7 +135,7 @@ def _config(**changes: object) -> dict:
     dict(format="float-quantized"), dict(format="naive-quantized"),
     dict(input_activations={"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}),
     dict(type="float", num_bits=8), dict(num_bits=2), dict(strategy="tensor"), dict(strategy="block"),
-    dict(actorder="group"), dict(kv_cache_scheme={"num_bits": 8, "type": "float"}),
+    dict(actorder="group"), dict(kv_cache_scheme={"num_bits": 8, "type": "int"}),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items())[:40])
 def test_unsupported_quantization_is_refused_naming_what_is(changes: dict) -> None:
     with pytest.raises(ValueError, match="pack-quantized format with int weights of 4 or 8 bits"):
@@ -147,6 +147,8 @@ def test_supported_configs_parse() -> None:
     scheme = ct.detect(_config())
     assert scheme is not None and scheme.args_for("model.layers.0.mlp.up_proj") == ct.WeightArgs(4, 128, True, ("Linear",))
     assert scheme.args_for("lm_head") is None
+    # an fp8 kv_cache_scheme: the checkpoint's k_scale/v_scale tensors serve --kv-cache-dtype fp8
+    assert ct.detect(_config(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"})) is not None
     channel = ct.detect(_config(strategy="channel", group_size=None, num_bits=8, symmetric=False, actorder="weight"))
     assert channel is not None and channel.groups[0] == ct.WeightArgs(8, None, False, ("Linear",))
 

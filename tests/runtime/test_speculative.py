@@ -33,7 +33,8 @@ SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_looku
     ('{"model": "/models/small"}', None),  # vLLM: a model without a method is a draft model
     ('{"method": "draft_model"}', 'method "draft_model" needs "model"'),
     ('{"method": "ngram", "model": "/models/small"}', 'which method "ngram" does not use'),
-    ('{"method": "eagle", "model": "/models/small"}', "speculative method must be one of ngram, draft_model"),
+    ('{"method": "eagle", "model": "/models/small"}', 'method "eagle" .EAGLE-1/2 heads. is not served'),
+    ('{"method": "medusa", "model": "/models/small"}', "speculative method must be one of ngram, draft_model, eagle3"),
     ('{"method": "draft_model", "model": "x", "draft_tensor_parallel_size": 2}', "unknown speculative_config key"),
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
     ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max must be an integer >= prompt_lookup_min"),

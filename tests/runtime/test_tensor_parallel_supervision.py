@@ -47,8 +47,8 @@ def test_tp_size_that_does_not_divide_the_heads_fails_before_any_process(model_f
 def test_worker_that_fails_to_load_fails_the_start_with_its_message(model_factory, monkeypatch) -> None:
     spawn = launcher._spawn
 
-    def bad_dir(rank, world, port, model_dir, config):
-        return spawn(rank, world, port, Path(model_dir) / "missing", config)
+    def bad_dir(rank, world, port, model_dir, config, *where):
+        return spawn(rank, world, port, Path(model_dir) / "missing", config, *where)
 
     monkeypatch.setattr(launcher, "_spawn", bad_dir)
     # The worker's own message (not a start-up timeout's) proves the start failed on its report.

@@ -21,7 +21,8 @@ EXAMPLES = {"--model": "other", "--tokenizer": "tok", "--chat-template": "{{ mes
             "--served-model-name": "served", "--api-key": "key", "--log-level": "warning", "--dtype": "bfloat16",
             "--access-log-exclude": "/health", "--scheduler-policy": "priority", "--speculative-config":
             '{"method": "ngram"}', "--kv-cache-free-gpu-mem-fraction": "0.5", "--drain-timeout": "5",
-            "--tool-call-parser": "hermes", "--override-generation-config": '{"temperature": 0.5}'}
+            "--tool-call-parser": "hermes", "--override-generation-config": '{"temperature": 0.5}',
+            "--lora-modules": "a=/adapters/a"}
 VALUES = {0: [], 1: ["x"], "?": [], "+": ["a", "b"]}
 
 
@@ -83,7 +84,7 @@ def test_vllm_spellings_of_values_and_flags() -> None:
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: refused: not supported"),
+    (["--kv-cache-memory-bytes", "1000"], "--kv-cache-memory-bytes 1000: refused"),
     (["--quantization-config", "{}"], "--quantization-config {}: refused"),
     (["--allowed-origins", '["*"]'], "no CORS headers"),
 ])

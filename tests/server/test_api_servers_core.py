@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import EngineCore
 from inflight.runtime.engine_core.inproc import ThreadStepClock
@@ -34,6 +35,7 @@ class _Engine:
         self.aborted: list[str] = []
         self.version = 0
         self.closed = False
+        self.config = EngineConfig()  # LoRA off: the core reads enable_lora
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.limit)

@@ -41,7 +41,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The namespace the operator watches, or "" for all of them. */}}
 {{- define "inflight.watchNamespace" -}}
-{{- .Values.watchNamespace | default "" -}}
+{{- include "inflight.watchNamespaces" . | fromJsonArray | join "," -}}
+{{- end -}}
+
+{{/* watchNamespace and watchNamespaces together, as a JSON list ([] in cluster mode). */}}
+{{- define "inflight.watchNamespaces" -}}
+{{- $list := .Values.watchNamespaces | default list -}}
+{{- if .Values.watchNamespace -}}
+{{- $list = prepend $list .Values.watchNamespace -}}
+{{- end -}}
+{{- $list | uniq | toJson -}}
 {{- end -}}
 
 {{/*
@@ -88,6 +97,10 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# spec.adapters: the operator sets the pods' readiness gate inflight.dev/adapters-loaded.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # The admin Secret (<name>-admin) is written with a derived key and deleted with its owner,
 # never read; the model-cache PVC is created once, read, deleted with its owner.
 - apiGroups: [""]
@@ -99,6 +112,10 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 # spec.inferencePool: the Gateway API Inference Extension's InferencePool.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
+# spec.nodes > 1: the LeaderWorkerSet (leaderworkerset.x-k8s.io) running the groups.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
   verbs: ["get", "create", "patch", "delete"]
 # Scaling decisions, refusals and foreign autoscalers; listed while a pod is stuck creating.
 - apiGroups: [""]
@@ -130,4 +147,8 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The rollout gate's ledger (ConfigMap inflight-operator-rollouts): operator-caused rollouts in progress.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
 {{- end -}}

@@ -105,9 +105,9 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
         flags = flag_names("--" + f.name.replace("_", "-"))
         default = f.default if f.default is not dataclasses.MISSING else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
-        if optional and kind not in (int, str, bool):  # Optional[bool]: unset is auto
-            raise TypeError(f"EngineConfig.{f.name}: only Optional[int], Optional[str] and Optional[bool] fields "
-                            "have a flag form")
+        if optional and kind not in (int, float, str, bool):  # Optional[bool]: unset is auto
+            raise TypeError(f"EngineConfig.{f.name}: only Optional[int], Optional[float], Optional[str] and "
+                            "Optional[bool] fields have a flag form")
         if kind is bool:
             group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=help_text)
@@ -159,6 +159,7 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         tenant_header=args.tenant_header,
         responses_store_size=args.responses_store_size or (DEFAULT_MAX_ENTRIES if args.enable_responses_store else 0),
         reject_unknown_fields=args.reject_unknown_fields,
+        lora_modules=tuple(args.lora_modules or ()),
     )
 
 
@@ -190,6 +191,17 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         settings = server_settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if settings.lora_modules and not config.enable_lora:
+        parser.error("--lora-modules needs --enable-lora")
+    if args.headless:  # another node's ranks of a multi-node group: no front end (distributed/headless.py)
+        from inflight.runtime.distributed.headless import run_headless
+
+        configure_logging(args.log_level, args.log_format)
+        try:
+            return run_headless(args.model, config)
+        except (ValueError, RuntimeError) as exc:
+            print(startup_error_line(str(exc), args.log_format), file=sys.stderr)
+            return 1
     problem = model_dir_problem(args.model) or preflight.host_problem(args.host)
     if problem is None and args.tokenizer is not None:
         problem = tokenizer_dir_problem(args.tokenizer)

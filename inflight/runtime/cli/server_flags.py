@@ -14,6 +14,7 @@ from inflight import env_vars
 from inflight.runtime.cli import preflight
 from inflight.runtime.cli import vllm_aliases as cli_vllm
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
+from inflight.runtime.server.lora import LoRAModule, parse_lora_module
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.server.responses_api.store import DEFAULT_MAX_ENTRIES
 from inflight.runtime.server.state import PREFIX_CACHE_ISOLATION, ServerSettings
@@ -43,6 +44,13 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--chat-template", default=None, metavar="FILE|NAME|TEMPLATE",
                         help="The chat template to use instead of the tokenizer's: a file, a builtin "
                              "(smollm2-tools: SmolLM2's with Hermes-style tools), or the Jinja template itself.")
+    server.add_argument(*flag_names("--lora-modules"), nargs="+", type=_lora_module, default=None,
+                        metavar="NAME=PATH|JSON",
+                        help="LoRA adapters (PEFT directories) loaded before the server says ready, each "
+                             "served under its name as a request's model (needs --enable-lora): name=path, or "
+                             "vLLM's JSON form '{\"name\": \"x\", \"path\": \"/p\", \"base_model_name\": "
+                             "\"m\"}' (base_model_name: the parent /v1/models names). A refused adapter fails "
+                             "the start with its reason.")
     server.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=None,
                         help="Serve tool_choice 'auto' (and tools without a tool_choice). On unless "
                              "--no-enable-auto-tool-choice, which refuses it as vLLM does by default.")
@@ -150,10 +158,20 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
                         help="Comma-separated paths left out of the access log (e.g. /health,/metrics).")
     server.add_argument("--stats-log", action=argparse.BooleanOptionalAction, default=True,
                         help="The periodic engine stats line while busy.")
+    server.add_argument("--headless", action="store_true", default=False,
+                        help="Run this node's ranks of a multi-node group (--nnodes, --node-rank K > 0) and no "
+                             "HTTP server (docs/multi-node.md).")
     server.add_argument(*flag_names("--single-process"), action="store_true",
                         default=env_vars.read_bool(SINGLE_PROCESS_ENV),
                         help="Run the engine in a thread of the server process instead of an engine-core "
                              f"process of its own (for debugging; env {SINGLE_PROCESS_ENV}=1).")
+
+
+def _lora_module(text: str) -> LoRAModule:
+    try:
+        return parse_lora_module(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _tool_call_parser(text: str) -> str:

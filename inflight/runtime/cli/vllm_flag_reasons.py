@@ -8,13 +8,14 @@ from __future__ import annotations
 from inflight.runtime.config import KERNEL_BACKENDS
 
 HUB = "inflight never downloads a model; the local directory is what is served"
-ONE_NODE = ("inflight serves from one node: no data, pipeline, context or expert parallelism, "
-            "no multi-node launch; run more replicas (the operator scales them)")
+ONE_NODE = ("inflight splits a model by tensor and pipeline parallelism only: no data, context or expert "
+            "parallelism; run more replicas (the operator scales them)")
 MOE = ("mixture-of-experts layers shard each expert's intermediate dimension over the tensor-parallel ranks: "
        "no expert parallelism, expert load balancing or routed-expert export")
 MAMBA = "no Mamba or hybrid models here"
 MM = "no multi-modal inputs here"
-LORA = "no LoRA adapters here"
+LORA_KERNEL = "one LoRA kernel serves every batch (Punica-style, rows grouped by adapter slot)"
+LORA_MOE = "LoRA adapters apply to attention and dense MLP projections; not to mixture-of-experts experts"
 KERNELS = f"inflight runs its own kernels (--kernel-backend {'|'.join(KERNEL_BACKENDS)})"
 GRAPHS = ("no torch.compile; decode steps run as CUDA graphs of inflight's own batch sizes "
           "(--enforce-eager turns them off; docs/gpu.md)")

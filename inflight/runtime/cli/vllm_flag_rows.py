@@ -26,7 +26,6 @@ from inflight.runtime.cli.vllm_flag_reasons import (
     HUB,
     KERNELS,
     LOG_TEXT,
-    LORA,
     MAMBA,
     MM,
     MOE,
@@ -52,11 +51,13 @@ from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_pa
 VLLM_RELEASE = "0.32.0"
 
 FRONTEND: tuple[VllmFlag, ...] = (
-    refused("--headless", ONE_NODE, 0),
+    alias("--headless", "--headless", "This node's ranks of a multi-node group, no HTTP server.", 0),
     alias(("--api-server-count", "-asc"), "--api-server-count", "Front-end processes over one engine core."),
     refused("--config", "options come from the command line only; vLLM's YAML config file is not read"),
     refused("--grpc", "no gRPC server: the OpenAI HTTP API only", 0),
-    refused("--lora-modules", LORA, "+"),
+    alias("--lora-modules", "--lora-modules", "name=path, or vLLM's JSON form {\"name\", \"path\", "
+          "\"base_model_name\"}; loaded before the server is ready (a refused one fails the start). Needs "
+          "--enable-lora.", "+"),
     alias("--chat-template", "--chat-template", "A file, a builtin name (`smollm2-tools`), or the template "
           "itself (escapes like \\n decoded, as vLLM does)."),
     only("--chat-template-content-format", ("auto", "string"),
@@ -218,11 +219,12 @@ LOAD: tuple[VllmFlag, ...] = (
 PARALLEL: tuple[VllmFlag, ...] = (
     only("--distributed-executor-backend", ("mp", "uni"), "tensor-parallel ranks are processes of this node",
          "tensor-parallel ranks are processes of this node: no Ray or external launcher"),
-    only(("--pipeline-parallel-size", "-pp"), ("1",), "no pipeline parallelism", ONE_NODE),
-    notice("--master-addr", ONE_NODE),
-    notice("--master-port", ONE_NODE),
-    only(("--nnodes", "-n"), ("1",), "one node", ONE_NODE),
-    only(("--node-rank", "-r"), ("0",), "one node", ONE_NODE),
+    alias(("--pipeline-parallel-size", "-pp"), "--pipeline-parallel-size",
+          "Pipeline stages (layers split over TP x PP ranks; docs/multi-node.md)."),
+    alias("--master-addr", "--master-addr", "Node 0's address (default LWS_LEADER_ADDRESS)."),
+    alias("--master-port", "--master-port", "Node 0's rendezvous port (29500 with several nodes)."),
+    alias(("--nnodes", "-n"), "--nnodes", "Nodes of the group (default LWS_GROUP_SIZE, else 1)."),
+    alias(("--node-rank", "-r"), "--node-rank", "This node (default LWS_WORKER_INDEX, else 0)."),
     notice("--distributed-timeout-seconds", "a stalled rank is caught by --engine-stall-timeout"),
     notice("--cpu-distributed-timeout-seconds", "a stalled rank is caught by --engine-stall-timeout"),
     switch("--numa-bind", "no NUMA binding"),
@@ -279,14 +281,13 @@ CACHE: tuple[VllmFlag, ...] = (
           "Not quite the same: vLLM's is the share of the whole GPU; ours the share of the memory "
           "still free after the weights load that becomes KV cache."),
     refused("--kv-cache-memory-bytes", "size the KV cache with --num-kv-blocks or --max-tokens-in-paged-kv-cache"),
-    only("--kv-cache-dtype", ("auto",), "the KV cache is stored in the serving dtype",
-         "not supported: the KV cache is stored in the serving dtype (no fp8 or int8 KV cache)"),
+    alias("--kv-cache-dtype", "--kv-cache-dtype", "auto, fp8, fp8_e4m3, fp8_e5m2 (docs/kv-cache-dtype.md)."),
     alias("--num-gpu-blocks-override", "--num-kv-blocks", "Replaces the memory-based sizing."),
     alias("--enable-prefix-caching", "--enable-prefix-caching", "On by default, as in vLLM V1.", 0, negatable=True),
     notice("--prefix-caching-hash-algo", "prefix blocks are keyed by a chained SHA-256 of their token ids"),
     notice("--prefix-cache-retention-interval", "every full block stays cached until evicted; no hybrid-model "
            "state checkpoints here"),
-    notice("--kv-cache-dtype-skip-layers", "no fp8 KV cache", "+"),
+    notice("--kv-cache-dtype-skip-layers", "every layer's KV cache is stored in --kv-cache-dtype", "+"),
     switch("--kv-sharing-fast-prefill", "no cross-layer KV sharing models here"),
     switch("--swa-bounded-replay", "no sliding-window prefix-cache replay here"),
     notice("--mamba-cache-dtype", MAMBA),
@@ -297,8 +298,10 @@ CACHE: tuple[VllmFlag, ...] = (
     switch("--enable-mamba-shared-prefix-checkpoint", MAMBA),
     notice("--replayssm-buffer-len", MAMBA),
     switch("--use-replayssm", MAMBA),
-    refused("--kv-offloading-size", "no KV cache offloading to CPU memory"),
-    notice("--kv-offloading-backend", "no KV cache offloading to CPU memory"),
+    alias("--kv-offloading-size", "--kv-offloading-size", "GiB of host memory behind the prefix cache "
+          "(docs/kv-offloading.md)."),
+    only("--kv-offloading-backend", ("native",), "the native host tier (--kv-offloading-size) is the one backend",
+         "only the native backend: the host tier behind the prefix cache (no LMCache)"),
     notice("--offload-backend", "no weight offloading"),
     only("--cpu-offload-gb", ("0",), "no weight offloading", "no weight offloading to CPU memory"),
     notice("--cpu-offload-params", "no weight offloading", "+"),

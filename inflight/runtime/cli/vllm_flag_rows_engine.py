@@ -12,7 +12,8 @@ from inflight.runtime.cli.vllm_flag_reasons import (
     DP,
     GRAPHS,
     KERNELS,
-    LORA,
+    LORA_KERNEL,
+    LORA_MOE,
     METRICS,
     MM,
     MOE,
@@ -48,19 +49,21 @@ MULTIMODAL: tuple[VllmFlag, ...] = (
 )
 
 LORA_FLAGS: tuple[VllmFlag, ...] = (
-    refused_on("--enable-lora", LORA),
-    notice("--max-loras", LORA),
-    notice("--max-lora-rank", LORA),
-    notice("--lora-dtype", LORA),
-    switch("--enable-tower-connector-lora", LORA),
-    notice("--max-cpu-loras", LORA),
-    switch("--fully-sharded-loras", LORA),
-    notice("--lora-target-modules", LORA, "+"),
-    refused("--default-mm-loras", LORA),
-    switch("--specialize-active-lora", LORA),
-    switch("--enable-mixed-moe-lora-format", LORA),
-    switch("--enable-moe-shared-loras", LORA),
-    notice("--max-lora-cls-labels", LORA),
+    alias("--enable-lora", "--enable-lora", "PEFT adapters in the batch (docs/lora.md).", 0, negatable=True),
+    alias("--max-loras", "--max-loras", "Most distinct adapters in one step."),
+    alias("--max-lora-rank", "--max-lora-rank", "Any rank 1..512 (vLLM's choices included)."),
+    notice("--lora-dtype", "adapters are kept in the model's serving dtype (--dtype)"),
+    switch("--enable-tower-connector-lora", MM),
+    alias("--max-cpu-loras", "--max-cpu-loras", "Host copies kept (LRU); unset: --max-loras."),
+    switch("--fully-sharded-loras", f"not built: {LORA_KERNEL}; with tensor parallelism each rank holds the "
+           "slices of A and B that match its slice of the base weight"),
+    notice("--lora-target-modules", "each adapter's own target_modules (adapter_config.json) are applied; "
+           "narrowing them for all adapters is not built", "+"),
+    refused("--default-mm-loras", MM),
+    switch("--specialize-active-lora", f"not built: {LORA_KERNEL}"),
+    switch("--enable-mixed-moe-lora-format", LORA_MOE),
+    switch("--enable-moe-shared-loras", LORA_MOE),
+    notice("--max-lora-cls-labels", "no LoRA classification heads: the pooling runner refuses --enable-lora"),
 )
 
 OBSERVABILITY: tuple[VllmFlag, ...] = (
@@ -129,14 +132,16 @@ COMPILATION: tuple[VllmFlag, ...] = (
 
 ENGINE: tuple[VllmFlag, ...] = (
     alias(("--speculative-config", "-sc"), "--speculative-config",
-          "n-gram (prompt lookup), or a draft model that shares the tokenizer (method draft_model)."),
+          "n-gram (prompt lookup), a draft model that shares the tokenizer (method draft_model), or an "
+          "EAGLE-3 head (method eagle3; eagle, EAGLE-1/2, is refused)."),
     refused("--spec-method", "use --speculative-config '{\"method\": \"ngram\" or \"draft_model\", ...}'"),
     refused("--spec-model", "use --speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'"),
     refused("--spec-tokens", "use --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": N}'"),
     refused("--watermark-config", "no output watermarking"),
     refused(("--diffusion-config", "-dc"), "no diffusion language models here"),
     refused("--kv-transfer-config", DISAGG),
-    refused("--kv-events-config", DISAGG),
+    alias("--kv-events-config", "--kv-events-config",
+          "ZMQ publisher with vLLM's msgpack events, sequence numbers and replay socket (docs/kv-events.md)."),
     refused("--ec-transfer-config", DISAGG),
     notice("--ec-manager-config", MM),
     notice(("--compilation-config", "-cc"), GRAPHS),
@@ -180,7 +185,8 @@ LEGACY: tuple[VllmFlag, ...] = (
     switch("--enable-reasoning", REASONING, negatable=False),
     # Dropped by vLLM 0.32.0:
     refused("--override-attention-dtype", "attention runs in --dtype"),
-    switch("--calculate-kv-scales", "no fp8 KV cache"),
+    alias("--calculate-kv-scales", "--calculate-kv-scales", "K/V scales from the first prompt.", 0,
+          negatable=True),
     notice("--max-num-partial-prefills", SCHEDULER),
     notice("--max-long-partial-prefills", SCHEDULER),
 )

@@ -29,6 +29,11 @@ tokens are the same, greedy or seeded, as the synchronous engine's.
 A row whose mask is late (or whose grammar is slow) is decided deferred on the host, so the
 next schedule already knows its request is parked.
 
+**The host tier's copies** (``kv_offloading_size``) of step N+1 are submitted to the worker as a
+job of their own right after N+1 is scheduled: they run after step N (which may still read a
+block being saved, or write the thrown-away row of a block N+1 gets afresh) and before N+1's
+forward, which checks that they succeeded; a synchronous run waits for them first.
+
 **What runs synchronously.** Steps with a chunk that wants prompt logprobs drain the pipeline
 (N is finished first, then the step runs in place); speculative decoding and tensor parallelism
 are refused with async scheduling (``EngineConfig``). If a step fails on the worker, the step
@@ -98,6 +103,7 @@ class StepPipeline:
         self.engine = engine
         self.worker = StepWorker(engine.runner.device)
         self.inflight: Launched | None = None
+        self._copies: Future[None] | None = None  # the host tier's copies last submitted
         self.num_drains = 0  # steps run synchronously (prompt logprobs, recovery)
 
     @property
@@ -112,6 +118,8 @@ class StepPipeline:
         eng = self.engine
         settled = eng.parked.settle()
         sched = eng.schedule()  # optimistic: the step in flight's tokens are placeholders
+        if sched.kv_copies is not None:  # on the worker, after the step in flight, before this one
+            self._copies = self.worker.submit(eng.host_kv.run, sched.kv_copies)  # type: ignore[union-attr]
         previous = self.inflight
         if sched.chunks and not self._pipelinable(sched.chunks):
             self.inflight = None
@@ -155,13 +163,17 @@ class StepPipeline:
         previous = self.inflight.sample if waits and self.inflight is not None else None
         if waits and previous is None:
             raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
-        forward = self.worker.submit(self._forward_job, batch, previous)
+        forward = self.worker.submit(self._forward_job, batch, previous, self._copies)
         for chunk in chunks:
             chunk.request.num_computed_tokens += chunk.num_tokens
         return Launched(chunks, starts, batch.sampled_chunks, forward, time.monotonic())
 
-    def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None) -> torch.Tensor:
-        """On the worker: put the previous step's tokens in place of placeholders, run the pass."""
+    def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None,
+                     copies: Future[None] | None) -> torch.Tensor:
+        """On the worker: put the previous step's tokens in place of placeholders, run the pass
+        (after checking that the host tier's copies before it succeeded: they ran already)."""
+        if copies is not None:
+            copies.result()
         if previous is not None:
             ids = batch.input_ids  # [num_tokens] int64
             prev = previous.result().token_ids
@@ -208,6 +220,8 @@ class StepPipeline:
     def _run_sync(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
         """Run the still-running ``chunks`` now, synchronously (a drain of the pipeline)."""
         self.num_drains += 1
+        if self._copies is not None:
+            self._copies.result()  # the host tier's copies run before any forward that may read them
         live = tuple(c for c in chunks if c.request.status is RequestStatus.RUNNING)
         return self.engine.run_scheduled(live) if live else []
 

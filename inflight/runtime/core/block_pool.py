@@ -15,6 +15,14 @@ covers the salt (:func:`salted_root`), and through chaining every later block's 
 only requests with the same salt (or none) share blocks, and a guess at another user's prompt
 finds nothing unless it carries that user's salt.
 
+With a host tier (:mod:`.host_tier`, ``kv_offloading_size``) behind the cache, a cached block
+that :meth:`KVBlockPool.allocate` evicts is handed to the tier (which plans its copy to host
+memory) before the block is reused; a prefix-cache reset clears the tier too.
+
+With KV events on (``--kv-events-config``), the pool tells its collector
+(:mod:`inflight.runtime.kv_events.collector`) each key that becomes findable and each that stops
+being findable, and a reset that empties the cache, so a router can follow the cache exactly.
+
 This module imports no torch and knows nothing about requests or scheduling policy.
 """
 
@@ -25,6 +33,11 @@ import os
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inflight.runtime.core.host_tier import HostTier
+    from inflight.runtime.kv_events.collector import KVEventCollector
 
 BlockHash = bytes  # a SHA-256 digest
 NO_PARENT_HASH: BlockHash = bytes(32)  # the root of tests' chains; a pool draws a random one
@@ -36,6 +49,13 @@ def salted_root(root: BlockHash, cache_salt: str | None) -> BlockHash:
     if cache_salt is None:
         return root
     return hashlib.sha256(root + b"inflight-cache-salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
+
+
+def adapter_root(root: BlockHash, adapter_key: str) -> BlockHash:
+    """The chain root of a request run with a LoRA adapter (``adapter_key``: its name and weights'
+    digest) from its salted ``root``: SHA-256 under another domain tag, so an adapter's chains never
+    meet the base model's, another adapter's, or a salt's."""
+    return hashlib.sha256(root + b"inflight-lora\0" + adapter_key.encode("utf-8", "surrogatepass")).digest()
 
 
 def hash_block(parent_hash: BlockHash, token_ids: Sequence[int]) -> BlockHash:
@@ -71,6 +91,8 @@ class KVBlockPool:
         # Free blocks in eviction order: the first key is evicted first.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}  # block key -> block id
+        self.host_tier: HostTier | None = None  # keeps the cached blocks evicted here (set by the KV manager)
+        self.events: KVEventCollector | None = None  # told what becomes findable and what stops (kv_events)
 
     def root_for(self, cache_salt: str | None) -> BlockHash:
         """The chain root of a request with ``cache_salt`` in this pool (see :func:`salted_root`)."""
@@ -91,7 +113,7 @@ class KVBlockPool:
         block_ids = []
         for _ in range(num_blocks):
             block_id, _ = self._free.popitem(last=False)
-            self._evict(block_id)
+            self._evict(block_id, save=True)
             self.ref_cnt[block_id] = 1
             block_ids.append(block_id)
         return block_ids
@@ -137,26 +159,41 @@ class KVBlockPool:
         """How many of ``block_ids`` sit in the free queue (sharing them uses up free blocks)."""
         return sum(1 for b in block_ids if self.ref_cnt[b] == 0)
 
-    def cache_block(self, block_id: int, block_hash: BlockHash, token_ids: Sequence[int]) -> None:
-        """Record that ``block_id`` holds the full block ``token_ids`` keyed ``block_hash``."""
+    def cache_block(self, block_id: int, block_hash: BlockHash, token_ids: Sequence[int],
+                    parent_hash: BlockHash | None = None, lora_id: int | None = None,
+                    lora_name: str | None = None) -> None:
+        """Record that ``block_id`` holds the full block ``token_ids`` keyed ``block_hash``.
+        ``parent_hash`` (None for a chain's first block) and the LoRA adapter only go into the
+        KV event of a block that becomes findable."""
         if not self.enable_prefix_caching or self.block_hash[block_id] is not None:
             return
         self.block_hash[block_id] = block_hash
         self.block_tokens[block_id] = tuple(token_ids)
-        self._cached.setdefault(block_hash, block_id)
+        if self._cached.setdefault(block_hash, block_id) == block_id and self.events is not None:
+            self.events.stored(block_hash, parent_hash, token_ids, lora_id, lora_name)
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._free):
             self._evict(block_id)
+        if self.host_tier is not None:
+            self.host_tier.clear()
+        if self.events is not None and not self._cached:
+            self.events.cleared()  # else the evicted ones went out one by one (held blocks stay cached)
 
-    def _evict(self, block_id: int) -> None:
+    def _evict(self, block_id: int, save: bool = False) -> None:
+        """Forget ``block_id``'s key; ``save``: hand the block to the host tier first (if any)."""
         h = self.block_hash[block_id]
         if h is None:
             return
+        tokens = self.block_tokens[block_id]
         self.block_hash[block_id] = None
         self.block_tokens[block_id] = None
         if self._cached.get(h) == block_id:
             del self._cached[h]
+            if self.events is not None:
+                self.events.removed(h)
+            if save and self.host_tier is not None and tokens is not None:
+                self.host_tier.save(block_id, h, tokens)
 
     def check_invariants(self) -> None:
         """Internal consistency, for tests: free queue == blocks with ref 0, cache map sane."""

@@ -33,7 +33,10 @@ import torch
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.core.async_steps import StepPipeline
 from inflight.runtime.core.block_pool import KVBlockPool
+from inflight.runtime.core.engine_batch_queue import BatchQueue
+from inflight.runtime.core.engine_lora import LoRAMethods
 from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
+from inflight.runtime.core.host_tier import build_host_tier
 from inflight.runtime.core.input_checks import check_cache_salt, check_request, check_token_budget
 from inflight.runtime.core.kv_manager import KVCacheManager, release_window
 from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
@@ -45,6 +48,8 @@ from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
 from inflight.runtime.core.step_failures import run_batch_or_each
 from inflight.runtime.core.tenant_stats import parse_metrics_tenants
+from inflight.runtime.kv_events.stream import open_kv_event_stream
+from inflight.runtime.lora.types import LoRARef
 from inflight.runtime.outputs import (
     EngineStats,
     RequestOutput,
@@ -67,7 +72,7 @@ from inflight.runtime.worker.sim_device import SimRunner
 logger = logging.getLogger("inflight.engine")
 
 
-class LLMEngine:
+class LLMEngine(LoRAMethods):
     """See module docstring. Build with :meth:`from_model_dir`."""
 
     def __init__(self, runner: ModelRunner | SimRunner | EncoderRunner, tokenizer: Any, config: EngineConfig,
@@ -81,8 +86,10 @@ class LLMEngine:
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
         self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
-        self.kv = KVCacheManager(self.pool, config.block_size,  # a draft model reads the same blocks
-                                 release_window(runner.spec, *([drafter.spec] if drafter else [])))
+        window = release_window(runner.spec, *([drafter.spec] if drafter else []))  # a draft model reads the same blocks
+        host = build_host_tier(config, runner, [drafter.runner] if drafter else [], window, self.pooling is not None)
+        self.host_kv = host[1] if host else None  # the host tier's bytes and copies (kv_offloading_size)
+        self.kv = KVCacheManager(self.pool, config.block_size, window, host[0] if host else None)
         self.scheduler = Scheduler(self.config, self.kv)
         self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
@@ -96,7 +103,11 @@ class LLMEngine:
         self._num_steps = 0
         self._spec = SpecStats()
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
-        self.pipeline = StepPipeline(self) if config.async_scheduling_on and self.pooling is None else None
+        self.pipeline = (StepPipeline(self) if config.async_scheduling_on and self.pooling is None
+                         else BatchQueue(self) if config.pipeline_parallel_size > 1 else None)  # fmt: skip
+        self.lora = self._new_lora_registry(runner, config)  # adapters (core/engine_lora.py); None: off
+        self.kv_events = open_kv_event_stream(config.kv_events_config, config.block_size)  # last: it opens sockets
+        self.pool.events = self.kv_events.collector if self.kv_events is not None else None
 
     @classmethod
     def from_model_dir(
@@ -111,11 +122,13 @@ class LLMEngine:
         if progress:
             progress(f"loading model from {model_dir}")
         workers = None
-        if config.tensor_parallel_size > 1:
+        world = config.tensor_parallel_size * config.pipeline_parallel_size  # pipeline stages: issue 54
+        if world > 1:
             from inflight.runtime.distributed.launcher import WorkerGroup
 
             if progress:
-                progress(f"starting {config.tensor_parallel_size - 1} tensor-parallel worker(s)")
+                progress(f"starting {world - 1} worker(s) (tensor x pipeline parallel "
+                         f"{config.tensor_parallel_size} x {config.pipeline_parallel_size})")
             workers = WorkerGroup.start(model_dir, config)
         try:
             if config.device == "sim":  # validated: no tensor parallelism, no speculation
@@ -143,6 +156,8 @@ class LLMEngine:
         self.runner.close()
         if self.drafter is not None:
             self.drafter.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     # -- requests ---------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -155,16 +170,18 @@ class LLMEngine:
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int = 0, arrival_time: float | None = None, tenant: str = "",
-        cache_salt: str | None = None,
+        cache_salt: str | None = None, lora_name: str | None = None,
     ) -> None:
         """Queue one request. ``cache_salt`` (vLLM's): only requests with the same salt share
-        prefix-cache blocks (see :mod:`inflight.runtime.core.block_pool`)."""
+        prefix-cache blocks (see :mod:`inflight.runtime.core.block_pool`). ``lora_name``: a loaded
+        LoRA adapter (``UnknownLoRA`` if none of that name is)."""
         if req_id in self.output_processor:
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
         check_cache_salt(cache_salt)
+        lora = self.lora_ref(lora_name)
         self.scheduler.check_admission(1, tenant)
-        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt)
+        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt, lora)
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
         """Add every request or none: on a rejection, abort the ones already added and re-raise.
@@ -176,7 +193,8 @@ class LLMEngine:
         try:
             for r in requests:
                 self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
-                                 arrival_time=r.arrival_time, tenant=r.tenant, cache_salt=r.cache_salt)
+                                 arrival_time=r.arrival_time, tenant=r.tenant, cache_salt=r.cache_salt,
+                                 lora_name=r.lora_name)
                 added.append(r.req_id)
         except BaseException:
             for req_id in added:
@@ -186,10 +204,12 @@ class LLMEngine:
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int, arrival_time: float | None, tenant: str = "", cache_salt: str | None = None,
+        lora: LoRARef | None = None,
     ) -> None:
         if self.scheduler.fair is not None:  # a stranger beyond the tenant bound shares the overflow
             tenant = self.scheduler.fair.resolve(tenant)
-        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant, cache_salt)
+        req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant, cache_salt,
+                      lora)
         self._arrivals += 1
         generator = None
         if not params.greedy:
@@ -226,6 +246,8 @@ class LLMEngine:
         all but its last position, which is recomputed once the mask is ready). Under async
         scheduling the outputs are the previous step's (:mod:`inflight.runtime.core.async_steps`)."""
         outputs = self._step()
+        if self.kv_events is not None:
+            self.kv_events.flush()  # the blocks this step stored and evicted, to the router
         self.prefill.stepped(time.monotonic())  # the prompt tokens it computed, the drain rate
         return outputs
 
@@ -237,6 +259,8 @@ class LLMEngine:
             return self.pooling.step(self)
         settled = self.parked.settle()
         sched = self.schedule()
+        if sched.kv_copies is not None:  # the host tier's copies, before the forward (worker/kv_copies.py)
+            self.host_kv.run(sched.kv_copies)  # type: ignore[union-attr]
         if sched.is_empty:
             if not settled:
                 self.parked.wait()  # only parked requests are left: wait for a mask, briefly
@@ -285,7 +309,9 @@ class LLMEngine:
         A retry after a failed batch may draw a sampled request's random numbers again, so
         only a failed step can change what a seeded request in it generates."""
         proposal = self.drafter.propose(chunks, self.output_processor.sampling_row) if self.drafter else None
-        batch = self.runner.prepare(proposal.chunks if proposal else chunks)
+        ran = proposal.chunks if proposal else chunks
+        slots = self.lora_slots(chunks)  # None: no LoRA row (the draft model's pass above ran the base model)
+        batch = self.runner.prepare(ran) if slots is None else self.runner.prepare(ran, slots)
         sampling_row = self.output_processor.sampling_row
         rows = [sampling_row(c.request) for c in batch.sampled_chunks]
         plain: Sequence[int] = range(len(rows))  # the rows without drafts: all of them unless speculating
@@ -353,6 +379,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
+            **self._host_tier_stats(),
             num_prompt_tokens=out.num_prompt_tokens,
             num_generation_tokens=out.num_generation_tokens,
             num_tokens_last_step=self._num_tokens_last_step,
@@ -369,6 +396,16 @@ class LLMEngine:
             tenants=(tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
                      if tenants is not None else None),
         )
+
+    def _host_tier_stats(self) -> dict[str, int]:
+        """The host tier's EngineStats fields (none without one)."""
+        tier, host_kv = self.kv.host_tier, self.host_kv
+        if tier is None or host_kv is None:
+            return {}
+        return {"num_host_kv_blocks": tier.num_slots, "num_used_host_kv_blocks": tier.num_used_slots,
+                "external_prefix_cache_queries": tier.queries, "external_prefix_cache_hits": tier.hits,
+                "kv_offload_stored_blocks": host_kv.num_copied_out, "kv_offload_loaded_blocks": host_kv.num_copied_in,
+                "kv_offload_bytes": host_kv.num_copied_bytes, "kv_offload_dropped_blocks": tier.num_dropped_blocks}
 
     def update_config(self, **changes: Any) -> EngineConfig:
         """Change live-tunable knobs (``LIVE_TUNABLE_FIELDS``) without a restart."""

@@ -36,3 +36,4 @@ class EngineRequest:
     arrival_time: float | None = None  # time.monotonic(); one clock for every process of a host
     tenant: str = ""  # the fair scheduler's unit of sharing: <group>/<user> (server.tenancy)
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
+    lora_name: str | None = None  # a loaded LoRA adapter's name (issue 49); None: the base model

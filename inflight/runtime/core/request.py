@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+from inflight.runtime.lora.types import LoRARef
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.speculative import NgramIndex
 
@@ -76,6 +77,7 @@ class Request:
         arrival_seq: int = 0,
         tenant: str = "",
         cache_salt: str | None = None,
+        lora: LoRARef | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -85,6 +87,7 @@ class Request:
         self.arrival_seq = arrival_seq  # tie-breaker: order of add_request calls
         self.tenant = tenant  # the scheduler's fair policy shares slots between tenants
         self.cache_salt = cache_salt  # seeds block_hashes: only requests with the same salt share KV
+        self.lora = lora  # its LoRA adapter (None: the base model); kept through preemption, keys its KV too
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
@@ -100,9 +103,11 @@ class Request:
         self.first_token_time: float | None = None
         self.ngram: NgramIndex | None = None  # speculative decoding: this sequence's n-gram index
         # Draft-model speculation: trailing computed positions whose draft-model KV is not written
-        # yet (0, or 1 after a step kept every draft); the next draft pass writes them.
+        # yet (0, or 1 after a step kept every draft; an EAGLE-3 head's: up to the last step's
+        # positions, spec_decode/eagle3.py); the next draft pass writes them.
         self.draft_kv_lag = 0
         self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
+        self.in_flight = False  # in a pipeline step not yet back: not scheduled, never preempted (engine_batch_queue)
         self.pooled_part: object = None  # a pooling engine's partial result (core/pooling_step.py)
 
     @property

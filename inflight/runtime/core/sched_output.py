@@ -4,7 +4,9 @@ A leaf: the worker, the drafters and the output processor import these types fro
 from the scheduler, so the device side depends on the step's plan and not on how it was made
 (tests/test_import_graph.py). The chunks still point at the live :class:`Request` (its token
 ids, block table and parameters are read, never written, by the runner); replacing that
-pointer by a plain copy of what the runner reads is the next step. Imports nothing at run time.
+pointer by a plain copy of what the runner reads is the next step. :class:`KVCopies` are the
+step's block copies between the device KV pool and the host tier (:mod:`.host_tier`), which the
+worker runs before the step's forward. Imports nothing at run time.
 """
 
 from __future__ import annotations
@@ -38,11 +40,28 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class KVCopies:
+    """Block copies to run before a step's forward, in this order: every copy-out (a device
+    block the pool evicted, saved to a host slot), then every copy-in (a host slot a prefix hit
+    brings back into a fresh device block). Copy-outs first, because a block evicted and handed
+    out again in the same step is overwritten by a copy-in or by the forward, and a copy-in may
+    read a slot a copy-out of the same step has just filled."""
+
+    copy_out: tuple[tuple[int, int], ...] = ()  # (device block, host slot)
+    copy_in: tuple[tuple[int, int], ...] = ()  # (host slot, device block)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.copy_out) + len(self.copy_in)
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]
     admitted: tuple[Request, ...]
     preempted: tuple[Request, ...]
     num_batched_tokens: int
+    kv_copies: KVCopies | None = None  # the host tier's copies for this step (None: nothing to copy)
 
     @property
     def is_empty(self) -> bool:

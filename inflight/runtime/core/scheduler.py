@@ -26,6 +26,9 @@ to ``num_speculative_tokens`` draft tokens, each costing one token of the budget
 slot; the engine keeps what the model agrees with. N-gram drafts are proposed here; a draft
 model's are proposed by the engine just before the forward (the chunk says how many).
 
+With LoRA on, a waiting request boards only while the running set keeps to ``max_loras``
+distinct adapters (:mod:`inflight.runtime.core.lora_gate`): it waits otherwise, never preempts.
+
 Imports no torch; knows nothing about the model or sampling.
 """
 
@@ -36,10 +39,11 @@ from collections import Counter
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.fairness import FairShare, tenant_group
 from inflight.runtime.core.kv_manager import KVCacheManager
+from inflight.runtime.core.lora_gate import LoRAGate
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.outputs import QueueFullError
-from inflight.runtime.spec_decode.speculative import NgramIndex, parse_speculative_config
+from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
 
 
 class Scheduler:
@@ -140,7 +144,8 @@ class Scheduler:
                 if id(chunk.request) not in boarded:
                     self.fair.charge(chunk.request.tenant, chunk.num_tokens)
         num_batched = self.config.max_num_tokens - budget
-        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched)
+        return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched,
+                               self.kv.take_copies())  # the host tier's copies, run before the forward
 
     def _rebalance_slots(self) -> list[Request]:
         """Fair policy, every slot taken: a waiting tenant below its share of slots takes one
@@ -149,7 +154,12 @@ class Scheduler:
         fair = self.fair
         assert fair is not None
         while self.waiting and len(self.running) >= self.config.max_num_sequences:
-            candidate = min(self.waiting, key=fair.order_key)
+            gate = LoRAGate(self.config.max_loras, self.running) if self.config.enable_lora else None
+            # (one whose adapter would find no slot cannot take the freed one: nobody yields to it)
+            candidate = min((r for r in self.waiting if gate is None or gate.allows(r)), key=fair.order_key,
+                            default=None)
+            if candidate is None:
+                break
             victim = fair.slot_victim(candidate, self.running, self.config.max_num_sequences, self.waiting)
             if victim is None:
                 break
@@ -193,7 +203,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             token_ids = req.token_ids
-            if req.parked or (token_ids and token_ids[-1] < 0 and self._ends_in_flight(req)):
+            if req.parked or req.in_flight or (token_ids and token_ids[-1] < 0 and self._ends_in_flight(req)):
                 i += 1
                 continue
             remaining = len(token_ids) - req.num_computed_tokens
@@ -256,7 +266,7 @@ class Scheduler:
                 max_len - req.num_tokens)  # fmt: skip
         if k <= 0:
             return None
-        if spec.method == "draft_model":
+        if spec.method in MODEL_METHODS:  # a draft model or an EAGLE-3 head fills them before the forward
             return ScheduledChunk(req, 1 + k, True, num_model_drafts=k)
         if req.ngram is None:
             req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -265,7 +275,7 @@ class Scheduler:
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """A request not yet scheduled this step: the newest, or the lowest priority."""
-        candidates = self.running[first_unscheduled:]
+        candidates = [r for r in self.running[first_unscheduled:] if not r.in_flight]  # never a pipeline's
         if self.config.scheduler_policy == "priority":
             return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
         return max(candidates, key=lambda r: r.admitted_seq)
@@ -289,17 +299,23 @@ class Scheduler:
     ) -> int:
         static = self.config.scheduler_policy == "static"
         self.waiting.sort(key=self._policy_key)
-        while self.waiting and len(self.running) < self.config.max_num_sequences:
+        gate = LoRAGate(self.config.max_loras, self.running) if self.config.enable_lora else None
+        i = 0  # waiting[:i] wait for an adapter slot this step
+        while i < len(self.waiting) and len(self.running) < self.config.max_num_sequences:
             if self.fair is not None:  # service changes as requests board: pick again each time
                 # (among tenants with room left under the long-prefill cap)
-                head = min(filter(self._may_prefill, self.waiting), key=self._policy_key, default=None)
+                head = self._fair_head(i, gate)
                 if head is None:
                     break
                 self.waiting.remove(head)
-                self.waiting.insert(0, head)
+                self.waiting.insert(i, head)
             if budget == 0 and not static:
                 break
-            req = self.waiting[0]
+            req = self.waiting[i]
+            if gate is not None and not gate.allows(req):
+                gate.refuse(req)
+                i += 1
+                continue
             hit_blocks = self.kv.find_prefix_hit(req)
             num_hit_tokens = len(hit_blocks) * self.kv.block_size
             remaining = req.num_tokens - num_hit_tokens
@@ -313,7 +329,9 @@ class Scheduler:
             if req.num_preemptions == 0:
                 self.kv.record_lookup(req.num_prompt_tokens, num_hit_tokens)
                 req.num_cached_tokens = num_hit_tokens
-            self.waiting.pop(0)
+            self.waiting.pop(i)
+            if gate is not None:
+                gate.admit(req)
             req.status = RequestStatus.RUNNING
             req.admitted_seq = self._admissions
             self._admissions += 1
@@ -325,6 +343,19 @@ class Scheduler:
                 if self.fair is not None:
                     self.fair.charge(req.tenant, num_new)
         return budget
+
+    def _fair_head(self, start: int, gate: LoRAGate | None) -> Request | None:
+        """Fair policy: the least-served waiting request from ``start`` that may board now; one
+        whose adapter has no slot closes the gate (see LoRAGate) and the pick goes on."""
+        assert self.fair is not None
+        candidates = [r for r in self.waiting[start:] if self._may_prefill(r)]
+        while candidates:
+            head = min(candidates, key=self._policy_key)
+            if gate is None or gate.allows(head):
+                return head
+            gate.refuse(head)
+            candidates.remove(head)
+        return None
 
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
         remaining = len(req.token_ids) - req.num_computed_tokens

@@ -1,4 +1,4 @@
-"""Tensor parallelism: one model split across the ranks (processes, devices) of one node.
+"""Tensor and pipeline parallelism: one model split across ranks (processes, devices), on one node or several.
 
 Map (one line per module):
 
@@ -7,6 +7,11 @@ Map (one line per module):
 * :mod:`.wire`     the step message's wire format, derived from the batch dataclasses' fields.
 * :mod:`.launcher` rank 0's side: start the worker processes, rendezvous, supervise, stop.
 * :mod:`.worker`   ``python -m inflight.runtime.distributed.worker``: ranks 1..N-1.
+* :mod:`.pipeline` pipeline stages (issue 54): a rank's stage, its stage's tensor-parallel group,
+                   and the point-to-point sends of activations and logits between stages.
+* :mod:`.pipeline_checks` what does not combine with ``pipeline_parallel_size > 1``, and why.
+* :mod:`.rendezvous` multi-node groups: rank 0's address, this node's ranks (LWS's variables as defaults).
+* :mod:`.headless` ``inflight serve --headless``: a node other than 0 starts and watches its ranks.
 
 Which heads, MLP columns and vocabulary rows each rank owns is the model's business
 (:mod:`inflight.runtime.model.layout`); the per-step overhead benchmark is

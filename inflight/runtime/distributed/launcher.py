@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -32,11 +33,15 @@ import torch.distributed as dist
 
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.distributed import rendezvous
 from inflight.runtime.distributed.comm import StepTensors, TensorParallel
+from inflight.runtime.distributed.lora_wire import encode_adapter
+from inflight.runtime.distributed.pipeline import join_stages
 from inflight.runtime.model.batch import StepInputs
 from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
+from inflight.runtime.model.stages import split_layers
 from inflight.runtime.outputs import EngineFatalError
 
 logger = logging.getLogger(__name__)
@@ -85,6 +90,7 @@ class WorkerGroup:
         self.world_size = world_size
         self.tp: TensorParallel | None = None
         self._failure: str | None = None
+        self._remote_hint = ""  # how to start the other nodes' ranks, for the message when they never join
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._monitor = threading.Thread(target=self._watch, name="inflight-tp-monitor", daemon=True)
@@ -93,18 +99,31 @@ class WorkerGroup:
     @classmethod
     def start(cls, model_dir: str | Path, config: EngineConfig) -> WorkerGroup:
         """Start ranks 1..N-1 and join the process groups as rank 0 (see module docstring)."""
-        world = config.tensor_parallel_size
-        shard_layout(spec_from_hf_config(load_hf_config(model_dir)), 0, world)  # splits? else ValueError
+        world = config.tensor_parallel_size * config.pipeline_parallel_size
+        spec = spec_from_hf_config(load_hf_config(model_dir))
+        shard_layout(spec, 0, config.tensor_parallel_size)  # splits? else ValueError
+        split_layers(spec.num_layers, config.pipeline_parallel_size)  # enough layers? else ValueError
+        meet = rendezvous.resolve(config, os.environ)  # several nodes: the others run --headless
+        if meet.node_rank != 0:
+            raise ValueError(f"node_rank {meet.node_rank} runs workers only: start it with --headless (node 0 runs "
+                             "the engine and the server).")
+        local = meet.local_ranks(world)
         if dist.is_initialized():
             raise ValueError("a tensor-parallel engine is already running in this process; close it first.")
-        store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,
+        host = meet.master_addr if meet.nnodes > 1 else HOST
+        store = dist.TCPStore(host, meet.master_port or 0, world, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=START_TIMEOUT_S))
-        procs = {r: _spawn(r, world, store.port, model_dir, config) for r in range(1, world)}
+        procs = {r: _spawn(r, world, store.port, model_dir, config, host) for r in local if r != 0}
         group = cls(store, procs, world)
+        if meet.nnodes > 1:  # the other nodes' workers read the engine's config from here
+            group._keys.set("config", json.dumps(config.to_dict()))
+            group._remote_hint = f"; start them with `{meet.headless_command(str(model_dir))}` on each other node"
         try:
             group._wait_for_keys("joined")
             control = init_groups(store, 0, world, backend_for(config.device))
-            group.tp = TensorParallel(0, world, None, control, group._agree_num_blocks)
+            group.tp = join_stages(0, config.tensor_parallel_size, config.pipeline_parallel_size, spec.num_layers,
+                                   control, group._agree_num_blocks, backend_for(config.device),
+                                   timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         except BaseException:
             group.close()
             raise
@@ -115,7 +134,7 @@ class WorkerGroup:
     def _wait_for_keys(self, stage: str) -> list[str]:
         """Wait until every worker has set ``stage/<rank>``; fail at once if one dies or errs."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        pending = set(self._procs)
+        pending = set(range(1, self.world_size))  # this node's workers and the other nodes' ranks
         values: dict[int, str] = {}
         while pending:
             for rank in sorted(pending):
@@ -125,10 +144,13 @@ class WorkerGroup:
                 if self._keys.check([f"{stage}/{rank}"]):
                     values[rank] = self._keys.get(f"{stage}/{rank}").decode()
                     pending.discard(rank)
-                elif self._procs[rank].poll() is not None:
+                elif rank in self._procs and self._procs[rank].poll() is not None:
                     raise RuntimeError(describe_exit(rank, self._procs[rank]) + " during start-up (see its log above)")
             if pending and time.monotonic() > deadline:
-                raise RuntimeError(f"tensor-parallel workers {sorted(pending)} did not start in {START_TIMEOUT_S:.0f} s")
+                remote = sorted(pending - set(self._procs))
+                raise RuntimeError(f"tensor-parallel workers {sorted(pending)} did not start in {START_TIMEOUT_S:.0f} s"
+                                   + (f" (ranks {remote} of other nodes never joined{self._remote_hint})"
+                                      if remote else ""))  # fmt: skip
             if pending:
                 time.sleep(POLL_S)
         return [values[r] for r in sorted(values)]
@@ -182,6 +204,41 @@ class WorkerGroup:
             self._fail(f"a tensor-parallel step was interrupted ({type(exc).__name__})")
             raise
 
+    def launch_step(self, forward: Callable[[], T], step: StepTensors) -> tuple[list[dist.Work], T]:
+        """Pipeline stages: start broadcasting ``step`` without waiting for the workers (the later
+        stages join once they finish the steps before it; the broadcast's work handles are
+        returned) and run rank 0's ``forward`` (its stage, its sends posted); any failure is
+        fatal, as in :meth:`run_step`."""
+        assert self.tp is not None
+        tp = self.tp
+        return self.guard(lambda: (tp.send_step(StepInputs(*step), wait=False), forward()))
+
+    def guard(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (a part of a step); a failure leaves the ranks out of step, so it is fatal."""
+        self.check()
+        assert self.tp is not None
+        try:
+            return fn()
+        except Exception as exc:
+            time.sleep(MONITOR_S)  # let a dying worker's exit status land, for the message
+            dead = [describe_exit(r, p) for r, p in self._procs.items() if p.poll() is not None]
+            self._fail("; ".join(dead) if dead else f"distributed step failed: {exc}")
+            raise EngineFatalError(self._failure or str(exc)) from exc
+        except BaseException as exc:  # KeyboardInterrupt mid-step: the ranks are out of step
+            self._fail(f"a distributed step was interrupted ({type(exc).__name__})")
+            raise
+
+    def load_lora(self, slot: int, tensors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Send a LoRA adapter's tensors for device slot ``slot`` to every worker (before the step
+        that uses it, on the same channel, so they load it first); any failure is fatal."""
+        self.check()
+        assert self.tp is not None
+        try:
+            self.tp.send_lora(encode_adapter(slot, tensors))
+        except Exception as exc:
+            self._fail(f"sending a LoRA adapter to the tensor-parallel workers failed: {exc}")
+            raise EngineFatalError(self._failure or str(exc)) from exc
+
     # -- stop ---------------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop every worker (a stop message, then SIGKILL for what is left) and leave the groups."""
@@ -221,10 +278,11 @@ def _log_format() -> str:
     return "json" if any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers) else "text"
 
 
-def _spawn(rank: int, world: int, port: int, model_dir: str | Path, config: EngineConfig) -> subprocess.Popen[bytes]:
+def _spawn(rank: int, world: int, port: int, model_dir: str | Path, config: EngineConfig,
+           host: str = HOST) -> subprocess.Popen[bytes]:  # fmt: skip
     cmd = [
         sys.executable, "-m", "inflight.runtime.distributed.worker",
-        "--rank", str(rank), "--world-size", str(world), "--port", str(port),
+        "--rank", str(rank), "--world-size", str(world), "--port", str(port), "--master-addr", host,
         "--model-dir", str(model_dir), "--config", json.dumps(config.to_dict()),
         "--log-format", _log_format(), "--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel()),
     ]

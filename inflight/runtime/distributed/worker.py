@@ -23,15 +23,20 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.distributed.comm import TensorParallel
+from inflight.runtime.distributed.comm import LoRALoad
 from inflight.runtime.distributed.launcher import (
+    COLLECTIVE_TIMEOUT_S,
     HOST,
     KEY_PREFIX,
     START_TIMEOUT_S,
     backend_for,
     init_groups,
 )
+from inflight.runtime.distributed.lora_wire import decode_adapter
+from inflight.runtime.distributed.pipeline import join_stages
 from inflight.runtime.logs import configure_logging
+from inflight.runtime.model.loader import load_hf_config
+from inflight.runtime.model.spec import spec_from_hf_config
 
 PARENT_POLL_S = 0.5
 
@@ -49,6 +54,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--master-addr", default=HOST, help="where rank 0's store listens (another node's address)")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="as the engine process logs")
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    store = dist.TCPStore(HOST, args.port, args.world_size, is_master=False,
+    store = dist.TCPStore(args.master_addr, args.port, args.world_size, is_master=False,
                           timeout=timedelta(seconds=START_TIMEOUT_S))
     keys = dist.PrefixStore(KEY_PREFIX, store)
     try:
@@ -87,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             keys.wait(["blocks/final"])
             return int(keys.get("blocks/final"))
 
-        tp = TensorParallel(args.rank, args.world_size, None, control, agree_num_blocks)
+        num_layers = spec_from_hf_config(load_hf_config(args.model_dir)).num_layers
+        tp = join_stages(args.rank, config.tensor_parallel_size, config.pipeline_parallel_size, num_layers, control,
+                         agree_num_blocks, backend_for(config.device), timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         runner = ModelRunner(args.model_dir, config, None, tp=tp)
     except BaseException as exc:
         keys.set(f"error/{args.rank}", f"{type(exc).__name__}: {exc}")
@@ -95,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logger.info("loaded its shard: %d KV blocks on %s", runner.num_kv_blocks, runner.device)
     while (step := tp.receive_step(runner.device)) is not None:
+        if isinstance(step, LoRALoad):  # an adapter for a device slot, before the step using it
+            if runner.lora_slots is None:
+                raise RuntimeError("rank 0 sent a LoRA adapter to a worker without LoRA slots")
+            runner.lora_slots.load(*decode_adapter(step.payload, runner.spec))
+            continue
         runner.execute_received((step.input_ids, step.positions, step.meta, step.sample_indices))
     logging.shutdown()
     os._exit(0)  # nothing to clean up; interpreter and process-group teardown take seconds

@@ -1,7 +1,7 @@
 """The engine core: the one step loop, fed protocol messages over a pipe or an in-memory channel.
 
 :class:`EngineCore` is the loop, whichever way it runs: apply every message waiting on its
-connection (add groups, aborts, retunes, heartbeats), admit groups whose grammars finished
+connection (add groups, aborts, retunes, LoRA calls: :mod:`.lora_calls`, heartbeats), admit groups whose grammars finished
 compiling (compiles run on the structured-output manager's worker threads, never on the step
 loop), run one step and send its outputs and stats in one :class:`StepDone`. Idle, it blocks on
 the connection. It writes ``time.monotonic()`` into a step clock while a step runs (0 between
@@ -44,10 +44,12 @@ from typing import Any, Protocol
 
 from inflight import env_vars
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.engine_core import lora_calls
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.routing import Conn, FrontEnds
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
 from inflight.runtime.logs import configure_logging
+from inflight.runtime.lora.types import UnknownLoRA
 from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
 
 logger = logging.getLogger("inflight.engine_core")
@@ -254,7 +256,7 @@ class EngineCore:
         if self.front_ends.is_empty:
             return False
         if changed:
-            self.front_ends.broadcast(p.Stats(self.engine.stats()))
+            self.front_ends.broadcast(p.Stats(self._stats()))
         return True
 
     def _drop(self, index: int, how: str) -> None:
@@ -280,6 +282,11 @@ class EngineCore:
             self._abort(message.req_ids)
         elif isinstance(message, p.Retune):
             self._retune(index, message)
+        elif isinstance(message, p.LoRACall):  # a load or unload failing leaves the batch as it was
+            done = lora_calls.answer(self.engine, message)
+            if done.error is None and not isinstance(message, p.ListLoRAs):
+                self.front_ends.broadcast(p.LoRAsChanged(done.loras), but=index)
+            self.front_ends.send(index, done)
         else:
             raise TypeError(f"unknown message {type(message).__name__} on the engine-core pipe")
 
@@ -292,10 +299,8 @@ class EngineCore:
         # The new figures first: whoever waits on the answer then reads them in /metrics; every
         # other front end gets the new summary too, so all validate against the same config.
         summary = self.engine.summary()
-        self.front_ends.broadcast(p.Stats(self.engine.stats()))
-        for other in list(self.front_ends.conns):
-            if other != index:
-                self.front_ends.send(other, p.Retuned(summary))
+        self.front_ends.broadcast(p.Stats(self._stats()))
+        self.front_ends.broadcast(p.Retuned(summary), but=index)
         self.front_ends.send(index, p.RetuneDone(message.call_id, summary))
 
     def _abort(self, req_ids: tuple[str, ...]) -> None:
@@ -329,10 +334,17 @@ class EngineCore:
         except RequestRejectedError as exc:
             self.front_ends.send(index, p.Refused(message.group_id, exc))
             return
+        except UnknownLoRA as exc:  # unloaded since the front end resolved the request's model
+            error = RequestRejectedError(lora_calls.unknown_message(exc), "model_not_found", "model")
+            self.front_ends.send(index, p.Refused(message.group_id, error))
+            return
         self.front_ends.own(index, [r.req_id for r in message.requests])
         self.front_ends.send(index, p.Admitted(message.group_id))
 
     # ---- the step -----------------------------------------------------------------------
+
+    def _stats(self) -> p.EngineStats:
+        return lora_calls.with_lora_stats(self.engine, self.engine.stats())
 
     def _step(self) -> None:
         self.step_clock.value = time.monotonic()
@@ -351,7 +363,7 @@ class EngineCore:
         finally:
             self.step_clock.value = 0.0
         self._failures.succeeded()
-        stats = self.engine.stats()
+        stats = self._stats()
         for index, mine in self.front_ends.split(outputs).items():
             self.front_ends.send(index, p.step_done(mine, stats))
 

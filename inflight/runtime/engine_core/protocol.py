@@ -3,19 +3,21 @@
 One message per event each way, pickled over a ``multiprocessing`` pipe. The core speaks
 first: :class:`Prewarmed` once its imports are done and it has read what the start-up checks
 need (``served_facts``). The front end sends :class:`Go` (load the engine: its own start-up
-checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune`, :class:`Ping` and
-:class:`Shutdown`; the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then
+checks passed), then :class:`AddGroup`, :class:`Abort`, :class:`Retune`, :class:`Ping`, the
+LoRA calls (:class:`LoadLoRA`, :class:`UnloadLoRA`, :class:`ListLoRAs`) and :class:`Shutdown`;
+the core answers with :class:`Ready` (or :class:`LoadFailed`) once, then
 :class:`Admitted` / :class:`Refused` per group, :class:`StepDone` per step that produced
 outputs (every new token of the step in one message, with the step's stats), :class:`Stats`
 after commands, :class:`RetuneDone` (and :class:`Retuned` to every other front end, when
-several share the core), :class:`Pong` per :class:`Ping` (between two steps: the
+several share the core), :class:`LoRADone` per LoRA call (and :class:`LoRAsChanged` to every
+other front end after a load or unload), :class:`Pong` per :class:`Ping` (between two steps: the
 heartbeat that shows an idle core alive), :class:`FailAll` when a step raised and :class:`Dead`
 before it exits on a fatal error. :data:`PROTOCOL_VERSION` is checked in :class:`Prewarmed`
 and :class:`Ready`: both sides come from one install, so a mismatch means a stale process,
 and the front end refuses to serve with it.
 
 Everything here is a frozen dataclass of plain values, :class:`EngineStats`,
-:class:`EngineConfig`, :class:`SamplingParams` or :class:`ServedFacts`: nothing that needs
+:class:`EngineConfig`, :class:`SamplingParams`, :class:`LoRAInfo` or :class:`ServedFacts`: nothing that needs
 torch. :class:`StepDone`, sent every step, carries its outputs as columns (:func:`step_done`
 builds it from the engine's :class:`RequestOutput` values, :meth:`StepDone.outputs` gives them
 back), so it pickles at C speed. Knows nothing about processes, pipes or HTTP.
@@ -30,6 +32,7 @@ from typing import Any
 
 from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.engine_core.served_facts import ServedFacts
+from inflight.runtime.lora.types import LoRAInfo
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestRejectedError, RequestTimes, TokenLogprob
 
 __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carried here
@@ -39,7 +42,8 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 8: EngineStats.device_busy_seconds (the simulated device's busy time)
 # 9: StepDone as columns (req ids, token ids, counts, sparse extras)
 # 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
-PROTOCOL_VERSION = 11  # 11: EngineStats' prefill backlog, prefill tokens computed and prefill rate
+# 11: EngineStats' prefill backlog, prefill tokens computed and prefill rate
+PROTOCOL_VERSION = 12  # 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, LoRAsChanged; EngineRequest.lora_name)
 
 
 # ---- front end -> core ------------------------------------------------------------------
@@ -67,6 +71,33 @@ class Retune:
 @dataclass(frozen=True, slots=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class LoadLoRA:
+    """Load the PEFT adapter at ``path`` as ``name`` between two steps; answered by :class:`LoRADone`."""
+
+    call_id: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadLoRA:
+    """Unload adapter ``name`` (requests admitted with it finish with it); answered by :class:`LoRADone`."""
+
+    call_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListLoRAs:
+    """Which adapters are loaded; answered by :class:`LoRADone`."""
+
+    call_id: int
+
+
+LoRACall = LoadLoRA | UnloadLoRA | ListLoRAs
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +257,27 @@ class Retuned:
     """Another front end retuned the engine (``--api-server-count`` > 1): its new summary."""
 
     summary: EngineSummary
+
+
+@dataclass(frozen=True, slots=True)
+class LoRADone:
+    """The answer to a :data:`LoRACall`: the adapters loaded after it (all of them), the one a
+    :class:`LoadLoRA` loaded (``info``), or why it was refused: ``error`` with ``error_kind``
+    ``"refused"`` (the engine's ``LoRAError``: HTTP 400), ``"unknown"`` (``UnknownLoRA``: 404)
+    or ``"failed"`` (anything else the engine raised: 500)."""
+
+    call_id: int
+    loras: tuple[LoRAInfo, ...]
+    info: LoRAInfo | None = None
+    error: str | None = None
+    error_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAsChanged:
+    """Another front end loaded or unloaded an adapter (``--api-server-count`` > 1): all loaded now."""
+
+    loras: tuple[LoRAInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,9 +82,11 @@ class FrontEnds:
         if conn is not None:
             self._send(index, conn, message)
 
-    def broadcast(self, message: object) -> None:
+    def broadcast(self, message: object, but: int | None = None) -> None:
+        """Send ``message`` to every front end (``but`` that one)."""
         for index, conn in list(self.conns.items()):
-            self._send(index, conn, message)
+            if index != but:
+                self._send(index, conn, message)
 
     def _send(self, index: int, conn: Conn, message: object) -> None:
         try:

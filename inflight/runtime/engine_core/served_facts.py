@@ -47,4 +47,8 @@ def read_served_facts(served: Path, config: EngineConfig) -> tuple[ServedFacts, 
     spec = spec_from_hf_config(load_hf_config(served))
     if draft_model_dir(config) is not None:
         check_draft_model(served, config)
+    from inflight.runtime.spec_decode.eagle3_head import check_eagle3_head, eagle3_head_dir
+
+    if eagle3_head_dir(config) is not None:
+        check_eagle3_head(served, config)  # the head's config against the served model's (no weights read)
     return ServedFacts(tokenizer_class_path(tokenizer), spec.max_position_embeddings), tokenizer

@@ -27,6 +27,8 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32, relative to the prefill part
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     num_prefills: int
+    # Multi-LoRA: each token's adapter slot (-1: the base model); None: no row of the step has one.
+    token_slots: torch.Tensor | None = None  # [num_tokens] int32
 
 
 @dataclass(frozen=True, slots=True)

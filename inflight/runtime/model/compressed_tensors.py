@@ -118,10 +118,22 @@ def _refuse(what: str) -> ValueError:
     return ValueError(f"this compressed-tensors checkpoint has {what}; supported: {SUPPORTED}.")
 
 
+def check_kv_cache_scheme(scheme: dict[str, Any] | None) -> None:
+    """A ``kv_cache_scheme`` is fine when it is 8-bit float K/V with per-tensor (or per-head) scales:
+    the checkpoint's ``self_attn.k_scale``/``v_scale`` tensors are what an fp8 KV cache
+    (--kv-cache-dtype fp8) reads (inflight.runtime.model.kv_scales); anything else is refused."""
+    if not scheme:
+        return
+    if scheme.get("num_bits") != 8 or scheme.get("type", "float") != "float" or \
+            scheme.get("strategy", "tensor") not in ("tensor", "attn_head"):
+        raise _refuse(f"a kv_cache_scheme other than 8-bit float per tensor ({json.dumps(scheme)[:80]})")
+
+
 def _parse(qc: dict[str, Any]) -> CompressedTensorsScheme:
-    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+    for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             raise _refuse(f"a {key} ({json.dumps(qc[key])[:80]})")
+    check_kv_cache_scheme(qc.get("kv_cache_scheme"))
     groups = qc.get("config_groups") or {}
     if not groups:
         raise _refuse("no config_groups")

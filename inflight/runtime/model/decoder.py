@@ -16,23 +16,51 @@ converted once for every layer; and when the bundle has a one-call layer stack
 (:mod:`inflight.kernels.decode_stack`) and every layer is a dense Llama-family one with
 MKL-packed weights, no tensor parallelism, the whole stack and the final norm are one call (the
 stack's weights gathered once and kept while the KV cache and rope tables stay the same
-objects); anything else runs op by op. Knows nothing about scheduling or sampling.
+objects); anything else runs op by op. A step with LoRA rows (``meta.token_slots`` set) adds each
+row's adapter delta through ``ops.lora_delta`` into the q/k/v slices of the fused qkv output
+(before q/k norms and rotary), into the o_proj output, the gate/up slices and the down_proj output
+(each before the tensor-parallel all-reduce), from the stacks :mod:`inflight.runtime.lora.slots`
+attaches to each layer (``lora``: module name -> its ``a``/``b`` slots). Such a step takes the
+layer-by-layer path, never the one-call stack (which has no place for the deltas): a path choice.
+An fp8 KV cache (:mod:`inflight.kernels.fp8_kv`) passes each layer's ``k_scale``/``v_scale`` to the
+store and attention kernels, and its steps take the layer-by-layer path too, never the one-call
+attention block or stack (which read float caches only): a path choice, documented in
+docs/kv-cache-dtype.md. Built with a ``stage`` (:mod:`.stages`) it holds one pipeline stage's layers,
+renumbered from 0 (and the embedding, final norm and LM head only where that stage needs them);
+:mod:`.stage_forward` runs it.
+Knows nothing about scheduling or sampling.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.kernels import fp8_kv
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.decode_stack import DecodeStack, StackLayer
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout, shard_layout
+from inflight.runtime.model.llama4 import LayerAttention, layer_attention
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
+from inflight.runtime.model.stages import StageLayers
+
+
+@dataclass(slots=True)
+class AuxHidden:
+    """What a forward collects for an EAGLE-3 head (spec_decode/eagle3.py): the residual stream
+    entering each layer of ``layer_ids`` (0: the embeddings), in layer order. Such a forward runs
+    layer by layer (never the one-call stack, which returns only the final state): a path choice."""
+
+    layer_ids: tuple[int, ...]
+    hidden: list[torch.Tensor] = field(default_factory=list)  # each [num_tokens, hidden]
 
 
 class RMSNorm(nn.Module):
@@ -51,6 +79,7 @@ class Attention(nn.Module):
         self.tp = tp
         self.window = window  # keys after position - window are visible; None: all earlier ones
         self.rope_table = 0  # which of the rope tables this layer rotates with (set by DecoderLayer)
+        self.variant: LayerAttention | None = None  # Llama 4's rotary/norm/chunking options (set by DecoderLayer)
         self.num_heads = layout.num_heads
         self.num_kv_heads = layout.num_kv_heads
         self.q_size = layout.num_heads * spec.head_dim
@@ -61,6 +90,12 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
         self.sinks = nn.Parameter(torch.empty(layout.num_heads)) if spec.attn_sinks else None  # [num_heads]
+        self.lora: dict[str, Any] | None = None  # module name -> its LoRA slots (.a, .b); set by lora.slots
+        # An fp8 KV cache's (k_scale, v_scale), set by inflight.runtime.model.kv_scales; None: a float
+        # cache. calculate_kv_scales: the first prompt's K/V set them (then it turns False).
+        self.kv_scales: tuple[float, float] | None = None
+        self.calculate_kv_scales = False
+        self.checkpoint_kv_scales: dict[str, float] = {}  # "k"/"v" -> the checkpoint's scale (the loader's)
 
     def forward(
         self,
@@ -75,10 +110,15 @@ class Attention(nn.Module):
         spec = self.spec
         num_tokens = x.shape[0]
         qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        lora, slots = (self.lora, meta.token_slots) if meta.token_slots is not None else (None, None)
+        if lora is not None:
+            q_end, k_end = self.q_size, self.q_size + self.kv_size
+            for module, part in (("q_proj", qkv[:, :q_end]), ("k_proj", qkv[:, q_end:k_end]),
+                                 ("v_proj", qkv[:, k_end:])):  # fmt: skip
+                ops.lora_delta(x, lora[module].a, lora[module].b, slots, part)
         if rows is not None and ops.decode_attention_block is not None:
             out = ops.decode_attention_block(qkv, rows, cos_sin[self.rope_table], kv_cache, self._layer())
-            out = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
-            return out if self.tp is None else self.tp.all_reduce(out)
+            return self._o_proj(out, ops, lora, slots)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, spec.head_dim)
@@ -86,11 +126,16 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)[0]
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)[0]
-        q, k = ops.rotary_embedding(positions, q, k, cos_sin[self.rope_table])
+        if self.variant is None:
+            q, k = ops.rotary_embedding(positions, q, k, cos_sin[self.rope_table])
+        else:  # Llama 4: NoPE or RoPE + L2 norm; a chunked layer reads `meta` rewritten (model/llama4.py)
+            q, k, meta = self.variant.apply(q, k, positions, cos_sin[self.rope_table], meta, kv_cache[0], ops)
         k_cache, v_cache = kv_cache
-        ops.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        kv = self._kv_scale_args(k, v, k_cache, meta)
+        ops.store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, **kv)
         nd, window = meta.num_decode_tokens, self.window
         sinks = {} if self.sinks is None else {"sinks": self.sinks}  # only gpt-oss passes sinks
+        sinks.update(kv)
         if meta.num_prefills == 0:
             out = ops.paged_decode_attention(
                 q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, window,
@@ -111,7 +156,25 @@ class Attention(nn.Module):
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
                 meta.prefill_context_lens, self.scale, key=k[nd:], value=v[nd:], sliding_window=window, **sinks,
             )
-        out = ops.linear(out.reshape(num_tokens, self.q_size), self.o_proj.weight, self.o_proj.bias)
+        return self._o_proj(out.reshape(num_tokens, self.q_size), ops, lora, slots)
+
+    def _kv_scale_args(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       meta: AttentionMetadata) -> dict[str, float]:  # fmt: skip
+        """The fp8 cache's scales as kernel keywords ({} for a float cache); the first step with a
+        prompt chunk sets them when they are to be calculated (its K/V amax / 200 and / 100, vLLM's)."""
+        if self.kv_scales is None:
+            return {}
+        if self.calculate_kv_scales and meta.num_prefills:
+            self.kv_scales = (fp8_kv.amax_scale(k, fp8_kv.K_SCALE_RANGE), fp8_kv.amax_scale(v, fp8_kv.V_SCALE_RANGE))
+            self.calculate_kv_scales = False
+        return {"k_scale": self.kv_scales[0], "v_scale": self.kv_scales[1]}
+
+    def _o_proj(self, attn: torch.Tensor, ops: KernelOps, lora: dict[str, Any] | None,
+                slots: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """o_proj of the attention output ``[num_tokens, q_size]``, its LoRA delta added before the all-reduce."""
+        out = ops.linear(attn, self.o_proj.weight, self.o_proj.bias)
+        if lora is not None:
+            ops.lora_delta(attn, lora["o_proj"].a, lora["o_proj"].b, slots, out)
         return out if self.tp is None else self.tp.all_reduce(out)
 
     def _layer(self) -> AttentionLayer:
@@ -131,11 +194,19 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * self.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(self.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
         self.gelu = spec.hidden_act == "gelu_pytorch_tanh"  # Gemma 3; else SwiGLU
+        self.lora: dict[str, Any] | None = None  # module name -> its LoRA slots (.a, .b); set by lora.slots
 
-    def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: KernelOps, token_slots: torch.Tensor | None = None) -> torch.Tensor:
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        lora = self.lora if token_slots is not None else None
+        if lora is not None:
+            m = self.intermediate_size
+            for module, part in (("gate_proj", gate_up[:, :m]), ("up_proj", gate_up[:, m:])):
+                ops.lora_delta(x, lora[module].a, lora[module].b, token_slots, part)
         act = gelu_tanh_and_mul(gate_up) if self.gelu else ops.silu_and_mul(gate_up)
         out = ops.linear(act, self.down_proj.weight, self.down_proj.bias)
+        if lora is not None:
+            ops.lora_delta(act, lora["down_proj"].a, lora["down_proj"].b, token_slots, out)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
@@ -144,6 +215,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(spec, layout, tp, spec.layer_window(index))
         self.self_attn.rope_table = spec.layer_rope_table(index)
+        self.self_attn.variant = layer_attention(spec, index)
         sparse = spec.moe is not None and index in spec.moe.sparse_layers
         self.mlp = SparseMoe(spec, layout, tp) if sparse else MLP(spec, layout, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -164,9 +236,14 @@ class DecoderLayer(nn.Module):
         x = ops.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)[0]
         norm = self.pre_feedforward_layernorm
         x, hidden = ops.rms_norm(x, norm.weight, norm.eps, hidden)  # hidden += x; x = norm(hidden)
-        x = self.mlp(x, ops)
+        x = run_mlp(self.mlp, x, ops, meta.token_slots)
         x = ops.rms_norm(x, self.post_feedforward_layernorm.weight, self.post_feedforward_layernorm.eps)[0]
         return hidden + x
+
+
+def run_mlp(mlp: nn.Module, x: torch.Tensor, ops: KernelOps, token_slots: torch.Tensor | None) -> torch.Tensor:
+    """A layer's MLP; a dense one gets the step's LoRA rows (an expert layer has no adapters)."""
+    return mlp(x, ops, token_slots) if isinstance(mlp, MLP) else mlp(x, ops)
 
 
 def decode_rows(positions: torch.Tensor, meta: AttentionMetadata, ops: KernelOps) -> DecodeRows | None:
@@ -206,20 +283,27 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and the LM head (this rank's shard of each)."""
 
-    def __init__(self, spec: ModelSpec, tp: Collectives | None = None) -> None:
+    def __init__(self, spec: ModelSpec, tp: Collectives | None = None, stage: StageLayers | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.tp = tp
+        # a pipeline stage (model/stages.py) holds its layers (renumbered from 0), the embedding
+        # on the first stage (the last too when tied), the final norm and LM head on the last
+        self.stage = stage
+        first, last = stage is None or stage.is_first, stage is None or stage.is_last
+        layer_ids = range(spec.num_layers) if stage is None else range(stage.start, stage.end)
         self.layout = shard_layout(spec, 0, 1) if tp is None else shard_layout(spec, tp.rank, tp.world_size)
         vocab = self.layout.vocab_per_rank
         # given its table, nn.Embedding skips its random init: on the meta device that init
         # costs seconds per process (the first meta normal_ imports torch's reference ops)
-        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        embeds = first or (last and spec.tie_word_embeddings)
+        self.embed_tokens = (nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
+                             if embeds else None)  # fmt: skip
+        self.layers = nn.ModuleList(DecoderLayer(spec, self.layout, tp, i) for i in layer_ids)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if last else None
         # A pooling checkpoint (spec.head "none" or "score") has no LM head; a classifier has its
         # score head [num_labels, hidden] instead (ModelSpec.head).
-        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False) if spec.head == "lm" else None
+        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False) if spec.head == "lm" and last else None
         self.score = nn.Linear(spec.hidden_size, spec.num_labels, bias=False) if spec.head == "score" else None
         if spec.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.embed_tokens.weight
@@ -235,28 +319,40 @@ class CausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         ops: KernelOps,
+        aux: AuxHidden | None = None,  # EAGLE-3: collect these layers' input states (one stage only)
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
+        if self.stage is not None:  # a pipeline stage runs through model/stage_forward.py
+            raise ValueError("a pipeline stage runs through stage_forward.run_stage (and an EAGLE-3 head needs "
+                             "the whole model on one stage)")
         hidden = self.embed(input_ids)
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
-        rows = decode_rows(positions, meta, ops)
-        if rows is not None and ops.decode_layer_stack is not None:
+        # an fp8 cache runs layer by layer: the one-call block and stack read float caches only
+        fp8 = bool(kv_caches) and fp8_kv.is_fp8(kv_caches[0][0].dtype)
+        # Llama 4's layers (model/llama4.py) run layer by layer too: the one-call block has no NoPE/chunking
+        rows = None if fp8 or self.spec.arch == "llama4_text" else decode_rows(positions, meta, ops)
+        # the one-call stack has no place for LoRA deltas: steps with LoRA rows go layer by layer
+        if rows is not None and ops.decode_layer_stack is not None and meta.token_slots is None and aux is None:
             stack = self._decode_stack(cos_sin, kv_caches)
             out = None if stack is None else ops.decode_layer_stack(hidden, rows, stack)
             if out is not None:
                 return out
         if self.spec.sandwich_norms:
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+                if aux is not None and i in aux.layer_ids:
+                    aux.hidden.append(hidden)
                 hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops, rows)
             return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)[0]
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if aux is not None and i in aux.layer_ids:
+                aux.hidden.append(hidden if residual is None else hidden + residual)
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
             x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops, rows)
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
-            hidden = layer.mlp(x, ops)
+            hidden = run_mlp(layer.mlp, x, ops, meta.token_slots)
         return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
 
     def _decode_stack(self, cos_sin: torch.Tensor,

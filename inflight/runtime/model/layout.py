@@ -48,6 +48,8 @@ def _problem(spec: ModelSpec, n: int) -> str | None:
         return f"the model's MLP width {spec.intermediate_size}"
     if spec.moe is not None and spec.moe.intermediate_size % n:  # experts split like the MLP (model/moe.py)
         return f"the model's expert MLP width {spec.moe.intermediate_size}"
+    if spec.moe is not None and spec.moe.shared_intermediate_size % n:  # GLM-4.5's shared expert, the same way
+        return f"the model's shared expert width {spec.moe.shared_intermediate_size}"
     return None
 
 

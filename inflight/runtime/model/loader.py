@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from inflight.runtime.model import compressed_tensors, moe_weights, mxfp4
+from inflight.runtime.model import compressed_tensors, kv_scales, llama4, moe_weights, mxfp4, stages
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec, model_type_alias, spec_from_hf_config
+from inflight.runtime.model.stages import StageLayers
 
 logger = logging.getLogger("inflight.model")
 Progress = Callable[[str], None]
@@ -92,28 +93,61 @@ def _iter_tensors(files: list[Path], progress: Progress | None) -> Iterator[tupl
                 yield name, f.get_slice(name)
 
 
-def _slices(spec: ModelSpec, layout: ShardLayout, fused: str) -> list[tuple[int, int]]:
+def _mlp_width(name: str, spec: ModelSpec) -> int:
+    """The full intermediate width of the MLP tensor ``name`` belongs to: GLM-4.5's shared expert
+    (``mlp.shared_experts.*``) has its own; every other dense MLP the config's."""
+    if ".shared_experts." in name and spec.moe is not None:
+        return spec.moe.shared_intermediate_size
+    return spec.intermediate_size
+
+
+def _slices(spec: ModelSpec, layout: ShardLayout, fused: str, name: str = "") -> list[tuple[int, int]]:
     """Rows of this rank's fused tensor that each checkpoint tensor fills."""
     if fused == "qkv_proj":
         q, kv = layout.num_heads * spec.head_dim, layout.num_kv_heads * spec.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
-    n = layout.intermediate_size
+    n = _mlp_width(name, spec) // layout.world_size
     return [(0, n), (n, 2 * n)]
 
 
-def _split(module: str, spec: ModelSpec, layout: ShardLayout) -> tuple[int, int, int, int] | None:
+def _read_prefused(name: str, part: Any, spec: ModelSpec, layout: ShardLayout) -> torch.Tensor | None:
+    """This rank's rows of a checkpoint tensor that is fused already (Phi-3's ``qkv_proj`` and
+    ``gate_up_proj`` weights: q, k, v rows / gate, up rows), each part sliced as its unfused
+    tensor would be; None for any other tensor or when unsharded."""
+    parts = name.split(".")
+    if not layout.is_sharded or len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in ("qkv_proj", "gate_up_proj"):
+        return None
+    hd = spec.head_dim
+    if parts[-2] == "qkv_proj":
+        sizes = [spec.num_heads * hd, spec.num_kv_heads * hd, spec.num_kv_heads * hd]
+        modules = ["q_proj", "k_proj", "v_proj"]
+    else:
+        sizes, modules = [_mlp_width(name, spec)] * 2, ["gate_proj", "up_proj"]
+    if part.get_shape()[0] != sum(sizes):
+        return part[:]  # the wrong shape: load_model names the tensor and both shapes
+    pieces, offset = [], 0
+    for module, size in zip(modules, sizes, strict=True):
+        split = _split(module, spec, layout, name)
+        assert split is not None
+        _, _, start, length = split
+        pieces.append(part[offset + start : offset + start + length])
+        offset += size
+    return torch.cat(pieces)
+
+
+def _split(module: str, spec: ModelSpec, layout: ShardLayout, name: str = "") -> tuple[int, int, int, int] | None:
     """``(axis, full size, start, length)`` of this rank's part of ``module``'s weight, or None."""
     hd, lay = spec.head_dim, layout
+    if module in ("gate_proj", "up_proj", "down_proj"):
+        full = _mlp_width(name, spec)
+        width = full // lay.world_size
+        return (0 if module != "down_proj" else 1), full, lay.rank * width, width
     if module == "q_proj":
         return 0, spec.num_heads * hd, lay.q_head_start * hd, lay.num_heads * hd
     if module in ("k_proj", "v_proj"):
         return 0, spec.num_kv_heads * hd, lay.kv_head_start * hd, lay.num_kv_heads * hd
-    if module in ("gate_proj", "up_proj"):
-        return 0, spec.intermediate_size, lay.rank * lay.intermediate_size, lay.intermediate_size
     if module == "o_proj":
         return 1, spec.num_heads * hd, lay.q_head_start * hd, lay.num_heads * hd
-    if module == "down_proj":
-        return 1, spec.intermediate_size, lay.rank * lay.intermediate_size, lay.intermediate_size
     if module in ("embed_tokens", "lm_head"):
         return 0, spec.vocab_size, lay.vocab_start, lay.vocab_end - lay.vocab_start
     return None
@@ -123,7 +157,10 @@ def _read_shard(name: str, part: Any, spec: ModelSpec, layout: ShardLayout) -> t
     """This rank's slice of checkpoint tensor ``name`` (the whole tensor when unsplit)."""
     parts = name.split(".")
     module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
-    split = _split(module, spec, layout)
+    split = _split(module, spec, layout, name)
+    fused = _read_prefused(name, part, spec, layout)
+    if fused is not None:
+        return fused
     if layout.is_sharded and kind == "sinks":  # gpt-oss: a logit per query head, split with the heads
         return part[layout.q_head_start : layout.q_head_start + layout.num_heads]
     if not layout.is_sharded or split is None:
@@ -148,6 +185,7 @@ def load_model(
     config: Any | None = None,
     tp: Collectives | None = None,
     install_packed: Callable[[CausalLM], frozenset[str]] | None = None,
+    stage: StageLayers | None = None,
 ) -> tuple[CausalLM, Any]:
     """Our decoder (this rank's shard under ``tp``) on ``device`` in ``dtype``; and the HF config.
     ``install_packed`` puts packed weights into the model while it is on the meta device and
@@ -159,13 +197,17 @@ def load_model(
     if alias is not None:
         logger.warning("%s", alias)
     with torch.device("meta"):
-        model = CausalLM(spec, tp)
+        model = CausalLM(spec, tp, stage)
     # packed linears (GGUF blocks, compressed-tensors int4/int8) go in while the model is on
     # meta, so they never exist in float; their checkpoint tensors are skipped below
     if install_packed is None:
         packed = compressed_tensors.install_packed_linears(model, model_dir, config, device)
     else:
         packed = install_packed(model)
+    if packed and spec.arch in ("llama4_text", "phi3"):  # packed rows cannot be permuted / cut per part here
+        raise ValueError(f"packed (GGUF / compressed-tensors) {spec.arch} checkpoints are not served: Llama 4's q/k "
+                         "rows are permuted at load and Phi-3's fused qkv/gate_up rows cut per part, which packed "
+                         "weights do not allow; serve a float checkpoint.")  # fmt: skip
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings and model.lm_head is not None:
         model.lm_head.weight = model.embed_tokens.weight
@@ -177,7 +219,18 @@ def load_model(
     for hf_name, part in tensors:
         name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name
         name = name.replace(".mlp.router.", ".mlp.gate.")  # gpt-oss's router is our mlp.gate
-        if "rotary_emb" in name or hf_name in packed:
+        if spec.arch == "llama4_text":  # feed_forward.{router,shared_expert,experts}: our mlp.{gate,shared_experts,experts}
+            name = name.replace(".feed_forward.", ".mlp.").replace(".mlp.router.", ".mlp.gate.")
+            name = name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
+        if "rotary_emb" in name or hf_name in packed or _is_mtp_layer(name, spec):
+            continue
+        if model.stage is not None:  # a pipeline stage: its own layers, renumbered (model/stages.py)
+            name = stages.local_name(name, model.stage, spec.tie_word_embeddings)
+            if name is None:
+                continue
+        scale = kv_scales.checkpoint_scale(name)  # an fp8 KV cache's scales: kept on the layer
+        if scale is not None:
+            kv_scales.record(model, scale[0], scale[1], part)
             continue
         piece = moe_weights.expert_piece(name) if spec.moe is not None else None
         if piece is not None:
@@ -190,10 +243,12 @@ def load_model(
             fused, idx = _FUSED[parts[-2]]
             parts[-2] = fused
             target = ".".join(parts)
-            rows = _slices(spec, model.layout, fused)[idx]
+            rows = _slices(spec, model.layout, fused, name)[idx]
         if target not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} does not fit the {spec.arch} decoder.")
         tensor = _read_shard(name, part, spec, model.layout)
+        if spec.arch == "llama4_text" and name.split(".")[-2] in ("q_proj", "k_proj"):
+            tensor = llama4.halves_from_pairs(tensor, spec.head_dim)  # interleaved rotary pairs -> our halves
         with torch.no_grad():
             dest = params[target] if rows is None else params[target][rows[0] : rows[1]]
             if dest.shape != tensor.shape:
@@ -208,6 +263,14 @@ def load_model(
                     param.add_(1.0)
     model.eval()
     return model, config
+
+
+def _is_mtp_layer(name: str, spec: ModelSpec) -> bool:
+    """GLM-4.5's multi-token-prediction layers (``layers.{num_layers + i}``): a speculative head we
+    do not run, skipped as vLLM does."""
+    parts = name.split(".")
+    return (spec.arch == "glm4_moe" and len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit()
+            and int(parts[1]) >= spec.num_layers)
 
 
 def _load_expert_piece(

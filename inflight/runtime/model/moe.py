@@ -1,11 +1,15 @@
-"""The mixture-of-experts layer of Qwen3-MoE, Mixtral and gpt-oss: a router and SwiGLU experts.
+"""The mixture-of-experts layer of Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5: a router and SwiGLU experts.
 
 The router (a replicated ``[num_experts, hidden]`` matmul through ``KernelOps.linear``) picks
 each token's top-k experts; the experts run through ``KernelOps.fused_moe`` (the torch
 reference groups tokens by expert on the CPU; Triton on CUDA). Expert weights are stored
 fused, as transformers 5 holds them in memory: ``experts.gate_up_proj`` ``[E, 2 * I, hidden]``
 and ``experts.down_proj`` ``[E, hidden, I]``; :mod:`.moe_weights` fills them from either
-checkpoint layout. gpt-oss adds a router bias, routes by top-k of the logits then a softmax
+checkpoint layout. GLM-4.5 routes by sigmoid scores in float32 (:func:`select_grouped_experts`)
+and adds a dense shared expert (``shared_experts``, a :class:`~.decoder.MLP`-shaped SwiGLU whose
+partial sum joins the experts' before the one all-reduce). Llama 4 routes each token to its top-1
+expert by logit and scales the expert's *input* by the sigmoid of that logit (the expert then gets
+weight 1), with a shared expert as GLM's. gpt-oss adds a router bias, routes by top-k of the logits then a softmax
 over those k, biases on both expert matmuls (``experts.gate_up_proj_bias`` ``[E, 2 * I]``,
 gate then up; ``experts.down_proj_bias`` ``[E, hidden]``) and the clamped SwiGLU. Knows
 nothing about attention, scheduling or files.
@@ -31,7 +35,7 @@ from inflight.kernels.ops import KernelOps
 from inflight.kernels.reference import ClampedSwiglu
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout
-from inflight.runtime.model.spec import ModelSpec
+from inflight.runtime.model.spec import ModelSpec, MoeSpec
 
 
 def select_experts(
@@ -52,6 +56,43 @@ def select_experts(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def select_grouped_experts(
+    router_logits: torch.Tensor,  # [num_tokens, num_experts] float32
+    correction_bias: torch.Tensor,  # [num_experts]
+    moe: MoeSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [num_tokens, top_k] float32 weights, int64 expert ids
+    """GLM-4.5 / DeepSeek-V3 routing: sigmoid scores; each of ``num_groups`` groups scored by the
+    sum of its two best bias-corrected scores; the top-k bias-corrected experts within the
+    ``topk_groups`` best groups; weights their uncorrected scores (divided by their sum when
+    ``renormalize``) times ``routed_scaling_factor``."""
+    scores = router_logits.float().sigmoid()
+    choice = scores + correction_bias.float()
+    num_tokens, num_experts = choice.shape
+    grouped = choice.view(num_tokens, moe.num_groups, num_experts // moe.num_groups)
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [num_tokens, num_groups]
+    best_groups = torch.topk(group_scores, k=moe.topk_groups, dim=-1, sorted=False)[1]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+    choice = choice.masked_fill(~keep.repeat_interleave(num_experts // moe.num_groups, dim=1), float("-inf"))
+    ids = torch.topk(choice, k=moe.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if moe.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * moe.routed_scaling_factor, ids
+
+
+class SharedExpert(nn.Module):
+    """GLM-4.5's shared expert: a SwiGLU every token passes, this rank's columns of it (no all-reduce)."""
+
+    def __init__(self, hidden_size: int, width: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * width, bias=False)  # gate rows, then up rows
+        self.down_proj = nn.Linear(width, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:  # [num_tokens, hidden], a partial sum
+        act = ops.silu_and_mul(ops.linear(x, self.gate_up_proj.weight))
+        return ops.linear(act, self.down_proj.weight)
 
 
 def expert_width_per_rank(spec: ModelSpec, layout: ShardLayout) -> int:
@@ -88,15 +129,31 @@ class SparseMoe(nn.Module):
         self.experts = Experts(moe.num_experts, spec.hidden_size, width, moe.expert_bias)
         limit = moe.swiglu_limit
         self.activation = None if limit is None else ClampedSwiglu(moe.swiglu_alpha, limit)
+        self.moe = moe
+        if moe.score_correction_bias:  # checkpoint name: mlp.gate.e_score_correction_bias
+            self.gate.register_parameter("e_score_correction_bias", nn.Parameter(torch.empty(moe.num_experts)))
+        shared = moe.shared_intermediate_size // layout.world_size
+        self.shared_experts = SharedExpert(spec.hidden_size, shared) if shared else None
 
     def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:  # [num_tokens, hidden]
-        router_logits = ops.linear(x, self.gate.weight, self.gate.bias)  # [num_tokens, num_experts]
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize, self.topk_first)
+        routed_in = x  # the routed experts' input (Llama 4 scales it by the router score)
+        if self.moe.scoring == "sigmoid":  # GLM-4.5 (transformers runs this matmul in float32; we in the model's dtype)
+            router_logits = ops.linear(x, self.gate.weight).float()  # [num_tokens, num_experts]
+            weights, ids = select_grouped_experts(router_logits, self.gate.e_score_correction_bias, self.moe)
+        elif self.moe.scoring == "sigmoid_input":  # Llama 4: top-1 by logit, its sigmoid scales the input
+            top_logits, ids = torch.topk(ops.linear(x, self.gate.weight), 1, dim=-1)  # [num_tokens, 1]
+            routed_in = x * torch.sigmoid(top_logits.float()).to(x.dtype)
+            weights = torch.ones(ids.shape, dtype=torch.float32, device=x.device)
+        else:
+            router_logits = ops.linear(x, self.gate.weight, self.gate.bias)  # [num_tokens, num_experts]
+            weights, ids = select_experts(router_logits, self.top_k, self.renormalize, self.topk_first)
         experts = self.experts
         options = {}  # gpt-oss only: the other families' calls stay as they were
         if experts.gate_up_proj_bias is not None:
             options = {"w13_bias": experts.gate_up_proj_bias, "w2_bias": experts.down_proj_bias}
         if self.activation is not None:
             options["activation"] = self.activation
-        out = ops.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, **options)
+        out = ops.fused_moe(routed_in, experts.gate_up_proj, experts.down_proj, weights, ids, **options)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x, ops)
         return out if self.tp is None else self.tp.all_reduce(out)

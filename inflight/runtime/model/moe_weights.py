@@ -8,7 +8,7 @@ Two layouts load, with Mixtral's ``block_sparse_moe`` read as ``mlp``:
 * fused, as transformers 5 holds them in memory: ``mlp.experts.gate_up_proj``
   ``[E, 2 * I, hidden]`` (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, hidden, I]``;
   gpt-oss's fused tensors (transposed, gate/up interleaved, with ``*_bias``) are read by
-  :mod:`.gpt_oss`.
+  :mod:`.gpt_oss`, Llama 4's (transposed: ``[E, hidden, 2I]``, ``[E, I, hidden]``) by :mod:`.llama4`.
 
 Under tensor parallelism each rank reads only its slice of every expert's intermediate
 dimension (``get_slice``). The router (``mlp.gate.weight``) is an ordinary replicated tensor and
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.model import gpt_oss
+from inflight.runtime.model import gpt_oss, llama4
 from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.spec import ModelSpec
 
@@ -67,6 +67,10 @@ def read_piece(
         if piece.expert is not None:
             raise ValueError(f"{hf_name}: gpt-oss checkpoints hold experts fused (experts.gate_up_proj ...).")
         return gpt_oss.read_expert_tensor(hf_name, piece.kind, part, spec, layout)
+    if spec.arch == "llama4_text":
+        if piece.expert is not None:
+            raise ValueError(f"{hf_name}: Llama 4 checkpoints hold experts fused (experts.gate_up_proj ...).")
+        return llama4.read_expert_tensor(hf_name, piece.kind, part, spec, layout)
     if piece.kind.endswith("_bias"):
         raise ValueError(f"{hf_name}: {spec.arch}'s experts have no biases.")
     full, hidden, num_experts = spec.moe.intermediate_size, spec.hidden_size, spec.moe.num_experts

@@ -27,6 +27,7 @@ import torch
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.gguf_link import SOURCE_LINK as GGUF_SOURCE_LINK
 from inflight.runtime.model.spec import spec_from_hf_config
+from inflight.runtime.model.stages import StageLayers
 
 if TYPE_CHECKING:
     from inflight.kernels.dispatch import KernelOps
@@ -73,6 +74,7 @@ class LoadTarget:
     ops: KernelOps  # the float kernel bundle chosen for the device
     tensor_parallel: bool
     cpu_threads: int = 1  # threads a big step of this process uses on the CPU (the runner's policy)
+    stage: StageLayers | None = None  # a pipeline stage's layers (model/stages.py); None: the whole model
 
 
 def _gguf_blocker(target: LoadTarget) -> str | None:
@@ -129,6 +131,9 @@ def load_weights(requested: str, target: LoadTarget, tp: Collectives | None = No
     from inflight.runtime.model.quantized import install_gguf_linears, summarize_packed
 
     choice = resolve_quantization(requested, target)
+    if target.stage is not None and choice.method != "none":
+        raise ValueError(f"quantization={choice.method} cannot apply to a pipeline stage yet (packed weights are "
+                         "installed for the whole model); use quantization=none or pipeline_parallel_size 1.")
     source = gguf_source(target.model_dir)
 
     def install(model: Any) -> frozenset[str]:
@@ -139,7 +144,7 @@ def load_weights(requested: str, target: LoadTarget, tp: Collectives | None = No
         return frozenset()
 
     model, hf_config = load_model(target.model_dir, target.dtype, target.device, progress, target.hf_config, tp,
-                                  install_packed=install)
+                                  install_packed=install, stage=target.stage)
     ops, detail = target.ops, ""
     if choice.method != "none":
         summary = summarize_packed(model)

@@ -2,15 +2,24 @@
 
 Knows which architectures we support and how each differs from Llama (Qwen2's qkv bias,
 Qwen3's q/k norm, sliding windows and which layers have them, Qwen3-MoE's, Mixtral's and
-gpt-oss's expert layers, in :class:`MoeSpec`; gpt-oss's attention sinks). Raises ``ValueError``
-for anything else.
+gpt-oss's expert layers, in :class:`MoeSpec`; gpt-oss's attention sinks; Phi-3/4, GLM-4.5 and Llama 4 in
+:mod:`.family_specs`). The spec dataclasses live in :mod:`.spec_types` and are re-exported here.
+Raises ``ValueError`` for anything else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
+
+from inflight.runtime.model.family_specs import family_spec
+from inflight.runtime.model.spec_types import (
+    SUPPORTED_ROPE_TYPES,
+    ModelSpec,
+    MoeSpec,
+    shape_fields,
+    sliding_layers_of,
+)
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -21,6 +30,9 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Gemma3ForCausalLM": "gemma3_text",
     "GptOssForCausalLM": "gpt_oss",
+    "Phi3ForCausalLM": "phi3",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "Llama4ForCausalLM": "llama4_text",
 }
 # Checkpoints with no LM head: a bare decoder (sentence-transformers' embedding models, saved by
 # transformers' AutoModel) or a sequence classifier (a ``score`` head on the last token: rerankers).
@@ -47,73 +59,16 @@ ENCODER_ARCHITECTURES = {
 # other disagreement between ``architectures`` and ``model_type`` is refused (a test holds this
 # table to transformers' mappings).
 _LLAMA_ALIASES = ("exaone", "internlm3", "iquestcoder")
-MODEL_TYPE_ALIASES = {"LlamaForCausalLM": _LLAMA_ALIASES, "LlamaModel": _LLAMA_ALIASES}
+MODEL_TYPE_ALIASES = {"LlamaForCausalLM": _LLAMA_ALIASES, "LlamaModel": _LLAMA_ALIASES,
+                      "Glm4MoeForCausalLM": ("sarvam_moe",),
+                      "Llama4ForCausalLM": ("llama4",)}  # the multimodal config: family_specs refuses it
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-@dataclass(frozen=True, slots=True)
-class MoeSpec:
-    """The expert layers of a mixture-of-experts decoder (no shared experts)."""
-
-    num_experts: int
-    top_k: int  # experts per token
-    intermediate_size: int  # each expert's MLP width
-    renormalize: bool  # divide the top-k softmax probabilities by their sum
-    sparse_layers: tuple[int, ...]  # decoder layers whose MLP is the expert layer; the rest are dense
-    # gpt-oss (all defaults: Qwen3-MoE and Mixtral): a router bias, top-k of the logits then a
-    # softmax over those k, a bias on each expert matmul, the clamped SwiGLU.
-    router_bias: bool = False
-    topk_first: bool = False
-    expert_bias: bool = False
-    swiglu_limit: float | None = None  # set: the clamped SwiGLU (kernels.reference.ClampedSwiglu)
-    swiglu_alpha: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    arch: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    sliding_window: int | None  # the window of the layers in sliding_layers; None: no window anywhere
-    hidden_act: str
-    moe: MoeSpec | None = None  # None: every layer a dense MLP
-    sliding_layers: tuple[int, ...] = ()  # layers whose attention is windowed (see _sliding_layers)
-    # Gemma 3 (all defaults: the Llama family): sliding layers rotate with their own rope base
-    # (table 1 of the rope tables), RMSNorm scales by (1 + weight) (the loader adds the 1), a
-    # norm before and after the MLP as well as after attention, embeddings times
-    # sqrt(hidden_size), 1/sqrt(query_pre_attn_scalar) attention scale, tanh-capped logits.
-    local_rope: bool = False
-    norm_plus_one: bool = False
-    sandwich_norms: bool = False
-    embed_scale: float | None = None
-    attn_scale: float | None = None  # None: head_dim ** -0.5
-    final_logit_softcapping: float | None = None
-    attn_sinks: bool = False  # gpt-oss: a learned logit per head in every attention softmax
-    # What sits on the final norm: "lm" (the LM head), "none" (a bare decoder: embeddings) or
-    # "score" (a sequence classifier's [num_labels, hidden] head, read at the last token).
-    head: str = "lm"
-    num_labels: int = 0  # the score head's outputs ("score" only)
-
-    def layer_window(self, index: int) -> int | None:
-        """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""
-        return self.sliding_window if index in self.sliding_layers else None
-
-    def layer_rope_table(self, index: int) -> int:
-        """Which rope table layer ``index`` rotates with: 1 for Gemma 3's local layers, else 0."""
-        return 1 if self.local_rope and index in self.sliding_layers else 0
+# Architectures refused with the reason they are not served (any other unknown one gets the
+# generic message naming what is served).
+REFUSED_ARCHITECTURES = {
+    "Llama4ForConditionalGeneration": "Llama 4's vision-language checkpoint is not served (no image input); its "
+    "text decoder is, as a Llama4ForCausalLM checkpoint (docs/models.md).",
+}
 
 
 def model_type_alias(config: Any) -> str | None:
@@ -151,6 +106,9 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     if arch is None:
         model_type = getattr(config, "model_type", None)
         arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
+    refused = next((REFUSED_ARCHITECTURES[a] for a in archs if a in REFUSED_ARCHITECTURES), None)
+    if arch is None and refused is not None:
+        raise ValueError(f"unsupported architecture {archs!r}: {refused}")
     if arch is None:
         raise ValueError(
             f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
@@ -160,6 +118,8 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         return _gemma3_spec(config)
     if arch == "gpt_oss":
         return _gpt_oss_spec(config)
+    if arch in ("phi3", "glm4_moe", "llama4_text"):
+        return family_spec(config, arch)
     return _decoder_spec(config, arch)
 
 
@@ -202,10 +162,10 @@ def _decoder_spec(config: Any, arch: str) -> ModelSpec:
     sliding = getattr(config, "sliding_window", None)
     if arch in ("qwen2", "qwen3", "qwen3_moe") and not getattr(config, "use_sliding_window", False):
         sliding = None
-    sliding_layers = _sliding_layers(config, sliding)
+    sliding_layers = sliding_layers_of(config, sliding)
     return ModelSpec(
         arch=arch,
-        **_shape_fields(config),
+        **shape_fields(config),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(getattr(config, "attention_bias", False)),
         o_bias=arch not in ("qwen2",) and bool(getattr(config, "attention_bias", False)),
@@ -216,22 +176,6 @@ def _decoder_spec(config: Any, arch: str) -> ModelSpec:
         moe=_moe_spec(arch, config),
         sliding_layers=sliding_layers,
     )
-
-
-def _shape_fields(config: Any) -> dict[str, Any]:
-    """The fields every decoder's spec reads the same way: sizes, heads, norm epsilon, length."""
-    num_heads = config.num_attention_heads
-    return {
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_layers": config.num_hidden_layers,
-        "num_heads": num_heads,
-        "num_kv_heads": getattr(config, "num_key_value_heads", None) or num_heads,
-        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // num_heads,
-        "rms_norm_eps": config.rms_norm_eps,
-        "max_position_embeddings": config.max_position_embeddings,
-    }
 
 
 def _check_rope(rope: dict[str, Any]) -> None:
@@ -255,10 +199,10 @@ def _gemma3_spec(config: Any) -> ModelSpec:
     for kind in ("full_attention", "sliding_attention"):
         _check_rope(dict(rope.get(kind) or {}))
     window = config.sliding_window
-    sliding_layers = _sliding_layers(config, window)
+    sliding_layers = sliding_layers_of(config, window)
     return ModelSpec(
         arch="gemma3_text",
-        **_shape_fields(config),
+        **shape_fields(config),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
         qkv_bias=bool(getattr(config, "attention_bias", False)),
         o_bias=bool(getattr(config, "attention_bias", False)),
@@ -282,7 +226,7 @@ def _gpt_oss_spec(config: Any) -> ModelSpec:
     softmax, biased experts, clamped SwiGLU)."""
     _check_rope(_rope_parameters(config))
     window = config.sliding_window
-    sliding_layers = _sliding_layers(config, window)
+    sliding_layers = sliding_layers_of(config, window)
     num_experts, top_k = config.num_local_experts, config.num_experts_per_tok
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {num_experts} experts.")
@@ -294,7 +238,7 @@ def _gpt_oss_spec(config: Any) -> ModelSpec:
     bias = bool(getattr(config, "attention_bias", True))
     return ModelSpec(
         arch="gpt_oss",
-        **_shape_fields(config),
+        **shape_fields(config),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=bias,
         o_bias=bias,
@@ -306,21 +250,6 @@ def _gpt_oss_spec(config: Any) -> ModelSpec:
         sliding_layers=sliding_layers,
         attn_sinks=True,
     )
-
-
-def _sliding_layers(config: Any, window: int | None) -> tuple[int, ...]:
-    """The layers whose attention is windowed, as transformers picks them: with ``layer_types``
-    (Qwen2/Qwen3: ``sliding_attention`` from ``max_window_layers`` on, when
-    ``use_sliding_window``), the ``sliding_attention`` ones; without (Mistral, Mixtral,
-    Qwen3-MoE), every layer when a window is set."""
-    if window is None:
-        return ()
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"sliding_window must be a positive number of tokens (got {window!r}).")
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is None:
-        return tuple(range(config.num_hidden_layers))
-    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
 def _moe_spec(arch: str, config: Any) -> MoeSpec | None:

@@ -90,7 +90,8 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
     shared_dir = multiprocess_dir() if shared else None
     if shared and shared_dir is None:
         raise RuntimeError("several front ends need their shared metrics directory (metrics.enable_multiprocess)")
-    metrics = ServerMetrics(settings.model_name, lambda: engine.stats(), shared_dir, lambda: engine.engine.max_model_len)
+    metrics = ServerMetrics(settings.model_name, lambda: engine.stats(), shared_dir, lambda: engine.engine.max_model_len,
+                            lambda: engine.engine.config if engine.is_ready else None)
 
     def on_step(stats: EngineStats) -> None:
         if front_end == 0:  # every front end sees every step: one counts it
@@ -100,6 +101,7 @@ def create_app(settings: ServerSettings, source: Callable[[], LLMEngine] | CoreL
         on_step=on_step,
         on_death=lambda reason: state.dead.set(),
         max_backlog=settings.max_stream_backlog,
+        lora_modules=settings.lora_modules,
     )
     engine: EngineClient = (ProcessEngine(source, **hooks) if isinstance(source, (CoreLaunch, CoreProcess, CoreLink))
                             else InprocEngine(source, **hooks))  # fmt: skip
@@ -254,7 +256,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path[:200])
         error = internal_error()
-    if request.method == "POST" and request.path.startswith("/v1/"):
+    if request.method == "POST" and request.path.startswith("/v1/") and request.path not in auth.ADMIN_PATHS:
         reason = rejection_reason(error)
         if reason is not None and reason != "draining":  # draining is counted at admission
             request.app[STATE].metrics.observe_rejected(reason)

@@ -1,5 +1,5 @@
 """Who may call what: the API key on every route that runs the tokenizer, the template or the
-model; the admin key on ``/admin``; and the same check on ``Expect: 100-continue``, so a
+model; the admin key on ``/admin`` and vLLM's LoRA load and unload endpoints; and the same check on ``Expect: 100-continue``, so a
 client without the key is refused before it sends its body. ``--priority-api-key`` is a second
 inference key, the trusted caller's: accepted wherever the API key is, and only a request
 carrying it may ask for a ``priority`` below ``--priority-floor`` (:func:`priority_refusal`; a
@@ -29,11 +29,13 @@ from inflight.runtime.server.state import STATE, ServerSettings
 
 # Paths that need --api-key when one is set.
 KEYED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# vLLM's LoRA endpoints: admin calls here, behind the admin key as /admin is.
+ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
 def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
     """The error to answer ``request`` with for a missing or wrong key, or None."""
-    if request.path.startswith("/admin/"):
+    if request.path.startswith("/admin/") or request.path in ADMIN_PATHS:
         if settings.admin_api_key is None:
             return admin_disabled()
         if not bearer_matches(request, settings.admin_api_key):
@@ -42,9 +44,16 @@ def refusal(request: web.Request, settings: ServerSettings) -> APIError | None:
         return metrics_refusal(request, settings)
     elif settings.api_key and request.path.startswith(KEYED_PREFIXES) and not (
             bearer_matches(request, settings.api_key) or is_trusted(request, settings)
-            or _x_api_key_matches(request, settings.api_key)):
+            or _x_api_key_matches(request, settings.api_key) or _admin_lists_models(request, settings)):
         return unauthorized()
     return None
+
+
+def _admin_lists_models(request: web.Request, settings: ServerSettings) -> bool:
+    """The admin key may read ``GET /v1/models`` (the loaded LoRA adapters): the operator checks
+    what its load/unload calls did with it (it never holds the inference key). Runs nothing."""
+    return (request.method == "GET" and request.path == "/v1/models" and settings.admin_api_key is not None
+            and bearer_matches(request, settings.admin_api_key))
 
 
 def metrics_refusal(request: web.Request, settings: ServerSettings) -> APIError | None:

@@ -5,7 +5,10 @@ connection in the messages of :mod:`inflight.runtime.engine_core.protocol`: a se
 writes (so a large prompt never blocks the event loop on a full pipe), a reader thread receives
 and hands each message to the event loop. It turns them into what :class:`~.engine_client.EngineClient`
 serves: groups added all or none (:class:`AddGroup` -> :class:`Admitted` / :class:`Refused`),
-aborts, live retunes, each step's token ids detokenized and cut at their stop strings
+aborts, live retunes, LoRA adapters loaded and unloaded (:class:`LoadLoRA`, :class:`UnloadLoRA` ->
+:class:`LoRADone`; the names loaded kept here for resolving a request's ``model``, refreshed by
+every answer and by :class:`LoRAsChanged`; ``--lora-modules`` loaded once the core is ready and
+before this client says so), each step's token ids detokenized and cut at their stop strings
 (:class:`~inflight.runtime.engine_core.output_text.OutputText`; a request stopped here is aborted
 in the core), the stats of the last message, the heartbeat (:class:`Ping` / :class:`Pong`) and
 the step clock for the watchdog, and death: a :class:`Dead` message, the connection closing, or
@@ -27,6 +30,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.engine_core.core import Conn, StepClock
 from inflight.runtime.engine_core.output_text import OutputText
+from inflight.runtime.lora.types import LoRAError, LoRAInfo, UnknownLoRA
 from inflight.runtime.outputs import EngineStats, RequestOutput
 from inflight.runtime.server.engine_client import (
     DEFAULT_MAX_BACKLOG,
@@ -35,6 +39,7 @@ from inflight.runtime.server.engine_client import (
     EngineStepError,
     EngineView,
 )
+from inflight.runtime.server.lora import LoRAModule
 
 STOP_TIMEOUT_S = 10.0
 
@@ -47,6 +52,7 @@ class CoreClient(EngineClient):
     """
 
     core_name = "the engine core"  # how log lines and death reasons name it
+    lists_loras_at_ready = False  # ask the core which adapters are loaded once it is ready
 
     def __init__(
         self,
@@ -55,8 +61,11 @@ class CoreClient(EngineClient):
         on_step: Callable[[EngineStats], None] | None = None,
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
+        lora_modules: Sequence[LoRAModule] = (),
     ) -> None:
         super().__init__(on_step, on_death, max_backlog)
+        self._lora_modules = tuple(lora_modules)  # loaded once ready, before saying so
+        self._loras: dict[str, LoRAInfo] = {}
         self._conn = conn
         self._step_clock = step_clock
         self._outbox: queue.SimpleQueue[object | None] = queue.SimpleQueue()
@@ -135,6 +144,32 @@ class CoreClient(EngineClient):
         self._summary = done.summary
         self._summary_changed(done.summary)
         return done.summary.config
+
+    @property
+    def loras(self) -> dict[str, LoRAInfo]:
+        return self._loras
+
+    async def load_lora(self, name: str, path: str) -> LoRAInfo:
+        done: p.LoRADone = await self._ask(lambda call_id: p.LoadLoRA(call_id, name, path))
+        _raise_for(done)
+        if done.info is None:
+            raise RuntimeError(f"{self.core_name} loaded adapter {name!r} but did not say what it loaded")
+        return done.info
+
+    async def unload_lora(self, name: str) -> None:
+        _raise_for(await self._ask(lambda call_id: p.UnloadLoRA(call_id, name)))
+
+    async def _load_lora_modules(self) -> None:
+        """``--lora-modules``, in order; a refused one fails the start with its reason. A front end
+        that did not start the core (:attr:`lists_loras_at_ready`) asks what is loaded instead;
+        later changes reach it as :class:`LoRAsChanged`."""
+        for module in self._lora_modules:
+            try:
+                await self.load_lora(module.name, module.path)
+            except (LoRAError, RuntimeError) as exc:
+                raise RuntimeError(f"--lora-modules {module.name}={module.path}: {exc}") from None
+        if self.lists_loras_at_ready:
+            _raise_for(await self._ask(p.ListLoRAs))
 
     async def _add(self, requests: Sequence[p.EngineRequest]) -> None:
         text = self._output_text()
@@ -236,6 +271,11 @@ class CoreClient(EngineClient):
             self._answer(message.group_id, message)
         elif isinstance(message, p.RetuneDone):
             self._answer(message.call_id, message)
+        elif isinstance(message, p.LoRADone):
+            self._loras = {info.name: info for info in message.loras}
+            self._answer(message.call_id, message)
+        elif isinstance(message, p.LoRAsChanged):
+            self._loras = {info.name: info for info in message.loras}
         elif isinstance(message, p.FailAll):
             self.fail_all(EngineStepError(message.reason))
         elif isinstance(message, p.Prewarmed):
@@ -264,6 +304,7 @@ class CoreClient(EngineClient):
     async def _finish_ready(self, summary: p.EngineSummary) -> None:
         try:
             self._view = await self._make_view(summary)
+            await self._load_lora_modules()
         except Exception as exc:  # noqa: BLE001 - reported through wait_ready()
             self._set_ready(exc)
             self.kill()
@@ -279,3 +320,14 @@ class CoreClient(EngineClient):
         if self._ready.exception() is not None:
             return
         self.declare_dead(f"{self.core_name} exited ({ended})")
+
+
+def _raise_for(done: p.LoRADone) -> None:
+    """The engine's exception for a refused LoRA call (none when it succeeded)."""
+    if done.error is None:
+        return
+    if done.error_kind == "refused":
+        raise LoRAError(done.error)
+    if done.error_kind == "unknown":
+        raise UnknownLoRA(done.error)
+    raise RuntimeError(done.error)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine_types import EngineRequest
+from inflight.runtime.lora.types import LoRAInfo
 from inflight.runtime.outputs import EngineStats, RequestOutput
 
 logger = logging.getLogger("inflight.server.engine")
@@ -153,7 +154,7 @@ class EngineClient:
 
     Subclasses implement :meth:`start`, :meth:`stop`, :meth:`stats`, :attr:`engine` (what the
     front end may read: tokenizer, config, validation), :attr:`step_started_at`,
-    :meth:`update_config`, :meth:`_add` (all or none, raising the engine's rejection),
+    :meth:`update_config`, the LoRA calls (:meth:`load_lora`, :meth:`unload_lora`, :attr:`loras`), :meth:`_add` (all or none, raising the engine's rejection),
     :meth:`_abort`, :meth:`_send_ping` and :meth:`_after_death`; and call :meth:`_dispatch`,
     :meth:`_set_ready`, :meth:`_pong`, :meth:`fail_all` and :meth:`declare_dead` on the event loop.
     """
@@ -197,6 +198,20 @@ class EngineClient:
 
     async def update_config(self, changes: dict[str, Any]) -> EngineConfig:
         """Apply live-tunable changes between steps; ``ValueError`` for a refused change."""
+        raise NotImplementedError
+
+    async def load_lora(self, name: str, path: str) -> LoRAInfo:
+        """Load a PEFT adapter between steps: ``LoRAError`` when refused (the reason), ``RuntimeError``
+        when the engine failed otherwise; what is loaded already stays as it was."""
+        raise NotImplementedError
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload adapter ``name`` (requests admitted with it finish with it); ``UnknownLoRA``."""
+        raise NotImplementedError
+
+    @property
+    def loras(self) -> dict[str, LoRAInfo]:
+        """The adapters loaded, by name, as this front end last heard (empty before ready)."""
         raise NotImplementedError
 
     async def _add(self, requests: Sequence[EngineRequest]) -> None:

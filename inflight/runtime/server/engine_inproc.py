@@ -15,7 +15,7 @@ cannot be killed, only cut off: the channel closes, and a thread stalled in a st
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from inflight.runtime.engine_core import protocol as p
@@ -23,6 +23,7 @@ from inflight.runtime.engine_core.inproc import InprocCore
 from inflight.runtime.outputs import EngineStats
 from inflight.runtime.server.core_client import CoreClient
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG
+from inflight.runtime.server.lora import LoRAModule
 
 if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
@@ -42,9 +43,10 @@ class InprocEngine(CoreClient):
         on_step: Callable[[EngineStats], None] | None = None,
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
+        lora_modules: Sequence[LoRAModule] = (),
     ) -> None:
         self._core = InprocCore(loader)
-        super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog)
+        super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog, lora_modules)
 
     @contextlib.contextmanager
     def between_steps(self) -> Iterator[LLMEngine]:

@@ -33,7 +33,7 @@ import logging
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -47,6 +47,7 @@ from inflight.runtime.outputs import EngineStats
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.server.core_client import STOP_TIMEOUT_S, CoreClient
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG
+from inflight.runtime.server.lora import LoRAModule
 
 logger = logging.getLogger("inflight.server.engine")
 
@@ -194,14 +195,16 @@ class ProcessEngine(CoreClient):
         on_step: Callable[[EngineStats], None] | None = None,
         on_death: Callable[[str], None] | None = None,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
+        lora_modules: Sequence[LoRAModule] = (),
     ) -> None:
         self._link = core if isinstance(core, CoreLink) else None
-        if isinstance(core, CoreLink):
+        if isinstance(core, CoreLink):  # front end 0 loads --lora-modules; this one asks for the list
             self._core: CoreProcess | None = None
+            self.lists_loras_at_ready = True
             super().__init__(core.conn, core.step_clock, on_step, on_death, max_backlog)
             return
         self._core = core if isinstance(core, CoreProcess) else CoreProcess(core)
-        super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog)
+        super().__init__(self._core.conn, self._core.step_clock, on_step, on_death, max_backlog, lora_modules)
 
     @property
     def pid(self) -> int | None:

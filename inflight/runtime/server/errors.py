@@ -172,7 +172,10 @@ def internal_error() -> APIError:
 
 
 def from_rejection(exc: RequestRejectedError, default_param: str | None) -> APIError:
-    """The HTTP error for an engine rejection: 429 when the queue is full, else 400."""
+    """The HTTP error for an engine rejection: 429 when the queue is full, 404 for a LoRA adapter
+    unloaded since the request named it, else 400."""
     if exc.reason == "queue_full":
         return queue_full(str(exc))
+    if exc.reason == "model_not_found":
+        return APIError(404, str(exc), "invalid_request_error", "model", "model_not_found")
     return bad_request(str(exc), exc.param or default_param, code=exc.reason)

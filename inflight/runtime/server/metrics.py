@@ -15,14 +15,18 @@ its own requests into prometheus_client's multiprocess files (:func:`enable_mult
 private directory the server makes and removes, as vLLM does) and every scrape sums them all
 (``MultiProcessCollector``), so /metrics on any front end reports the whole server; the engine's
 figures come from the core's stats, the same in every front end, and the per-step histogram is
-observed by front end 0 alone (each front end sees every step). Knows nothing about HTTP routing
-or the OpenAI API.
+observed by front end 0 alone (each front end sees every step). With ``--enable-lora`` the scrape
+has vLLM's ``vllm:lora_requests_info`` under its own name (the endpoint picker's
+``--lora-info-metric`` default) and as ``inflight:lora_requests_info``: value the scrape's time,
+labels ``max_lora``, ``running_lora_adapters`` and ``waiting_lora_adapters`` (names joined by
+commas). Knows nothing about HTTP routing or the OpenAI API.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest, values
@@ -30,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestTimes, TenantStats
 from inflight.runtime.server.process_metrics import add_process_collectors
 from inflight.runtime.server.request_metrics import Choice, RequestHistograms
@@ -46,6 +51,10 @@ _GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
     ("inflight:max_num_sequences", "Live max_num_sequences (batch size limit).",
      lambda s: s.max_num_sequences),
     ("inflight:num_kv_blocks", "KV-cache blocks in the pool.", lambda s: s.num_kv_blocks),
+    ("inflight:host_kv_cache_usage_perc", "Fraction of the host KV tier's blocks in use (0..1; 0 without "
+     "--kv-offloading-size).", lambda s: s.host_kv_cache_usage),
+    ("inflight:num_host_kv_blocks", "Blocks of the host KV tier (--kv-offloading-size).",
+     lambda s: s.num_host_kv_blocks),
     ("inflight:num_prefill_backlog_tokens", "Prompt tokens still to be prefilled: waiting requests' prompts "
      "(recomputes included) and the rest of running prompts.", lambda s: s.num_prefill_backlog_tokens),
     ("inflight:prefill_tokens_per_second", "Measured prefill rate: prompt tokens computed per second while a "
@@ -63,6 +72,18 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.prefix_cache_queries),
     ("inflight:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
      lambda s: s.prefix_cache_hits),
+    ("inflight:external_prefix_cache_queries_total", "Prompt tokens looked up in the host KV tier (past the "
+     "device's prefix-cache hits), vLLM's external prefix cache.", lambda s: s.external_prefix_cache_queries),
+    ("inflight:external_prefix_cache_hits_total", "Prompt tokens found in the host KV tier (copied back, not "
+     "recomputed).", lambda s: s.external_prefix_cache_hits),
+    ("inflight:kv_offload_stored_blocks_total", "KV blocks copied from the device to the host tier.",
+     lambda s: s.kv_offload_stored_blocks),
+    ("inflight:kv_offload_loaded_blocks_total", "KV blocks copied from the host tier back to the device.",
+     lambda s: s.kv_offload_loaded_blocks),
+    ("inflight:kv_offload_bytes_total", "Bytes copied between the device and the host KV tier, both ways.",
+     lambda s: s.kv_offload_bytes),
+    ("inflight:kv_offload_dropped_blocks_total", "Evicted device blocks the host tier could not take (every "
+     "slot held by the step's copy-ins).", lambda s: s.kv_offload_dropped_blocks),
     ("inflight:spec_decode_num_drafts_total", "Speculative decoding: sequence-steps that proposed drafts.",
      lambda s: s.spec_num_drafts),
     ("inflight:spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens proposed.",
@@ -72,6 +93,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
 )
 
 _DEVICE_BUSY = "inflight:device_busy_seconds"  # a counter: exposed as inflight:device_busy_seconds_total
+# vLLM's name first: the Gateway API Inference Extension's picker reads it by default (--lora-info-metric)
+LORA_INFO_METRICS = ("vllm:lora_requests_info", "inflight:lora_requests_info")
 
 
 class SampleGuard:
@@ -101,9 +124,11 @@ class SampleGuard:
 class _EngineStatsCollector(Collector):
     """Engine gauges and counters from a fresh ``EngineStats`` at each scrape."""
 
-    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None],
+                 get_config: Callable[[], EngineConfig | None] | None = None) -> None:
         self._model_name = model_name
         self._get_stats = get_stats
+        self._get_config = get_config
         self._guard = SampleGuard()
 
     def collect(self) -> Iterator[Metric]:
@@ -134,6 +159,7 @@ class _EngineStatsCollector(Collector):
                 busy.add_metric([self._model_name], sample)
                 yield busy
         yield from self._guarded("the per-position acceptance counts", lambda: [self._per_position(stats)])
+        yield from self._guarded("the LoRA info", lambda: self._lora_info(stats))
         tenants = stats.tenants
         if tenants is not None:
             yield from self._guarded("the tenant metrics",
@@ -149,6 +175,21 @@ class _EngineStatsCollector(Collector):
             if sample is not None:
                 per_position.add_metric([self._model_name, str(position)], sample)
         return per_position
+
+    def _lora_info(self, stats: EngineStats) -> list[Metric]:
+        """vLLM's ``lora_requests_info`` (LoRA on only): one series, valued the scrape's time."""
+        config = self._get_config() if self._get_config is not None else None
+        if config is None or not config.enable_lora:
+            return []
+        labels = [str(config.max_loras), ",".join(stats.running_lora_adapters), ",".join(stats.waiting_lora_adapters)]
+        families = []
+        for name in LORA_INFO_METRICS:
+            info = GaugeMetricFamily(name, "Running stats on LoRA requests: the adapters of running and waiting "
+                                     "requests, and max_loras (value: the time of the scrape).",
+                                     labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+            info.add_metric(labels, time.time())
+            families.append(info)
+        return families
 
     def _sample(self, name: str, read: Callable[[EngineStats], object], stats: EngineStats) -> float | None:
         """``read(stats)`` as a sample, or None (logged once) when it cannot be one."""
@@ -219,13 +260,15 @@ class ServerMetrics:
     ``shared_dir``: the multiprocess directory of several front ends (see the module
     docstring); None for one front end, whose figures live in this object alone.
     ``max_model_len``: the loaded engine's context length (the token-count buckets run up to it),
-    read at the first finished request; None only where no request is ever observed."""
+    read at the first finished request; None only where no request is ever observed.
+    ``get_config``: the live engine config (None while loading), for the LoRA info metric."""
 
     def __init__(self, model_name: str, get_stats: Callable[[], EngineStats | None],
-                 shared_dir: str | None = None, max_model_len: Callable[[], int] | None = None) -> None:
+                 shared_dir: str | None = None, max_model_len: Callable[[], int] | None = None,
+                 get_config: Callable[[], EngineConfig | None] | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineStatsCollector(model_name, get_stats))
+        self.registry.register(_EngineStatsCollector(model_name, get_stats, get_config))
         if shared_dir is not None:
             if values.ValueClass is values.MutexValue:
                 raise RuntimeError("shared metrics need enable_multiprocess() before the metrics are made")

@@ -24,6 +24,7 @@ from inflight.runtime.config import DRAIN_TIMEOUT_S
 from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.server.compile_budget import CompileBudget
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineClient
+from inflight.runtime.server.lora import LoRAModule, check_unique
 from inflight.runtime.server.metrics import ServerMetrics
 from inflight.runtime.server.openai.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
@@ -107,6 +108,7 @@ class ServerSettings:
     tenant_header: str | None = None
     responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: the store is off)
     reject_unknown_fields: bool = False
+    lora_modules: tuple[LoRAModule, ...] = ()  # --lora-modules: adapters loaded before the server is ready
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -133,6 +135,7 @@ class ServerSettings:
             raise ValueError(f"max_logprobs must be >= 0, or -1 for no ceiling (got {self.max_logprobs}).")
         self._check_metrics_and_isolation()
         self._check_tenant_header()
+        check_unique(self.lora_modules, self.model_name)
 
     def _check_metrics_and_isolation(self) -> None:
         if self.metrics_api_key is not None and self.metrics_api_key in (

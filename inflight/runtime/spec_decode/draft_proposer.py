@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +40,9 @@ from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.model.loader import Progress
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.spec_decode.draft_checks import check_draft_model, draft_model_dir
-from inflight.runtime.spec_decode.verify import row_after, sampling_probs
+from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts
+from inflight.runtime.spec_decode.speculative import parse_speculative_config
+from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, upload
 from inflight.runtime.worker.graph_backend import GraphBackend
 from inflight.runtime.worker.model_runner import ModelRunner
@@ -51,18 +52,6 @@ if TYPE_CHECKING:
     from inflight.runtime.core.request import Request
     from inflight.runtime.distributed.comm import TensorParallel
     from inflight.runtime.distributed.launcher import WorkerGroup
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """A step's chunks with the draft model's drafts filled in."""
-
-    chunks: tuple[ScheduledChunk, ...]
-    draft_probs: dict[str, torch.Tensor]  # req_id -> [k, vocab]: q of a sampled request's drafts
-
-    def probs_of(self, chunk: ScheduledChunk) -> torch.Tensor | None:
-        """The distributions ``chunk``'s drafts were drawn from (None: greedy drafts)."""
-        return self.draft_probs.get(chunk.request.req_id)
 
 
 class DraftProposer:
@@ -93,7 +82,7 @@ class DraftProposer:
         while True:
             active_rows = [row_after(rows[i], drafts[i]) for i in active]
             shape_logits(logits, active_rows)  # bias and penalties as the target's rows get them
-            tokens, dists = _choose(logits, active_rows)
+            tokens, dists = choose_drafts(logits, active_rows)
             for i, token, dist in zip(active, tokens, dists, strict=True):
                 drafts[i].append(token)
                 if dist is not None:
@@ -141,39 +130,27 @@ class DraftProposer:
         return runner.execute(batch)
 
 
-def _choose(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[torch.Tensor | None]]:
-    """One draft per row of ``logits``: the argmax for a greedy request, else a draw from its
-    sampling distribution, which is returned beside it (None for greedy rows)."""
-    tokens = [0] * len(rows)
-    dists: list[torch.Tensor | None] = [None] * len(rows)
-    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    if greedy:
-        for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
-            tokens[i] = token
-    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-    if sampled:
-        probs = sampling_probs(logits[sampled], [rows[i] for i in sampled])
-        for j, i in enumerate(sampled):
-            tokens[i] = int(torch.multinomial(probs[j], 1, generator=rows[i].generator))
-            dists[i] = probs[j]
-    return tokens, dists
-
-
 def load_runners(
     model_dir: str | Path, config: EngineConfig, progress: Progress | None = None,
     tp: TensorParallel | None = None, workers: WorkerGroup | None = None, graph_backend: GraphBackend | None = None,
 ) -> tuple[ModelRunner, DraftProposer | None]:
-    """The served model's runner and, with draft-model speculation, the draft's proposer.
+    """The served model's runner and, with draft-model speculation, the draft's proposer (with
+    EAGLE-3, the head's: :func:`inflight.runtime.spec_decode.eagle3.load_eagle3_runners`).
 
     The draft's weights load first, so the KV pool is sized (free memory on CUDA, the cap on
     the CPU) for both caches' bytes per block; the draft's cache then gets the same block count.
     """
+    spec = parse_speculative_config(config.speculative_config)
+    if spec is not None and spec.method == "eagle3":
+        from inflight.runtime.spec_decode.eagle3 import load_eagle3_runners
+
+        return load_eagle3_runners(model_dir, config, progress, tp, workers, graph_backend)  # type: ignore[return-value]
     draft_dir = draft_model_dir(config)
     if draft_dir is None:
         return ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend), None
     max_model_len = check_draft_model(model_dir, config)
     draft_config = config.replace(max_model_len=max_model_len, num_kv_blocks=None, max_tokens_in_paged_kv_cache=None,
-                                  quantization="auto", speculative_config=None)  # fmt: skip
+                                  quantization="auto", speculative_config=None, enable_lora=False)  # fmt: skip
     draft_progress = (lambda message: progress(f"draft model: {message}")) if progress else None
     if progress:
         progress(f"loading the draft model from {draft_dir}")

@@ -7,7 +7,9 @@ the latest earlier occurrence are proposed; each sequence keeps an index from ev
 where its latest earlier occurrence continues, updated as tokens are added, so a proposal
 costs a few dictionary lookups. A draft model (``"method": "draft_model"``, ``"model": DIR``;
 as in vLLM, ``"model"`` without ``"method"`` means a draft model): a small model sharing the
-target's vocabulary proposes them (:mod:`inflight.runtime.spec_decode.draft_proposer`). Either way the
+target's vocabulary proposes them (:mod:`inflight.runtime.spec_decode.draft_proposer`). An EAGLE-3 head
+(``"method": "eagle3"``, ``"model": DIR``) proposes them from the target's own hidden states
+(:mod:`inflight.runtime.spec_decode.eagle3`); EAGLE-1/2 heads (``"eagle"``) are refused. Either way the
 proposals ride in the normal batch as extra query tokens of the sequence (see the scheduler)
 and the engine keeps what the target model agrees with (:mod:`inflight.runtime.spec_decode.verify`).
 Imports no torch; knows nothing about the model.
@@ -19,7 +21,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle3")
+MODEL_METHODS = ("draft_model", "eagle3")  # drafts proposed by a model before the target's forward
 NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spelling of n-gram as a "model"
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 
@@ -38,12 +41,19 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the draft model's directory (it shares the target's tokenizer)
 
     def __post_init__(self) -> None:
+        if self.method == "eagle":
+            raise ValueError('speculative method "eagle" (EAGLE-1/2 heads) is not served; EAGLE-3 heads are: '
+                             '{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}')
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(METHODS)} (got {self.method!r}).")
         if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model.strip()):
             raise ValueError('speculative method "draft_model" needs "model": the directory of a draft model '
                              "that shares the target's tokenizer, e.g. "
                              '{"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 4}')
+        if self.method == "eagle3" and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError('speculative method "eagle3" needs "model": the directory of an EAGLE-3 head trained '
+                             'for the served model, e.g. {"method": "eagle3", "model": "/models/EAGLE3-LLaMA3.1-'
+                             'Instruct-8B", "num_speculative_tokens": 3}')
         if self.method == "ngram" and self.model is not None:
             raise ValueError(f'speculative "model" ({self.model!r}) names a draft model, which method "ngram" '
                              'does not use; use "method": "draft_model" or leave "model" out')

@@ -132,8 +132,8 @@ def verify_chunk(
         tokens = verify_greedy(logits, drafts)
     else:
         tokens = verify_sampled(logits, drafts, row, draft_probs)
-    if chunk.num_model_drafts:
-        chunk.request.draft_kv_lag = int(len(tokens) > len(drafts))
+    if chunk.num_model_drafts:  # never below what the proposer set (an EAGLE-3 head lags the whole step)
+        chunk.request.draft_kv_lag = max(chunk.request.draft_kv_lag, int(len(tokens) > len(drafts)))
     n = len(tokens)
     if row.params.logprobs is None:
         return tuple(tokens), (None,) * n

@@ -11,7 +11,8 @@ segments (:mod:`inflight.runtime.spec_decode.draft_proposer`). Knows nothing abo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -167,17 +168,24 @@ def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.de
                           tuple(host.logit_rows.tolist()))  # fmt: skip
 
 
-def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> BatchInputs:
+def packed_order(chunks: Sequence[ScheduledChunk]) -> list[ScheduledChunk]:
+    """The chunks in the order :func:`prepare_batch` packs their rows: one-token and speculating
+    chunks first, then prompt chunks, each group in the given order."""
+    decodes = [c for c in chunks if c.num_tokens == 1 or c.draft_token_ids]
+    return decodes + [c for c in chunks if not (c.num_tokens == 1 or c.draft_token_ids)]
+
+
+def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
+                  lora_slots: Mapping[int, int] | None = None) -> BatchInputs:  # fmt: skip
     """Pack the scheduled chunks: one-token rows and speculating chunks first (decode path),
     then prompt chunks; logits for each sampling chunk's last row (every row of a speculating
-    chunk) and for the prompt-logprob rows. One upload for the whole batch."""
-    decodes: list[ScheduledChunk] = []
-    prefills: list[ScheduledChunk] = []
+    chunk) and for the prompt-logprob rows. One upload for the whole batch. ``lora_slots``
+    (a LoRA adapter's load id -> its device slot): each row's slot goes in ``meta.token_slots``."""
     for chunk in chunks:
         if len(chunk.draft_token_ids) < chunk.num_model_drafts:
             raise RuntimeError(f"request {chunk.request.req_id!r} is scheduled to speculate but has no drafts yet")
-        (decodes if chunk.num_tokens == 1 or chunk.draft_token_ids else prefills).append(chunk)
-    ordered = decodes + prefills if prefills else decodes
+    ordered = packed_order(chunks)
+    num_decodes = sum(1 for c in ordered if c.num_tokens == 1 or c.draft_token_ids)
     ids: list[int] = []
     starts: list[int] = []
     counts: list[int] = []
@@ -208,7 +216,7 @@ def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: tor
         else:
             logit_counts.append(0)
         logprob_chunks = logprob_chunks or req.params.prompt_logprobs is not None
-    host = _pack_host(ids, starts, counts, tables, logit_counts, len(decodes), block_size)
+    host = _pack_host(ids, starts, counts, tables, logit_counts, num_decodes, block_size)
     spans: list[PromptLogprobSpan] = []
     prompt_rows: list[int] = []
     if logprob_chunks:
@@ -219,11 +227,18 @@ def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: tor
                 spans.append((chunk, start, count))
                 prompt_rows.extend(range(row, row + count))
     order = logit_row_order(host.logit_rows.tolist(), prompt_rows) if prompt_rows else host.logit_rows
-    tensors = upload_arrays([*host.arrays, np.asarray(order, dtype=np.int64)], device)
+    arrays = [*host.arrays, np.asarray(order, dtype=np.int64)]
+    if lora_slots:
+        arrays.append(np.repeat(np.array([-1 if c.request.lora is None else lora_slots[c.request.lora.load_id]
+                                          for c in ordered], dtype=np.int32), counts))  # fmt: skip
+    tensors = upload_arrays(arrays, device)
+    meta = _meta(tensors[:8], host)
+    if lora_slots:
+        meta = dataclasses.replace(meta, token_slots=tensors[9])
     return BatchInputs(
         input_ids=tensors[0],
         positions=tensors[1],
-        meta=_meta(tensors[:8], host),
+        meta=meta,
         sample_indices=tensors[8],
         sampled_chunks=tuple(sampled),
         sample_counts=tuple(sample_counts),

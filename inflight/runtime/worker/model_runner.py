@@ -9,6 +9,10 @@ same block tables (a draft model's, :mod:`inflight.runtime.spec_decode.draft_pro
 loads its weights first and allocates its cache afterwards with the same block count. Knows
 nothing about sampling or scheduling policy; where it runs is :mod:`.device_setup`.
 
+With ``enable_lora`` it holds the LoRA adapters' device slots (:mod:`inflight.runtime.lora.slots`,
+written through :meth:`ModelRunner.load_lora`, on every rank); a step with LoRA rows runs eagerly
+and whole (no captured decode graph, no CPU decode lanes), a step without any runs as before.
+
 Under tensor parallelism every rank has a ModelRunner holding its shard of the weights and
 of the KV cache (its KV heads, every block). Rank 0's runner also prepares the batch and
 broadcasts it (:meth:`execute`); the other ranks' runners run what they receive
@@ -21,17 +25,22 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from inflight.kernels import fp8_kv
 from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_column_blocks, has_float_copies
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.lora.peft_format import AdapterWeights
+from inflight.runtime.lora.slots import LoRASlots, attach
+from inflight.runtime.model import kv_scales
 from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.llama4 import check_chunk_size
 from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.quantization import LoadTarget, load_weights
 from inflight.runtime.model.quantized import num_weights
@@ -48,6 +57,8 @@ from inflight.runtime.worker.cpu.device_setup import (
 from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
 from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
+from inflight.runtime.worker.kv_copies import HostKV, num_host_slots
+from inflight.runtime.worker.pipeline_step import stage_forward
 
 if TYPE_CHECKING:
     from inflight.runtime.distributed.comm import StepTensors, TensorParallel
@@ -74,8 +85,10 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.tp = tp
         self.workers = workers  # rank 0 of a tensor-parallel group: the other ranks' processes
-        world = tp.world_size if tp is not None else 1
-        self.device = resolve_device(config.device, tp.rank if tp is not None else 0, world)
+        self.pp = tp.pipeline if tp is not None else None  # this rank's pipeline stage (distributed/pipeline.py)
+        rank, world = ((self.pp.rank, self.pp.world_size) if self.pp is not None
+                       else (tp.rank, tp.world_size) if tp is not None else (0, 1))  # fmt: skip
+        self.device = resolve_device(config.device, rank, world)
         small, big = cpu_thread_counts()
         self._cpu_threads = (max(1, small // world), max(1, big // world)) if self.device.type == "cpu" else None
         self._lanes: DecodeLanes | None = None
@@ -90,23 +103,41 @@ class ModelRunner:
         checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
         target = LoadTarget(self.model_dir, hf_config, self.device, self.dtype,  # packed weights go in first
-                            get_kernel_ops(config.kernel_backend, self.device), tp is not None, big)
-        self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, tp, progress)
+                            get_kernel_ops(config.kernel_backend, self.device), tp is not None, big,
+                            self.pp.stage if self.pp is not None else None)  # fmt: skip
+        model_tp = tp if tp is not None and tp.world_size > 1 else None  # a pipeline's stage may have one rank
+        self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, model_tp,
+                                                                               progress)  # fmt: skip
         self.spec = self.model.spec
+        # the KV cache's dtype: the serving dtype, or fp8 (one byte a value) with per-layer scales
+        self.kv_dtype = fp8_kv.cache_dtype(config.kv_cache_dtype, self.dtype)
+        scales_said = kv_scales.configure(self.model, self.kv_dtype, config.calculate_kv_scales)
+        if scales_said is not None and rank == 0:
+            logger.log(logging.WARNING if "scales 1.0" in scales_said else logging.INFO, "%s", scales_said)
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
+        check_chunk_size(self.spec, self.block_size)  # Llama 4's chunks must start on block boundaries
         num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
                      if self._cpu_threads is not None and world == 1 else 0)
         if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
             self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
                                       row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))
         self.max_model_len = self._resolve_max_model_len(config)
+        # LoRA: the adapters' device slots, allocated before the KV cache is sized (issue 49)
+        self.lora_slots = (LoRASlots(self.spec, self.model.layout, config.max_loras, config.max_lora_rank,
+                                     self.device, self.dtype) if config.enable_lora else None)  # fmt: skip
+        attach(self.model, self.lora_slots)
         # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones
         self.cos_sin = build_rope_tables(self.hf_config, self.spec, self.max_model_len).to(self.device)
         self.num_kv_blocks = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
+        # decode graphs bake each layer's fp8 KV scales in: with scales still to come from the first
+        # prompt, the capture waits for them (its arguments kept here until then)
+        self._graphs_after_scales: tuple[EngineConfig, GraphBackend | None] | None = None
+        # EAGLE-3 (spec_decode/eagle3.py): runs each step in execute's place, eagerly, collecting hidden states
+        self.execute_hook: Callable[[BatchInputs], torch.Tensor] | None = None
         if allocate_kv:
             num_blocks = self._resolve_num_blocks(config, self.bytes_per_block + kv_bytes_beside)
             if tp is not None:
@@ -123,14 +154,18 @@ class ModelRunner:
         self.num_kv_blocks = num_blocks
         shape = (num_blocks, self.block_size, self.num_local_kv_heads, self.spec.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(self.spec.num_layers)
+            (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+             torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+            for _ in range(len(self.model.layers))  # a pipeline stage's own layers only
         ]
         if progress:
             progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
-                     f"({self.kv_cache_bytes / 2**20:.0f} MiB), kernels: {self.ops.name}")
-        self.graphs = self._capture_graphs(config, graph_backend, progress)
+                     f"({self.kv_cache_bytes / 2**20:.0f} MiB, {str(self.kv_dtype).removeprefix('torch.')}), "
+                     f"kernels: {self.ops.name}")  # fmt: skip
+        if kv_scales.pending(self.model):
+            self._graphs_after_scales = (config, graph_backend)
+        else:
+            self.graphs = self._capture_graphs(config, graph_backend, progress)
 
     def _capture_graphs(
         self, config: EngineConfig, backend: GraphBackend | None, progress: Progress | None
@@ -196,9 +231,10 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one block of this runner's cache on this rank (its KV heads)."""
-        elem = torch.finfo(self.dtype).bits // 8
-        return 2 * self.spec.num_layers * self.block_size * self.num_local_kv_heads * self.spec.head_dim * elem
+        """Bytes of one block of this runner's cache on this rank (its KV heads), in the cache's dtype
+        (fp8: one byte a value, so the same memory holds twice the blocks of bf16)."""
+        elem = torch.finfo(self.kv_dtype).bits // 8
+        return 2 * len(self.model.layers) * self.block_size * self.num_local_kv_heads * self.spec.head_dim * elem
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -236,10 +272,24 @@ class ModelRunner:
         """Seconds the device spent executing (NVML's utilisation over time); None: not measured here."""
         return None
 
+    def host_kv(self, size_gib: float, beside: Sequence[ModelRunner] = ()) -> HostKV:
+        """The host tier's pool (``kv_offloading_size`` GiB) for this cache and ``beside``'s (a draft
+        model's, indexed by the same block tables): :mod:`inflight.runtime.worker.kv_copies`."""
+        bytes_per_block = self.bytes_per_block + sum(r.bytes_per_block for r in beside)
+        return HostKV([self.kv_caches, *(r.kv_caches for r in beside)], num_host_slots(size_gib, bytes_per_block))
+
     # -- one step ----------------------------------------------------------------------
-    def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
+    def prepare(self, chunks: tuple[ScheduledChunk, ...], lora_slots: dict[int, int] | None = None) -> BatchInputs:
         """Pack the scheduled chunks (see :func:`inflight.runtime.worker.batch_inputs.prepare_batch`)."""
-        return prepare_batch(chunks, self.block_size, self.device)
+        return prepare_batch(chunks, self.block_size, self.device, lora_slots)
+
+    def load_lora(self, slot: int, weights: AdapterWeights) -> None:
+        """Write a LoRA adapter into device slot ``slot`` (every rank's shard under tensor parallelism)."""
+        if self.lora_slots is None:
+            raise RuntimeError("LoRA is not enabled on this runner")
+        self.lora_slots.load(slot, weights.tensors)
+        if self.workers is not None:
+            self.workers.load_lora(slot, weights.tensors)
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
@@ -248,6 +298,8 @@ class ModelRunner:
         Rank 0 of a tensor-parallel group first broadcasts the batch; any failure from then
         on leaves the ranks out of step, so it raises ``EngineFatalError``.
         """
+        if self.execute_hook is not None:
+            return self.execute_hook(batch)
         if self.graphs is not None and self.workers is None and self._graphable(batch):
             return self.graphs.run(batch.input_ids, batch.positions, batch.meta)[batch.sample_indices]
         if self.workers is None:
@@ -260,6 +312,10 @@ class ModelRunner:
                 (batch.input_ids, batch.positions, batch.meta, batch.sample_indices),
             )
         assert logits is not None  # rank 0 always gets the gathered logits
+        if self._graphs_after_scales is not None and not kv_scales.pending(self.model):
+            config, backend = self._graphs_after_scales
+            self._graphs_after_scales = None
+            self.graphs = self._capture_graphs(config, backend, None)  # the fp8 KV scales are set now
         return logits
 
     @torch.inference_mode()
@@ -276,6 +332,7 @@ class ModelRunner:
         """A pure-decode step no larger than the largest captured size."""
         graphs, meta = self.graphs, batch.meta
         return (graphs is not None and meta.num_prefills == 0 and not batch.prompt_logprob_spans
+                and meta.token_slots is None  # LoRA steps run eagerly (the graphs hold no token slots)
                 and graphs.padded_size(meta.num_decode_tokens) is not None)
 
     @torch.inference_mode()
@@ -307,8 +364,11 @@ class ModelRunner:
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  sample_indices: torch.Tensor, lanes_ok: bool = True) -> torch.Tensor | None:
+        if self.pp is not None:  # this rank's stage; logits on rank 0 only (worker/pipeline_step.py)
+            return stage_forward(self, input_ids, positions, meta, sample_indices)
         if self._cpu_threads is not None:
-            if lanes_ok and self._lanes is not None and self._lanes.takes(meta, self._num_params):
+            if lanes_ok and self._lanes is not None and meta.token_slots is None and self._lanes.takes(
+                    meta, self._num_params):  # LoRA steps run whole: lanes split rows, not their slots
                 return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
             self._set_cpu_threads(input_ids.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)

@@ -7,7 +7,10 @@ weights and allocates no KV tensors (the block pool's accounting is the engine's
 ``prepare`` packs the batch for real (the host's work on a GPU too), ``execute`` holds its
 thread for the step time a :class:`SimProfile` models, in ``time.sleep`` (the GIL released, as a
 GPU kernel leaves the host free), and counts that time as the device's busy time
-(:attr:`SimRunner.device_busy_seconds`: NVML's utilisation is its rate over wall time).
+(:attr:`SimRunner.device_busy_seconds`: NVML's utilisation is its rate over wall time). With a host
+KV tier (``kv_offloading_size``) its copies are counted and timed too
+(:class:`~inflight.runtime.worker.kv_copies.SimHostKV`: bytes of the modelled bf16 KV over
+``SimProfile.host_copy_gb_per_s``).
 
 :class:`SimSampler` replaces the sampling: each row's token is a hash of (seed, position),
 the seed being the request's ``seed``, else its generator's seed (an unseeded sampled request,
@@ -37,6 +40,7 @@ from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
+from inflight.runtime.worker.kv_copies import SimHostKV, num_host_slots
 from inflight.runtime.worker.sampler import PendingMasks, Sampler, SamplerOutput, SamplingRow, SettledMasks
 
 logger = logging.getLogger(__name__)
@@ -56,12 +60,14 @@ class SimProfile:
     ~340 tokens (the roofline's K/V bytes); attention at ~90% of the 3006 GB/s copy bandwidth
     over 12 KiB of K/V per token is ~4.5 us per 1k tokens; a line through the two steps after
     that gives the base and the per-row cost. A prompt token is priced at the compute roofline
-    (~1 GFLOP at ~1 PFLOP/s bf16, with a margin)."""
+    (~1 GFLOP at ~1 PFLOP/s bf16, with a margin). ``host_copy_gb_per_s`` (not ms) prices the host
+    KV tier's copies (:class:`~inflight.runtime.worker.kv_copies.SimHostKV`)."""
 
     base_ms: float = 2.36
     decode_row_ms: float = 0.0311
     prefill_token_ms: float = 0.002
     attention_ms_per_1k_context: float = 0.0045
+    host_copy_gb_per_s: float = 25.0  # host-tier copies (kv_offloading_size): ~PCIe 5 x16 at 40% of its peak
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -141,6 +147,17 @@ class SimRunner:
         """Seconds the simulated device has spent executing steps (cumulative)."""
         with self._lock:
             return self._busy_s
+
+    def host_kv(self, size_gib: float, beside: tuple[()] = ()) -> SimHostKV:
+        """The host tier's stand-in: copies counted and timed (bf16 K and V of every layer)."""
+        spec = self.spec
+        bytes_per_block = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim * 2
+        return SimHostKV(num_host_slots(size_gib, bytes_per_block), bytes_per_block,
+                         self.profile.host_copy_gb_per_s, self._add_busy)
+
+    def _add_busy(self, seconds: float) -> None:
+        with self._lock:
+            self._busy_s += seconds
 
     def new_sampler(self) -> SimSampler:
         return SimSampler(self.device, self.spec.vocab_size)

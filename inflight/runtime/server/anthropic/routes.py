@@ -19,6 +19,7 @@ from aiohttp import web
 from inflight.runtime.server import auth
 from inflight.runtime.server.anthropic.render import MessagesRenderer, error_body
 from inflight.runtime.server.anthropic.request import translate
+from inflight.runtime.server.lora import answered_model
 from inflight.runtime.server.openai import api as openai_api
 from inflight.runtime.server.openai.known_fields import record_ignored
 from inflight.runtime.server.state import STATE
@@ -32,7 +33,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     body, size = await openai_api.read_body(request)
     chat, ignored = translate(body, state.settings.request_policy.reject_unknown_fields)
     record_ignored(request, ignored)
-    renderer = MessagesRenderer(state.settings.model_name, chat.get("stop", ()))
+    model = answered_model(chat.get("model"), state.settings.model_name, state.engine.loras)
+    renderer = MessagesRenderer(model, chat.get("stop", ()))
     return await openai_api.run_chat(request, chat, size, "msg", renderer)
 
 

@@ -34,12 +34,12 @@ from inflight.runtime.server.errors import (
     request_timeout,
     too_large_to_process,
 )
+from inflight.runtime.server.lora import lora_cards, resolve_model
 from inflight.runtime.server.openai import chat_support, generation
 from inflight.runtime.server.openai.known_fields import record_ignored
 from inflight.runtime.server.openai.protocol import (
     GenerationRequest,
     RequestPolicy,
-    check_model,
     parse_chat_request,
     parse_completion_request,
 )
@@ -170,9 +170,9 @@ async def _checked(request: web.Request, state: ServerState,
     req = await _off_loop(state, size, lambda: parse(body, state.settings.request_policy))
     record_ignored(request, req.ignored_fields)  # named in a response header, logged once per name
     req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
-    check_model(req.model, state.settings.model_name)
+    lora_name = resolve_model(req.model, state.settings.model_name, state.engine.loras)
     _check_priority(request, state, req.priority)
-    return req
+    return dataclasses.replace(req, lora_name=lora_name) if lora_name is not None else req
 
 
 async def _completion_job(request: web.Request, state: ServerState) -> generation.Job:
@@ -267,29 +267,34 @@ def _encode(engine: Any, prompt: str, add_special_tokens: bool) -> list[int]:
     return list(engine.tokenizer.encode(prompt, add_special_tokens=False))
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
+def _model_cards(state: ServerState) -> list[dict[str, Any]]:
+    """The served model's card, then one per loaded LoRA adapter (``parent``: the served model)."""
     engine = state.engine.engine if state.engine.is_ready else None
+    created = int(time.time())
     card: dict[str, Any] = {
         "id": state.settings.model_name,
         "object": "model",
-        "created": int(time.time()),
+        "created": created,
         "owned_by": "inflight",
     }
     if engine is not None:
         card["max_model_len"] = engine.max_model_len
-    return card
+    parents = {m.name: m.base_model_name for m in state.settings.lora_modules}
+    return [card, *lora_cards(state.engine.loras, state.settings.model_name, parents, created,
+                              card.get("max_model_len"))]
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+    return web.json_response({"object": "list", "data": _model_cards(request.app[STATE])})
 
 
 async def model(request: web.Request) -> web.Response:
-    """GET /v1/models/{id}: the served model's card (as listed by GET /v1/models), 404
-    ``model_not_found`` for any other id (the openai client's ``models.retrieve``)."""
+    """GET /v1/models/{id}: the card of the served model or a loaded adapter (as listed by GET
+    /v1/models), 404 ``model_not_found`` for any other id (the openai client's ``models.retrieve``)."""
     state = request.app[STATE]
-    check_model(request.match_info["model_id"], state.settings.model_name)
-    return web.json_response(_model_card(state))
+    model_id = request.match_info["model_id"]
+    resolve_model(model_id, state.settings.model_name, state.engine.loras)
+    return web.json_response(next(c for c in _model_cards(state) if c["id"] == model_id))
 
 
 def add_routes(app: web.Application) -> None:

@@ -133,7 +133,8 @@ def plan(
                 raise error from None
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival,
-                                                 cache_salt=req.cache_salt))  # the tenant: at run()
+                                                 cache_salt=req.cache_salt,
+                                                 lora_name=req.lora_name))  # the tenant: at run()
             choices[req_id] = ChoiceState(index, req_id)
     _check_response_size(req, engine_requests)
     _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
@@ -141,7 +142,8 @@ def plan(
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
         token_text = responses.cached_token_text(lambda tid: tokenizer.decode([tid]))
-    meta = {"id": request_id, "created": int(time.time()), "model": state.settings.model_name}
+    # an adapter's requests answer with its name, as vLLM's do
+    meta = {"id": request_id, "created": int(time.time()), "model": req.lora_name or state.settings.model_name}
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival,
                output_plan=output_plan, decorate=decorate)
 

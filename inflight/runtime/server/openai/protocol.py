@@ -78,6 +78,7 @@ class GenerationRequest:
     features: RequestFeatures = dataclasses.field(default_factory=RequestFeatures)
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
     ignored_fields: tuple[str, ...] = ()
+    lora_name: str | None = None  # the LoRA adapter ``model`` names (set by api.py once resolved)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""

@@ -18,8 +18,9 @@ from aiohttp import web
 
 from inflight.runtime.server import auth
 from inflight.runtime.server.errors import APIError, bad_request, too_large_to_process
+from inflight.runtime.server.lora import resolve_model
 from inflight.runtime.server.openai import chat_support
-from inflight.runtime.server.openai.protocol import check_model, parse_chat_request
+from inflight.runtime.server.openai.protocol import parse_chat_request
 from inflight.runtime.server.state import STATE
 
 MAX_DETOKENIZE_TOKENS = 1 << 20
@@ -39,7 +40,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
-    check_model(model, state.settings.model_name)
+    resolve_model(model, state.settings.model_name, state.engine.loras)  # an adapter shares the tokenizer
     return body
 
 

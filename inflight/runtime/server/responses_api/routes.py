@@ -13,6 +13,7 @@ from aiohttp import web
 from inflight.runtime.sampling_params import brief
 from inflight.runtime.server import auth
 from inflight.runtime.server.errors import APIError, bad_request, not_found
+from inflight.runtime.server.lora import answered_model
 from inflight.runtime.server.openai import api as openai_api
 from inflight.runtime.server.openai.known_fields import record_ignored
 from inflight.runtime.server.responses_api.render import ResponsesRenderer
@@ -48,7 +49,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     if translated.store and store is not None:
         def on_done(response: dict) -> None:
             store.put(response, translated.items)
-    renderer = ResponsesRenderer(translated.echo, state.settings.model_name, on_done)
+    model = answered_model(translated.chat_body.get("model"), state.settings.model_name, state.engine.loras)
+    renderer = ResponsesRenderer(translated.echo, model, on_done)
     try:
         return await openai_api.run_chat(request, translated.chat_body, size, "resp", renderer)
     except APIError as exc:
