@@ -1,4 +1,5 @@
-"""EngineConfig: the one place where every engine knob, its default and its bounds live.
+"""EngineConfig: the one place where every engine knob and its default live (its choices, bounds
+and checks: :mod:`.config_checks`).
 
 The CLI flags (``inflight serve --max-num-sequences ...``), the operator's CR ``engine``
 fields (camelCase of the same names) and the tests all map onto these fields by name.
@@ -12,31 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.kernels.backends import KERNEL_BACKENDS  # the --kernel-backend choices (a leaf, no torch)
+from inflight.runtime.config_checks import (  # re-exported: the knobs' choices and bounds live there
+    DEVICES,
+    DRAIN_TIMEOUT_S,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LIVE_TUNABLE_FIELDS,
+    MAX_CONFIG_INT,
+    MAX_SEED,
+    QUANTIZATIONS,
+    SCHEDULER_POLICIES,
+    check_engine_config,
+)
 
-SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda", "sim")
-QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype names
-
-# Knobs the running engine can change without a restart (the admin endpoint, the operator).
-LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")
-# Seconds requests in flight may take to finish after SIGTERM. Not an engine knob, but its one
-# home: the server's --drain-timeout (ServerSettings.drain_timeout_s) and the CR's
-# drainTimeoutSeconds both default to it, and the operator imports this module, no server one.
-DRAIN_TIMEOUT_S = 30
-# The ceiling of every integer knob (sequences, tokens, blocks, queue slots): such counts index
-# int32 tensors and are reported as Prometheus floats, and an admin or a flag that sets one to a
-# 400-digit integer must get a refusal naming the range, not an engine nobody can scrape
-# (issue 46). The seed alone may use the 64 bits torch.manual_seed takes.
-MAX_CONFIG_INT = 2**31 - 1
-MAX_SEED = 2**64 - 1
-MAX_KV_OFFLOADING_GIB = 1 << 20  # kv_offloading_size: far past any host's memory, well inside a float
-# LoRA bounds: the rank vLLM accepts at most (its choices run 8 .. 512), and slot counts far past
-# what fits a device (each slot holds A and B for every targeted layer and module).
-MAX_LORA_RANK = 512
-MAX_LORAS = 256
-MAX_CPU_LORAS = 4096
+__all__ = ["DEVICES", "DRAIN_TIMEOUT_S", "DTYPES", "KERNEL_BACKENDS", "KV_CACHE_DTYPES", "LIVE_TUNABLE_FIELDS",
+           "MAX_CONFIG_INT", "MAX_SEED", "QUANTIZATIONS", "SCHEDULER_POLICIES", "EngineConfig"]
 
 
 def _help(text: str) -> dict[str, str]:
@@ -275,139 +266,7 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_int(self, "max_num_sequences", 1)
-        _check_int(self, "max_num_tokens", 1)
-        _check_int(self, "block_size", 1)
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two (got {self.block_size}); try 16 or 32.")
-        if not isinstance(self.kv_cache_free_gpu_mem_fraction, (int, float)) or not (
-            0.0 < float(self.kv_cache_free_gpu_mem_fraction) <= 1.0
-        ):
-            raise ValueError(
-                "kv_cache_free_gpu_mem_fraction must be in (0, 1] "
-                f"(got {self.kv_cache_free_gpu_mem_fraction!r}); 0.9 is the usual choice."
-            )
-        if self.num_kv_blocks is not None:
-            _check_int(self, "num_kv_blocks", 1)
-        if self.max_model_len is not None:
-            _check_int(self, "max_model_len", 1)
-        if self.max_tokens_in_paged_kv_cache is not None:
-            _check_int(self, "max_tokens_in_paged_kv_cache", self.block_size)
-        if self.long_prefill_token_threshold is not None:
-            _check_int(self, "long_prefill_token_threshold", 0)
-        _check_int(self, "max_queue_len", 0)
-        _check_int(self, "tensor_parallel_size", 1)
-        _check_int(self, "pipeline_parallel_size", 1)
-        for name, low, high in (("nnodes", 1, 4096), ("node_rank", 0, 4095), ("master_port", 1, 65535)):
-            if getattr(self, name) is not None:
-                _check_int(self, name, low, high)
-        if self.master_addr is not None and (not isinstance(self.master_addr, str) or not self.master_addr):
-            raise ValueError(f"master_addr must be a host name or address (got {self.master_addr!r}).")
-        _check_int(self, "seed", 0, MAX_SEED)
-        _check_choice(self, "scheduler_policy", SCHEDULER_POLICIES)
-        _check_choice(self, "dtype", DTYPES)
-        _check_choice(self, "device", DEVICES)
-        _check_choice(self, "kernel_backend", KERNEL_BACKENDS)
-        _check_choice(self, "quantization", QUANTIZATIONS)
-        _check_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
-        if not isinstance(self.calculate_kv_scales, bool):
-            raise ValueError(f"calculate_kv_scales must be true or false (got {self.calculate_kv_scales!r}).")
-        if self.speculative_config is not None:
-            if not isinstance(self.speculative_config, str):
-                raise ValueError("speculative_config must be a JSON object given as text.")
-            from inflight.runtime.spec_decode.speculative import parse_speculative_config
-
-            spec = parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
-            if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
-                raise ValueError(f"speculative method {spec.method} needs tensor_parallel_size 1 (a draft model or "
-                                 "head is not split across devices yet); use method ngram with tensor parallelism")
-        self._check_pooling()
-        self._check_lora()
-        if self.metrics_tenants is not None:
-            from inflight.runtime.core.tenant_stats import parse_metrics_tenants
-
-            if not isinstance(self.metrics_tenants, str):
-                raise ValueError("metrics_tenants must be tenant names separated by commas, given as text.")
-            parse_metrics_tenants(self.metrics_tenants)  # raises ValueError naming the bad name
-        if self.kv_events_config is not None:
-            from inflight.runtime.kv_events.config import parse_kv_events_config
-
-            if not isinstance(self.kv_events_config, str):
-                raise ValueError("kv_events_config must be a JSON object given as text.")
-            parse_kv_events_config(self.kv_events_config)  # raises ValueError naming the key
-        for name in ("enable_chunked_context", "enable_prefix_caching", "enforce_eager"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
-        self._check_kv_offloading()
-        if self.pipeline_parallel_size > 1:
-            from inflight.runtime.distributed.pipeline_checks import check_pipeline_config
-
-            check_pipeline_config(self)  # raises ValueError naming what does not combine with stages
-        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be true, false or unset (auto) (got {self.async_scheduling!r}).")
-
-        if self.device == "sim" and (self.tensor_parallel_size > 1 or self.speculative_config is not None):
-            raise ValueError("device sim runs neither tensor parallelism nor speculative decoding yet; "
-                             "drop tensor_parallel_size / speculative_config.")
-        if self.sim_profile is not None and not isinstance(self.sim_profile, str):
-            raise ValueError("sim_profile must be the path of a JSON file, given as text.")
-        if self.sim_profile is not None and self.device != "sim":
-            raise ValueError("sim_profile is the simulated device's; set device sim or drop sim_profile.")
-        if self.async_scheduling is True and (self.speculative_config is not None or self.tensor_parallel_size > 1):
-            raise ValueError("async_scheduling cannot be combined with "
-                             + ("speculative decoding" if self.speculative_config is not None
-                                else "tensor parallelism (tensor_parallel_size > 1)")
-                             + " yet; turn one of them off.")
-
-    def _check_lora(self) -> None:
-        if not isinstance(self.enable_lora, bool):
-            raise ValueError(f"enable_lora must be true or false (got {self.enable_lora!r}).")
-        _check_int(self, "max_loras", 1, MAX_LORAS)
-        _check_int(self, "max_lora_rank", 1, MAX_LORA_RANK)
-        if self.max_cpu_loras is not None:
-            _check_int(self, "max_cpu_loras", 1, MAX_CPU_LORAS)
-            if self.max_cpu_loras < self.max_loras:
-                raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}) "
-                                 "(vLLM's rule); raise max_cpu_loras or leave it unset.")
-        if self.enable_lora and (self.runner == "pooling" or self.device == "sim"):
-            raise ValueError("enable_lora needs the generate runner on a real device (cpu or cuda); "
-                             "drop enable_lora, runner pooling or device sim.")
-        if self.enable_lora and self.async_scheduling is True:
-            raise ValueError("enable_lora cannot be combined with async_scheduling yet (a step's adapter "
-                             "slots are loaded while it is prepared); turn one of them off.")
-
-    def _check_kv_offloading(self) -> None:
-        size = self.kv_offloading_size
-        if size is None:
-            return
-        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= MAX_KV_OFFLOADING_GIB:
-            raise ValueError(f"kv_offloading_size must be a number of GiB > 0 and <= {MAX_KV_OFFLOADING_GIB} "
-                             f"(got {_brief(size)}).")
-        clash = ("enable_prefix_caching false (the host tier keeps prefix-cache blocks)"
-                 if not self.enable_prefix_caching
-                 else "tensor_parallel_size > 1" if self.tensor_parallel_size > 1
-                 else "runner pooling" if self.runner == "pooling" else None)  # fmt: skip
-        if clash is not None:
-            raise ValueError(f"kv_offloading_size cannot be combined with {clash}; drop one of them.")
-
-    def _check_pooling(self) -> None:
-        from inflight.runtime.model.pooling import RUNNERS, parse_pooler_config
-
-        _check_choice(self, "runner", RUNNERS)
-        if self.pooler_config is not None:
-            if not isinstance(self.pooler_config, str):
-                raise ValueError("pooler_config must be a JSON object given as text.")
-            if self.runner == "generate":
-                raise ValueError("pooler_config is the pooling runner's; set runner pooling (or auto) or drop it.")
-            parse_pooler_config(self.pooler_config)  # raises ValueError naming the key
-        if self.runner != "pooling":
-            return
-        clash = ("tensor_parallel_size > 1" if self.tensor_parallel_size > 1
-                 else "speculative_config" if self.speculative_config is not None
-                 else "device sim" if self.device == "sim"
-                 else "async_scheduling" if self.async_scheduling is True else None)  # fmt: skip
-        if clash is not None:
-            raise ValueError(f"the pooling runner does not run with {clash} yet; drop one of them.")
+        check_engine_config(self)  # raises ValueError naming the knob
 
     @property
     def async_scheduling_on(self) -> bool:
@@ -434,22 +293,3 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def _check_int(cfg: EngineConfig, name: str, minimum: int, maximum: int = MAX_CONFIG_INT) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ValueError(f"{name} must be an integer >= {minimum} and <= {maximum} (got {_brief(value)}).")
-
-
-def _brief(value: object) -> str:
-    """``repr(value)``, but a huge integer by its size (an error never echoes 400 digits back)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _check_choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(cfg, name)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)} (got {value!r}).")

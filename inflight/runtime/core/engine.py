@@ -35,6 +35,7 @@ from inflight.runtime.core.async_steps import StepPipeline
 from inflight.runtime.core.block_pool import KVBlockPool
 from inflight.runtime.core.engine_batch_queue import BatchQueue
 from inflight.runtime.core.engine_lora import LoRAMethods
+from inflight.runtime.core.engine_stats import engine_stats
 from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.core.host_tier import build_host_tier
 from inflight.runtime.core.input_checks import check_cache_salt, check_request, check_token_budget
@@ -370,42 +371,7 @@ class LLMEngine(LoRAMethods):
 
     # -- stats and live config ----------------------------------------------------------
     def stats(self) -> EngineStats:
-        out, tenants = self.output_processor, self.output_processor.tenants
-        return EngineStats(
-            num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
-            num_kv_blocks=self.pool.num_blocks,
-            num_used_kv_blocks=self.pool.num_used_blocks,
-            num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_queries=self.kv.prefix_cache_queries,
-            prefix_cache_hits=self.kv.prefix_cache_hits,
-            **self._host_tier_stats(),
-            num_prompt_tokens=out.num_prompt_tokens,
-            num_generation_tokens=out.num_generation_tokens,
-            num_tokens_last_step=self._num_tokens_last_step,
-            num_steps=self._num_steps,
-            device_busy_seconds=self.runner.device_busy_seconds,
-            num_prefill_backlog_tokens=self.prefill.num_backlog_tokens,
-            num_prefill_computed_tokens=self.prefill.num_computed_tokens,
-            prefill_tokens_per_second=self.prefill.tokens_per_second,
-            max_num_sequences=self.config.max_num_sequences,
-            spec_num_drafts=self._spec.num_drafts,
-            spec_num_draft_tokens=self._spec.num_draft_tokens,
-            spec_num_accepted_tokens=self._spec.num_accepted_tokens,
-            spec_accepted_per_position=tuple(self._spec.accepted_per_position),
-            tenants=(tenants.snapshot(self.scheduler.running, self.scheduler.waiting)
-                     if tenants is not None else None),
-        )
-
-    def _host_tier_stats(self) -> dict[str, int]:
-        """The host tier's EngineStats fields (none without one)."""
-        tier, host_kv = self.kv.host_tier, self.host_kv
-        if tier is None or host_kv is None:
-            return {}
-        return {"num_host_kv_blocks": tier.num_slots, "num_used_host_kv_blocks": tier.num_used_slots,
-                "external_prefix_cache_queries": tier.queries, "external_prefix_cache_hits": tier.hits,
-                "kv_offload_stored_blocks": host_kv.num_copied_out, "kv_offload_loaded_blocks": host_kv.num_copied_in,
-                "kv_offload_bytes": host_kv.num_copied_bytes, "kv_offload_dropped_blocks": tier.num_dropped_blocks}
+        return engine_stats(self)
 
     def update_config(self, **changes: Any) -> EngineConfig:
         """Change live-tunable knobs (``LIVE_TUNABLE_FIELDS``) without a restart."""

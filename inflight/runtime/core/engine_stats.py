@@ -1,0 +1,54 @@
+"""The engine's statistics: one :class:`~inflight.runtime.outputs.EngineStats` built from the
+scheduler, the KV pool and its host tier, the output processor, the prefill backlog and the
+speculation counters of an :class:`~inflight.runtime.core.engine.LLMEngine`. Reads only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from inflight.runtime.outputs import EngineStats
+
+if TYPE_CHECKING:
+    from inflight.runtime.core.engine import LLMEngine
+
+
+def engine_stats(engine: LLMEngine) -> EngineStats:
+    """The engine's counters and gauges, as the front ends, /metrics and the autoscaler read them."""
+    out, tenants = engine.output_processor, engine.output_processor.tenants
+    return EngineStats(
+        num_running=engine.scheduler.num_running,
+        num_waiting=engine.scheduler.num_waiting,
+        num_kv_blocks=engine.pool.num_blocks,
+        num_used_kv_blocks=engine.pool.num_used_blocks,
+        num_preemptions=engine.scheduler.num_preemptions,
+        prefix_cache_queries=engine.kv.prefix_cache_queries,
+        prefix_cache_hits=engine.kv.prefix_cache_hits,
+        **_host_tier_stats(engine),
+        num_prompt_tokens=out.num_prompt_tokens,
+        num_generation_tokens=out.num_generation_tokens,
+        num_tokens_last_step=engine._num_tokens_last_step,
+        num_steps=engine._num_steps,
+        device_busy_seconds=engine.runner.device_busy_seconds,
+        num_prefill_backlog_tokens=engine.prefill.num_backlog_tokens,
+        num_prefill_computed_tokens=engine.prefill.num_computed_tokens,
+        prefill_tokens_per_second=engine.prefill.tokens_per_second,
+        max_num_sequences=engine.config.max_num_sequences,
+        spec_num_drafts=engine._spec.num_drafts,
+        spec_num_draft_tokens=engine._spec.num_draft_tokens,
+        spec_num_accepted_tokens=engine._spec.num_accepted_tokens,
+        spec_accepted_per_position=tuple(engine._spec.accepted_per_position),
+        tenants=(tenants.snapshot(engine.scheduler.running, engine.scheduler.waiting)
+                 if tenants is not None else None),
+    )
+
+
+def _host_tier_stats(engine: LLMEngine) -> dict[str, int]:
+    """The host tier's EngineStats fields (none without one)."""
+    tier, host_kv = engine.kv.host_tier, engine.host_kv
+    if tier is None or host_kv is None:
+        return {}
+    return {"num_host_kv_blocks": tier.num_slots, "num_used_host_kv_blocks": tier.num_used_slots,
+            "external_prefix_cache_queries": tier.queries, "external_prefix_cache_hits": tier.hits,
+            "kv_offload_stored_blocks": host_kv.num_copied_out, "kv_offload_loaded_blocks": host_kv.num_copied_in,
+            "kv_offload_bytes": host_kv.num_copied_bytes, "kv_offload_dropped_blocks": tier.num_dropped_blocks}
