@@ -1,6 +1,7 @@
 """A test subscriber on real ZMQ sockets: receives batches (topic, sequence, payload), decodes
 them with msgspec and vLLM's field layout, asks the replay socket for missed ones, and rebuilds
-a publisher's set of findable block hashes from the events, as llm-d's indexer would."""
+a publisher's sets of findable block hashes from the events, one per medium (``blocks``: the
+device pool's, ``"GPU"``; ``host``: the host tier's, ``"CPU"``), as llm-d's indexer would."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class Subscriber:
         self.last_seq = -1
         self.topics: set[bytes] = set()
         self.num_removed = 0  # blocks removed by BlockRemoved events
+        self.host: set[int] = set()  # the host tier's blocks (medium "CPU")
+        self.num_host_removed = 0
+        self._seen: set[int] = set()  # every hash a device store has told the tokens of
 
     def receive(self, timeout_ms: int = 5000) -> tuple[int, KVEventBatch] | None:
         """The next batch (its sequence number and decoded payload); None when none came in time."""
@@ -33,7 +37,20 @@ class Subscriber:
         assert seq == self.last_seq + 1, f"sequence gap: {self.last_seq} -> {seq}"
         self.last_seq = seq
         for event in batch.events:
-            if isinstance(event, BlockStored):
+            if isinstance(event, BlockStored) and event.medium == "CPU":
+                # vLLM's offloading connector's form: hashes only, resolved through a device store
+                assert event.token_ids == [] and event.block_size == 0 and event.parent_block_hash is None
+                for h in event.block_hashes:
+                    assert h in self._seen, "a host block whose tokens no device store told"
+                    assert h not in self.host, "a host block stored twice"
+                    self.host.add(h)
+            elif isinstance(event, BlockRemoved) and event.medium == "CPU":
+                for h in event.block_hashes:
+                    assert h in self.host, "an unknown host block removed"
+                    self.host.remove(h)
+                    self.num_host_removed += 1
+            elif isinstance(event, BlockStored):
+                assert event.medium == "GPU"
                 n = len(event.block_hashes)
                 assert len(event.token_ids) == n * event.block_size
                 parent = event.parent_block_hash
@@ -41,8 +58,10 @@ class Subscriber:
                     assert parent is None or parent in self.blocks, "a stored block's parent is unknown"
                     assert h not in self.blocks, "a block stored twice"
                     self.blocks[h] = (parent, tuple(event.token_ids[i * event.block_size:(i + 1) * event.block_size]))
+                    self._seen.add(h)
                     parent = h
             elif isinstance(event, BlockRemoved):
+                assert event.medium == "GPU"
                 for h in event.block_hashes:
                     assert h in self.blocks, "an unknown block removed"
                     del self.blocks[h]
@@ -50,6 +69,7 @@ class Subscriber:
             else:
                 assert isinstance(event, AllBlocksCleared)
                 self.blocks.clear()
+                self.host.clear()
 
     def drain(self, until_seq: int, replay_endpoint: str | None = None, timeout_ms: int = 5000) -> int:
         """Apply batches until ``until_seq`` is applied. Batches published before the

@@ -29,14 +29,21 @@ def _pool_view(engine: LLMEngine) -> dict[int, tuple[int, ...]]:
     return {external_hash(h): pool.block_tokens[b] for h, b in pool._cached.items()}
 
 
+def _host_view(engine: LLMEngine) -> set[int]:
+    """The host tier's blocks (empty without one): external hashes."""
+    tier = engine.kv.host_tier
+    return set() if tier is None else {external_hash(h) for h in tier.slot_hash if h is not None}
+
+
 def _local(endpoint: str) -> str:
     return endpoint.replace("0.0.0.0", "127.0.0.1")
 
 
-# sim: async scheduling, blocks cached a step later; offload: a host tier behind the pool, whose
-# hits come back to the device cache (a GPU BlockStored again)
-@pytest.mark.parametrize(("device", "offload"), [("cpu", None), ("sim", None), ("cpu", 0.001)],
-                         ids=["cpu", "sim", "cpu-host-tier"])
+# sim: async scheduling, blocks cached a step later; offload: a host tier behind the pool (its
+# blocks are "CPU" events, its evictions too), whose hits come back to the device cache (a GPU
+# BlockStored again)
+@pytest.mark.parametrize(("device", "offload"), [("cpu", None), ("sim", None), ("cpu", 0.0001), ("sim", 0.0001)],
+                         ids=["cpu", "sim", "cpu-host-tier", "sim-host-tier"])
 def test_a_subscriber_rebuilds_the_pools_block_set_through_evictions_and_preemptions(
         llama_dir, device: str, offload: float | None) -> None:
     config = EngineConfig(device=device, dtype="float32", block_size=BLOCK, num_kv_blocks=28, max_num_sequences=6,
@@ -59,15 +66,18 @@ def test_a_subscriber_rebuilds_the_pools_block_set_through_evictions_and_preempt
                 if rng.random() < 0.2:  # mid-burst, in-flight requests hold blocks: still the same set
                     sub.drain(stream.publisher.next_seq - 1, replay_at)
                     assert sub.blocks.keys() == _pool_view(engine).keys()
+                    assert sub.host == _host_view(engine)
             sub.drain(stream.publisher.next_seq - 1, replay_at)
             view = _pool_view(engine)
             assert sub.blocks.keys() == view.keys() and view
+            assert sub.host == _host_view(engine)
             assert all(sub.blocks[h][1] == tokens for h, tokens in view.items())
         stats = engine.stats()
         assert stats.num_preemptions > 0, "the burst was meant to preempt"
         assert stats.prefix_cache_hits > 0, "the shared prefixes were meant to hit"
         if offload is not None:
             assert stats.kv_offload_loaded_blocks > 0, "the host tier was meant to serve hits"
+            assert sub.host and sub.num_host_removed > 0, "the host tier was meant to fill and evict"
         assert sub.num_removed > 0, "the burst was meant to evict cached blocks"
         assert stream.publisher.num_dropped_batches == 0
         # Every chain's parent is a block the subscriber holds (or none, for a chain's first).
@@ -75,13 +85,14 @@ def test_a_subscriber_rebuilds_the_pools_block_set_through_evictions_and_preempt
         late = Subscriber(_local(stream.publisher.endpoint), b"kv@")  # joins after the burst
         try:  # everything it missed comes from the replay socket, and it reaches the same set
             assert late.drain(stream.publisher.next_seq - 1, replay_at) == stream.publisher.next_seq
-            assert late.blocks == sub.blocks
+            assert late.blocks == sub.blocks and late.host == sub.host
         finally:
             late.close()
         engine.pool.reset_prefix_cache()  # nothing runs: every cached block goes
         engine.step()  # idle step: the reset's event goes out with it
         sub.drain(stream.publisher.next_seq - 1, replay_at)
         assert sub.blocks == {} and _pool_view(engine) == {}
+        assert sub.host == set() and _host_view(engine) == set()
     finally:
         sub.close()
         engine.close()

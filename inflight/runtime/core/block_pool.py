@@ -21,7 +21,8 @@ memory) before the block is reused; a prefix-cache reset clears the tier too.
 
 With KV events on (``--kv-events-config``), the pool tells its collector
 (:mod:`inflight.runtime.kv_events.collector`) each key that becomes findable and each that stops
-being findable, and a reset that empties the cache, so a router can follow the cache exactly.
+being findable, and a reset that empties the cache (and the host tier), so a router can follow
+the cache exactly; the host tier tells the same collector what it takes and drops (medium "CPU").
 
 This module imports no torch and knows nothing about requests or scheduling policy.
 """
@@ -92,7 +93,18 @@ class KVBlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}  # block key -> block id
         self.host_tier: HostTier | None = None  # keeps the cached blocks evicted here (set by the KV manager)
-        self.events: KVEventCollector | None = None  # told what becomes findable and what stops (kv_events)
+        self._events: KVEventCollector | None = None
+
+    @property
+    def events(self) -> KVEventCollector | None:
+        """Told what becomes findable and what stops (kv_events); the host tier reports to it too."""
+        return self._events
+
+    @events.setter
+    def events(self, collector: KVEventCollector | None) -> None:
+        self._events = collector
+        if self.host_tier is not None:
+            self.host_tier.events = collector
 
     def root_for(self, cache_salt: str | None) -> BlockHash:
         """The chain root of a request with ``cache_salt`` in this pool (see :func:`salted_root`)."""
@@ -177,8 +189,8 @@ class KVBlockPool:
             self._evict(block_id)
         if self.host_tier is not None:
             self.host_tier.clear()
-        if self.events is not None and not self._cached:
-            self.events.cleared()  # else the evicted ones went out one by one (held blocks stay cached)
+        if self.events is not None and not self._cached and (self.host_tier is None or not self.host_tier.num_used_slots):
+            self.events.cleared()  # else the evicted ones went out one by one (held or pinned blocks stay)
 
     def _evict(self, block_id: int, save: bool = False) -> None:
         """Forget ``block_id``'s key; ``save``: hand the block to the host tier first (if any)."""
@@ -190,10 +202,11 @@ class KVBlockPool:
         self.block_tokens[block_id] = None
         if self._cached.get(h) == block_id:
             del self._cached[h]
-            if self.events is not None:
-                self.events.removed(h)
+            # Saved first: a router hears the host copy while it still knows the device block.
             if save and self.host_tier is not None and tokens is not None:
                 self.host_tier.save(block_id, h, tokens)
+            if self.events is not None:
+                self.events.removed(h)
 
     def check_invariants(self) -> None:
         """Internal consistency, for tests: free queue == blocks with ref 0, cache map sane."""

@@ -18,6 +18,8 @@ Rules that keep the copies exact:
   step, before anyone could load it) keep the last one only.
 
 When every slot is pinned, an evicted device block is dropped (counted), never waited for.
+With KV events on, each block the tier takes and each it drops is told to the collector
+(``events``), medium ``"CPU"``, as vLLM's offloading connector does.
 Imports no torch; knows nothing about requests or scheduling.
 """
 
@@ -32,6 +34,7 @@ from inflight.runtime.core.sched_output import KVCopies
 
 if TYPE_CHECKING:
     from inflight.runtime.config import EngineConfig
+    from inflight.runtime.kv_events.collector import KVEventCollector
     from inflight.runtime.worker.kv_copies import HostKV, SimHostKV
     from inflight.runtime.worker.model_runner import ModelRunner
     from inflight.runtime.worker.sim_device import SimRunner
@@ -85,6 +88,7 @@ class HostTier:
         self.num_loaded_blocks = 0
         self.num_evicted_blocks = 0
         self.num_dropped_blocks = 0
+        self.events: KVEventCollector | None = None  # told each block taken and dropped (kv_events, "CPU")
 
     @property
     def num_used_slots(self) -> int:
@@ -109,6 +113,8 @@ class HostTier:
         self._copy_out.pop(slot, None)  # keeps the dict's order the order of the copies
         self._copy_out[slot] = block_id
         self.num_saved_blocks += 1
+        if self.events is not None:
+            self.events.host_stored(block_hash)
 
     def find(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int], block_size: int,
              start: int) -> list[int]:
@@ -159,6 +165,8 @@ class HostTier:
                 del self._lru[h]
                 self.slot_hash[slot] = self.slot_tokens[slot] = None
                 self._free.append(slot)
+                if self.events is not None:
+                    self.events.host_removed(h)
 
     def _evict_lru(self) -> int | None:
         """The least recently used slot not pinned, emptied; None when every slot is pinned."""
@@ -167,6 +175,8 @@ class HostTier:
                 del self._lru[h]
                 self.slot_hash[slot] = self.slot_tokens[slot] = None
                 self.num_evicted_blocks += 1
+                if self.events is not None:
+                    self.events.host_removed(h)
                 return slot
         return None
 

@@ -85,6 +85,8 @@ class KVCacheManager:
         self.sliding_window = sliding_window
         self.host_tier = host_tier
         pool.host_tier = host_tier
+        if host_tier is not None:
+            host_tier.events = pool.events
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found cached on the device
         self._host_hit_tokens = 0  # of the last hit taken (allocate_slots), those from the host tier

@@ -12,6 +12,9 @@ mirroring vLLM's, and compare bytes).
 Block hashes go out in vLLM's default integer form (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``):
 the low 64 bits of the block's digest, big-endian, unsigned; llm-d maps any form to that same
 uint64. A BlockStored's ``parent_block_hash`` is None for the first block of a chain.
+``medium`` is ``"GPU"`` for the device pool and ``"CPU"`` for the host tier, whose
+``BlockStored`` carries hashes only (no tokens, ``block_size`` 0), as vLLM's offloading connector
+sends them.
 
 Knows nothing about sockets, the pool or requests.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import msgpack
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for blocks in the device pool
+MEDIUM_CPU = "CPU"  # vLLM's medium for blocks its offloading connector keeps in host memory
 
 
 def external_hash(block_hash: bytes) -> int:
