@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import applied, reconcile, render, rollout_gate
+from inflight.operator import applied, partners, reconcile, render, rollout_gate
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import DEPLOYMENTS, HPAS, LEADER_WORKER_SETS, PVCS, SECRETS, KubeError
 from inflight.operator.spec import InferenceSpec
@@ -111,11 +111,14 @@ async def ensure_created(ctx: OperatorContext, spec: InferenceSpec, owner: rende
 
 
 async def foreign_autoscalers(ctx: OperatorContext, spec: InferenceSpec) -> tuple[str, ...]:
-    """HorizontalPodAutoscalers in the namespace whose target is the model's Deployment."""
+    """HorizontalPodAutoscalers in the namespace whose target is the model's workload, but the
+    partner's (``spec.autoscaling.partner``: the one it renders, or KEDA's from its ScaledObject)."""
     found = []
+    partner = partners.hpa_name(spec.name, spec.autoscaling.partner) if spec.autoscaling.enabled else None
     for hpa in await ctx.kube.list(HPAS, spec.namespace, {}):
         target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-        if target.get("kind") == "Deployment" and target.get("name") == spec.name:
+        if target.get("kind") in ("Deployment", "LeaderWorkerSet") and target.get("name") == spec.name and \
+                hpa["metadata"]["name"] != partner:
             found.append(f"HorizontalPodAutoscaler/{hpa['metadata']['name']}")
     return tuple(sorted(found))
 

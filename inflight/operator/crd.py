@@ -58,7 +58,7 @@ def _engine_property(name: str) -> dict[str, Any]:
         # The runtime refuses integers above MAX_CONFIG_INT; the API server refuses them first.
         prop.update(type="integer", minimum=0 if name == "max_queue_len" else 1, maximum=MAX_CONFIG_INT)
     elif type_name == "float":
-        prop.update(type="number", **{"x-kubernetes-validations": [_FRACTION_RULE]})
+        prop.update(type="number", **{"x-kubernetes-validations": [crd_parts.NUMBER_RULES.get(name, _FRACTION_RULE)]})
     else:
         prop.update(type="string", enum=list(_CHOICES[name]))
     return prop
@@ -195,7 +195,7 @@ def _autoscaling_schema() -> dict[str, Any]:
             "scaleDownStabilizationSeconds": num("Scale down to the highest recommendation of this window.",
                                                  d.scale_down_stabilization_seconds, 0, False),
             "intervalSeconds": num("Seconds between metric scrapes and decisions.", d.interval_seconds, 0, True),
-        },
+            "partner": crd_parts.partner_schema()},
         "x-kubernetes-validations": [
             {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must not exceed maxReplicas"}
         ],

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.operator import fields
+from inflight.operator import fields, partners
 from inflight.operator.adapter_source import MAX_ADAPTERS, HfAdapter
 from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS, HfSource
 from inflight.operator.pod_runtime import PROBE_KEYS
 from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, DisruptionBudget, Rollout
 from inflight.operator.spec import FAILURE_MODES, InferencePoolSpec
+from inflight.runtime.config_checks import MAX_KV_OFFLOADING_GIB
 
 PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 INT_OR_STRING = {"x-kubernetes-int-or-string": True}
+# CEL bounds of the float engine fields that are not fractions in (0, 1] (crd._engine_property)
+NUMBER_RULES = {"kv_offloading_size": {"rule": f"self > 0.0 && self <= {float(MAX_KV_OFFLOADING_GIB)}",
+                                       "message": f"must be GiB of host memory in (0, {MAX_KV_OFFLOADING_GIB}]"}}
 
 
 def _str(desc: str, **extra: Any) -> dict[str, Any]:
@@ -247,4 +251,22 @@ def status_properties() -> dict[str, Any]:
             "description": "State of the hf model download (Pending, Downloading, Ready, Failed).",
             "properties": {k: {"type": "string"} for k in ("state", "volume", "path", "message")},
         },
+    }
+
+
+def partner_schema() -> dict[str, Any]:
+    """``spec.autoscaling.partner``: an HPA or KEDA writes the replicas from the operator's signals."""
+    return {
+        "type": "object", "required": ["kind"],
+        "description": "Let an HPA (kind: hpa, through a metrics adapter) or a KEDA ScaledObject (kind: keda) "
+                       "that the operator renders write the replicas from the signals the operator exports; the "
+                       "operator keeps scraping and reporting them and never writes the replicas "
+                       "(docs/operator-autoscaling-partners.md). Unset: the operator writes them.",
+        "properties": {
+            "kind": _str("hpa or keda.", enum=list(partners.KINDS)),
+            "prometheusAddress": _str("kind: keda: the http(s) URL of the Prometheus that scrapes the operator's "
+                                      "/metrics (KEDA's prometheus scaler queries it)."),
+        },
+        "x-kubernetes-validations": [{"rule": "self.kind != 'keda' || has(self.prometheusAddress)",
+                                      "message": "prometheusAddress is required with kind: keda"}],
     }

@@ -41,6 +41,7 @@ CR_ENGINE_FIELDS: tuple[str, ...] = (
     "max_cpu_loras",
     "kv_cache_dtype",  # fp8 KV: twice the sequences of bf16 in the same memory (docs/kv-cache-dtype.md)
     "calculate_kv_scales",
+    "kv_offloading_size",  # GiB of host memory behind the prefix cache; must fit resources.memory (host_memory.py)
 )
 # Why each remaining field is not a CR field (a test checks the two lists cover EngineConfig).
 EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
@@ -53,8 +54,6 @@ EXCLUDED_ENGINE_FIELDS: dict[str, str] = {
     "metrics_tenants": "names of tenants for per-tenant metrics, a per-deployment detail; extraArgs sets it",
     "runner": "the pooling (embeddings) runner is not yet a CR field; extraArgs (--runner) sets it",
     "pooler_config": "the pooling runner's settings, with --runner; extraArgs sets it",
-    "kv_offloading_size": "host memory behind the prefix cache must fit the pod's memory limit, which the CR "
-                          "does not size yet; extraArgs (--kv-offloading-size) sets it",
     "kv_events_config": "set by the operator when inferencePool is on (the picker's precise-prefix scorer "
                         "listens); extraArgs overrides it",
     # multi-node rendezvous: the LeaderWorkerSet render passes them per pod (render_lws.group_flags)

@@ -36,6 +36,7 @@ import kopf
 from inflight.operator import (
     leader,
     operator_metrics,
+    partners,
     reconcile,
     refusals,
     render,
@@ -214,6 +215,7 @@ def _has_condition(body: Any, ctype: str, value: bool) -> bool:
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     deleted = await reconcile.delete_children(memo.ctx, meta["name"], meta["namespace"], meta.get("uid", ""))
+    partners.unpublish(meta["namespace"], meta["name"])  # its signals' series go with it
     if getattr(memo, "state", None) is not None and memo.state.good_spec is not None:
         MANAGED.dec()
     memo.state = None

@@ -77,6 +77,7 @@ PVCS = Kind("v1", "persistentvolumeclaims", "PersistentVolumeClaim", "CoreV1Api"
             "namespaced_persistent_volume_claim")
 EVENTS = Kind("v1", "events", "Event", "CoreV1Api", "namespaced_event")
 LEASES = Kind("coordination.k8s.io/v1", "leases", "Lease", "CoordinationV1Api", "namespaced_lease")
+SCALED_OBJECTS = Kind("keda.sh/v1alpha1", "scaledobjects", "ScaledObject")  # autoscaling.partner keda
 HPAS = Kind("autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", "AutoscalingV2Api",
             "namespaced_horizontal_pod_autoscaler")
 

@@ -50,8 +50,10 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     # itself (kopf posts none for a failed handler or timer).
     # Listed (in a namespace) only while a pod is stuck creating: why its volumes do not attach.
     Permission("", "events", ("create", "list")),
-    # A HorizontalPodAutoscaler (or KEDA's) targeting a child Deployment is reported, not fought.
-    Permission("autoscaling", "horizontalpodautoscalers", ("list",)),
+    # A HorizontalPodAutoscaler (or KEDA's) targeting a child Deployment is reported, not fought;
+    # spec.autoscaling.partner renders one (kind: hpa) or a KEDA ScaledObject (kind: keda).
+    Permission("autoscaling", "horizontalpodautoscalers", ("get", "list", "create", "patch", "delete")),
+    Permission("keda.sh", "scaledobjects", ("get", "create", "patch", "delete")),
     # kopf's cluster observation (resource discovery; namespaces only in namespaced mode).
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     Permission("", "namespaces", ("list", "watch")),

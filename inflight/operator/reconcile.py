@@ -24,6 +24,7 @@ from inflight.operator import (
     refusals,
     render,
     render_lws,
+    render_partners,
     rollout_gate,
     scale_to_zero,
     status,
@@ -107,8 +108,8 @@ async def apply_children(
     new root) and the model-cache PVC only when missing (never resized). A created Deployment
     gets ``replicas`` (the autoscaler's count) when given; ``leave_replicas``: never patch them
     (a foreign HPA owns them); ``hold``: the CR generation and, while the rollout gate holds an
-    operator-caused change, the recorded pod template (``rollout_gate``). ``written`` gets the fingerprint of each child as it is written
-    (``ResourceState.written``), those of a partial apply too.
+    operator-caused change, the recorded pod template (``rollout_gate``). ``written``: each child's
+    fingerprint as written (``ResourceState.written``), a partial apply's too. Stale partner objects go.
 
     Raises ``SpecRejected`` for every API error (``permanent`` for 400/422 and a missing
     InferencePool kind).
@@ -176,15 +177,15 @@ async def _apply_children(
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
         if (kind.kind, obj_name) not in wanted and await kube.get(kind, ns, obj_name) is not None:
             await kube.delete(kind, ns, obj_name)
+    await render_partners.delete_stale(kube, spec, owner.uid)  # autoscaling.partner off or changed
 
 
 def rendered_children(
     spec: InferenceSpec, owner: render.Owner, replicas: int | None = None, leave_replicas: bool = False,
     hold: rollout_gate.Hold | None = None,
 ) -> list[tuple[Kind, dict[str, Any], dict[str, Any]]]:
-    """(kind, object to create, merge patch to apply) for every child the spec describes
-    (the admin Secret and cache PVC aside: they are created once, never re-applied). An
-    autoscaled Deployment is created at ``replicas`` when given (the autoscaler's count)."""
+    """(kind, object to create, merge patch) per child (not the admin Secret and cache PVC: created
+    once, never re-applied); an autoscaled Deployment is created at ``replicas`` when given."""
     count = render.initial_replicas(spec)
     if replicas is not None and spec.autoscaling.enabled:
         count = min(max(replicas, spec.autoscaling.min_replicas), spec.autoscaling.max_replicas)
@@ -202,7 +203,7 @@ def rendered_children(
     ]
     kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
     out += [(kinds[obj["kind"]], obj, obj) for obj in render.render_pool_objects(spec, owner)]
-    return out
+    return out + render_partners.rendered(spec, owner)
 
 
 async def apply_through_gate(
@@ -271,11 +272,10 @@ async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: 
     except KubeError as exc:
         if exc.status != 403:  # an older chart's RBAC: it could not have created one either
             raise
-    for kind, obj_name in ((PVCS, f"{name}-model-cache"),):
-        obj = await ctx.kube.get(kind, namespace, obj_name)
-        owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
-        if uid and any(o.get("uid") == uid for o in owners) and await ctx.kube.delete(kind, namespace, obj_name):
-            deleted.append(kind.kind)
+    owners = ((await ctx.kube.get(PVCS, namespace, f"{name}-model-cache") or {}).get("metadata") or {}).get(
+        "ownerReferences") or []
+    if uid and any(o.get("uid") == uid for o in owners) and await ctx.kube.delete(PVCS, namespace, f"{name}-model-cache"):
+        deleted.append(PVCS.kind)
     return deleted
 
 
@@ -361,7 +361,7 @@ async def autoscale(
         "autoscaler %s/%s: %d -> %d (%s: %s)",
         spec.namespace, spec.name, current, decision.desired, decision.reason, decision.message,
     )
-    if decision.desired != current:
+    if decision.desired != current and spec.autoscaling.partner is None:  # a partner writes them otherwise
         await ctx.kube.patch(lws_status.workload_kind(spec), spec.namespace, spec.name,
                              {"spec": {"replicas": decision.desired}})  # an LWS's replicas are groups
         state.last_scale_time = now

@@ -1,11 +1,11 @@
 """Typed InferenceDeployment spec: frozen dataclasses parsed and validated from the CR dict.
 
-Owns: the shape of ``spec`` as Python values (model sources in ``model_source``, pod
-passthrough and rollout in ``pod_settings``), ``resources.gpus`` -> tensor-parallel size, the operator-side defaults that are not
-engine knobs (engine defaults live in EngineConfig only), and the validation a CR must
-pass before anything is rendered (``parse_spec`` raises ``ValueError`` with a message
-naming the field). Each default is written once, on its dataclass field: the parsers and the
-CRD builder (:mod:`.crd`) read it from there. Knows nothing about Kubernetes I/O or manifests.
+Owns: the shape of ``spec`` as Python values (model sources in ``model_source``, pod passthrough and rollout in
+``pod_settings``), ``resources.gpus`` -> tensor-parallel size, the operator-side defaults that are not engine knobs
+(engine defaults live in EngineConfig only), and the validation a CR must pass before anything is rendered
+(``parse_spec`` raises ``ValueError`` naming the field; a host KV tier's fit in memory: ``host_memory``). Each
+default is written once, on its dataclass field: the parsers and the CRD builder (:mod:`.crd`) read it from there.
+Knows nothing about Kubernetes I/O or manifests.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inflight import env_vars
-from inflight.operator import engine_args, fields, multi_node
+from inflight.operator import engine_args, fields, multi_node, partners
 from inflight.operator.adapter_source import Adapter, check_adapter_mounts, parse_adapters, with_lora
+from inflight.operator.host_memory import check_host_memory
 from inflight.operator.model_source import ModelSource, parse_model
 from inflight.operator.pod_runtime import KERNEL_CACHE_ENV, PodRuntime, parse_pod_runtime
 from inflight.operator.pod_settings import (
@@ -79,6 +80,7 @@ class Autoscaling:
     scale_up_stabilization_seconds: float = 0.0
     scale_down_stabilization_seconds: float = 300.0
     interval_seconds: float = 15.0
+    partner: partners.Partner | None = None  # an HPA or KEDA writes the replicas (``partners``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
     _check_metrics_key(parsed)
     _check_cache_sharing(parsed)
     _check_multi_node(parsed)
+    check_host_memory(parsed.engine, parsed.extra_args, parsed.resources.memory)
     if lora_enabled(parsed):
         check_adapter_mounts(parsed.pod.volumes, parsed.pod.volume_mounts)
     return parsed
@@ -329,12 +332,9 @@ def _parse_autoscaling(raw: dict[str, Any]) -> Autoscaling:
         scale_down_stabilization_seconds=_num(raw, "scaleDownStabilizationSeconds",
                                               d.scale_down_stabilization_seconds, p, zero=True),
         interval_seconds=_num(raw, "intervalSeconds", d.interval_seconds, p),
-    )
+        partner=partners.parse(raw.get("partner"), _int(raw, "minReplicas", d.min_replicas, minimum=0, prefix=p)))
     if scaling.min_replicas > scaling.max_replicas:
-        raise ValueError(
-            f"{p}.minReplicas ({scaling.min_replicas}) must not exceed "
-            f"maxReplicas ({scaling.max_replicas})."
-        )
+        raise ValueError(f"{p}.minReplicas ({scaling.min_replicas}) must not exceed maxReplicas ({scaling.max_replicas}).")
     if scaling.target_kv_cache_usage > 1.0:
         raise ValueError(f"{p}.targetKvCacheUsage must be in (0, 1] (got {scaling.target_kv_cache_usage}).")
     return scaling

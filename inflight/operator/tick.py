@@ -23,6 +23,7 @@ from inflight.operator import (
     adapters,
     children,
     lws_status,
+    partners,
     pod_events,
     reconcile,
     refusals,
@@ -159,7 +160,12 @@ async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf
     due = due or scale_to_zero.due_at_zero(spec, deployment)
     if autoscaling and due:
         decision = await reconcile.autoscale(ctx, spec, cr_ref(body), deployment, pods, state, now)
-        deployment.setdefault("spec", {})["replicas"] = decision.desired
+        partners.publish(spec.namespace, spec.name, decision.kv_cache_usage, decision.queue_depth,
+                         decision.ttft_backlog_seconds)  # the signals an HPA or KEDA partner reads
+        if spec.autoscaling.partner is None:  # a partner's replicas stand; the status shows the recommendation
+            deployment.setdefault("spec", {})["replicas"] = decision.desired
+    elif not spec.autoscaling.enabled:
+        partners.unpublish(spec.namespace, spec.name)
     state.replicas = int((deployment.get("spec") or {}).get("replicas") or 0) or state.replicas
     extra = [reconcile.metrics_condition(state)] if autoscaling else []
     group_pods = await lws_status.group_pods(ctx, spec) if spec.nodes > 1 else pods  # workers too

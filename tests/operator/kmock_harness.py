@@ -55,6 +55,7 @@ _RESOURCES = {
     "v1/events": ("Event", True, set()),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
+    "keda.sh/v1alpha1/scaledobjects": ("ScaledObject", True, {"status"}),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
 }

@@ -39,7 +39,8 @@ def test_crd_engine_properties_are_exactly_the_engine_knobs() -> None:
                   "enableChunkedContext", "enablePrefixCaching", "maxModelLen", "dtype",
                   "schedulerPolicy", "maxQueueLen", "tensorParallelSize", "pipelineParallelSize",
                   "enforceEager", "asyncScheduling", "quantization", "speculativeConfig", "maxTokensInPagedKvCache",
-                  "enableLora", "maxLoras", "maxLoraRank", "maxCpuLoras", "kvCacheDtype", "calculateKvScales"}
+                  "enableLora", "maxLoras", "maxLoraRank", "maxCpuLoras", "kvCacheDtype", "calculateKvScales",
+                  "kvOffloadingSize"}
     assert engine_props - {"extraArgs"} == issue_list
 
 

@@ -121,10 +121,14 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "list"]
-# An HPA (or KEDA's) on a child Deployment is reported, not fought.
+# An HPA (or KEDA's) on a child Deployment is reported, not fought; spec.autoscaling.partner
+# kind: hpa renders one (kind: keda, a KEDA ScaledObject).
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["list"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end -}}
 
 {{- define "inflight.rules.ownNamespace" -}}
