@@ -129,6 +129,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "where the real-model tests look for the fetched model package", test_only=True),
     EnvVar("INFLIGHT_TP_REPORT", bool, False, ("tests.runtime.test_tensor_parallel",),
            "print the measured worst-case TP=N vs TP=1 difference", test_only=True),
+    EnvVar("INFLIGHT_LONG_OPERATOR_TESTS", bool, False, ("tests.operator.test_rollout_gate",),
+           "run the five-model rollout-gate emulator scenario (~6 min), left out of make test", test_only=True),
 )
 REGISTRY: dict[str, EnvVar] = {v.name: v for v in VARIABLES}
 # Families of names: INFLIGHT_LIVE_MAX_NUM_SEQUENCES is an INFLIGHT_LIVE_<FIELD>.
