@@ -117,6 +117,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_OPERATOR_PICKER_IMAGE", str, None, (f"{_OP}.spec",),
            "the endpoint picker image when spec.inferencePool.endpointPicker.image is unset (the chart's "
            "pickerImage; unset: the built-in one)"),
+    EnvVar("INFLIGHT_OPERATOR_PICKER_CLUSTER_ROLE", str, None, (f"{_OP}.spec",),
+           "the ClusterRole with the endpoint picker's rights (the chart's <release>-epp): each rendered picker "
+           "gets a ServiceAccount and a RoleBinding to it (unset: no picker RBAC rendered)"),
     EnvVar("INFLIGHT_LIVE_<FIELD>", str, None, (f"{_OP}.engine_args", f"{_OP}.pod_settings"),
            "set by the operator in runtime pods: a live engine field (e.g. INFLIGHT_LIVE_MAX_NUM_SEQUENCES) "
            "the pod template's args refer to; reserved, never set by a user"),
@@ -129,8 +132,6 @@ VARIABLES: tuple[EnvVar, ...] = (
            "where the real-model tests look for the fetched model package", test_only=True),
     EnvVar("INFLIGHT_TP_REPORT", bool, False, ("tests.runtime.test_tensor_parallel",),
            "print the measured worst-case TP=N vs TP=1 difference", test_only=True),
-    EnvVar("INFLIGHT_LONG_OPERATOR_TESTS", bool, False, ("tests.operator.test_rollout_gate",),
-           "run the five-model rollout-gate emulator scenario (~6 min), left out of make test", test_only=True),
 )
 REGISTRY: dict[str, EnvVar] = {v.name: v for v in VARIABLES}
 # Families of names: INFLIGHT_LIVE_MAX_NUM_SEQUENCES is an INFLIGHT_LIVE_<FIELD>.

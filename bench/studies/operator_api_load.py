@@ -1,101 +1,110 @@
-"""API requests per InferenceDeployment per timer tick: the real operator against the kmock emulator.
+"""API requests per InferenceDeployment per timer tick, at steady state, against the kmock emulator.
 
-Creates N InferenceDeployments (half the minimal example, half the autoscaled one, with no pods),
-waits until every one is applied, then counts for a window of ticks every request the operator
-sends (the emulator keeps each; the study's own requests are left out) and the ticks themselves
-(one read of each model's Deployment per tick). Prints requests per CR per tick, by verb and
-resource, and how many of them wrote the status.
+Starts the kmock API server and a real kopf operator in this process (``tests.operator.kmock_harness``),
+creates N InferenceDeployments (the ``minimal`` example, renamed), waits until every one has had its
+first ticks, then counts, over a window, the requests the operator sent (kmock keeps every request;
+the harness's own, made with kmock's client, are left out) and the ticks that ran (the
+``inflight_operator_status_writes_total`` counter counts one per completed tick, written or not).
+Run once with the children read by GETs every tick (``watch_children=False``, the code before
+the watch-fed cache) and once from the cache, side by side in one run, at 10 and 100 CRs.
 
-    python -m bench.studies.operator_api_load --crs 10 100 --tick 1.0 --ticks 10
+    .venv/bin/python -m bench.studies.operator_api_load [--crs 10 100] [--window 8] [--tick 1]
 
-Runs against whatever ``inflight`` is importable, so the same script measures an older tree.
+Prints requests per CR per tick by verb (GET, LIST, WATCH, POST, PATCH, status PATCH) and the
+ratio cache / polling. Long-running watches count once, when opened.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import copy
-import json
+import logging
 import time
+from collections import Counter
 from typing import Any
 
+from inflight.operator.operator_metrics import STATUS_WRITES
 from tests.operator.helpers import EXAMPLES, load_example
-from tests.operator.kmock_harness import CR_PATH, Cluster, api_server, start_operator
+from tests.operator.kmock_harness import Cluster, api_server, start_operator, wait_for
 
 
-def _docs(num_crs: int) -> list[dict[str, Any]]:
-    minimal = load_example(next(p for p in EXAMPLES if p.stem == "minimal"))
-    scaled = load_example(next(p for p in EXAMPLES if p.stem == "autoscaled"))
-    docs = []
-    for i in range(num_crs):
-        doc = copy.deepcopy(minimal if i % 2 == 0 else scaled)
-        doc["metadata"]["name"] = f"model-{i:03d}"
-        docs.append(doc)
-    return docs
+def _ticks() -> float:
+    return sum(STATUS_WRITES.labels(result=r)._value.get() for r in ("written", "unchanged"))
+
+
+def _category(request: Any) -> str:
+    path = str(request.url.path)
+    method = request.method.value
+    if method == "PATCH" and path.endswith("/status") and "inferencedeployments" in path:
+        return "status PATCH"
+    if method == "GET":
+        if request.params.get("watch") in ("true", "1", "True"):
+            return "WATCH"
+        return "GET" if request.name else "LIST"
+    return method
 
 
 def _operator_requests(cluster: Cluster) -> list[Any]:
     return [r for r in list(cluster.api) if "kmock" not in r.headers.get("User-Agent", "")]
 
 
-def _tick_reads(requests: list[Any], names: list[str]) -> int:
-    paths = {f"/apis/apps/v1/namespaces/default/deployments/{n}" for n in names}
-    return sum(1 for r in requests if r.method.value == "GET" and str(r.url.path) in paths)
-
-
-def _label(request: Any) -> str:
-    res = request.resource
-    plural = res.plural if res is not None else str(request.url.path)
-    sub = f"/{request.subresource}" if getattr(request, "subresource", None) else ""
-    return f"{request.method.value} {plural}{sub}"
-
-
-async def measure(num_crs: int, tick_s: float, num_ticks: int) -> dict[str, Any]:
+async def _measure(num_crs: int, tick: float, window: float, watch: bool) -> dict[str, float]:
+    doc = load_example(next(p for p in EXAMPLES if p.stem == "minimal"))
     async with api_server() as cluster:
-        operator = start_operator(cluster, tick_s)
+        operator = start_operator(cluster, tick, watch_children=watch)
         try:
             await asyncio.wait_for(operator.ready.wait(), 30)
-            docs = _docs(num_crs)
-            for doc in docs:
-                await cluster.create(CR_PATH.format(ns="default"), doc)
-            names = [d["metadata"]["name"] for d in docs]
-            deadline = time.monotonic() + 600
-            while True:  # every CR applied (one list per poll: the study must not be the load)
-                crs = (await cluster.get(CR_PATH.format(ns="default")) or {}).get("items") or []
-                applied = sum(1 for c in crs if (c.get("status") or {}).get("observedGeneration") == 1)
-                if applied == len(names):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the operator applied {applied} of {len(names)} CRs within 600 s")
-                await asyncio.sleep(2.0)
-            await asyncio.sleep(3 * tick_s)
-            start = len(_operator_requests(cluster))
-            await asyncio.sleep(num_ticks * tick_s)
-            window = _operator_requests(cluster)[start:]
+            for i in range(num_crs):
+                cr = copy.deepcopy(doc)
+                cr["metadata"]["name"] = f"m{i:03d}"
+                await cluster.create_cr(cr)
+
+            async def all_ticking() -> bool:
+                crs = await cluster.request("GET", "/apis/inflight.dev/v1alpha1/namespaces/default/inferencedeployments")
+                return all("readyReplicas" in (cr.get("status") or {}) for cr in crs["items"]) and \
+                    len(crs["items"]) == num_crs
+
+            await wait_for(all_ticking, timeout=120 + num_crs, what="every CR's first ticks")
+            await asyncio.sleep(3 * tick)  # past the first full checks
+            sent, ticks0, t0 = len(_operator_requests(cluster)), _ticks(), time.monotonic()
+            await asyncio.sleep(window)
+            window_requests = _operator_requests(cluster)[sent:]
+            ticks = _ticks() - ticks0
+            elapsed = time.monotonic() - t0
         finally:
             await operator.shutdown()
-    ticks = _tick_reads(window, names)
-    by_kind = collections.Counter(_label(r) for r in window)
-    per = {k: round(v / max(ticks, 1), 3) for k, v in sorted(by_kind.items())}
-    status_writes = by_kind.get("PATCH inferencedeployments/status", 0)
-    return {
-        "crs": num_crs, "tick_s": tick_s, "ticks": ticks, "requests": len(window),
-        "requests_per_cr_per_tick": round(len(window) / max(ticks, 1), 3),
-        "status_writes_per_cr_per_tick": round(status_writes / max(ticks, 1), 3),
-        "by_request_per_cr_per_tick": per,
-    }
+    counts = Counter(_category(r) for r in window_requests)
+    out = {k: v / max(ticks, 1) for k, v in counts.items()}
+    out["all"] = len(window_requests) / max(ticks, 1)
+    out["ticks/s"] = ticks / elapsed
+    out["requests/s"] = len(window_requests) / elapsed
+    return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--crs", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--tick", type=float, default=1.0, help="the operator's tick, seconds")
-    parser.add_argument("--ticks", type=int, default=10, help="ticks in the measured window")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds counted at steady state")
+    parser.add_argument("--tick", type=float, default=1.0, help="the timer's interval (seconds)")
+    parser.add_argument("--modes", nargs="+", choices=["polling", "watch"], default=["polling", "watch"])
     args = parser.parse_args()
-    for num_crs in args.crs:
-        print(json.dumps(asyncio.run(measure(num_crs, args.tick, args.ticks))), flush=True)
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("kopf").setLevel(logging.ERROR)
+    cols = ["all", "GET", "LIST", "WATCH", "POST", "PATCH", "status PATCH"]
+    print(f"API requests per CR per tick (tick {args.tick:g} s, window {args.window:g} s)")
+    print(f"{'CRs':>4} {'mode':>8} " + " ".join(f"{c:>12}" for c in cols) + f" {'requests/s':>11} {'ticks/s':>8}")
+    for num in args.crs:
+        rows = {}
+        for watch in [m == "watch" for m in args.modes]:
+            rows[watch] = asyncio.run(_measure(num, args.tick, args.window, watch))
+            row = rows[watch]
+            print(f"{num:>4} {'watch' if watch else 'polling':>8} " + " ".join(f"{row.get(c, 0.0):>12.3f}" for c in cols)
+                  + f" {row['requests/s']:>11.1f} {row['ticks/s']:>8.1f}")
+        if len(rows) < 2:
+            continue
+        ratio = rows[True]["all"] / rows[False]["all"] if rows[False]["all"] else float("nan")
+        print(f"{num:>4} {'ratio':>8} {ratio:>12.3f}  (requests per CR per tick, watch / polling)")
 
 
 if __name__ == "__main__":

@@ -134,3 +134,23 @@ def fingerprint(live: dict[str, Any] | None) -> str:
 def record_of(live: dict[str, Any] | None) -> str | None:
     """The last-applied record's text on ``live`` (None when it has none)."""
     return (((live or {}).get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+
+
+def is_drifted(live: dict[str, Any] | None, patch: dict[str, Any], key: str, written: dict[str, str],
+               pending: bool = False) -> bool:
+    """Whether ``live`` needs ``patch`` applied again. ``written``: fingerprints after the
+    operator's own writes (set here when a child is first seen unchanged); ``pending``: a newer
+    spec was refused part-way, so a child the operator wrote from it is left alone (re-applying
+    the older spec there would flip it back and forth with every retry)."""
+    if live is None:
+        return True
+    now = fingerprint(live)
+    known = written.get(key)
+    if record_of(live) != record(patch):  # rendered otherwise now, or edited away
+        return not (pending and known == now)
+    if known is None:  # first look since the operator started: compare by content once
+        if drifted(live, without_nulls(patch)):
+            return True
+        written[key] = now
+        return False
+    return now != known

@@ -6,7 +6,8 @@ fields the operator owns no longer hash to what the API server stored at the ope
 write (``applied.fingerprint``: a mutating webhook's additions at that write are part of it, so
 they cause no re-apply loop; a hand edit later is a change). Every tick reads the Deployment
 (its status feeds the CR's); every ``config.full_check_every_ticks``-th tick reads the other
-children too, re-creates a deleted admin Secret (by a create, answered 409 when it exists: the
+children too (all of them from the watch-fed caches, ``ctx.cache``: no API request unless a
+cache cannot serve), re-creates a deleted admin Secret (by a create, answered 409 when it exists: the
 operator may not read Secrets outside its own namespace) or model-cache PVC, and lists the
 namespace's HorizontalPodAutoscalers for one that targets the Deployment (an HPA of one's own, or
 KEDA's, which acts through one). Knows nothing about kopf or the status.
@@ -18,7 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.operator import applied, partners, reconcile, render, rollout_gate
+from inflight.operator import partners, reconcile, render, rollout_gate
+from inflight.operator.applied import is_drifted
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import DEPLOYMENTS, HPAS, LEADER_WORKER_SETS, PVCS, SECRETS, KubeError
 from inflight.operator.spec import InferenceSpec
@@ -39,26 +41,6 @@ class ChildCheck:
     rollout_waiting: bool = False  # an operator-caused template change waits at the rollout gate
 
 
-def is_drifted(live: dict[str, Any] | None, patch: dict[str, Any], key: str, written: dict[str, str],
-               pending: bool = False) -> bool:
-    """Whether ``live`` needs ``patch`` applied again. ``written``: fingerprints after the
-    operator's own writes (set here when a child is first seen unchanged); ``pending``: a newer
-    spec was refused part-way, so a child the operator wrote from it is left alone (re-applying
-    the older spec there would flip it back and forth with every retry)."""
-    if live is None:
-        return True
-    now = applied.fingerprint(live)
-    known = written.get(key)
-    if applied.record_of(live) != applied.record(patch):  # rendered otherwise now, or edited away
-        return not (pending and known == now)
-    if known is None:  # first look since the operator started: compare by content once
-        if applied.drifted(live, applied.without_nulls(patch)):
-            return True
-        written[key] = now
-        return False
-    return now != known
-
-
 async def check(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
     full: bool, leave_replicas: bool, pending: bool = False, generation: int | None = None,
@@ -74,7 +56,7 @@ async def check(
         is_main = kind in (DEPLOYMENTS, LEADER_WORKER_SETS) and name == spec.name  # the workload
         if not (full or is_main):
             continue
-        live = await ctx.kube.get(kind, spec.namespace, name)
+        live = await ctx.cache.get(kind, spec.namespace, name)
         if is_main:
             out.deployment = live
             if kind == DEPLOYMENTS and (
@@ -104,7 +86,8 @@ async def ensure_created(ctx: OperatorContext, spec: InferenceSpec, owner: rende
     except KubeError as exc:
         if exc.status != 409:
             raise
-    if (pvc := render.render_cache_pvc(spec, owner)) is not None:
+    if (pvc := render.render_cache_pvc(spec, owner)) is not None and \
+            await ctx.cache.get(PVCS, spec.namespace, pvc["metadata"]["name"]) is None:
         if await ctx.kube.create_if_missing(PVCS, spec.namespace, pvc):
             created.append(f"PersistentVolumeClaim/{pvc['metadata']['name']}")
     return created
@@ -115,7 +98,7 @@ async def foreign_autoscalers(ctx: OperatorContext, spec: InferenceSpec) -> tupl
     partner's (``spec.autoscaling.partner``: the one it renders, or KEDA's from its ScaledObject)."""
     found = []
     partner = partners.hpa_name(spec.name, spec.autoscaling.partner) if spec.autoscaling.enabled else None
-    for hpa in await ctx.kube.list(HPAS, spec.namespace, {}):
+    for hpa in await ctx.cache.list(HPAS, spec.namespace, {}):
         target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
         if target.get("kind") in ("Deployment", "LeaderWorkerSet") and target.get("name") == spec.name and \
                 hpa["metadata"]["name"] != partner:

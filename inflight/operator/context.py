@@ -2,7 +2,8 @@
 
 Owns ``OperatorConfig`` (read from ``INFLIGHT_OPERATOR_*`` env vars, validated) and
 ``OperatorContext``, the one holder of the operator's clients: the Kubernetes client and the
-HTTP session used to reach pods. Per-resource state (autoscaler history, which pods already
+HTTP session used to reach pods, and the watch-fed caches the timer reads children from
+(``informer``). Per-resource state (autoscaler history, which pods already
 got the live config) lives in kopf's per-object memo, not here. Knows no handler logic.
 """
 
@@ -20,6 +21,7 @@ import kopf
 
 from inflight import env_vars
 from inflight.operator import admin_keys, rollout_gate
+from inflight.operator.informer import Informers
 from inflight.operator.kube import KubeClient
 
 LoginFn = Callable[[], "kopf.ConnectionInfo | None"]
@@ -53,6 +55,9 @@ class OperatorConfig:
     # new root key) roll at most this many models at a time; "manual": each waits for the CR
     # annotation inflight.dev/rollout=approved; "unlimited": no gate (``rollout_gate``).
     max_concurrent_rollouts: int | str = 1
+    # Read the children from watch-fed caches (``informer``: one list+watch per kind per namespace)
+    # instead of a GET per child per tick; off only to measure the difference (bench/studies/operator_api_load.py).
+    watch_children: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_concurrent_rollouts", rollout_gate.parse_limit(self.max_concurrent_rollouts))
@@ -126,6 +131,7 @@ class OperatorContext:
         self._http: aiohttp.ClientSession | None = None
         self._root_key: bytes | None = None
         self.rollout_lock = asyncio.Lock()  # admissions at the rollout gate, one at a time
+        self.informers = Informers(lambda: self.kube) if config.watch_children else None
 
     async def admin_key(self, namespace: str, name: str) -> tuple[str, str]:
         """(the admin key of ``namespace/name``, the root key's id); the root is read (or
@@ -148,7 +154,15 @@ class OperatorContext:
             if self.connection is None:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
             self._kube = KubeClient(self.connection, self.config.api_timeout_seconds)
+            if self.informers is not None:
+                self._kube.observers.append(self.informers.observe)
         return self._kube
+
+    @property
+    def cache(self) -> Informers | KubeClient:
+        """Where the timer reads the children (``get``/``list``): the watch-fed caches, or the API
+        server itself when ``watch_children`` is off."""
+        return self.informers if self.informers is not None else self.kube
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -157,6 +171,8 @@ class OperatorContext:
         return self._http
 
     async def close(self) -> None:
+        if self.informers is not None:
+            await self.informers.close()
         for client in [*self._retired, *([self._kube] if self._kube else [])]:
             await client.close()
         self._retired.clear()

@@ -15,12 +15,12 @@ from inflight.operator.adapter_source import MAX_ADAPTERS, HfAdapter
 from inflight.operator.model_source import ACCESS_MODES, DEFAULT_HF_PATTERNS, HfSource
 from inflight.operator.pod_runtime import PROBE_KEYS
 from inflight.operator.pod_settings import DEFAULT_GPU_RESOURCE, ROLLOUT_TYPES, DisruptionBudget, Rollout
-from inflight.operator.spec import FAILURE_MODES, InferencePoolSpec
+from inflight.operator.pool_spec import FAILURE_MODES, InferencePoolSpec
 from inflight.runtime.config_checks import MAX_KV_OFFLOADING_GIB
 
 PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 INT_OR_STRING = {"x-kubernetes-int-or-string": True}
-# CEL bounds of the float engine fields that are not fractions in (0, 1] (crd._engine_property)
+# CEL bounds of the float engine fields that are not fractions in (0, 1] (crd_engine._engine_property)
 NUMBER_RULES = {"kv_offloading_size": {"rule": f"self > 0.0 && self <= {float(MAX_KV_OFFLOADING_GIB)}",
                                        "message": f"must be GiB of host memory in (0, {MAX_KV_OFFLOADING_GIB}]"}}
 
@@ -188,7 +188,11 @@ def inference_pool_schema() -> dict[str, Any]:
                              "description": "The picker's gRPC (ext-proc) port."},
                     "failureMode": _str("What the Gateway does when the picker does not answer.",
                                         default=d.failure_mode, enum=list(FAILURE_MODES)),
-                    "serviceAccountName": _str("ServiceAccount of the picker (needs the RBAC in docs/kubernetes.md)."),
+                    "serviceAccountName": _str("ServiceAccount of the picker. Unset: <name>-epp, rendered with a "
+                                               "RoleBinding to the chart's picker ClusterRole (docs/kubernetes.md)."),
+                    "replicas": {"type": "integer", "minimum": 1, "maximum": 5, "default": d.picker_replicas,
+                                 "description": "Picker replicas; > 1 runs its leader election (one serves, the "
+                                                "others stand by and take over)."},
                 },
             },
         },

@@ -46,7 +46,7 @@ from inflight.operator import (
 )
 from inflight.operator.context import OperatorConfig, OperatorContext, default_login
 from inflight.operator.crd import PLURAL
-from inflight.operator.operator_metrics import MANAGED, RECONCILES, REFUSALS, TICK_ERRORS
+from inflight.operator.operator_metrics import MANAGED, RECONCILES, REFUSALS, TICK_ERRORS, TICKS
 from inflight.operator.reconcile import ResourceState
 from inflight.operator.refusals import Refusal
 from inflight.operator.spec import parse_spec
@@ -224,6 +224,7 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
 
 async def on_tick(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
     """Status from the Deployment, drift repair, live config, and an autoscaling round when due."""
+    TICKS.inc()
     try:
         await tick.run(body, memo.ctx, _state(memo), patch, logger)
     except Exception:

@@ -6,7 +6,9 @@ Owns: which client API serves each kind the operator touches (``kubernetes.aio``
 authentication from a ``kopf.ConnectionInfo`` (the credentials kopf logged in with: its
 Authorization header, CA and client certificate, the latter two written to private temp
 files because the client reads them from paths), get/list/create/patch/delete,
-create-or-patch (a 409 on create is not an error: the object is merge-patched), and Events. The client's typed methods build every request (paths, query parameters, content
+create-or-patch (a 409 on create is not an error: the object is merge-patched), Events, and
+watches (a list's resourceVersion, then the event stream, on a connection pool of their own; the
+caches they feed are ``informer``'s, told of every write the operator makes through ``observers``). The client's typed methods build every request (paths, query parameters, content
 types, auth); bodies are sent as the JSON dicts they are and answers are read as JSON dicts
 (camelCase, as the API server writes them), so the rest of the operator works on JSON-shaped
 values and no field newer than the client is lost. For that the typed methods are called
@@ -33,6 +35,7 @@ import datetime
 import json
 import os
 import tempfile
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +81,9 @@ PVCS = Kind("v1", "persistentvolumeclaims", "PersistentVolumeClaim", "CoreV1Api"
 EVENTS = Kind("v1", "events", "Event", "CoreV1Api", "namespaced_event")
 LEASES = Kind("coordination.k8s.io/v1", "leases", "Lease", "CoordinationV1Api", "namespaced_lease")
 SCALED_OBJECTS = Kind("keda.sh/v1alpha1", "scaledobjects", "ScaledObject")  # autoscaling.partner keda
+SERVICE_ACCOUNTS = Kind("v1", "serviceaccounts", "ServiceAccount", "CoreV1Api", "namespaced_service_account")
+ROLE_BINDINGS = Kind("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", "RbacAuthorizationV1Api",
+                     "namespaced_role_binding")  # the endpoint picker's, to the chart's ClusterRole
 HPAS = Kind("autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", "AutoscalingV2Api",
             "namespaced_horizontal_pod_autoscaler")
 
@@ -147,9 +153,16 @@ class KubeClient:
         self._api.user_agent = "inflight-operator"
         self._timeout = timeout_s
         self._apis: dict[str, Any] = {}
+        self._conn = conn
+        self._watch_api: client.ApiClient | None = None  # watches hold a connection each: a pool of their own
+        # Called after every successful write with (kind, namespace, name, the answer; None: deleted):
+        # the watch-fed caches (``informer``) see the operator's own writes before their watch does.
+        self.observers: list[Callable[[Kind, str, str, dict[str, Any] | None], None]] = []
 
     async def close(self) -> None:
         await self._api.close()
+        if self._watch_api is not None:
+            await self._watch_api.close()
         self._tmp.cleanup()
 
     def _method(self, verb: str, kind: Kind) -> tuple[Any, Any]:
@@ -195,7 +208,63 @@ class KubeClient:
             raise KubeError(0, verb, what, f"{type(exc).__name__}: {exc}"[:500], "ConnectionError") from exc
         if resp.status >= 400:
             raise _error_from_answer(resp.status, verb, what, raw)
-        return json.loads(raw) if raw else {}
+        answer = json.loads(raw) if raw else {}
+        if verb in ("create", "patch", "patch_status", "delete") and namespace is not None:
+            obj = None if verb == "delete" else answer
+            obj_name = name or ((answer.get("metadata") or {}).get("name") or "")
+            for observe in self.observers:
+                observe(kind, namespace, obj_name, obj)
+        return answer
+
+    async def list_versioned(self, kind: Kind, namespace: str, selector: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object matching ``selector`` (a label selector string) and the list's resourceVersion."""
+        data = await self._call("list", kind, namespace, label_selector=selector or None)
+        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch(self, kind: Kind, namespace: str, selector: str, resource_version: str,
+                    timeout_s: int) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (``{"type", "object"}``) from ``resource_version`` until the server ends
+        the stream (after ``timeout_s``); an ``ERROR`` event (e.g. 410: the version expired) is raised
+        as a KubeError."""
+        if self._watch_api is None:
+            config = _configuration(self._conn, self._tmp.name)
+            config.connection_pool_maxsize = 0  # no limit: one long-lived connection per watch
+            self._watch_api = client.ApiClient(config)
+            for header, value in self._conn.as_http_headers().items():
+                self._watch_api.set_default_header(header, value)
+            self._watch_api.user_agent = "inflight-operator"
+        api = getattr(client, kind.api)(self._watch_api)
+        what = f"{kind.plural}/{namespace}/ (watch)"
+        if kind.method:
+            method = getattr(type(api), f"list_{kind.method}_without_preload_content").raw_function
+            args: list[Any] = [namespace]
+        else:
+            method = type(api).list_namespaced_custom_object_without_preload_content.raw_function
+            args = [kind.group, kind.version, namespace, kind.plural]
+        timeout = aiohttp.ClientTimeout(total=timeout_s + 30, sock_connect=max(self._timeout, 10.0))
+        try:
+            resp = await method(api, *args, watch=True, label_selector=selector or None,
+                                resource_version=resource_version or None, allow_watch_bookmarks=True,
+                                timeout_seconds=timeout_s, _request_timeout=timeout)
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, "watch", what, str(exc.reason or exc)[:500]) from None
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise KubeError(0, "watch", what, f"{type(exc).__name__}: {exc}"[:500], "ConnectionError") from exc
+        async with resp:
+            if resp.status >= 400:
+                raise _error_from_answer(resp.status, "watch", what, await resp.read())
+            try:
+                while line := await resp.content.readline():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise KubeError(int(status.get("code") or 0), "watch", what,
+                                        str(status.get("message") or ""), str(status.get("reason") or ""))
+                    yield event
+            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                raise KubeError(0, "watch", what, f"{type(exc).__name__}: {exc}"[:500], "ConnectionError") from exc
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -241,14 +310,23 @@ class KubeClient:
         return True
 
     async def apply(
-        self, kind: Kind, namespace: str, body: dict[str, Any], patch_body: dict[str, Any] | None = None
+        self, kind: Kind, namespace: str, body: dict[str, Any], patch_body: dict[str, Any] | None = None,
+        existing: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create, or merge-patch what exists with ``patch_body`` (default: ``body``) plus the
-        deletion of every key the last apply set and this one does not (``applied``)."""
+        deletion of every key the last apply set and this one does not (``applied``).
+        ``existing``: the object as a watch-fed cache holds it, patched at once (no create first)."""
         patch = patch_body if patch_body is not None else body
         created = copy.deepcopy(body)
         created["metadata"].setdefault("annotations", {})[applied.ANNOTATION] = applied.record(patch)
         name = body["metadata"]["name"]
+        if existing is not None:
+            try:
+                return await self.patch(
+                    kind, namespace, name, applied.with_deletions(patch, applied.last_applied(existing)))
+            except KubeError as exc:
+                if exc.status != 404:  # gone since the cache saw it: created below
+                    raise
         for _ in range(3):  # an object deleted between our create and our patch is created again
             try:
                 return await self.create(kind, namespace, created)

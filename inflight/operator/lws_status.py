@@ -79,4 +79,4 @@ def groups_condition(spec: InferenceSpec, groups: int, pods: list[dict[str, Any]
 
 async def group_pods(ctx: OperatorContext, spec: InferenceSpec) -> list[dict[str, Any]]:
     """Every pod of every group (leaders and workers): a worker's failure is the group's."""
-    return await ctx.kube.list(PODS, spec.namespace, render.selector_labels(spec.name))
+    return await ctx.cache.list(PODS, spec.namespace, render.selector_labels(spec.name))

@@ -30,6 +30,8 @@ SCRAPE_FAILURES = Counter(
 DECISIONS = Counter(
     "inflight_operator_scaling_decisions", "Autoscaling decisions, by reason (ScaleUpQueue, ScaleDown, "
     "Steady, NoMetrics, ...).", ["reason"], registry=REGISTRY)
+TICKS = Counter(
+    "inflight_operator_ticks", "Timer rounds started (one per InferenceDeployment per tick).", registry=REGISTRY)
 TICK_ERRORS = Counter(
     "inflight_operator_tick_errors", "Timer rounds that raised (kopf retries them).", registry=REGISTRY)
 STATUS_WRITES = Counter(

@@ -27,33 +27,40 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     # Children carry blockOwnerDeletion owner references: with OwnerReferencesPermissionEnforcement
     # (OpenShift, hardened clusters) creating them needs update on the owner's finalizers.
     Permission("inflight.dev", "inferencedeployments/finalizers", ("update",)),
-    # Children, owned by the custom resource (create; get and patch on 409 and to repair
-    # drift each tick; delete on delete).
-    Permission("apps", "deployments", ("get", "create", "patch", "delete")),
-    Permission("", "services", ("get", "create", "patch", "delete")),
-    Permission("policy", "poddisruptionbudgets", ("get", "create", "patch", "delete")),
-    Permission("", "configmaps", ("get", "create", "patch", "delete")),
-    # Pods are listed to scrape /metrics, push live config and read the model download's state.
-    Permission("", "pods", ("list",)),
+    # Children, owned by the custom resource (create; get and patch on 409; list and watch: the
+    # caches the timer reads them from, ``informer``; patch to repair drift; delete on delete).
+    Permission("apps", "deployments", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission("", "services", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission("policy", "poddisruptionbudgets", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
+    # Pods are watched to scrape /metrics, push live config and read the model download's state.
+    Permission("", "pods", ("list", "watch")),
     # spec.adapters: the readiness gate inflight.dev/adapters-loaded, set once a pod has every adapter.
     Permission("", "pods/status", ("patch",)),
     # The admin Secret (<name>-admin) is written with a derived key (admin_keys) and deleted
     # with its owner; never read: no Secret outside the operator's namespace is readable.
     Permission("", "secrets", ("create", "delete")),
     # The model-cache PVC (<name>-model-cache, spec.model.cache.size) is created once.
-    Permission("", "persistentvolumeclaims", ("get", "create", "delete")),
+    Permission("", "persistentvolumeclaims", ("get", "list", "watch", "create", "delete")),
     # spec.inferencePool: the InferencePool (the picker's Deployment/Service are covered above).
-    Permission("inference.networking.k8s.io", "inferencepools", ("get", "create", "patch", "delete")),
+    Permission("inference.networking.k8s.io", "inferencepools", ("get", "list", "watch", "create", "patch", "delete")),
+    # The endpoint picker's ServiceAccount and its RoleBinding to the chart's picker ClusterRole (the
+    # chart grants ``bind`` on that ClusterRole alone, so the operator hands out no right it lacks).
+    Permission("", "serviceaccounts", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "list", "watch", "create", "patch", "delete")),
+    # Checked by the API server when that RoleBinding is created (the chart limits it to resourceNames
+    # [<release>-epp]); the operator sends no request of its own for it.
+    Permission("rbac.authorization.k8s.io", "clusterroles", ("bind",)),
     # spec.nodes > 1: the LeaderWorkerSet that runs the groups (its replicas are the autoscaler's).
-    Permission("leaderworkerset.x-k8s.io", "leaderworkersets", ("get", "create", "patch", "delete")),
+    Permission("leaderworkerset.x-k8s.io", "leaderworkersets", ("get", "list", "watch", "create", "patch", "delete")),
     # Scaling decisions, refusals and foreign autoscalers are posted as Events by the operator
     # itself (kopf posts none for a failed handler or timer).
     # Listed (in a namespace) only while a pod is stuck creating: why its volumes do not attach.
     Permission("", "events", ("create", "list")),
     # A HorizontalPodAutoscaler (or KEDA's) targeting a child Deployment is reported, not fought;
     # spec.autoscaling.partner renders one (kind: hpa) or a KEDA ScaledObject (kind: keda).
-    Permission("autoscaling", "horizontalpodautoscalers", ("get", "list", "create", "patch", "delete")),
-    Permission("keda.sh", "scaledobjects", ("get", "create", "patch", "delete")),
+    Permission("autoscaling", "horizontalpodautoscalers", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission("keda.sh", "scaledobjects", ("get", "list", "watch", "create", "patch", "delete")),
     # kopf's cluster observation (resource discovery; namespaces only in namespaced mode).
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     Permission("", "namespaces", ("list", "watch")),

@@ -1,4 +1,4 @@
-"""The steps handlers run: apply children, push live config, one autoscaling round.
+"""The steps handlers run: apply children and push live config (one autoscaling round: ``autoscale_round``).
 
 Owns the order of operations and the per-resource state between timer ticks
 (``ResourceState``). Every Kubernetes call goes through ``KubeClient``, every pod call
@@ -16,21 +16,18 @@ from typing import Any
 
 from inflight.operator import (
     applied,
-    autoscaler,
     engine_args,
     lws_status,
     metrics_scrape,
-    operator_metrics,
     refusals,
     render,
     render_lws,
     render_partners,
     rollout_gate,
-    scale_to_zero,
     status,
 )
 from inflight.operator.adapters import AdapterState
-from inflight.operator.autoscaler import Decision, Observations, Policy, Recommendation
+from inflight.operator.autoscaler import Recommendation
 from inflight.operator.context import OperatorContext
 from inflight.operator.kube import (
     CONFIGMAPS,
@@ -40,7 +37,9 @@ from inflight.operator.kube import (
     PDBS,
     PODS,
     PVCS,
+    ROLE_BINDINGS,
     SECRETS,
+    SERVICE_ACCOUNTS,
     SERVICES,
     Kind,
     KubeError,
@@ -103,7 +102,8 @@ async def apply_children(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str] | None = None,
     replicas: int | None = None, leave_replicas: bool = False, hold: rollout_gate.Hold | None = None,
 ) -> None:
-    """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent); create the
+    """Create or merge-patch the ConfigMap, Deployment, Service and PDB (idempotent; a child the
+    watch-fed cache holds as rendered is not written at all); create the
     admin Secret (replaced when the pods' key id is not the root key's: an older scheme or a
     new root) and the model-cache PVC only when missing (never resized). A created Deployment
     gets ``replicas`` (the autoscaler's count) when given; ``leave_replicas``: never patch them
@@ -133,7 +133,7 @@ async def _apply_admin_secret(ctx: OperatorContext, spec: InferenceSpec, owner: 
     cannot read Secrets outside its namespace, so the Deployment's annotation is the record."""
     kube, ns = ctx.kube, spec.namespace
     admin = render.render_admin_secret(spec, owner, key)
-    live = await kube.get(lws_status.workload_kind(spec), ns, spec.name)
+    live = await ctx.cache.get(lws_status.workload_kind(spec), ns, spec.name)
     if live is not None and replace:  # not while the rollout gate holds the template (and its key id)
         template = lws_status.pod_template(live).get("metadata") or {}
         if (template.get("annotations") or {}).get(render.ADMIN_KEY_ID_ANNOTATION) != owner.admin_key_id:
@@ -159,8 +159,12 @@ async def _apply_children(
         await kube.create_if_missing(PVCS, ns, pvc)
     children = rendered_children(spec, owner, replicas, leave_replicas, hold)
     for kind, body, patch in children:
+        key = f"{body['kind']}/{body['metadata']['name']}"
+        live = await ctx.informers.get(kind, ns, body["metadata"]["name"]) if ctx.informers is not None else None
+        if live is not None and not applied.is_drifted(live, patch, key, written):
+            continue  # the cache holds it as rendered: nothing to write
         try:
-            stored = await kube.apply(kind, ns, body, patch)
+            stored = await kube.apply(kind, ns, body, patch, live)
         except KubeError as exc:
             if exc.status == 404 and body["kind"] == "InferencePool":
                 raise SpecRejected(exc, True, (
@@ -170,12 +174,12 @@ async def _apply_children(
             if exc.status == 404 and body["kind"] == "LeaderWorkerSet":  # retried: it may be installed later
                 raise SpecRejected(exc, False, lws_status.missing_hint(spec), lws_status.MISSING_REASON) from exc
             raise
-        written[f"{body['kind']}/{body['metadata']['name']}"] = applied.fingerprint(stored)
+        written[key] = applied.fingerprint(stored)
     wanted = {(body["kind"], body["metadata"]["name"]) for _, body, _ in children}
-    if spec.nodes > 1 and await kube.get(DEPLOYMENTS, ns, spec.name) is not None:  # the LWS replaced it
+    if spec.nodes > 1 and await ctx.cache.get(DEPLOYMENTS, ns, spec.name) is not None:  # the LWS replaced it
         await kube.delete(DEPLOYMENTS, ns, spec.name)
     for kind, obj_name in pool_children(spec.name):  # turned off, or an existing picker named now
-        if (kind.kind, obj_name) not in wanted and await kube.get(kind, ns, obj_name) is not None:
+        if (kind.kind, obj_name) not in wanted and await ctx.cache.get(kind, ns, obj_name) is not None:
             await kube.delete(kind, ns, obj_name)
     await render_partners.delete_stale(kube, spec, owner.uid)  # autoscaling.partner off or changed
 
@@ -201,7 +205,8 @@ def rendered_children(
         (SERVICES, svc := render.render_service(spec, owner), svc),
         (PDBS, pdb := render.render_pdb(spec, owner), pdb),
     ]
-    kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES}
+    kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES,
+             "ServiceAccount": SERVICE_ACCOUNTS, "RoleBinding": ROLE_BINDINGS}
     out += [(kinds[obj["kind"]], obj, obj) for obj in render.render_pool_objects(spec, owner)]
     return out + render_partners.rendered(spec, owner)
 
@@ -247,8 +252,10 @@ def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> 
 
 
 def pool_children(name: str) -> list[tuple[Kind, str]]:
-    """What ``inferencePool`` may create: the pool and the picker's Deployment and Service."""
-    return [(INFERENCE_POOLS, name), (DEPLOYMENTS, picker_name(name)), (SERVICES, picker_name(name))]
+    """What ``inferencePool`` may create: the pool and the picker's Deployment, Service,
+    ServiceAccount and RoleBinding."""
+    return [(INFERENCE_POOLS, name), (DEPLOYMENTS, picker_name(name)), (SERVICES, picker_name(name)),
+            (SERVICE_ACCOUNTS, picker_name(name)), (ROLE_BINDINGS, picker_name(name))]
 
 
 async def delete_children(ctx: OperatorContext, name: str, namespace: str, uid: str = "") -> list[str]:
@@ -285,7 +292,7 @@ def live_key(spec: InferenceSpec) -> str:
 
 async def list_pods(ctx: OperatorContext, spec: InferenceSpec) -> list[dict[str, Any]]:
     """The pods that serve HTTP (a multi-node group's leaders only: the workers are headless)."""
-    return await ctx.kube.list(PODS, spec.namespace, render.serving_labels(spec))
+    return await ctx.cache.list(PODS, spec.namespace, render.serving_labels(spec))
 
 
 async def sync_live_config(
@@ -315,86 +322,3 @@ async def sync_live_config(
     for gone in set(state.live_pushed) - live_names:
         del state.live_pushed[gone]
     return errors
-
-
-def policy_of(spec: InferenceSpec) -> Policy:
-    a = spec.autoscaling
-    return Policy(
-        min_replicas=a.min_replicas,
-        max_replicas=a.max_replicas,
-        target_kv_cache_usage=a.target_kv_cache_usage,
-        target_queue_depth=a.target_queue_depth,
-        target_ttft_seconds=a.target_ttft_seconds,
-        scale_up_window_s=a.scale_up_stabilization_seconds,
-        scale_down_window_s=a.scale_down_stabilization_seconds,
-    )
-
-
-async def autoscale(
-    ctx: OperatorContext,
-    spec: InferenceSpec,
-    cr: dict[str, Any],
-    deployment: dict[str, Any],
-    pods: list[dict[str, Any]],
-    state: ResourceState,
-    now: float,
-) -> Decision:
-    """Scrape ready pods, decide, and apply the decision to the Deployment's replicas."""
-    ready = [p for p in pods if metrics_scrape.pod_is_ready(p)]
-    targets = [t for p in ready for t in [metrics_scrape.pod_target(p)] if t is not None]
-    admin_key, _ = await ctx.admin_key(spec.namespace, spec.name)  # /metrics is behind the pods' keys
-    scrapes = await metrics_scrape.scrape_pods(ctx.http, targets, ctx.config.pod_timeout_seconds, admin_key)
-    no_ip = len(ready) - len(targets)
-    metrics = tuple(s.metrics for s in scrapes)
-    metrics += tuple(autoscaler.PodMetrics(f"no-ip-{i}", None, None) for i in range(no_ip))
-    await _track_metrics(ctx, cr, state, [s.error for s in scrapes if s.error])
-    current = int((deployment.get("spec") or {}).get("replicas") or 0)
-    obs = Observations(current_replicas=current, ready=metrics, num_pending=max(0, current - len(ready)))
-    policy = policy_of(spec)
-    decision = autoscaler.decide(obs, policy, state.history, now)
-    if spec.autoscaling.min_replicas == 0:  # the activator's demand decides 0 -> 1 and 1 -> 0
-        decision = await scale_to_zero.with_demand(ctx, spec, decision, current)
-    operator_metrics.DECISIONS.labels(reason=decision.reason).inc()
-    state.history = autoscaler.prune(state.history + (decision.recommendation,), policy, now)
-    state.last_decision_at = now
-    logger.info(
-        "autoscaler %s/%s: %d -> %d (%s: %s)",
-        spec.namespace, spec.name, current, decision.desired, decision.reason, decision.message,
-    )
-    if decision.desired != current and spec.autoscaling.partner is None:  # a partner writes them otherwise
-        await ctx.kube.patch(lws_status.workload_kind(spec), spec.namespace, spec.name,
-                             {"spec": {"replicas": decision.desired}})  # an LWS's replicas are groups
-        state.last_scale_time = now
-        state.replicas = decision.desired
-        await ctx.kube.post_event(
-            cr, "Normal", decision.reason,
-            f"scaled {current} -> {decision.desired}: {decision.message}",
-        )
-    return decision
-
-
-METRICS_FAILURE_ROUNDS = 3  # rounds in a row with an unscraped pod before MetricsUnavailable
-
-
-async def _track_metrics(ctx: OperatorContext, cr: dict[str, Any], state: ResourceState, errors: list[str]) -> None:
-    """Count rounds in a row where a ready pod gave no metrics; post a Warning Event when the
-    count reaches METRICS_FAILURE_ROUNDS (the MetricsUnavailable condition follows it)."""
-    if not errors:
-        state.metrics_failed_rounds, state.metrics_error = 0, ""
-        return
-    operator_metrics.SCRAPE_FAILURES.inc(len(errors))
-    state.metrics_failed_rounds += 1
-    state.metrics_error = f"{len(errors)} pod(s) not scraped, e.g. {errors[0]}"
-    if state.metrics_failed_rounds == METRICS_FAILURE_ROUNDS:
-        await ctx.kube.post_event(
-            cr, "Warning", "MetricsUnavailable",
-            f"{state.metrics_error}; the autoscaler holds or counts them conservatively. The operator "
-            "scrapes the runtime container's port named http: check NetworkPolicies and mesh mTLS.",
-        )
-
-
-def metrics_condition(state: ResourceState) -> status.Condition:
-    if state.metrics_failed_rounds >= METRICS_FAILURE_ROUNDS:
-        return status.Condition("MetricsUnavailable", True, "ScrapeFailed",
-                                f"{state.metrics_failed_rounds} rounds in a row: {state.metrics_error}")
-    return status.Condition("MetricsUnavailable", False, "Scraped", "every ready pod returned metrics")

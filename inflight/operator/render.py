@@ -313,7 +313,8 @@ def render_cache_pvc(spec: InferenceSpec, owner: Owner) -> dict[str, Any] | None
 
 
 def render_pool_objects(spec: InferenceSpec, owner: Owner) -> list[dict[str, Any]]:
-    """InferencePool and, unless an existing picker is named, the picker's Deployment and Service."""
+    """InferencePool and, unless an existing picker is named, the picker's Deployment and Service
+    (and its ServiceAccount and RoleBinding when the installation names the picker's ClusterRole)."""
     if not spec.inference_pool.enabled:
         return []
     objects = [render_pool.render_inference_pool(
@@ -323,7 +324,8 @@ def render_pool_objects(spec: InferenceSpec, owner: Owner) -> list[dict[str, Any
         meta["name"] = render_pool.picker_name(spec.name)
         meta["labels"] = {**render_pool.picker_labels(spec.name), "app.kubernetes.io/managed-by": "inflight-operator"}
         objects += [render_pool.render_picker_deployment(spec, meta),
-                    render_pool.render_picker_service(spec, copy.deepcopy(meta))]
+                    render_pool.render_picker_service(spec, copy.deepcopy(meta)),
+                    *render_pool.render_picker_rbac(spec, copy.deepcopy(meta))]
     return objects
 
 

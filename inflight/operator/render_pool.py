@@ -2,17 +2,26 @@
 runtime pods and the endpoint picker (EPP) it names.
 
 Owns the shapes of ``InferencePool`` (``inference.networking.k8s.io/v1``: ``selector.matchLabels``,
-``targetPorts``, ``endpointPickerRef``) and of the picker's Deployment and Service
-(``<name>-epp``), including how the picker is told our metric names: the EPP's
-``--total-queued-requests-metric``, ``--total-running-requests-metric`` and
-``--kv-cache-usage-percentage-metric`` flags name the runtime's gauges (docs/metrics.md);
-``--lora-info-metric`` and ``--cache-info-metric`` are set empty because the runtime serves no
-LoRA adapters and publishes no cache-config info metric. Knows nothing about I/O.
+``targetPorts``, ``endpointPickerRef``) and of the picker's Deployment, Service and, when the
+installation names the picker's ClusterRole, its ServiceAccount and RoleBinding (``<name>-epp``),
+including how the picker is told our metric names. Two dialects: llm-d's router picker (the
+default image, ``pool_spec.EPP_IMAGE``) refuses the old metric flags and reads them from its
+``EndpointPickerConfig`` (``--config-text``: the core metrics extractor's ``engineConfigs`` with
+an ``inflight`` engine made the default, so the pods need no engine label); GIE's ``epp`` and
+llm-d's older scheduler image take ``--total-queued-requests-metric``,
+``--total-running-requests-metric``, ``--kv-cache-usage-percentage-metric`` and
+``--lora-info-metric`` (``--cache-info-metric`` empty: the runtime publishes no cache-config info
+metric). ``replicas`` > 1 runs the picker's leader election (``--ha-enable-leader-election``):
+only the leader is Ready, so the probes ask the ``liveness``/``readiness`` health services and
+the rollout replaces one pod at a time without waiting for a standby to turn Ready. Knows
+nothing about I/O.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import yaml
 
 from inflight.operator import render_kv_events
 from inflight.operator.spec import InferenceSpec, lora_enabled
@@ -24,6 +33,9 @@ QUEUE_METRIC = "inflight:num_requests_waiting"
 RUNNING_METRIC = "inflight:num_requests_running"
 KV_METRIC = "inflight:kv_cache_usage_perc"
 LORA_METRIC = "vllm:lora_requests_info"  # running/waiting adapters: the picker's adapter affinity
+ROUTER_IMAGE_NAME = "llm-d-router-endpoint-picker"  # llm-d's router picker: metrics from its config only
+ENGINE = "inflight"  # the core metrics extractor's engine name for our pods
+RBAC_API = "rbac.authorization.k8s.io"
 
 
 def picker_name(name: str) -> str:
@@ -55,27 +67,95 @@ def render_inference_pool(spec: InferenceSpec, metadata: dict[str, Any], selecto
     }
 
 
+def router_picker(spec: InferenceSpec) -> bool:
+    """Whether the picker image is llm-d's router picker (metric names in its config, not flags)."""
+    image = spec.inference_pool.picker_image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    return image == ROUTER_IMAGE_NAME
+
+
+def router_config(spec: InferenceSpec) -> dict[str, Any]:
+    """llm-d router's EndpointPickerConfig: its default scorers (queue 2, KV usage 2, prefix 3) over
+    metrics read with our names (an ``inflight`` engine, made the default)."""
+    engine = {"name": ENGINE, "queuedRequestsSpec": QUEUE_METRIC, "runningRequestsSpec": RUNNING_METRIC,
+              "kvUsageSpec": KV_METRIC, "loraSpec": LORA_METRIC if lora_enabled(spec) else "", "cacheInfoSpec": ""}
+    weights = {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0}
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            *({"type": name} for name in weights),
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+            {"type": "core-metrics-extractor", "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine]}},
+        ],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": name, "weight": weight} for name, weight in weights.items()]}],
+        "dataLayer": {"sources": [{"pluginRef": "metrics-data-source",
+                                   "extractors": [{"pluginRef": "core-metrics-extractor"}]}]},
+    }
+
+
 def picker_args(spec: InferenceSpec) -> list[str]:
-    return [
+    pool = spec.inference_pool
+    args = [
         "--pool-name", spec.name,
         "--pool-namespace", spec.namespace,
         "--pool-group", POOL_API_VERSION.split("/")[0],
-        "--grpc-port", str(spec.inference_pool.picker_port),
+        "--grpc-port", str(pool.picker_port),
         "--grpc-health-port", str(EPP_GRPC_HEALTH_PORT),
         "--metrics-port", str(EPP_METRICS_PORT),
-        "--total-queued-requests-metric", QUEUE_METRIC,
-        "--total-running-requests-metric", RUNNING_METRIC,
-        "--kv-cache-usage-percentage-metric", KV_METRIC,
-        "--lora-info-metric", LORA_METRIC if lora_enabled(spec) else "",
-        "--cache-info-metric", "",
-        "--zap-encoder", "json",
-        *render_kv_events.picker_args(spec),  # the precise-prefix scorer, on an llm-d scheduler image
     ]
+    if router_picker(spec):
+        args += ["--config-text", yaml.safe_dump(router_config(spec), sort_keys=False)]
+    else:
+        args += [
+            "--total-queued-requests-metric", QUEUE_METRIC,
+            "--total-running-requests-metric", RUNNING_METRIC,
+            "--kv-cache-usage-percentage-metric", KV_METRIC,
+            "--lora-info-metric", LORA_METRIC if lora_enabled(spec) else "",
+            "--cache-info-metric", "",
+        ]
+    args += ["--zap-encoder", "json"]
+    if pool.picker_replicas > 1:
+        args.append("--ha-enable-leader-election")
+    if not router_picker(spec):
+        args += render_kv_events.picker_args(spec)  # the precise-prefix scorer, on an llm-d scheduler image
+    return args
+
+
+def picker_service_account(spec: InferenceSpec) -> str | None:
+    """The picker pods' ServiceAccount: the spec's, else the one rendered with the RBAC (``<name>-epp``)."""
+    pool = spec.inference_pool
+    if pool.picker_service_account:
+        return pool.picker_service_account
+    return picker_name(spec.name) if pool.picker_cluster_role else None
+
+
+def render_picker_rbac(spec: InferenceSpec, metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    """The picker's ServiceAccount and a RoleBinding in the model's namespace to the ClusterRole the
+    chart ships with the picker's rights (pods, InferencePools, InferenceObjectives, Leases for its
+    leader election, Events); none when the installation names no such ClusterRole or the spec
+    names a ServiceAccount of its own."""
+    pool = spec.inference_pool
+    if not pool.picker_cluster_role or pool.picker_service_account:
+        return []
+    name = picker_name(spec.name)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**metadata, "name": name}}
+    binding = {
+        "apiVersion": f"{RBAC_API}/v1", "kind": "RoleBinding", "metadata": {**metadata, "name": name},
+        "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": pool.picker_cluster_role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}],
+    }
+    return [account, binding]
 
 
 def render_picker_deployment(spec: InferenceSpec, metadata: dict[str, Any]) -> dict[str, Any]:
     pool = spec.inference_pool
-    probe = {"grpc": {"port": EPP_GRPC_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 10}
+    ha = pool.picker_replicas > 1  # only the leader is Ready: liveness and readiness are separate services
+
+    def probe(service: str) -> dict[str, Any]:
+        return {"grpc": {"port": EPP_GRPC_HEALTH_PORT, "service": service if ha else "inference-extension"},
+                "periodSeconds": 10}
+
     pod_spec: dict[str, Any] = {
         "containers": [{
             "name": "epp",
@@ -86,15 +166,15 @@ def render_picker_deployment(spec: InferenceSpec, metadata: dict[str, Any]) -> d
                 {"name": "grpc-health", "containerPort": EPP_GRPC_HEALTH_PORT},
                 {"name": "metrics", "containerPort": EPP_METRICS_PORT},
             ],
-            "livenessProbe": {**probe, "initialDelaySeconds": 5},
-            "readinessProbe": probe,
+            "livenessProbe": {**probe("liveness"), "initialDelaySeconds": 5},
+            "readinessProbe": probe("readiness"),
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                 "runAsNonRoot": True},
         }],
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
-    if pool.picker_service_account:
-        pod_spec["serviceAccountName"] = pool.picker_service_account
+    if (account := picker_service_account(spec)) is not None:
+        pod_spec["serviceAccountName"] = account
     if spec.pod.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.pod.image_pull_secrets]
     labels = picker_labels(spec.name)
@@ -103,9 +183,12 @@ def render_picker_deployment(spec: InferenceSpec, metadata: dict[str, Any]) -> d
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": 1,
+            "replicas": pool.picker_replicas,
             "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            # A new pod only turns Ready once it leads: with standbys, replace one at a time without surging.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": (
+                {"maxUnavailable": 1, "maxSurge": 0} if ha else {"maxUnavailable": 0, "maxSurge": 1})},
         },
     }
 

@@ -28,12 +28,11 @@ from inflight.operator.pod_settings import (
     parse_pod_settings,
     parse_rollout,
 )
+from inflight.operator.pool_spec import EPP_IMAGE, InferencePoolSpec, parse_inference_pool
 from inflight.runtime.config import DRAIN_TIMEOUT_S
 
 RUNTIME_IMAGE = "ghcr.io/inflight-dev/inflight-runtime:0.1.0"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
-FAILURE_MODES = ("FailClose", "FailOpen")
 METRICS_KEY_ENV = "INFLIGHT_METRICS_API_KEY"  # the runtime reads it (inflight.runtime.cli.command)
 
 
@@ -45,14 +44,16 @@ class SpecDefaults:
 
     runtime_image: str = RUNTIME_IMAGE
     picker_image: str = EPP_IMAGE
+    picker_cluster_role: str = ""  # the chart's ClusterRole for pickers ("": no picker RBAC rendered)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SpecDefaults:
-        """From ``INFLIGHT_OPERATOR_RUNTIME_IMAGE`` / ``_PICKER_IMAGE``; an empty or spaced value
-        is refused (``ValueError``) rather than rendered into every pod."""
+        """From ``INFLIGHT_OPERATOR_RUNTIME_IMAGE`` / ``_PICKER_IMAGE`` / ``_PICKER_CLUSTER_ROLE``; an
+        empty or spaced value is refused (``ValueError``) rather than rendered into every pod."""
         values: dict[str, str] = {}
         for name, var in (("runtime_image", "INFLIGHT_OPERATOR_RUNTIME_IMAGE"),
-                          ("picker_image", "INFLIGHT_OPERATOR_PICKER_IMAGE")):
+                          ("picker_image", "INFLIGHT_OPERATOR_PICKER_IMAGE"),
+                          ("picker_cluster_role", "INFLIGHT_OPERATOR_PICKER_CLUSTER_ROLE")):
             raw = env_vars.read_str(var, env)
             if raw is None:
                 continue
@@ -104,19 +105,6 @@ class MetricsKeyRef:
 
     name: str
     key: str = "token"  # the chart's serviceMonitor.authorization.key default
-
-
-@dataclass(frozen=True, slots=True)
-class InferencePoolSpec:
-    """Optional Gateway API Inference Extension wiring: an InferencePool and its endpoint picker."""
-
-    enabled: bool = False
-    create_picker: bool = True  # render the endpoint picker (EPP) Deployment and Service
-    picker_image: str = EPP_IMAGE
-    picker_port: int = 9002
-    failure_mode: str = "FailClose"
-    picker_service_account: str | None = None  # needs the RBAC in docs/kubernetes.md
-    picker_service: str | None = None  # an existing EPP Service (create_picker false)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +186,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
         pod=pod,
         runtime=runtime,
         rollout=parse_rollout(_obj(spec, "rollout")),
-        inference_pool=_parse_inference_pool(_obj(spec, "inferencePool"), defaults.picker_image),
+        inference_pool=parse_inference_pool(_obj(spec, "inferencePool"), defaults.picker_image,
+                                            defaults.picker_cluster_role),
         disruption_budget=parse_disruption_budget(_obj(spec, "disruptionBudget")),
         adapters=adapters,
         nodes=nodes,
@@ -272,35 +261,6 @@ def _with_tensor_parallel(engine: dict[str, Any], gpus: int) -> dict[str, Any]:
 def lora_enabled(spec: InferenceSpec) -> bool:
     """Whether the pods run with ``--enable-lora`` (adapters listed, or ``engine.enableLora``)."""
     return bool(spec.engine.get("enable_lora"))
-
-
-def _parse_inference_pool(raw: dict[str, Any], picker_image: str) -> InferencePoolSpec:
-    p, d = "spec.inferencePool", InferencePoolSpec()
-    enabled = raw.get("enabled", d.enabled)
-    if not isinstance(enabled, bool):
-        raise ValueError(f"{p}.enabled must be true or false (got {enabled!r}).")
-    picker = _obj(raw, "endpointPicker", prefix=p)
-    pp = f"{p}.endpointPicker"
-    create = picker.get("create", d.create_picker)
-    if not isinstance(create, bool):
-        raise ValueError(f"{pp}.create must be true or false (got {create!r}).")
-    mode = _str(picker, "failureMode", d.failure_mode, prefix=pp)
-    if mode not in FAILURE_MODES:
-        raise ValueError(f"{pp}.failureMode must be one of {', '.join(FAILURE_MODES)} (got {mode!r}).")
-    port = _int(picker, "port", d.picker_port, minimum=1, prefix=pp)
-    if port > 65535:
-        raise ValueError(f"{pp}.port must be <= 65535 (got {port}).")
-    service = fields.optional_string(picker, "serviceName", pp)
-    if create and service is not None:
-        raise ValueError(f"{pp}.serviceName names an existing picker; set create: false with it.")
-    if not create and service is None:
-        raise ValueError(f"{pp}.serviceName is required with create: false (the picker's Service).")
-    return InferencePoolSpec(
-        enabled=enabled, create_picker=create, picker_image=_str(picker, "image", picker_image, prefix=pp),
-        picker_port=port, failure_mode=mode,
-        picker_service_account=fields.optional_string(picker, "serviceAccountName", pp),
-        picker_service=service,
-    )
 
 
 def _parse_resources(raw: dict[str, Any]) -> Resources:

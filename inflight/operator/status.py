@@ -23,7 +23,7 @@ from inflight.operator.spec import InferenceSpec
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str  # Ready | Available | Progressing | Degraded | MetricsUnavailable | AutoscalingConflict
-    # | ForeignAutoscaler | AdaptersReady (``adapters``) | GroupsReady (``lws_status``)
+    # | ForeignAutoscaler | AdaptersReady (``adapters``) | GroupsReady (``lws_status``) | PickerReady (``picker_health``)
     status: bool
     reason: str
     message: str

@@ -5,7 +5,8 @@ everything every Nth), repair what drifted (with backoff when the cluster refuse
 push live config, sync the LoRA adapters (``adapters``), one autoscaling round when due
 (paused while a foreign HPA owns the replicas), and the status, written only when it differs
 from what the CR holds (the autoscaler's recommendation times, which move every round, are
-refreshed at most every ``RECOMMENDATIONS_REFRESH_S``). Also owns how a refusal reaches the cluster: the ``Degraded``
+refreshed at most every ``RECOMMENDATIONS_REFRESH_S``; ``PickerReady`` from the picker Deployment,
+``picker_health``). Also owns how a refusal reaches the cluster: the ``Degraded``
 condition the round keeps in place, and one Warning Event per distinct refusal
 (``post_once``). Works from the last spec that applied (``ResourceState.good_spec``), so a
 refused edit freezes nothing. Knows kopf only as the ``patch`` it fills.
@@ -21,9 +22,11 @@ import kopf
 
 from inflight.operator import (
     adapters,
+    autoscale_round,
     children,
     lws_status,
     partners,
+    picker_health,
     pod_events,
     reconcile,
     refusals,
@@ -34,10 +37,11 @@ from inflight.operator import (
     status,
 )
 from inflight.operator.context import OperatorContext
-from inflight.operator.kube import KubeError
+from inflight.operator.kube import DEPLOYMENTS, KubeError
 from inflight.operator.operator_metrics import DRIFT_REPAIRS, STATUS_WRITES
 from inflight.operator.reconcile import ResourceState
 from inflight.operator.refusals import Refusal
+from inflight.operator.render_pool import picker_name
 
 RECOMMENDATIONS_REFRESH_S = 60.0  # a restarted operator may see the windows end this much early
 MAX_EVENT_KEYS = 64
@@ -77,7 +81,7 @@ async def _repair(ctx: OperatorContext, body: Any, spec: Any, owner: render.Owne
     retry); on a refusal, a condition, an Event and a retry after backoff."""
     now = time.monotonic()
     if now < state.repair_after:
-        return await ctx.kube.get(lws_status.workload_kind(spec), spec.namespace, spec.name)
+        return await ctx.cache.get(lws_status.workload_kind(spec), spec.namespace, spec.name)
     if drifted:
         logger.info("repairing %s (gone or edited by hand)", ", ".join(drifted))
     try:
@@ -101,7 +105,7 @@ async def _repair(ctx: OperatorContext, body: Any, spec: Any, owner: render.Owne
         state.repair_after, state.repair_failures = 0.0, 0
         if state.refusal is not None and state.refusal.during == "repair":
             state.refusal = None
-    return await ctx.kube.get(lws_status.workload_kind(spec), spec.namespace, spec.name)  # as repaired
+    return await ctx.cache.get(lws_status.workload_kind(spec), spec.namespace, spec.name)  # as repaired
 
 
 async def _note_foreign(ctx: OperatorContext, body: Any, state: ResourceState, found: tuple[str, ...],
@@ -159,7 +163,7 @@ async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf
     due = state.last_decision_at is None or now - state.last_decision_at >= spec.autoscaling.interval_seconds
     due = due or scale_to_zero.due_at_zero(spec, deployment)
     if autoscaling and due:
-        decision = await reconcile.autoscale(ctx, spec, cr_ref(body), deployment, pods, state, now)
+        decision = await autoscale_round.autoscale(ctx, spec, cr_ref(body), deployment, pods, state, now)
         partners.publish(spec.namespace, spec.name, decision.kv_cache_usage, decision.queue_depth,
                          decision.ttft_backlog_seconds)  # the signals an HPA or KEDA partner reads
         if spec.autoscaling.partner is None:  # a partner's replicas stand; the status shows the recommendation
@@ -167,7 +171,7 @@ async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf
     elif not spec.autoscaling.enabled:
         partners.unpublish(spec.namespace, spec.name)
     state.replicas = int((deployment.get("spec") or {}).get("replicas") or 0) or state.replicas
-    extra = [reconcile.metrics_condition(state)] if autoscaling else []
+    extra = [autoscale_round.metrics_condition(state)] if autoscaling else []
     group_pods = await lws_status.group_pods(ctx, spec) if spec.nodes > 1 else pods  # workers too
     if state.refusal is not None:  # the refusal stays in Degraded until it clears
         extra.append(state.refusal.condition())
@@ -180,6 +184,7 @@ async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf
             spec, int((deployment.get("spec") or {}).get("replicas") or 0), group_pods, state.ready_groups)
         extra.append(groups)
     extra += rollout_conditions(body, _waiting(state.rollout, ctx) if found.rollout_waiting else None)
+    extra += await _picker_conditions(ctx, spec, body)
     if lora is not None:
         extra.append(lora[1])
     new_status = status.observed_status(deployment, decision, conditions_of(body), meta.get("generation"), now, extra)
@@ -199,6 +204,18 @@ async def run(body: Any, ctx: OperatorContext, state: ResourceState, patch: kopf
         patch.status.update(new_status)
     else:
         STATUS_WRITES.labels(result="unchanged").inc()
+
+
+async def _picker_conditions(ctx: OperatorContext, spec: Any, body: Any) -> list[status.Condition]:
+    """``PickerReady`` (and ``Ready=False`` while a FailClose pool has no picker); False with
+    ``NoPicker`` once the operator stops rendering one it reported on."""
+    if not picker_health.watched(spec):
+        if any(c.get("type") == picker_health.CONDITION for c in conditions_of(body)):
+            return [status.Condition(picker_health.CONDITION, False, "NoPicker", "the operator renders no picker")]
+        return []
+    picker = picker_health.condition(spec, await ctx.cache.get(DEPLOYMENTS, spec.namespace, picker_name(spec.name)))
+    override = picker_health.ready_override(spec, picker)
+    return [picker] if override is None else [picker, override]
 
 
 def rollout_conditions(body: Any, gate: rollout_gate.Gate | None) -> list[status.Condition]:

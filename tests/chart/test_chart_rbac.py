@@ -74,7 +74,7 @@ def test_no_wildcards(objects, case: str) -> None:
 def test_cluster_mode_grants_exactly_the_required_permissions(objects, case: str) -> None:
     objs = objects(case)
     assert _watch_roles(objs) == []
-    granted = _granted(one(objs, "ClusterRole"))
+    granted = _granted(_operator_cluster_role(objs))
     required = _required()
     assert granted == required, _diff(granted, required)
 
@@ -89,11 +89,11 @@ def test_namespaced_mode_grants_namespaced_permissions_in_one_namespace(objects,
     assert _granted(role) == namespaced, _diff(_granted(role), namespaced)
 
     cluster_scoped = {t for t in required if _is_cluster_scoped(t)}
-    cluster_roles = by_kind(objs, "ClusterRole")
+    cluster_roles = [r for r in by_kind(objs, "ClusterRole") if not _is_picker_role(r)]
     if not cluster_scoped:
         assert cluster_roles == []
         return
-    granted = _granted(one(objs, "ClusterRole"))
+    granted = _granted(_operator_cluster_role(objs))
     # Only cluster-scoped resources cluster-wide: the namespaced ones stay in the Role.
     assert granted == cluster_scoped, _diff(granted, cluster_scoped)
 
@@ -102,7 +102,8 @@ def test_namespaced_mode_grants_namespaced_permissions_in_one_namespace(objects,
 def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -> None:
     objs = objects(case)
     account = one(objs, "ServiceAccount")["metadata"]
-    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objs if o["kind"] in ("ClusterRole", "Role")}
+    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objs
+             if o["kind"] in ("ClusterRole", "Role") and not _is_picker_role(o)}  # the picker's: bound per model
     bindings = by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding")
     assert len(bindings) == len(roles)
     for binding in bindings:
@@ -115,6 +116,32 @@ def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -
     assert account["namespace"] == RELEASE_NAMESPACE
 
 
+def _is_picker_role(role: dict[str, Any]) -> bool:
+    return role["kind"] == "ClusterRole" and role["metadata"]["name"].endswith("-epp")
+
+
+def _operator_cluster_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (role,) = [r for r in by_kind(objs, "ClusterRole") if not _is_picker_role(r)]
+    return role
+
+
+@pytest.mark.parametrize("case", ["defaults", "namespaced"])
+def test_the_picker_cluster_role_is_shipped_and_only_it_may_be_bound(objects, case: str) -> None:
+    objs = objects(case)
+    (picker,) = [r for r in by_kind(objs, "ClusterRole") if _is_picker_role(r)]
+    granted = _granted(picker)
+    for triple in [("", "pods", "watch"), ("inference.networking.k8s.io", "inferencepools", "list"),
+                   ("llm-d.ai", "inferenceobjectives", "watch"), ("coordination.k8s.io", "leases", "update")]:
+        assert triple in granted, triple
+    operator_rules = [rule for r in by_kind(objs, "ClusterRole") + _watch_roles(objs) if not _is_picker_role(r)
+                      for rule in r["rules"] if "clusterroles" in rule["resources"]]
+    assert operator_rules == [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                               "resourceNames": [picker["metadata"]["name"]], "verbs": ["bind"]}]
+    deploy = one(objs, "Deployment")
+    env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["INFLIGHT_OPERATOR_PICKER_CLUSTER_ROLE"] == picker["metadata"]["name"]
+
+
 def _watch_roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in by_kind(objs, "Role") if not r["metadata"]["name"].endswith("-self")]
 
@@ -125,5 +152,5 @@ def test_own_namespace_permissions_are_granted_only_in_the_release_namespace(obj
     (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-self")]
     assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert _granted(role) == _required("OWN_NAMESPACE_PERMISSIONS")
-    for cluster_role in by_kind(objs, "ClusterRole"):
-        assert not {t for t in _granted(cluster_role) if t[0] == "coordination.k8s.io"}
+    for cluster_role in by_kind(objs, "ClusterRole"):  # the picker's is bound per namespace, never cluster-wide
+        assert _is_picker_role(cluster_role) or not {t for t in _granted(cluster_role) if t[0] == "coordination.k8s.io"}

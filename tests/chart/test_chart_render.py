@@ -132,8 +132,8 @@ def test_every_object_validates(objects, case: str, kube_version: str) -> None:
 
 def test_defaults_render_only_the_operator(objects) -> None:
     kinds = sorted(o["kind"] for o in objects("defaults"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Job", "Role", "RoleBinding", "Service",
-                     "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment", "Job", "Role", "RoleBinding",
+                     "Service", "ServiceAccount"]  # the second ClusterRole: the endpoint picker's (rbac.picker)
     (service,) = by_kind(objects("defaults"), "Service")  # the operator's own metrics
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
 

@@ -10,7 +10,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 from chart_support import RELEASE, RELEASE_NAMESPACE, by_kind, one, parse_manifests
-from test_chart_rbac import _granted, _is_cluster_scoped, _required, _watch_roles
+from test_chart_rbac import _granted, _is_cluster_scoped, _operator_cluster_role, _required, _watch_roles
 
 NAMESPACES = ["team-a", "team-b"]
 
@@ -42,7 +42,7 @@ def test_a_role_per_watched_namespace_and_only_cluster_scoped_reads_cluster_wide
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                       "name": roles[0]["metadata"]["name"]}
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}]
-    assert _granted(one(objs, "ClusterRole")) == {t for t in required if _is_cluster_scoped(t)}
+    assert _granted(_operator_cluster_role(objs)) == {t for t in required if _is_cluster_scoped(t)}
 
 
 def test_kopf_watches_exactly_those_namespaces(chart: helm.Chart) -> None:

@@ -20,7 +20,8 @@ from inflight.runtime.kv_events.config import parse_kv_events_config
 from tests.operator.helpers import make_spec
 
 OWNER = Owner(name="demo", uid="u1")
-POOL = {"inferencePool": {"enabled": True}}
+POOL = {"inferencePool": {"enabled": True,  # GIE's picker: no precise-prefix scorer
+                          "endpointPicker": {"image": "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"}}}
 LLMD = {"inferencePool": {"enabled": True,
                           "endpointPicker": {"image": "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"}}}
 

@@ -37,6 +37,7 @@ import kopf
 
 from inflight.operator import crd, handlers, rbac, render
 from inflight.operator.context import OperatorConfig, OperatorContext
+from inflight.operator.operator_metrics import TICKS
 from tests.operator import kmock_faults, kmock_schema
 from tests.operator.kmock_faults import Fault
 
@@ -56,6 +57,8 @@ _RESOURCES = {
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
     "keda.sh/v1alpha1/scaledobjects": ("ScaledObject", True, {"status"}),
+    "v1/serviceaccounts": ("ServiceAccount", True, set()),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, set()),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
 }
@@ -319,6 +322,7 @@ class Cluster:
     def __init__(self, api: ApiServer, api_url: str = "") -> None:
         self.api = api
         self.api_url = api_url  # the emulator's base URL, for real clients (kubectl)
+        self.operator_ctx: OperatorContext | None = None  # running_operator's, for tests that look inside
 
     async def request(self, method: str, path: str, body: Any = None, merge: bool = False) -> dict[str, Any]:
         headers = {"Content-Type": "application/merge-patch+json"} if merge else {}
@@ -350,6 +354,21 @@ class Cluster:
 
     def requests_to(self, method: str, path_part: str) -> int:
         return sum(1 for r in list(self.api) if r.method.value == method and path_part in str(r.url.path))
+
+
+def ticks() -> float:
+    """Timer rounds started so far by every operator in this process (``inflight_operator_ticks``)."""
+    return TICKS._value.get()
+
+
+async def wait_ticks(count: int, timeout: float = 10.0) -> None:
+    """Wait until ``count`` more timer rounds have started (in every operator of this process)."""
+    start = ticks()
+
+    async def done() -> bool:
+        return ticks() >= start + count
+
+    await wait_for(done, timeout, what=f"{count} ticks")
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
@@ -486,6 +505,7 @@ async def running_operator(tick_seconds: float = 0.2, **config: Any) -> AsyncIte
     stops the operator on exit."""
     async with api_server() as cluster:
         operator = start_operator(cluster, tick_seconds, **config)
+        cluster.operator_ctx = operator.ctx
         try:
             await asyncio.wait_for(operator.ready.wait(), 10)
             yield cluster

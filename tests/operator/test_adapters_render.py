@@ -128,11 +128,23 @@ def test_no_gate_without_lora_and_the_patch_clears_it() -> None:
 
 
 def test_picker_reads_the_lora_metric_only_with_lora() -> None:
-    pool = {"inferencePool": {"enabled": True}}
-    on = render_pool.picker_args(make_spec({**pool, "adapters": [_pvc("sql", "sql")]}))
-    off = render_pool.picker_args(make_spec(pool))
+    gie = {"inferencePool": {"enabled": True, "endpointPicker": {"image": "registry.k8s.io/gateway-api-inference-"
+                                                                          "extension/epp:v1.0.0"}}}
+    on = render_pool.picker_args(make_spec({**gie, "adapters": [_pvc("sql", "sql")]}))
+    off = render_pool.picker_args(make_spec(gie))
     assert on[on.index("--lora-info-metric") + 1] == "vllm:lora_requests_info"
     assert off[off.index("--lora-info-metric") + 1] == ""
+
+    def router_lora(spec: Any) -> str:  # llm-d's router picker: in its config's engine, not a flag
+        args = render_pool.picker_args(spec)
+        assert "--lora-info-metric" not in args
+        config = yaml.safe_load(args[args.index("--config-text") + 1])
+        (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+        return extractor["parameters"]["engineConfigs"][0]["loraSpec"]
+
+    router = {"inferencePool": {"enabled": True}}
+    assert router_lora(make_spec({**router, "adapters": [_pvc("sql", "sql")]})) == "vllm:lora_requests_info"
+    assert router_lora(make_spec(router)) == ""
 
 
 def _schema() -> dict[str, Any]:

@@ -20,7 +20,7 @@ from inflight.operator.kube import HPAS, SCALED_OBJECTS
 from inflight.operator.operator_metrics import REGISTRY
 from inflight.operator.render import Owner
 from tests.operator.helpers import make_spec
-from tests.operator.kmock_harness import FakePod, pod_object, running_operator, wait_for
+from tests.operator.kmock_harness import FakePod, pod_object, running_operator, wait_for, wait_ticks
 from tests.operator.test_spec_and_crd import K8S_VERSION
 
 OWNER = Owner(name="demo", uid="0b7c4e1e-0000-4000-8000-000000000001")
@@ -161,6 +161,7 @@ class _ListKube:
 class _Ctx:
     def __init__(self, hpas: list[dict[str, Any]]) -> None:
         self.kube = _ListKube(hpas)
+        self.cache = self.kube  # the watch-fed caches answer as the client does
 
 
 def _hpa(name: str, target: str = "demo") -> dict[str, Any]:
@@ -217,8 +218,7 @@ def test_partner_mode_end_to_end_in_kmock() -> None:
                 assert st["kvCacheUsage"] == 0.3
                 assert REGISTRY.get_sample_value("inflight_operator_model_queue_depth",
                                                  {"infd_namespace": "default", "infd": NAME}) == 20
-                decided = cluster.requests_to("GET", "/pods")
-                await wait_for(lambda: _at_least(cluster.requests_to("GET", "/pods"), decided + 10), what="10 rounds")
+                await wait_ticks(10)
                 deploy = await cluster.child("deployments", NAME)
                 assert deploy["spec"]["replicas"] == 1  # left to the partner though the operator says 4
                 assert ((await cluster.cr(NAME))["status"])["desiredReplicas"] == 4
@@ -246,10 +246,6 @@ def test_partner_mode_end_to_end_in_kmock() -> None:
             await pod.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-async def _at_least(value: int, bound: int) -> bool:
-    return value >= bound
 
 
 async def _gone(cluster: Any, path: str) -> bool:

@@ -252,11 +252,26 @@ def test_inference_pool_selects_the_runtime_pods_and_names_its_picker() -> None:
     args = epp["spec"]["template"]["spec"]["containers"][0]["args"]
     named = dict(zip(args[::2], args[1::2], strict=True))
     assert named["--pool-name"] == "demo" and named["--pool-namespace"] == "ns1"
-    # The picker reads our metric names (docs/metrics.md), not vLLM's defaults.
-    assert named["--total-queued-requests-metric"] == "inflight:num_requests_waiting"
-    assert named["--kv-cache-usage-percentage-metric"] == "inflight:kv_cache_usage_perc"
-    assert named["--total-running-requests-metric"] == "inflight:num_requests_running"
+    assert epp["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+    # The picker reads our metric names (docs/metrics.md), not vLLM's defaults: llm-d's router picker
+    # refuses the old flags and takes them as its metrics extractor's default engine.
+    assert not [a for a in args if a.endswith("-metric")]
+    config = yaml.safe_load(named["--config-text"])
+    (extractor,) = [p["parameters"] for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    (engine,) = extractor["engineConfigs"]
+    assert extractor["defaultEngine"] == engine["name"]
+    assert (engine["queuedRequestsSpec"], engine["runningRequestsSpec"], engine["kvUsageSpec"]) == (
+        "inflight:num_requests_waiting", "inflight:num_requests_running", "inflight:kv_cache_usage_perc")
+    refs = {p["pluginRef"] for profile in config["schedulingProfiles"] for p in profile["plugins"]}
+    assert refs <= {p["type"] for p in config["plugins"]}
     assert epp["spec"]["template"]["spec"]["serviceAccountName"] == "demo-epp"
+    # GIE's picker image still gets the flags.
+    gie = make_spec({"inferencePool": {"enabled": True, "endpointPicker": {
+        "image": "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"}}})
+    flags = render_pool.picker_args(gie)
+    assert flags[flags.index("--total-queued-requests-metric") + 1] == "inflight:num_requests_waiting"
+    assert flags[flags.index("--kv-cache-usage-percentage-metric") + 1] == "inflight:kv_cache_usage_perc"
+    assert "--config-text" not in flags
 
 
 def test_metric_names_given_to_the_picker_exist_in_the_runtime() -> None:

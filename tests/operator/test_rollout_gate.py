@@ -2,16 +2,18 @@
 
 Pure parts by table (what is a gated change, when a Deployment is rolled out, the setting); then
 kmock with our kopf operator: a new operator version (a new runtime image default, as the chart's
-upgrade sets it) over 5 models rolls at most 2 at a time through an operator restart, a user's
-edit is never gated, and ``manual`` waits for the approval annotation, which is then removed.
+upgrade sets it) over 3 models rolls at most 1 at a time through an operator restart and every
+model rolls in the end, a user's edit is never gated, and ``manual`` waits for the approval
+annotation, which is then removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
-import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
@@ -26,6 +28,7 @@ from tests.operator.kmock_harness import (
     OperatorProcess,
     api_server,
     start_operator,
+    ticks,
     uncovered_requests,
     wait_for,
 )
@@ -104,9 +107,13 @@ def test_the_waiting_message_names_the_models_holding_the_slots_and_the_way_out(
 # -- in the emulator ---------------------------------------------------------------------------
 
 
+PATIENCE_S = 90.0  # every wait's bound: it guards against a hang, never a claim about speed
+FULL_CHECK_EVERY = 2  # operator timer rounds per full check (a waiting rollout asks again at one)
+
+
 def _wait(check: Any, what: str) -> Any:
-    """``wait_for`` with room for a loaded machine: five models' handlers share the emulator."""
-    return wait_for(check, timeout=90, what=what)
+    """``wait_for`` with room for a loaded machine (the bound only guards against a hang)."""
+    return wait_for(check, timeout=PATIENCE_S, what=what)
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -128,11 +135,6 @@ async def _roll_out(cluster: Cluster, name: str) -> None:
         "readyReplicas": 1, "availableReplicas": 1}}, merge=True)
 
 
-async def _rolled(cluster: Cluster, name: str) -> bool:
-    dep = await cluster.child("deployments", name)
-    return bool(dep) and rollout_gate.rolled_out(dep, dep["metadata"]["generation"])
-
-
 def _cond(cr: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
     return next((c for c in ((cr or {}).get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
 
@@ -143,7 +145,8 @@ async def _pending(cluster: Cluster, name: str, reason: str) -> bool:
 
 
 async def _start(cluster: Cluster, limit: int | str) -> OperatorProcess:
-    op = start_operator(cluster, tick_seconds=0.3, full_check_every_ticks=2, max_concurrent_rollouts=limit)
+    op = start_operator(cluster, tick_seconds=0.3, full_check_every_ticks=FULL_CHECK_EVERY,
+                        max_concurrent_rollouts=limit)
     await asyncio.wait_for(op.ready.wait(), 10)
     return op
 
@@ -154,7 +157,7 @@ async def _fleet_on_old_image(cluster: Cluster, names: list[str], limit: int | s
     for name in names:
         await cluster.create_cr(_doc(name))
     for name in names:
-        await _wait(lambda n=name: _image_is(cluster, n, OLD), what=f"{name} on the old image")
+        await _until(lambda n=name: _image_now(cluster, n) == OLD, f"{name} on the old image")
         await _roll_out(cluster, name)
     await op.shutdown()
 
@@ -167,77 +170,148 @@ async def _on_new(cluster: Cluster, names: list[str]) -> list[str]:
     return [n for n in names if await _image(cluster, n) == NEW]
 
 
-@pytest.mark.skipif(not os.environ.get("INFLIGHT_LONG_OPERATOR_TESTS"),
-                    reason="5 models through two operator versions: ~6 min alone and past its 400 s bound under "
-                           "make test's load; run with INFLIGHT_LONG_OPERATOR_TESTS=1 (to be made shorter)")
+KEPT_REQUESTS = 64
+
+
+@contextlib.asynccontextmanager
+async def _short_request_log(cluster: Cluster) -> AsyncIterator[None]:
+    """kmock finds the reaction for each request by scanning its whole request log (once per
+    reaction), so every request costs more than the last and a scenario of a few thousand
+    (three models' timers over a minute) went quadratic. While the scenario runs, the log keeps
+    its newest ``KEPT_REQUESTS`` (the request being matched is the newest); the rest waits in an
+    archive and is put back in order at the end, for the RBAC check over every request."""
+    log = cluster.api._requests  # kmock's own list: nothing else holds the archived requests
+    archive: list[Any] = []
+
+    async def trim() -> None:
+        while True:
+            if len(log) > KEPT_REQUESTS:
+                archive.extend(log[:-KEPT_REQUESTS])
+                del log[:-KEPT_REQUESTS]
+            await asyncio.sleep(0.05)
+
+    trimmer = asyncio.create_task(trim())
+    try:
+        yield
+    finally:
+        trimmer.cancel()
+        await asyncio.gather(trimmer, return_exceptions=True)
+        log[:0] = archive
+
+
+def _stored(cluster: Cluster, plural: str, name: str, ns: str = "default") -> dict[str, Any] | None:
+    """The emulator's stored object, read in-process. The scenario below reads state this way, not
+    over HTTP: kmock matches each request against its whole request log, so a test that polls
+    over HTTP makes every later request dearer (it took the five-model version ~6 minutes)."""
+    for (res, namespace, stored_name), obj in cluster.api.objects.items():
+        if res.plural == plural and namespace == ns and stored_name == name and not obj.deleted:
+            return obj.raw
+    return None
+
+
+def _image_now(cluster: Cluster, name: str) -> str | None:
+    dep = _stored(cluster, "deployments", name)
+    return dep["spec"]["template"]["spec"]["containers"][0]["image"] if dep else None
+
+
+def _pending_now(cluster: Cluster, name: str, reason: str | None) -> bool:
+    """RolloutPending is True with ``reason`` (``None``: it is not True: never held, or released)."""
+    cond = _cond(_stored(cluster, "inferencedeployments", name), "RolloutPending")
+    if reason is None:
+        return cond is None or cond["status"] == "False"
+    return bool(cond and cond["status"] == "True" and cond["reason"] == reason)
+
+
+async def _until(check: Any, what: str) -> None:
+    """Until ``check()`` (an in-process read) holds; the bound only guards against a hang."""
+    async def holds() -> bool:
+        return bool(check())
+
+    await wait_for(holds, timeout=PATIENCE_S, what=what)
+
+
+async def _full_checks(models: int) -> None:
+    """Until every model's timer has had the chance to make two more full checks (timer rounds
+    counted, never seconds): time for a wrongly admitted rollout to start."""
+    until = ticks() + models * (2 * FULL_CHECK_EVERY + 1)
+    await _until(lambda: ticks() >= until, "more operator timer rounds")
+
+
 def test_a_new_operator_version_rolls_at_most_n_models_at_a_time_and_a_user_edit_is_never_gated(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    names = [f"model-{i}" for i in range(5)]
+    """Three models rolled out by the previous operator version; the new one (a new runtime image
+    default) under maxConcurrentRollouts 1: one rolls, the others say RolloutPending naming it;
+    each finished rollout admits exactly one more; a user's edit of a waiting model rolls at
+    once, past the limit; in the end every model is on the new image and none is pending."""
+    names = ["model-0", "model-1", "model-2"]
     monkeypatch.setenv(IMAGE_ENV, OLD)
 
     async def scenario() -> None:
         async with api_server() as cluster:
-            await _fleet_on_old_image(cluster, names, 2)
-            monkeypatch.setenv(IMAGE_ENV, NEW)  # the chart's upgrade: a new default runtime image
-            op = await _start(cluster, 2)
-            edited: set[str] = set()
-            most = 0
+            async with _short_request_log(cluster):
+                await _fleet_on_old_image(cluster, names, 1)
+                monkeypatch.setenv(IMAGE_ENV, NEW)  # the chart's upgrade: a new default runtime image
+                op = await _start(cluster, 1)
+                edited: set[str] = set()
+                most = 0
 
-            async def watch() -> None:  # how many operator rollouts are in progress, all along
-                nonlocal most
-                while True:
-                    deps = [await cluster.child("deployments", n) for n in names if n not in edited]
-                    busy = [d for d in deps if d and d["spec"]["template"]["spec"]["containers"][0]["image"] == NEW
-                            and not rollout_gate.rolled_out(d, d["metadata"]["generation"])]
-                    most = max(most, len(busy))
-                    await asyncio.sleep(0.1)
+                def on_new() -> list[str]:
+                    return [n for n in names if _image_now(cluster, n) == NEW]
 
-            watcher = asyncio.create_task(watch())
-            try:
-                await _wait(lambda: _count_is(_on_new(cluster, names), 2), what="two models rolling")
-                await asyncio.sleep(1.5)  # several full checks: nobody else starts
-                rolling = await _on_new(cluster, names)
-                assert len(rolling) == 2
-                waiting = [n for n in names if n not in rolling]
-                for name in waiting:
-                    await _wait(lambda n=name: _pending(cluster, n, "WaitingForRolloutSlot"),
-                                   what=f"{name} RolloutPending")
-                message = _cond(await cluster.cr(waiting[0]), "RolloutPending")["message"]
-                assert all(f"default/{n}" in message for n in rolling), message
+                async def watch() -> None:  # how many operator rollouts are in progress, all along
+                    nonlocal most
+                    while True:  # a rollout stays in progress until this test rolls it out: none is missed
+                        deps = [_stored(cluster, "deployments", n) for n in names if n not in edited]
+                        busy = [d for d in deps if d and d["spec"]["template"]["spec"]["containers"][0]["image"] == NEW
+                                and not rollout_gate.rolled_out(d, d["metadata"]["generation"])]
+                        most = max(most, len(busy))
+                        await asyncio.sleep(0.05)
 
-                user = waiting.pop(0)  # a user's edit of a waiting model rolls at once, past the limit
-                edited.add(user)
-                await cluster.patch_cr(user, {"spec": {"podAnnotations": {"team": "search"}}})
-                await _wait(lambda: _image_is(cluster, user, NEW), what="the edited model rolled")
-                assert sorted(await _on_new(cluster, names)) == sorted([*rolling, user])
+                watcher = asyncio.create_task(watch())
+                try:
+                    await _until(lambda: len(on_new()) == 1, "one model rolling")
+                    (first,) = on_new()
+                    waiting = [n for n in names if n != first]
+                    for name in waiting:
+                        await _until(lambda n=name: _pending_now(cluster, n, "WaitingForRolloutSlot"),
+                                     f"{name} RolloutPending")
+                        message = _cond(_stored(cluster, "inferencedeployments", name), "RolloutPending")["message"]
+                        assert f"default/{first}" in message, message
+                    await _full_checks(len(names))
+                    assert on_new() == [first]  # nobody else started
 
-                await _roll_out(cluster, rolling[0])  # one completes: exactly one more starts
-                await _wait(lambda: _count_is(_on_new(cluster, names), 4), what="a third operator rollout")
-                await asyncio.sleep(1.0)
-                assert len(await _on_new(cluster, names)) == 4
-                (third,) = [n for n in await _on_new(cluster, names) if n in waiting]
-                await _wait(lambda: _cleared_after_pending(cluster, third), what=f"{third} no longer pending")
-                assert await _pending(cluster, next(n for n in waiting if n != third), "WaitingForRolloutSlot")
-            finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
-                await op.shutdown()
-            assert most == 2
+                    await _roll_out(cluster, first)  # it completes: exactly one more starts
+                    await _until(lambda: len(on_new()) == 2, "a second operator rollout")
+                    (second,) = [n for n in on_new() if n != first]
+                    (last,) = [n for n in waiting if n != second]
+                    await _until(lambda: _pending_now(cluster, second, None), f"{second} no longer pending")
+                    assert _cond(_stored(cluster, "inferencedeployments", second), "RolloutPending")["reason"] \
+                        == "NoPendingRollout"
+                    await _full_checks(len(names))
+                    assert _image_now(cluster, last) == OLD
+                    await _until(lambda: f"default/{second}" in (_cond(_stored(cluster, "inferencedeployments", last),
+                                                                       "RolloutPending") or {}).get("message", ""),
+                                 f"{last} RolloutPending naming {second}")
+
+                    edited.add(last)  # a user's edit of the waiting model rolls at once, past the limit
+                    await cluster.patch_cr(last, {"spec": {"podAnnotations": {"team": "search"}}})
+                    await _until(lambda: _image_now(cluster, last) == NEW, "the edited model rolled")
+
+                    await _roll_out(cluster, second)
+                    await _roll_out(cluster, last)
+                    for name in names:  # all rolled, none pending
+                        await _until(lambda n=name: _pending_now(cluster, n, None), f"{name} no longer pending")
+                    assert sorted(on_new()) == names
+                finally:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
+                    await op.shutdown()
+            assert most == 1
             assert not uncovered_requests(cluster.api), uncovered_requests(cluster.api)
             ledger = await cluster.get("/api/v1/namespaces/inflight-system/configmaps/" + rollout_gate.LEDGER_NAME)
             assert all(json.loads(v)["generation"] >= 1 for v in (ledger.get("data") or {}).values())
 
-    asyncio.run(asyncio.wait_for(scenario(), 400))
-
-
-async def _count_is(names: Any, count: int) -> bool:
-    return len(await names) == count
-
-
-async def _pending_cleared(cluster: Cluster, name: str) -> bool:
-    """RolloutPending False (a model the gate never held carries none)."""
-    cond = _cond(await cluster.cr(name), "RolloutPending")
-    return cond is None or cond["status"] == "False"
+    asyncio.run(asyncio.wait_for(scenario(), 6 * PATIENCE_S))  # under pytest-timeout's 600 s
 
 
 async def _cleared_after_pending(cluster: Cluster, name: str) -> bool:
@@ -250,14 +324,14 @@ def test_manual_mode_waits_for_the_approval_annotation_and_removes_it(monkeypatc
     monkeypatch.setenv(IMAGE_ENV, OLD)
 
     async def scenario() -> None:
-        async with api_server() as cluster:
+        async with api_server() as cluster, _short_request_log(cluster):
             await _fleet_on_old_image(cluster, names, "manual")
             monkeypatch.setenv(IMAGE_ENV, NEW)
             op = await _start(cluster, "manual")
             try:
                 for name in names:
-                    await _wait(lambda n=name: _pending(cluster, n, "AwaitingApproval"), what=f"{name} waits")
-                await asyncio.sleep(1.0)
+                    await _until(lambda n=name: _pending_now(cluster, n, "AwaitingApproval"), f"{name} waits")
+                await _full_checks(len(names))
                 assert await _on_new(cluster, names) == []
                 await cluster.patch_cr("alpha", {"metadata": {"annotations": {
                     rollout_gate.APPROVAL_ANNOTATION: rollout_gate.APPROVED}}})
@@ -269,7 +343,7 @@ def test_manual_mode_waits_for_the_approval_annotation_and_removes_it(monkeypatc
 
                 await _wait(removed, what="the approval used once and removed")
                 await _wait(lambda: _cleared_after_pending(cluster, "alpha"), what="alpha no longer pending")
-                await asyncio.sleep(1.0)
+                await _full_checks(len(names))
                 assert await _on_new(cluster, names) == ["alpha"]
                 assert await _pending(cluster, "beta", "AwaitingApproval")
             finally:

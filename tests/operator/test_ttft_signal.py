@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from inflight.operator import metrics_scrape, status
+from inflight.operator.autoscale_round import policy_of
 from inflight.operator.autoscaler import Observations, PodMetrics, Policy, Recommendation, decide
-from inflight.operator.reconcile import policy_of
 from inflight.operator.spec import parse_spec
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

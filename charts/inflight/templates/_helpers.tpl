@@ -80,23 +80,24 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 - apiGroups: ["inflight.dev"]
   resources: ["inferencedeployments/finalizers"]
   verbs: ["update"]
-# The objects rendered for each InferenceDeployment (owned by it).
+# The objects rendered for each InferenceDeployment (owned by it; list and watch: the caches
+# the operator reads them from instead of polling).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch", "delete"]
-# Runtime pods are listed to scrape /metrics, push live config and read the model download state.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Runtime pods are watched to scrape /metrics, push live config and read the model download state.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # spec.adapters: the operator sets the pods' readiness gate inflight.dev/adapters-loaded.
 - apiGroups: [""]
   resources: ["pods/status"]
@@ -108,15 +109,15 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
   verbs: ["create", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # spec.inferencePool: the Gateway API Inference Extension's InferencePool.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # spec.nodes > 1: the LeaderWorkerSet (leaderworkerset.x-k8s.io) running the groups.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Scaling decisions, refusals and foreign autoscalers; listed while a pod is stuck creating.
 - apiGroups: [""]
   resources: ["events"]
@@ -125,10 +126,43 @@ by a ClusterRole; namespaced ones go in a Role when watchNamespace is set.
 # kind: hpa renders one (kind: keda, a KEDA ScaledObject).
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The endpoint picker's ServiceAccount and RoleBinding (rbac.picker): bind on its ClusterRole only.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- if .Values.rbac.picker }}
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  resourceNames: [{{ include "inflight.fullname" . }}-epp]
+  verbs: ["bind"]
+{{- end }}
+{{- end -}}
+
+{{- define "inflight.rules.picker" -}}
+# What llm-d's router picker (and GIE's epp) reads and writes in its namespace.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["inference.networking.x-k8s.io", "llm-d.ai"]
+  resources: ["inferenceobjectives", "inferencemodelrewrites"]
+  verbs: ["get", "list", "watch"]
+# --ha-enable-leader-election (endpointPicker.replicas > 1).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
 {{- end -}}
 
 {{- define "inflight.rules.ownNamespace" -}}
