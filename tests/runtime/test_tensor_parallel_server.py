@@ -3,8 +3,13 @@
 Concurrent greedy completions (chunked context under a small token budget, a KV cache small
 enough to preempt, prompts sharing a prefix) return what the offline TP=1 engine returns;
 SIGTERM drains and leaves no worker behind; a SIGKILLed worker while clients wait makes
-``/health`` and ``/ready`` say 503 and the server exit non-zero within 10 s with every client answered (an
+``/health`` and ``/ready`` say 503 and the server exit non-zero with every client answered (an
 idle server exits too); and a SIGKILLed front end leaves neither its engine core nor a worker behind.
+
+No timing: the death is injected (SIGKILL) once the event it must meet has happened (every
+stream has its first token), and every wait after it is bounded by :data:`PATIENCE_S`, which
+only guards against a hang (the server notices a dead worker at its next step or monitor
+tick, ~1 s on an idle machine).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +38,12 @@ ENGINE_ARGS = ["--num-kv-blocks", "14", "--max-num-tokens", "32", "--max-num-seq
 # Every step sleeps this long: requests stay in flight while a test samples /metrics or kills a
 # worker, however fast the engine is.
 SLOW_STEPS = "slow-steps:20"
+PATIENCE_S = 120.0  # a hang guard, never a claim about speed
+# The killed-worker streams: each would need this many slow steps (>= 18 s of injected sleep) to
+# finish, so all 8 are still streaming when the worker is killed, however slow the machine is
+# at getting the last one its first token (its prefill takes ~15 steps).
+KILL_MAX_TOKENS = 900
+KILL_ARGS = ["--num-kv-blocks", "576", "--max-model-len", "1024"]  # 8 x (prompt + 900) tokens, no preemption
 PROMPTS = [CORPUS[: 40 + 23 * i] for i in range(8)] + [CORPUS[:120] + tail for tail in ("x = 1", "def f():")]
 
 
@@ -87,7 +99,7 @@ def _serve(model_dir: Path, *extra: str, fault: str = "") -> ServeProcess:
 
 
 def _client(server: ServeProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=30.0, max_retries=0)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=PATIENCE_S, max_retries=0)
 
 
 def test_served_tp2_matches_offline_tp1_and_sigterm_leaves_no_worker(model_factory) -> None:
@@ -109,8 +121,8 @@ def test_served_tp2_matches_offline_tp1_and_sigterm_leaves_no_worker(model_facto
             assert g.choices[0].text == w.text
             assert g.usage.completion_tokens == len(w.token_ids)
         server.terminate()
-        assert server.proc.wait(30) == 0, server.log()
-        assert wait_until(lambda: not any(_alive(p) for p in workers), 10), "a worker outlived the server"
+        assert server.proc.wait(PATIENCE_S) == 0, server.log()
+        assert wait_until(lambda: not any(_alive(p) for p in workers), PATIENCE_S), "a worker outlived the server"
     finally:
         server.stop()
 
@@ -142,25 +154,26 @@ def test_tp2_live_retune_and_one_kv_usage_for_the_engine(model_factory) -> None:
         assert max(m["inflight:num_requests_running"] for m in samples) <= 2
         assert max(m["inflight:num_requests_waiting"] for m in samples) > 0
         assert max(m["inflight:kv_cache_usage_perc"] for m in samples) > 0
-        assert wait_until(lambda: is_idle(server.url), 10)
+        assert wait_until(lambda: is_idle(server.url), PATIENCE_S)
     finally:
         server.stop()
 
 
-def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_factory) -> None:
-    server = _serve(model_factory("llama"), "--num-kv-blocks", "64", fault=SLOW_STEPS)  # 8 streams stay in flight
+def test_killed_worker_fails_every_waiting_client_and_the_server_exits(model_factory) -> None:
+    server = _serve(model_factory("llama"), *KILL_ARGS, fault=SLOW_STEPS)  # 8 streams stay in flight
     try:
         (worker,) = _worker_pids(server.proc.pid)
         client = _client(server)
+        streaming = [threading.Event() for _ in range(8)]
 
         def stream(i: int) -> str:
             try:
                 chunks = client.completions.create(
-                    model=MODEL, prompt=PROMPTS[i], max_tokens=120, temperature=0.0, stream=True,
+                    model=MODEL, prompt=PROMPTS[i], max_tokens=KILL_MAX_TOKENS, temperature=0.0, stream=True,
                     extra_body={"ignore_eos": True},
                 )
                 for _ in chunks:
-                    pass
+                    streaming[i].set()
                 return "finished"
             except openai.APIStatusError as exc:  # refused at the door
                 return f"status {exc.status_code} {(exc.body or {}).get('code')}"
@@ -169,35 +182,35 @@ def test_killed_worker_fails_every_waiting_client_and_exits_within_10s(model_fac
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(stream, i) for i in range(8)]
-            assert wait_until(lambda: _in_flight(server) == 8, 30), "the 8 streams never reached the engine"
+            for i, started in enumerate(streaming):
+                assert started.wait(PATIENCE_S) or futures[i].done(), f"stream {i} never got a token"
+            assert not any(f.done() for f in futures), [f.result() for f in futures if f.done()]
+            assert _in_flight(server) == 8
             os.kill(worker, signal.SIGKILL)
             killed = time.monotonic()
-            assert wait_until(lambda: _health(server) != 200 and _health(server, "/ready") != 200, 10), \
+            assert wait_until(lambda: _health(server) != 200 and _health(server, "/ready") != 200, PATIENCE_S), \
                 "/health or /ready still 200 after the worker died"
-            code = server.proc.wait(15)
+            code = server.proc.wait(PATIENCE_S)
             elapsed = time.monotonic() - killed
-            answers = [f.result(timeout=15) for f in futures]
+            answers = [f.result(timeout=PATIENCE_S) for f in futures]
     finally:
         server.stop()
     print(f"\nworker SIGKILL -> server exit code {code} after {elapsed:.2f} s; clients: {answers}")
     assert code != 0
-    assert elapsed < 10, f"the server took {elapsed:.1f} s to exit"
     # Every stream was in flight: each gets the engine_dead error event, never a silent cut.
     assert answers == ["error engine_dead"] * 8, answers
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
-def test_killed_worker_of_an_idle_server_exits_it_within_10s(model_factory) -> None:
+def test_killed_worker_of_an_idle_server_exits_it(model_factory) -> None:
     server = _serve(model_factory("llama"))
     try:
         (worker,) = _worker_pids(server.proc.pid)
         os.kill(worker, signal.SIGKILL)
-        killed = time.monotonic()
-        code = server.proc.wait(15)
-        elapsed = time.monotonic() - killed
+        code = server.proc.wait(PATIENCE_S)
     finally:
         server.stop()
-    assert code != 0 and elapsed < 10, (code, elapsed)
+    assert code != 0, code
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
@@ -214,8 +227,8 @@ def test_a_killed_front_end_leaves_no_engine_core_and_no_worker(model_factory) -
         started = _descendants(server.proc.pid)  # the core, the worker, multiprocessing's resource tracker
         assert {core, worker} <= set(started)
         server.proc.kill()
-        server.proc.wait(10)
-        gone = wait_until(lambda: not any(_alive(pid) for pid in started), 30)
+        server.proc.wait(PATIENCE_S)
+        gone = wait_until(lambda: not any(_alive(pid) for pid in started), PATIENCE_S)
         left = {pid: _processes().get(pid, (0, b""))[1][:80] for pid in started if _alive(pid)}
         assert gone, f"left behind after the front end was SIGKILLed: {left} (core {core}, worker {worker})"
     finally:
@@ -229,7 +242,7 @@ def _in_flight(server: ServeProcess) -> float:
 
 def _health(server: ServeProcess, probe: str = "/health") -> int:
     try:
-        return http("GET", f"{server.url}{probe}", timeout=2).status
+        return http("GET", f"{server.url}{probe}", timeout=PATIENCE_S).status
     except OSError:
         return 0  # the process is gone: not healthy either
 

@@ -2,11 +2,17 @@
 process and a fake engine: each request's outputs reach only the front end that added it, stats
 reach all, a Pong only the pinger, a retune's answer the asker and its new summary every other
 front end, a front end that leaves has its requests aborted while the others go on, and the loop
-ends when the last one has left. No timing: every wait is a bounded read of a pipe."""
+ends when the last one has left. No timing: every wait is a bounded read of a front end's inbox.
+
+Each front end's end is drained by a reader thread into an inbox, as a front-end process's
+reader does: the fake engine steps as fast as the loop turns, and a pipe nobody reads fills
+in a few hundred steps and blocks the core's send to it (the core then never serves the end
+the test is reading: a deadlock a loaded machine hit)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,21 +80,55 @@ class _Engine:
         self.closed = True
 
 
+class _Reader:
+    """Drains one front end's end into an inbox on a thread until told to stop or the pipe ends."""
+
+    TICK_S = 0.05  # how often a stopped reader notices it was told to stop (never a bound)
+
+    def __init__(self, end: Connection) -> None:
+        self.end = end
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.end.poll(self.TICK_S):
+                    self.inbox.put(self.end.recv())
+            except (EOFError, OSError):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(READ_TIMEOUT_S)
+        assert not self._thread.is_alive(), "a front end's reader did not stop"
+
+
 @dataclass
 class _Rig:
     engine: _Engine
     ends: list[Connection]  # the front ends' ends, by index
+    readers: list[_Reader]  # one per end, by index
     thread: threading.Thread
 
     def send(self, index: int, message: object) -> None:
         self.ends[index].send(message)
 
+    def leave(self, index: int) -> None:
+        """Front end ``index`` dies: it stops reading and its end closes."""
+        self.readers[index].stop()
+        self.ends[index].close()
+
     def until(self, index: int, kind: type) -> tuple[list[object], object]:
-        """Read front end ``index``'s messages up to the first ``kind``: (those before, it)."""
+        """Front end ``index``'s messages up to the first ``kind``: (those before, it)."""
         before = []
         while True:
-            assert self.ends[index].poll(READ_TIMEOUT_S), f"front end {index} got no {kind.__name__}"
-            message = self.ends[index].recv()
+            try:
+                message = self.readers[index].inbox.get(timeout=READ_TIMEOUT_S)
+            except queue.Empty:
+                raise AssertionError(f"front end {index} got no {kind.__name__}") from None
             if isinstance(message, kind):
                 return before, message
             before.append(message)
@@ -101,10 +141,11 @@ def rig() -> Iterator[_Rig]:
     core = EngineCore(engine, FrontEnds([theirs for _, theirs in pipes]), ThreadStepClock())
     thread = threading.Thread(target=core.serve, args=("the engine core",), daemon=True)
     thread.start()
-    rig = _Rig(engine, [ours for ours, _ in pipes], thread)
+    ends = [ours for ours, _ in pipes]
+    rig = _Rig(engine, ends, [_Reader(end) for end in ends], thread)
     yield rig
-    for end in rig.ends:
-        end.close()
+    for index in range(len(ends)):
+        rig.leave(index)
     thread.join(READ_TIMEOUT_S)
 
 
@@ -166,7 +207,7 @@ def test_a_front_end_that_leaves_has_its_requests_aborted_and_the_others_go_on(r
     rig.send(1, _group(1, "b-0", max_tokens=10**6))
     rig.until(0, p.Admitted)
     rig.until(1, p.Admitted)
-    rig.ends[1].close()  # as a front-end process that died
+    rig.leave(1)  # as a front-end process that died
     rig.send(2, _group(1, "c-0", max_tokens=2))
     rig.until(2, p.Admitted)
     assert _tokens_until_finished(rig, 2, {"c-0"}) == {"c-0": [1, 2]}

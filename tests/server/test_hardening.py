@@ -9,7 +9,6 @@ import gzip
 import json
 import logging
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from inflight.runtime.server import ServerSettings
 from tests.server.server_helpers import LiveServer, http, is_idle, metrics, post_bytes, raw_http, wait_until
 
 C = "/v1/completions"
+PATIENCE_S = 60.0  # a hang guard, never a claim about speed
 CHAT = "/v1/chat/completions"
 
 
@@ -174,23 +174,26 @@ def impatient_server(demo_model_dir: Path) -> Iterator[LiveServer]:
 
 
 def test_half_sent_request_head_is_dropped(impatient_server: LiveServer) -> None:
-    started = time.monotonic()
-    reply = raw_http(impatient_server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le", timeout=10)
-    assert reply.status == 0 and time.monotonic() - started < 5
+    # The client never finishes nor closes: a reply at all (raw_http raises on its own timeout,
+    # a hang guard) is the server dropping the connection after its 0.5 s read timeout.
+    reply = raw_http(impatient_server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le",
+                     timeout=PATIENCE_S)
+    assert reply.status == 0
 
 
 def test_idle_keepalive_connection_is_closed(impatient_server: LiveServer) -> None:
-    with socket.create_connection(("127.0.0.1", impatient_server.port), timeout=10) as sock:
+    # The client keeps the connection open: reaching EOF (recv raises on the socket's timeout,
+    # a hang guard) is the server closing it after its 0.5 s keep-alive timeout.
+    with socket.create_connection(("127.0.0.1", impatient_server.port), timeout=PATIENCE_S) as sock:
         body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
         sock.sendall(f"POST {C} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        started = time.monotonic()
         data = b""
         while True:
             chunk = sock.recv(65536)
             if not chunk:
                 break
             data += chunk
-        assert data.startswith(b"HTTP/1.1 200") and time.monotonic() - started < 5
+        assert data.startswith(b"HTTP/1.1 200")
 
 
 def test_slow_body_is_408(impatient_server: LiveServer) -> None:

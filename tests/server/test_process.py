@@ -109,12 +109,10 @@ def test_a_stop_signal_drains_streams_in_flight(demo_model_dir: Path, sig: signa
         server.wait_ready()
         results, refused, signalled = asyncio.run(asyncio.wait_for(_drain_scenario(server, sig), 2 * DRAIN_TIMEOUT_S))
         code = server.proc.wait(drain_timeout + 10)
-        elapsed = time.monotonic() - signalled
     finally:
         server.stop()
     assert code == 0, server.log()
-    assert elapsed < drain_timeout
-    assert "drain complete" in server.log()
+    assert "drain complete" in server.log() and "drain timeout" not in server.log()  # finished, never cut
     for r in results:
         assert r["done"] and r["finish"] == "length" and r["usage"]["completion_tokens"] == STREAM_TOKENS
     (gen_status, gen_retry, gen_body), (ready_status, _, ready_body) = refused
