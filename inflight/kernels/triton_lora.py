@@ -23,7 +23,7 @@ import triton.language as tl
 from inflight.kernels.lora_reference import check_lora_inputs
 from inflight.kernels.triton_common import cdiv, next_power_of_2, num_sms
 from inflight.kernels.triton_helpers import dot, dot_precision, needs_upcast
-from inflight.kernels.triton_moe import align_pairs
+from inflight.kernels.triton_moe import align_pairs, load_block_rows
 
 BLOCK_M = 16  # rows per program: the smallest tl.dot tile
 BLOCK_N = 64  # output features per expand program
@@ -66,13 +66,10 @@ def _shrink_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(0))
     if slot >= NUM_SLOTS:
         return
-    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row = tl.load(sorted_rows_ptr + pos)
-    valid = row < num_tokens
+    pos, row, valid = load_block_rows(sorted_rows_ptr, num_tokens, BLOCK_M)
     row = row.to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < R
@@ -115,13 +112,10 @@ def _expand_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(0))
     if slot >= NUM_SLOTS:
         return
-    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row = tl.load(sorted_rows_ptr + pos)
-    valid = row < num_tokens
+    pos, row, valid = load_block_rows(sorted_rows_ptr, num_tokens, BLOCK_M)
     row = row.to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -55,6 +55,16 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
 
 
 @triton.jit
+def load_block_rows(sorted_ptr, num_entries, BLOCK_M: tl.constexpr):
+    """The other half of :func:`align_pairs`, inside a kernel whose program 0-axis walks its blocks
+    of rows (after the caller has checked the block's group): this block's ``BLOCK_M`` positions
+    in the sorted order, the int32 entries there, and which of them are real (not padding)."""
+    pos = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    entry = tl.load(sorted_ptr + pos)
+    return pos, entry, entry < num_entries
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr,  # [num_rows_a, K]: rows read for pair p are p // A_ROWS_PER_ROW
     w_ptr,  # [num_experts, N, K]
@@ -81,12 +91,10 @@ def _grouped_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + pid_m)
+    expert = tl.load(block_expert_ptr + tl.program_id(0))
     if expert >= NUM_EXPERTS:
         return
-    pair = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pair < num_pairs
+    _, pair, valid = load_block_rows(sorted_pairs_ptr, num_pairs, BLOCK_M)
     a_row = (pair // A_ROWS_PER_ROW).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N

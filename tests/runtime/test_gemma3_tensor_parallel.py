@@ -9,7 +9,8 @@ import pytest
 from inflight.runtime.sampling_params import SamplingParams
 
 from .hf_reference import prompts_of_lengths
-from .test_tensor_parallel import LENGTHS, MAX_TOKENS, Pair
+from .parallel_pairs import LENGTHS, MAX_TOKENS
+from .test_tensor_parallel import Pair
 
 
 @pytest.fixture(scope="module")

@@ -18,42 +18,33 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.model.loader import load_hf_config, load_model
 from inflight.runtime.model.spec import spec_from_hf_config
 
-from .family_models import make_family_model, triton_tokens
-from .hf_reference import assert_engine_matches_hf, hf_greedy, prompts_of_lengths, run_staggered
+from .family_checks import (
+    LENGTHS,
+    MAX_TOKENS,
+    check_preemption,
+    check_prefix_caching,
+    check_tp2_matches_tp1,
+    check_triton_matches_hf,
+    cpu_config,
+    family_models,
+    prompts_for,
+)
+from .hf_reference import assert_engine_matches_hf
 
 MODELS = {
     "glm45": {},
     "glm45_plain": {"use_qk_norm": False, "norm_topk_prob": False, "n_group": 1, "topk_group": 1,
                     "routed_scaling_factor": 1.0, "attention_bias": False},
 }
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 
 
 @pytest.fixture(scope="module")
 def glm_models(tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            made[name] = make_family_model(tmp_path_factory.mktemp(name), "glm4_moe", overrides=MODELS[name])
-        return made[name]
-
-    return get
-
-
-def _config(**knobs) -> EngineConfig:
-    return EngineConfig(device="cpu", dtype="float32", **knobs)
-
-
-def _prompts(model_dir: Path, lengths: list[int]) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    return prompts_of_lengths(AutoTokenizer.from_pretrained(str(model_dir)), lengths)
+    return family_models(tmp_path_factory, "glm4_moe", MODELS)
 
 
 def test_spec_reads_the_glm4_moe_config(glm_models) -> None:
@@ -103,30 +94,22 @@ def test_group_limit_excludes_the_other_groups() -> None:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_mixed_prefill_and_decode_steps(glm_models, name: str) -> None:
     model_dir = glm_models(name)
-    config = _config(num_kv_blocks=256, max_num_tokens=512)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=512)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_chunked_context_small_budget(glm_models) -> None:
     model_dir = glm_models("glm45")
-    config = _config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_preemption_under_a_small_cache(glm_models) -> None:
-    model_dir = glm_models("glm45")
-    config = _config(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
-    engine = assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
-    assert engine.stats().num_preemptions > 0
+    check_preemption(glm_models("glm45"))
 
 
 def test_prefix_caching_shared_prefix(glm_models) -> None:
-    model_dir = glm_models("glm45")
-    config = _config(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
-    base = _prompts(model_dir, [50])[0]
-    prompts = [base + t[1:] for t in _prompts(model_dir, [3, 9, 20, 1, 14, 30])] + [base]
-    engine = assert_engine_matches_hf(model_dir, config, prompts, [10, 14, 8, 12, 16, 9, 11])
-    assert engine.stats().prefix_cache_hits > 0
+    check_prefix_caching(glm_models("glm45"))
 
 
 def test_mtp_layer_is_skipped(glm_models, tmp_path: Path) -> None:
@@ -150,30 +133,13 @@ def test_mtp_layer_is_skipped(glm_models, tmp_path: Path) -> None:
 
 
 def test_tensor_parallel_2_matches_1(glm_models) -> None:
-    from inflight.runtime.core.engine import LLMEngine
-    from inflight.runtime.llm import LLM
-    from inflight.runtime.sampling_params import SamplingParams
-
-    model_dir = glm_models("glm45")
-    knobs = dict(num_kv_blocks=64, block_size=16, max_num_tokens=48, enable_chunked_context=True)
-    prompts = _prompts(model_dir, LENGTHS[:10])
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in MAX_TOKENS[:10]]
-    one = run_staggered(LLMEngine.from_model_dir(model_dir, EngineConfig(**knobs)), prompts, params)
-    llm = LLM(model_dir, tensor_parallel_size=2, **knobs)
-    try:
-        two = run_staggered(llm.engine, prompts, params)
-        assert llm.engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-        shared = llm.engine.runner.model.layers[1].mlp.shared_experts
+    def shared_expert_split(engine: LLMEngine) -> None:
+        shared = engine.runner.model.layers[1].mlp.shared_experts
         assert shared.down_proj.weight.shape == (64, 16)  # half of the 32 shared columns
-    finally:
-        llm.close()
-    assert two == one, "GLM-4.5 TP=2 tokens differ from TP=1"
+
+    check_tp2_matches_tp1(glm_models("glm45"), "GLM-4.5", inspect=shared_expert_split)
 
 
 def test_triton_kernels_in_the_interpreter(glm_models) -> None:
     """The Triton kernels (Triton's interpreter on the CPU) give transformers' tokens too."""
-    model_dir = glm_models("glm45")
-    prompts, max_tokens = _prompts(model_dir, [17, 9, 5]), [8, 12, 20]
-    got = triton_tokens(model_dir, prompts, max_tokens)
-    for i, prompt in enumerate(prompts):
-        assert got[i] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
+    check_triton_matches_hf(glm_models("glm45"))

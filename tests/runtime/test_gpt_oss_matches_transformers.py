@@ -20,12 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inflight.runtime.config import EngineConfig
 from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.model.loader import load_hf_config, load_model
 from inflight.runtime.model.spec import spec_from_hf_config
 
-from .hf_reference import assert_engine_matches_hf, prompts_of_lengths, run_staggered
+from .family_checks import check_preemption, check_prefix_caching, check_tp2_matches_tp1, cpu_config, prompts_for
+from .hf_reference import assert_engine_matches_hf
 
 WINDOW = 8
 OVERRIDES = {"sliding_window": WINDOW, "swiglu_limit": 1.0}
@@ -36,16 +36,6 @@ MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 9, 22, 30, 11, 16, 13, 25]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_demo_model(tmp_path_factory.mktemp("gpt_oss"), "gpt_oss", seed=3, config_overrides=OVERRIDES)
-
-
-def _config(**knobs) -> EngineConfig:
-    return EngineConfig(device="cpu", dtype="float32", **knobs)
-
-
-def _prompts(model_dir: Path, lengths: list[int]) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    return prompts_of_lengths(AutoTokenizer.from_pretrained(str(model_dir)), lengths)
 
 
 def test_spec_reads_the_gpt_oss_config(model_dir: Path) -> None:
@@ -77,27 +67,21 @@ def test_routing_matches_the_transformers_router() -> None:
 
 
 def test_mixed_steps_past_the_window(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=256, max_num_tokens=512)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=512)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_chunked_context_small_budget(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_preemption_under_a_small_cache(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
-    engine = assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
-    assert engine.stats().num_preemptions > 0
+    check_preemption(model_dir, LENGTHS, MAX_TOKENS)
 
 
 def test_prefix_caching_shared_prefix(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
-    base = _prompts(model_dir, [50])[0]
-    prompts = [base + t[1:] for t in _prompts(model_dir, [3, 9, 20, 1, 14, 30])] + [base]
-    engine = assert_engine_matches_hf(model_dir, config, prompts, [10, 14, 8, 12, 16, 9, 11])
-    assert engine.stats().prefix_cache_hits > 0
+    check_prefix_caching(model_dir)
 
 
 def _pack_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,20 +156,8 @@ def test_mxfp4_without_a_partner_is_refused(model_dir: Path, tmp_path: Path) -> 
 
 
 def test_tensor_parallel_2_matches_1(model_dir: Path) -> None:
-    from inflight.runtime.core.engine import LLMEngine
-    from inflight.runtime.llm import LLM
-    from inflight.runtime.sampling_params import SamplingParams
-
-    knobs = dict(num_kv_blocks=64, block_size=16, max_num_tokens=48, enable_chunked_context=True)
-    prompts = _prompts(model_dir, LENGTHS[:10])
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in MAX_TOKENS[:10]]
-    one = run_staggered(LLMEngine.from_model_dir(model_dir, EngineConfig(**knobs)), prompts, params)
-    llm = LLM(model_dir, tensor_parallel_size=2, **knobs)
-    try:
-        two = run_staggered(llm.engine, prompts, params)
-        assert llm.engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-        model = llm.engine.runner.model
+    def sinks_split(engine) -> None:
+        model = engine.runner.model
         assert model.layers[0].self_attn.sinks.shape == (model.spec.num_heads // 2,)
-    finally:
-        llm.close()
-    assert two == one, "gpt-oss TP=2 tokens differ from TP=1"
+
+    check_tp2_matches_tp1(model_dir, "gpt-oss", LENGTHS, MAX_TOKENS, inspect=sinks_split)

@@ -22,32 +22,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.runtime.config import EngineConfig
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.llama4 import chunked_metadata, halves_from_pairs
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 
-from .family_models import make_family_model, triton_tokens
-from .hf_reference import assert_engine_matches_hf, hf_greedy, prompts_of_lengths, run_staggered
-
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
+from .family_checks import (
+    LENGTHS,
+    MAX_TOKENS,
+    check_preemption,
+    check_prefix_caching,
+    check_tp2_matches_tp1,
+    check_triton_matches_hf,
+    cpu_config,
+    prompts_for,
+)
+from .family_models import make_family_model
+from .hf_reference import assert_engine_matches_hf, hf_greedy
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_family_model(tmp_path_factory.mktemp("llama4"), "llama4_text")
-
-
-def _config(**knobs) -> EngineConfig:
-    return EngineConfig(device="cpu", dtype="float32", **knobs)
-
-
-def _prompts(model_dir: Path, lengths: list[int]) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    return prompts_of_lengths(AutoTokenizer.from_pretrained(str(model_dir)), lengths)
 
 
 def test_spec_reads_the_llama4_config(model_dir: Path) -> None:
@@ -109,42 +105,33 @@ def test_chunked_metadata_cuts_each_query_to_its_chunk() -> None:
 
 
 def test_mixed_steps_across_chunks(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=256, max_num_tokens=512)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=512)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_torch_reference_kernels(model_dir: Path) -> None:
     """The torch reference kernels (the specification) under the rewritten metadata too."""
-    config = _config(num_kv_blocks=256, max_num_tokens=24, enable_chunked_context=True, kernel_backend="torch")
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS[:8]), MAX_TOKENS[:8])
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=24, enable_chunked_context=True, kernel_backend="torch")
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS[:8]), MAX_TOKENS[:8])
 
 
 def test_triton_kernels_in_the_interpreter(model_dir: Path) -> None:
     """The Triton kernels under the rewritten metadata: prompt chunks crossing chunks."""
-    prompts, max_tokens = _prompts(model_dir, [17, 40, 5]), [8, 8, 20]
-    got = triton_tokens(model_dir, prompts, max_tokens)
-    for i, prompt in enumerate(prompts):
-        assert got[i] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
+    check_triton_matches_hf(model_dir, (17, 40, 5), (8, 8, 20))
 
 
 @pytest.mark.parametrize(("budget", "block_size"), [(13, 16), (24, 8)])
 def test_chunked_context_small_budget(model_dir: Path, budget: int, block_size: int) -> None:
-    config = _config(num_kv_blocks=512, block_size=block_size, max_num_tokens=budget, enable_chunked_context=True)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
+    config = cpu_config(num_kv_blocks=512, block_size=block_size, max_num_tokens=budget, enable_chunked_context=True)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, LENGTHS), MAX_TOKENS)
 
 
 def test_preemption_under_a_small_cache(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
-    engine = assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
-    assert engine.stats().num_preemptions > 0
+    check_preemption(model_dir)
 
 
 def test_prefix_caching_shared_prefix(model_dir: Path) -> None:
-    config = _config(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
-    base = _prompts(model_dir, [50])[0]
-    prompts = [base + t[1:] for t in _prompts(model_dir, [3, 9, 20, 1, 14, 30])] + [base]
-    engine = assert_engine_matches_hf(model_dir, config, prompts, [10, 14, 8, 12, 16, 9, 11])
-    assert engine.stats().prefix_cache_hits > 0
+    check_prefix_caching(model_dir)
 
 
 def test_the_chunking_decides_the_tokens(model_dir: Path, tmp_path: Path) -> None:
@@ -155,30 +142,16 @@ def test_the_chunking_decides_the_tokens(model_dir: Path, tmp_path: Path) -> Non
     config = json.loads((tmp_path / "config.json").read_text())
     config["attention_chunk_size"] = 4096
     (tmp_path / "config.json").write_text(json.dumps(config))
-    prompts = _prompts(model_dir, [48, 64, 90])
+    prompts = prompts_for(model_dir, [48, 64, 90])
     assert any(hf_greedy(model_dir, p, 12) != hf_greedy(tmp_path, p, 12) for p in prompts)
 
 
 def test_tensor_parallel_2_matches_1(model_dir: Path) -> None:
-    from inflight.runtime.core.engine import LLMEngine
-    from inflight.runtime.llm import LLM
-    from inflight.runtime.sampling_params import SamplingParams
-
-    knobs = dict(num_kv_blocks=64, block_size=16, max_num_tokens=48, enable_chunked_context=True)
-    prompts = _prompts(model_dir, LENGTHS[:10])
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in MAX_TOKENS[:10]]
-    one = run_staggered(LLMEngine.from_model_dir(model_dir, EngineConfig(**knobs)), prompts, params)
-    llm = LLM(model_dir, tensor_parallel_size=2, **knobs)
-    try:
-        two = run_staggered(llm.engine, prompts, params)
-        assert llm.engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-    finally:
-        llm.close()
-    assert two == one, "Llama 4 TP=2 tokens differ from TP=1"
+    check_tp2_matches_tp1(model_dir, "Llama 4")
 
 
 def test_a_block_size_that_splits_a_chunk_is_refused_at_startup(model_dir: Path) -> None:
     from inflight.runtime.core.engine import LLMEngine
 
     with pytest.raises(ValueError, match="attention_chunk_size 16 must be a multiple of the KV block size 32"):
-        LLMEngine.from_model_dir(model_dir, _config(num_kv_blocks=16, block_size=32))
+        LLMEngine.from_model_dir(model_dir, cpu_config(num_kv_blocks=16, block_size=32))

@@ -12,18 +12,25 @@ fused tensors) equal to TP=1.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from inflight.runtime.config import EngineConfig
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.model.spec import spec_from_hf_config
 
-from .family_models import make_family_model, triton_tokens
-from .hf_reference import assert_engine_matches_hf, hf_greedy, prompts_of_lengths, run_staggered
+from .family_checks import (
+    LENGTHS,
+    MAX_TOKENS,
+    check_preemption,
+    check_prefix_caching,
+    check_tp2_matches_tp1,
+    check_triton_matches_hf,
+    cpu_config,
+    family_models,
+    prompts_for,
+)
+from .hf_reference import assert_engine_matches_hf
 
 ORIGINAL = 32  # Phi-4-mini's LongRoPE switch point, scaled down
 ROTARY = 12  # 3/4 of head_dim 16
@@ -39,8 +46,6 @@ MODELS = {
     },
     "phi3_window": {"sliding_window": 8},
 }
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 # LongRoPE equals transformers while the sequence stays within the original length (rope.py says
 # why): prompt plus generation at most ORIGINAL tokens
 SHORT_LENGTHS = [1, 3, 7, 15, 16, 17, 20, 12, 5, 2, 24, 12, 9, 27, 20, 10]
@@ -48,24 +53,7 @@ SHORT_LENGTHS = [1, 3, 7, 15, 16, 17, 20, 12, 5, 2, 24, 12, 9, 27, 20, 10]
 
 @pytest.fixture(scope="module")
 def phi_models(tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            made[name] = make_family_model(tmp_path_factory.mktemp(name), "phi3", overrides=MODELS[name])
-        return made[name]
-
-    return get
-
-
-def _config(**knobs) -> EngineConfig:
-    return EngineConfig(device="cpu", dtype="float32", **knobs)
-
-
-def _prompts(model_dir: Path, lengths: list[int]) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    return prompts_of_lengths(AutoTokenizer.from_pretrained(str(model_dir)), lengths)
+    return family_models(tmp_path_factory, "phi3", MODELS)
 
 
 def _lengths(name: str) -> list[int]:
@@ -115,59 +103,31 @@ def test_unsupported_rope_is_refused(phi_models) -> None:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_mixed_prefill_and_decode_steps(phi_models, name: str) -> None:
     model_dir = phi_models(name)
-    config = _config(num_kv_blocks=256, max_num_tokens=512)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, _lengths(name)), _max_tokens(name))
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=512)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, _lengths(name)), _max_tokens(name))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_chunked_context_small_budget(phi_models, name: str) -> None:
     model_dir = phi_models(name)
-    config = _config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
-    assert_engine_matches_hf(model_dir, config, _prompts(model_dir, _lengths(name)), _max_tokens(name))
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=13, enable_chunked_context=True)
+    assert_engine_matches_hf(model_dir, config, prompts_for(model_dir, _lengths(name)), _max_tokens(name))
 
 
 def test_preemption_under_a_small_cache(phi_models) -> None:
-    model_dir = phi_models("phi4")
-    config = _config(num_kv_blocks=12, block_size=16, max_num_tokens=256, enable_prefix_caching=False)
-    engine = assert_engine_matches_hf(model_dir, config, _prompts(model_dir, LENGTHS), MAX_TOKENS)
-    assert engine.stats().num_preemptions > 0
+    check_preemption(phi_models("phi4"))
 
 
 @pytest.mark.parametrize("name", ["phi4", "phi3_window"])
 def test_prefix_caching_shared_prefix(phi_models, name: str) -> None:
-    model_dir = phi_models(name)
-    config = _config(num_kv_blocks=128, max_num_tokens=256, enable_prefix_caching=True)
-    base = _prompts(model_dir, [50])[0]
-    prompts = [base + t[1:] for t in _prompts(model_dir, [3, 9, 20, 1, 14, 30])] + [base]
-    engine = assert_engine_matches_hf(model_dir, config, prompts, [10, 14, 8, 12, 16, 9, 11])
-    assert engine.stats().prefix_cache_hits > 0
+    check_prefix_caching(phi_models(name))
 
 
 @pytest.mark.parametrize("name", ["phi4", "phi4_mini"])
 def test_tensor_parallel_2_matches_1(phi_models, name: str) -> None:
-    from inflight.runtime.core.engine import LLMEngine
-    from inflight.runtime.llm import LLM
-    from inflight.runtime.sampling_params import SamplingParams
-
-    model_dir = phi_models(name)
-    knobs = dict(num_kv_blocks=64, block_size=16, max_num_tokens=48, enable_chunked_context=True)
-    prompts = _prompts(model_dir, _lengths(name)[:10])
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in _max_tokens(name)[:10]]
-    one = run_staggered(LLMEngine.from_model_dir(model_dir, EngineConfig(**knobs)), prompts, params)
-    llm = LLM(model_dir, tensor_parallel_size=2, **knobs)
-    try:
-        two = run_staggered(llm.engine, prompts, params)
-        assert llm.engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-    finally:
-        llm.close()
-    assert two == one, f"{name} TP=2 tokens differ from TP=1"
-
+    check_tp2_matches_tp1(phi_models(name), name, _lengths(name), _max_tokens(name))
 
 
 def test_triton_kernels_in_the_interpreter(phi_models) -> None:
     """The Triton kernels (Triton's interpreter on the CPU) give transformers' tokens too."""
-    model_dir = phi_models("phi4_mini")
-    prompts, max_tokens = _prompts(model_dir, [17, 9, 5]), [8, 12, 20]
-    got = triton_tokens(model_dir, prompts, max_tokens)
-    for i, prompt in enumerate(prompts):
-        assert got[i] == hf_greedy(model_dir, prompt, max_tokens[i]), f"prompt {i} diverged"
+    check_triton_matches_hf(phi_models("phi4_mini"))

@@ -11,7 +11,6 @@ refused before any process starts, naming the reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,9 @@ from inflight.runtime.model.stages import local_name, split_layers
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured.params import StructuredOutputsParams
 
-from .hf_reference import prompts_of_lengths, run_staggered
+from .hf_reference import prompts_of_lengths
+from .parallel_pairs import CONFIG, LENGTHS, greedy, one_live, run_both, run_shared_scenario, run_with_aborts
 
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
-CONFIG = dict(num_kv_blocks=14, block_size=16, max_num_tokens=512, enable_prefix_caching=True)
 SCENARIOS = ["mixed", "chunked", "preemption", "prefix", "seeded", "grammar", "abort", "one_in_flight"]
 
 
@@ -41,7 +38,6 @@ class Pair:
         self.max_in_flight_seen = 0
 
     def run(self, prompts: list[list[int]], params: list[SamplingParams], **knobs) -> list[dict[str, list[int]]]:
-        results = []
         queue = self.two.pipeline
         launch = queue._launch
 
@@ -52,37 +48,15 @@ class Pair:
 
         queue._launch = watched_launch
         try:
-            for engine in (self.one, self.two):
-                engine.update_config(max_num_tokens=knobs.get("max_num_tokens", CONFIG["max_num_tokens"]))
-                engine.pool.reset_prefix_cache()
-                results.append(run_staggered(engine, prompts, params, knobs.get("per_step", 3)))
-                stats = engine.stats()
-                assert stats.num_running == stats.num_waiting == stats.num_used_kv_blocks == 0, "KV blocks leaked"
+            return run_both((self.one, self.two), prompts, params, **knobs)
         finally:
             del queue._launch
-        return results
 
 
 @pytest.fixture(scope="module")
-def pairs(model_factory) -> Iterator:
+def pairs(model_factory):
     """At most one live multi-rank engine (torch.distributed's group is per process)."""
-    live: dict[tuple[str, int, int], Pair] = {}
-
-    def get(arch: str, tp: int, pp: int) -> Pair:
-        if (arch, tp, pp) not in live:
-            for old in live.values():
-                old.llm.close()
-            live.clear()
-            live[arch, tp, pp] = Pair(model_factory(arch), tp, pp)
-        return live[arch, tp, pp]
-
-    yield get
-    for pair in live.values():
-        pair.llm.close()
-
-
-def _greedy(n: int) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=MAX_TOKENS[i % len(MAX_TOKENS)], temperature=0.0) for i in range(n)]
+    yield from one_live(lambda arch, tp, pp: Pair(model_factory(arch), tp, pp))
 
 
 CASES = [("llama", 1, 2, s) for s in SCENARIOS] + [("llama", 2, 2, s) for s in SCENARIOS]
@@ -95,10 +69,9 @@ def test_pipeline_matches_tp1(pairs, arch: str, tp: int, pp: int, scenario: str)
     queue = pair.two.pipeline
     queue.max_in_flight = 1 if scenario == "one_in_flight" else pp
     prompts = prompts_of_lengths(pair.two.tokenizer, LENGTHS)
-    before = [e.stats() for e in (pair.one, pair.two)]
     pair.max_in_flight_seen = 0
     if scenario in ("mixed", "one_in_flight"):
-        one, two = pair.run(prompts, _greedy(len(prompts)))
+        one, two = pair.run(prompts, greedy(len(prompts)))
         assert pair.max_in_flight_seen == queue.max_in_flight, "the batch queue never held that many steps"
         runner = pair.two.runner
         num_layers = runner.spec.num_layers
@@ -106,51 +79,20 @@ def test_pipeline_matches_tp1(pairs, arch: str, tp: int, pp: int, scenario: str)
         assert runner.model.norm is None and runner.model.lm_head is None, "stage 0 holds the last stage's parts"
         heads = [e.runner.model.layers[0].self_attn.num_heads for e in (pair.one, pair.two)]
         assert heads[1] == heads[0] // tp, "the stage's layers are not split by head"
-    elif scenario == "chunked":
-        one, two = pair.run(prompts, _greedy(len(prompts)), max_num_tokens=24)
-    elif scenario == "preemption":
-        one, two = pair.run(prompts, _greedy(len(prompts)), max_num_tokens=256, per_step=16)
-        for engine, b in zip((pair.one, pair.two), before, strict=True):
-            assert engine.stats().num_preemptions > b.num_preemptions, "the small cache forced no preemption"
-    elif scenario == "prefix":
-        shared = prompts_of_lengths(pair.two.tokenizer, [49])[0]
-        prefixed = [shared + p[1:] for p in prompts[:8]]
-        one, two = pair.run(prefixed, _greedy(len(prefixed)), per_step=1)
-        for engine, b in zip((pair.one, pair.two), before, strict=True):
-            assert engine.stats().prefix_cache_hits > b.prefix_cache_hits, "no prefix-cache hit"
-    elif scenario == "seeded":
-        params = [SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
-        one, two = pair.run(prompts[:8], params)
     elif scenario == "grammar":
         spec = StructuredOutputsParams.regex(r"(ab|cd){2,5}x")
         params = [SamplingParams(max_tokens=16, temperature=0.8, seed=7 + i, structured=spec) for i in range(6)]
         one, two = pair.run(prompts[:6], params)
         text = [pair.two.tokenizer.decode(t) for t in two.values()]
         assert all(t.endswith("x") for t in text), text
+    elif scenario == "abort":
+        one, two = (run_with_aborts(e, prompts[:8], keep_aborted=False) for e in (pair.one, pair.two))
     else:
-        one, two = (_run_with_aborts(e, prompts[:8]) for e in (pair.one, pair.two))
+        shared = run_shared_scenario(pair, scenario, prompts)
+        assert shared is not None, scenario
+        one, two = shared
     assert two == one, f"{arch}/{scenario}: TP={tp} x PP={pp} tokens differ from TP=1"
     assert sum(len(t) for t in two.values()) > 0
-
-
-def _run_with_aborts(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
-    """Abort every other request after four steps (some of them in a step in flight)."""
-    engine.pool.reset_prefix_cache()
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=20, temperature=0.0))
-    for step in range(400):
-        if step == 4:
-            for i in range(1, len(prompts), 2):
-                assert engine.abort_request(str(i)) is not None
-                tokens[str(i)] = []  # how far an aborted request got depends on the steps in flight
-        for out in engine.step():
-            if int(out.req_id) % 2 == 0:
-                tokens[out.req_id].extend(out.new_token_ids)
-        if not engine.has_unfinished_requests():
-            break
-    assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-    return tokens
 
 
 def test_layers_split_contiguously_with_the_remainder_before_the_last_stage() -> None:

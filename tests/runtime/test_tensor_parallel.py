@@ -14,7 +14,6 @@ Supervision lives in ``test_tensor_parallel_supervision.py``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,11 @@ from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 
-from .hf_reference import prompts_of_lengths, run_staggered
+from .hf_reference import prompts_of_lengths
+from .parallel_pairs import CONFIG, LENGTHS, greedy, one_live, run_both, run_shared_scenario, run_with_aborts
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 SCENARIOS = ["mixed", "chunked", "preemption", "prefix", "seeded", "logprobs", "abort"]
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
-# A cache of 14 blocks x 16 tokens: the staggered prompts do not all fit, so some are preempted.
-CONFIG = dict(num_kv_blocks=14, block_size=16, max_num_tokens=512, enable_prefix_caching=True)
 LOGPROB_TOLERANCE = 1e-4  # fp32: o_proj/down_proj partial sums are added in another order
 
 
@@ -45,36 +41,13 @@ class Pair:
         self.two = self.llm.engine
 
     def run(self, prompts: list[list[int]], params: list[SamplingParams], **knobs) -> list[dict[str, list[int]]]:
-        results = []
-        for engine in (self.one, self.two):
-            engine.update_config(max_num_tokens=knobs.get("max_num_tokens", CONFIG["max_num_tokens"]))
-            engine.pool.reset_prefix_cache()
-            results.append(run_staggered(engine, prompts, params, knobs.get("per_step", 3)))
-            stats = engine.stats()
-            assert stats.num_running == stats.num_waiting == stats.num_used_kv_blocks == 0, "KV blocks leaked"
-        return results
+        return run_both((self.one, self.two), prompts, params, **knobs)
 
 
 @pytest.fixture(scope="module")
-def pairs(model_factory) -> Iterator[dict[str, Pair]]:
+def pairs(model_factory):
     """At most one live TP>1 engine (torch.distributed's group is per process)."""
-    live: dict[tuple[str, int], Pair] = {}
-
-    def get(arch: str, tp: int) -> Pair:
-        if (arch, tp) not in live:
-            for old in live.values():
-                old.llm.close()
-            live.clear()
-            live[arch, tp] = Pair(model_factory(arch), tp)
-        return live[arch, tp]
-
-    yield get  # type: ignore[misc]
-    for pair in live.values():
-        pair.llm.close()
-
-
-def _greedy(n: int) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=MAX_TOKENS[i % len(MAX_TOKENS)], temperature=0.0) for i in range(n)]
+    yield from one_live(lambda arch, tp: Pair(model_factory(arch), tp))
 
 
 # TP=4 on 2 KV heads: each KV head replicated on two ranks (qwen3: q/k norm, head_dim != hidden/heads).
@@ -87,52 +60,22 @@ def test_tp_matches_tp1(pairs, arch: str, tp: int, scenario: str) -> None:
     pair = pairs(arch, tp)
     tok = pair.two.tokenizer
     prompts = prompts_of_lengths(tok, LENGTHS)
-    before = [e.stats() for e in (pair.one, pair.two)]
     if scenario == "mixed":
-        one, two = pair.run(prompts, _greedy(len(prompts)))
+        one, two = pair.run(prompts, greedy(len(prompts)))
         sizes = [sum(p.numel() for p in e.runner.model.parameters()) for e in (pair.one, pair.two)]
         assert sizes[1] < 1.1 * sizes[0] / tp, f"rank 0 holds {sizes[1]} of {sizes[0]} parameters"
         kv_heads = pair.two.runner.spec.num_kv_heads
         assert pair.two.runner.kv_caches[0][0].shape[2] == max(1, kv_heads // tp), "KV cache not sharded by head"
-    elif scenario == "chunked":
-        one, two = pair.run(prompts, _greedy(len(prompts)), max_num_tokens=24)
-    elif scenario == "preemption":
-        one, two = pair.run(prompts, _greedy(len(prompts)), max_num_tokens=256, per_step=16)
-        for engine, b in zip((pair.one, pair.two), before, strict=True):
-            assert engine.stats().num_preemptions > b.num_preemptions, "the small cache forced no preemption"
-    elif scenario == "prefix":
-        shared = prompts_of_lengths(tok, [49])[0]
-        prefixed = [shared + p[1:] for p in prompts[:8]]
-        one, two = pair.run(prefixed, _greedy(len(prefixed)), per_step=1)
-        for engine, b in zip((pair.one, pair.two), before, strict=True):
-            assert engine.stats().prefix_cache_hits > b.prefix_cache_hits, "no prefix-cache hit"
     elif scenario == "abort":
-        one, two = (_run_with_aborts(e, prompts[:8]) for e in (pair.one, pair.two))
-    elif scenario == "seeded":
-        params = [SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
-        one, two = pair.run(prompts[:8], params)
-    else:
+        one, two = (run_with_aborts(e, prompts[:8], keep_aborted=True) for e in (pair.one, pair.two))
+    elif scenario == "logprobs":
         one, two = _logprobs_within_tolerance(pair, prompts_of_lengths(tok, [7, 33, 64, 90]))
+    else:
+        shared = run_shared_scenario(pair, scenario, prompts)
+        assert shared is not None, scenario
+        one, two = shared
     assert two == one, f"{arch}/{scenario}: TP={tp} tokens differ from TP=1"
     assert sum(len(t) for t in two.values()) > 0
-
-
-def _run_with_aborts(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
-    """Abort every other request after four steps; the rest run to the end; no block leaks."""
-    engine.pool.reset_prefix_cache()
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=20, temperature=0.0))
-    for step in range(200):
-        if step == 4:
-            for i in range(1, len(prompts), 2):
-                assert engine.abort_request(str(i)) is not None
-        for out in engine.step():
-            tokens[out.req_id].extend(out.new_token_ids)
-        if not engine.has_unfinished_requests():
-            break
-    assert engine.stats().num_used_kv_blocks == 0, "KV blocks leaked"
-    return tokens
 
 
 def _prompt_logprobs(engine: LLMEngine, prompts: list[list[int]]) -> list[list]:

@@ -190,19 +190,13 @@ class WorkerGroup:
 
     def run_step(self, forward: Callable[[], T], step: StepTensors) -> T:
         """Broadcast ``step`` and run rank 0's ``forward``; any failure is fatal."""
-        self.check()
-        assert self.tp is not None
-        try:
+
+        def broadcast_and_forward() -> T:
+            assert self.tp is not None
             self.tp.send_step(StepInputs(*step))
             return forward()
-        except Exception as exc:
-            time.sleep(MONITOR_S)  # let a dying worker's exit status land, for the message
-            dead = [describe_exit(r, p) for r, p in self._procs.items() if p.poll() is not None]
-            self._fail("; ".join(dead) if dead else f"tensor-parallel step failed: {exc}")
-            raise EngineFatalError(self._failure or str(exc)) from exc
-        except BaseException as exc:  # KeyboardInterrupt mid-step: the ranks are out of step
-            self._fail(f"a tensor-parallel step was interrupted ({type(exc).__name__})")
-            raise
+
+        return self._fatal_on_failure(broadcast_and_forward, "tensor-parallel step")
 
     def launch_step(self, forward: Callable[[], T], step: StepTensors) -> tuple[list[dist.Work], T]:
         """Pipeline stages: start broadcasting ``step`` without waiting for the workers (the later
@@ -215,6 +209,11 @@ class WorkerGroup:
 
     def guard(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (a part of a step); a failure leaves the ranks out of step, so it is fatal."""
+        return self._fatal_on_failure(fn, "distributed step")
+
+    def _fatal_on_failure(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn`` after :meth:`check`; an error turns into :class:`EngineFatalError` naming the
+        dead workers if any (else ``what`` and the error), an interrupt is recorded as fatal."""
         self.check()
         assert self.tp is not None
         try:
@@ -222,10 +221,10 @@ class WorkerGroup:
         except Exception as exc:
             time.sleep(MONITOR_S)  # let a dying worker's exit status land, for the message
             dead = [describe_exit(r, p) for r, p in self._procs.items() if p.poll() is not None]
-            self._fail("; ".join(dead) if dead else f"distributed step failed: {exc}")
+            self._fail("; ".join(dead) if dead else f"{what} failed: {exc}")
             raise EngineFatalError(self._failure or str(exc)) from exc
         except BaseException as exc:  # KeyboardInterrupt mid-step: the ranks are out of step
-            self._fail(f"a distributed step was interrupted ({type(exc).__name__})")
+            self._fail(f"a {what} was interrupted ({type(exc).__name__})")
             raise
 
     def load_lora(self, slot: int, tensors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -3,8 +3,10 @@ block copies between it and the device's paged KV cache.
 
 :class:`HostKV` holds, for every cache indexed by the scheduler's block tables (the served
 model's and a draft model's, :mod:`inflight.runtime.spec_decode.draft_proposer`), one host
-tensor per layer and K/V of shape ``[num_slots, block_size, num_kv_heads, head_dim]`` (pinned
-on CUDA). :meth:`HostKV.run` runs one step's :class:`~inflight.runtime.core.sched_output.KVCopies`
+tensor per layer and K/V of shape ``[num_slots, block_size, num_kv_heads, head_dim]``, all views
+of one allocation (:class:`~inflight.runtime.worker.host_arena.HostArena`, page-locked on CUDA as
+one range: the bytes pinned are the pool's, not each layer's rounded up to a power of two).
+:meth:`HostKV.run` runs one step's :class:`~inflight.runtime.core.sched_output.KVCopies`
 before that step's forward, on the thread that runs the forward (the engine thread, or the
 async pipeline's :class:`~inflight.runtime.worker.step_worker.StepWorker`), every copy-out
 first, then every copy-in (the order :mod:`inflight.runtime.core.host_tier` relies on).
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from inflight.runtime.core.sched_output import KVCopies
+from inflight.runtime.worker.host_arena import HostArena
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +53,12 @@ def num_host_slots(size_gib: float, bytes_per_block: int) -> int:
     return num
 
 
-class HostKV:
-    """The host pool of every cache in ``caches`` (see module docstring)."""
+class _CopyCounts:
+    """What both host pools report: their size, and the blocks and bytes they have copied."""
 
-    def __init__(self, caches: Sequence[KVCaches], num_slots: int) -> None:
-        if not caches or not all(caches):
-            raise ValueError("the host tier needs allocated KV caches")
+    def __init__(self, num_slots: int, bytes_per_block: int) -> None:
         self.num_slots = num_slots
-        self.device = caches[0][0][0].device
-        pin = self.device.type == "cuda"
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, host), one per layer and K/V
-        for cache in caches:
-            for k, v in cache:
-                for t in (k, v):
-                    if t.element_size() == 1:  # an fp8 cache moves as bytes (no fp8 gathers on the CPU)
-                        t = t.view(torch.uint8)
-                    host = torch.empty((num_slots, *t.shape[1:]), dtype=t.dtype, device="cpu", pin_memory=pin)
-                    self._pairs.append((t, host))
-        self.bytes_per_block = sum(h[0].numel() * h.element_size() for _, h in self._pairs)
+        self.bytes_per_block = bytes_per_block
         self.num_copied_out = 0  # blocks
         self.num_copied_in = 0
         self.num_copied_bytes = 0
@@ -76,15 +67,36 @@ class HostKV:
     def host_bytes(self) -> int:
         return self.num_slots * self.bytes_per_block
 
+    def _count(self, copies: KVCopies) -> int:
+        """Count ``copies`` as done; returns their bytes."""
+        num_bytes = copies.num_blocks * self.bytes_per_block
+        self.num_copied_out += len(copies.copy_out)
+        self.num_copied_in += len(copies.copy_in)
+        self.num_copied_bytes += num_bytes
+        return num_bytes
+
+
+class HostKV(_CopyCounts):
+    """The host pool of every cache in ``caches`` (see module docstring)."""
+
+    def __init__(self, caches: Sequence[KVCaches], num_slots: int) -> None:
+        if not caches or not all(caches):
+            raise ValueError("the host tier needs allocated KV caches")
+        self.device = caches[0][0][0].device
+        # every layer's K and V of every cache; an fp8 cache moves as bytes (no fp8 gathers on the CPU)
+        devs = [t.view(torch.uint8) if t.element_size() == 1 else t for cache in caches for kv in cache for t in kv]
+        self.arena = HostArena([(num_slots, *t.shape[1:]) for t in devs], [t.dtype for t in devs],
+                               self.device if self.device.type == "cuda" else None)  # fmt: skip
+        self._pairs = list(zip(devs, self.arena.views, strict=True))  # (device, host), one per layer and K/V
+        super().__init__(num_slots, sum(h[0].numel() * h.element_size() for _, h in self._pairs))
+
     def run(self, copies: KVCopies) -> None:
         """Every copy-out (device block -> host slot), then every copy-in (slot -> block)."""
         if self.device.type == "cuda":
             self._run_cuda(copies)
         else:
             self._run_cpu(copies)
-        self.num_copied_out += len(copies.copy_out)
-        self.num_copied_in += len(copies.copy_in)
-        self.num_copied_bytes += copies.num_blocks * self.bytes_per_block
+        self._count(copies)
 
     def _run_cpu(self, copies: KVCopies) -> None:
         if copies.copy_out:
@@ -118,29 +130,18 @@ def _runs(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return runs
 
 
-class SimHostKV:
+class SimHostKV(_CopyCounts):
     """The simulated device's host tier: counts copies and bytes; ``busy(seconds)`` is told the
     modelled transfer time (``bytes / host_copy_gb_per_s``), which it waits out."""
 
     def __init__(self, num_slots: int, bytes_per_block: int, gb_per_s: float,
                  busy: Callable[[float], None]) -> None:
-        self.num_slots = num_slots
-        self.bytes_per_block = bytes_per_block
+        super().__init__(num_slots, bytes_per_block)
         self._gb_per_s = gb_per_s
         self._busy = busy
-        self.num_copied_out = 0
-        self.num_copied_in = 0
-        self.num_copied_bytes = 0
-
-    @property
-    def host_bytes(self) -> int:
-        return self.num_slots * self.bytes_per_block
 
     def run(self, copies: KVCopies) -> None:
-        num_bytes = copies.num_blocks * self.bytes_per_block
-        self.num_copied_out += len(copies.copy_out)
-        self.num_copied_in += len(copies.copy_in)
-        self.num_copied_bytes += num_bytes
+        num_bytes = self._count(copies)
         seconds = num_bytes / (self._gb_per_s * 1e9) if self._gb_per_s > 0 else 0.0
         start = time.monotonic()
         if seconds > 0:
