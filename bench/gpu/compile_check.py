@@ -71,6 +71,49 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
         *_quant_specs(dtype),
         *_intq_specs(dtype),
         *_lora_specs(dtype),
+        *_mla_specs(dtype, block_size),
+        *_gated_delta_specs(dtype),
+    ]  # fmt: skip
+
+
+def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
+    """Qwen3-Next's linear attention (kernels/triton_gated_delta.py) at its widths: the causal conv
+    (4 taps), the delta-rule scan and its chunked form over 128 x 128 heads."""
+    from inflight.kernels import triton_gated_delta as gd
+
+    p = f"*{dtype}"
+    seqs = {"qsl_ptr": "*i32", "slots_ptr": "*i64", "init_ptr": "*i32"}
+    return [
+        KernelSpec("gated_delta_conv", gd._conv_kernel,
+                   {"x_ptr": p, "w_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
+                   {"TAPS": 4, "BLOCK": gd.BLOCK_C}, unaligned=("sw", "ss0", "ss1")),
+        KernelSpec("gated_delta_rule", gd._rule_kernel,
+                   {"q_ptr": p, "k_ptr": p, "v_ptr": p, "g_ptr": "*fp32", "b_ptr": p, "state_ptr": "*fp32",
+                    "out_ptr": p, **seqs},
+                   {"BK": 128, "BV": gd.BLOCK_V}, unaligned=("group",)),
+        KernelSpec("gated_delta_chunk", gd._chunk_rule_kernel,
+                   {"q_ptr": p, "k_ptr": p, "v_ptr": p, "g_ptr": "*fp32", "b_ptr": p, "state_ptr": "*fp32",
+                    "out_ptr": p, **seqs},
+                   {"BK": 128, "BV": gd.BLOCK_V, "BT": gd.CHUNK_T}, unaligned=("group",)),
+    ]  # fmt: skip
+
+
+def _mla_specs(dtype: str, block_size: int) -> list[KernelSpec]:
+    """The absorbed MLA decode (kernels/triton_mla_decode.py) at DeepSeek-V3's widths: latent 512,
+    rope 64, 16 heads a program; direct and split over the context, and the splits' merge."""
+    from inflight.kernels import triton_mla_decode as mla
+
+    p = f"*{dtype}"
+    ptrs = {"q_latent_ptr": p, "q_pe_ptr": p, "latent_ptr": p, "pe_ptr": p, "block_tables_ptr": "*i32",
+            "context_lens_ptr": "*i32", "out_ptr": p, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"}
+    tiles = {"BLOCK_SIZE": block_size, "BLOCK_H": 16, "BLOCK_C": 512, "BLOCK_R": 64, "BLOCK_N": mla.BLOCK_N,
+             "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "DOT_UPCAST": False}
+    ragged = ("num_heads", "num_splits", "split_size")
+    return [
+        KernelSpec("mla_decode", mla._mla_decode_kernel, ptrs, {**tiles, "DIRECT": True}, unaligned=ragged),
+        KernelSpec("mla_decode_split", mla._mla_decode_kernel, ptrs, {**tiles, "DIRECT": False}, unaligned=ragged),
+        KernelSpec("mla_merge", mla._mla_merge_kernel, {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
+                   {"BLOCK_P": 16, "BLOCK_C": 512}, unaligned=ragged),
     ]  # fmt: skip
 
 
@@ -176,19 +219,26 @@ def _attention_specs(dtype: str, head_dim: int, block_size: int) -> list[KernelS
     }
     decode_ptrs = {**paged, "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32"}
     fp8_cache = {"k_cache_ptr": "*u8", "v_cache_ptr": "*u8"}
+    ragged = (*ragged, "min_split")
+    reduce_ptrs = {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p, "sinks_ptr": "*fp32",
+                   "context_lens_ptr": "*i32"}
     return [
         *(KernelSpec(name, dec._decode_split_kernel, decode_ptrs,
-                     {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct, "HAS_SINKS": False},
+                     {**attn, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": direct, "HAS_SINKS": False,
+                      "PER_ROW": per_row},
                      decode.num_warps, decode.num_stages, unaligned=ragged)
-          for name, direct in (("decode_split", False), ("decode_direct", True))),
-        KernelSpec("decode_reduce", dec._decode_reduce_kernel,
-                   {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p, "sinks_ptr": "*fp32"},
-                   {"BLOCK_P": 8, "BLOCK_D": head_dim, "HAS_SINKS": False}, num_warps=2, unaligned=ragged),
+          for name, direct, per_row in (("decode_split", False, False), ("decode_direct", True, False),
+                                        ("decode_per_row", False, True))),
+        *(KernelSpec(name, dec._decode_reduce_kernel, reduce_ptrs,
+                     {"BLOCK_P": 8, "BLOCK_D": head_dim, "BLOCK_N": decode.block_n, "HAS_SINKS": False,
+                      "PER_ROW": per_row}, num_warps=2, unaligned=ragged)
+          for name, per_row in (("decode_reduce", False), ("decode_reduce_row", True))),
         KernelSpec("prefill", pf._prefill_kernel, {**paged, "query_start_loc_ptr": "*i32"},
                    {**attn, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n, "HAS_SINKS": False},
                    prefill.num_warps, prefill.num_stages, unaligned=ragged),
         KernelSpec("decode_fp8", dec._decode_split_kernel, {**decode_ptrs, **fp8_cache},
-                   {**attn, **FP8_KV, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": False, "HAS_SINKS": False},
+                   {**attn, **FP8_KV, "BLOCK_G": 16, "BLOCK_N": decode.block_n, "DIRECT": False, "HAS_SINKS": False,
+                    "PER_ROW": True},
                    decode.num_warps, decode.num_stages, unaligned=ragged),
         KernelSpec("prefill_fp8", pf._prefill_kernel, {**paged, **fp8_cache, "query_start_loc_ptr": "*i32"},
                    {**attn, **FP8_KV, "BLOCK_M": prefill.block_m, "BLOCK_N": prefill.block_n, "HAS_SINKS": False},

@@ -3,7 +3,8 @@
 On CUDA it (1) checks every Triton kernel against its torch reference on fresh random
 inputs, (2) measures the device's copy bandwidth (a large device-to-device copy, read +
 write bytes), (3) prints decode-attention achieved bandwidth (K/V bytes read / median time,
-``triton.testing.do_bench``) against it for batch 1..256 x context 128..32k, the multi-LoRA
+``triton.testing.do_bench``) against it for batch 1..256 x context 128..32k and for the
+graph-width row (batch 64, contexts 1k-8k, a 32k-token table: :mod:`bench.gpu.graph_width`), the multi-LoRA
 delta's time against its reference and the base GEMM (:mod:`bench.gpu.lora`), and (4) the
 engine's decode-step time against its roofline for a generated ~0.5B Llama model
 (:mod:`bench.gpu.engine`). Without CUDA it says so and exits 2. Owns only the
@@ -161,6 +162,7 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
     never the kernels or the hardware.
     """
     from bench.gpu.checks import run_checks
+    from bench.gpu.graph_width import safe_graph_width_row
 
     def measure_copy(fn: Callable[[], float]) -> tuple[float | None, str | None]:
         try:
@@ -181,6 +183,8 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
         copy_bw, copy_error = measure_copy(cpu_copy)
         shape = DecodeShape(num_heads=4, num_kv_heads=2, head_dim=32, device="cpu")
         decode_rows = decode_table(copy_bw or 1e12, (1, 2), (16, 40), 1 << 30, shape=shape, timer=wall_median_ms)
+        graph_row = safe_graph_width_row(copy_bw or 1e12, shape=shape, timer=lambda fn: wall_median_ms(fn, reps=1),
+                                         batch=2, contexts=(16, 300), width_tokens=512)  # fmt: skip
         lora_shape = LoraShape(in_features=64, out_features=48, num_adapters=2, dtype=torch.float32, device="cpu")
         lora_rows = lora_table(lora_shape, (1, 5), timer=wall_median_ms)
         device = "cpu (dry run)"
@@ -195,12 +199,14 @@ def run_kernel_bench(quick: bool = False, dry_run: bool = False) -> dict[str, ob
         max_kv = int(0.45 * props.total_memory)
         batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if quick else (BATCHES, CONTEXTS)
         decode_rows = decode_table(copy_bw or 1e12, batches, contexts, max_kv)
+        graph_row = safe_graph_width_row(copy_bw or 1e12, DecodeShape())
         lora_rows = lora_table(num_tokens=(1, 64, 1024) if quick else NUM_TOKENS)
         device = props.name
     print_targets(decode_rows if copy_bw else [], [])
     return {
         "device": device, "copy_gb_per_s": copy_bw / 1e9 if copy_bw else None, "copy_error": copy_error,
         "decode": decode_rows, "decode_target": decode_target(decode_rows) if copy_bw else None,
+        "decode_graph_width": graph_row,
         "lora": lora_rows,
         "checks": [{"kernel": r.name, "dtype": str(r.dtype), "max_abs_err": r.max_abs_err, "ok": r.ok,
                     **({"error": r.error} if r.error else {})} for r in results],

@@ -44,7 +44,23 @@ def _decode(data: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"| {r['batch']} | {r['context']} | {r['splits']} | {1e3 * r['ms']:.1f} | "
                      f"{r['gb_per_s']:.0f} | {100 * r['fraction_of_copy']:.1f}% |")  # fmt: skip
-    return lines
+    return lines + _graph_width(data.get("decode_graph_width"))
+
+
+def _graph_width(g: dict[str, Any] | None) -> list[str]:
+    """The graph-width row: per-row splits against splits sized for the table's width."""
+    if not g:
+        return []
+    if g.get("error"):
+        return ["", f"Graph-width decode row FAILED: {str(g['error']).replace('|', chr(92) + '|')}"]
+    return ["", f"### Decode attention at graph width (batch {g['batch']}, contexts {g['contexts']}, "
+                f"a {g['width_tokens']}-token table)", "",
+            "| splits | per row | us | % of copy |", "|---|---:|---:|---:|",
+            f"| each row's own (now) | {g['splits_per_row']} | {1e3 * g['per_row_ms']:.1f} | "
+            f"{100 * g['per_row_fraction_of_copy']:.1f}% |",
+            f"| sized for the width (before) | {g['splits_by_width']} | {1e3 * g['by_width_ms']:.1f} | "
+            f"{100 * g['by_width_fraction_of_copy']:.1f}% |",
+            "", f"Per-row splits: {g['speedup']:.2f}x the width-sized plan."]  # fmt: skip
 
 
 def _lora(data: dict[str, Any]) -> list[str]:

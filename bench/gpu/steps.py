@@ -24,7 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTEST_WORKERS = 4  # pytest-xdist workers sharing the one GPU, where xdist is installed
 COMPILE_DTYPES = ("bf16",)  # what the engine runs on a GPU; --compile-dtypes bf16,fp16,fp32 for all
 GPU_TESTS = ["-m", "gpu", "tests/kernels", "tests/runtime/test_engine_matches_transformers.py",
-             "tests/runtime/test_decode_graphs.py", "tests/engine/test_host_tier_engine.py"]  # fmt: skip
+             "tests/runtime/test_decode_graphs.py", "tests/engine/test_host_tier_engine.py",
+             "tests/runtime/test_sampler_batched.py", "tests/runtime/test_sampler_async.py",
+             "tests/runtime/test_decode_graphs_logits.py"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,12 @@ def kernel_bench_step(ctx: CheckContext) -> StepResult:
     summary = f"copy {copy:.0f} GB/s" if copy else f"copy bandwidth FAILED ({report.get('copy_error')})"
     if target:
         summary += f"; decode attention worst {100 * target['worst_fraction']:.0f}% of copy at batch 64, context 2k-8k"
+    graph = report.get("decode_graph_width") or {}
+    if "speedup" in graph:
+        summary += (f"; graph-width decode {100 * graph['per_row_fraction_of_copy']:.0f}% of copy, "
+                    f"{graph['speedup']:.2f}x the width-sized splits")
+    elif "error" in graph:
+        broken.append(f"graph-width row ({graph['error'][:80]})")
     if failed:
         summary += f"; FAILED checks: {', '.join(failed)}"
     if broken:

@@ -6,14 +6,21 @@ loads that KV head's keys/values once for all ``num_heads // num_kv_heads`` quer
 the group (GQA), walks the block table ``BLOCK_N`` tokens at a time with an online
 softmax, and writes either the final output (one split) or a normalized partial output and
 its log-sum-exp, which a second kernel merges. Attention sinks (gpt-oss: a logit per head in
-the softmax denominator) join once: at the end of the one split, or in the merge. The split count comes from the block
-table's width (an upper bound of every context length) and the batch, never from the
-lengths themselves, so launching needs no device-to-host sync.
+the softmax denominator) join once: at the end of the one split, or in the merge.
+
+The grid's split count comes from the block table's width (an upper bound of every context
+length) and the batch, never from the lengths themselves, so launching needs no
+device-to-host sync and one CUDA graph serves every context. Inside it each row cuts its own
+visible context (read on the device) into ``min(num_splits, ceil(len / MIN_SPLIT_TOKENS))``
+slices: with the graphs' table as wide as ``max_model_len``, a row of 2k tokens still runs in
+8 splits where a plan sized for the width alone would give it one; the programs past a row's
+splits return at once and the merge reads only that row's count.
 Knows nothing about the scheduler; the reference is the ground truth.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -55,6 +62,9 @@ class DecodePlan:
     block_n: int  # tokens per inner-loop tile
     num_warps: int = 4
     num_stages: int = 2
+    # > 0: each row cuts its own context into min(num_splits, ceil(len / min_split_tokens))
+    # slices on the device (split_size is then only the widest); 0: every row uses split_size
+    min_split_tokens: int = 0
 
 
 @functools.lru_cache(maxsize=1024)  # pure; called on every launch
@@ -67,7 +77,28 @@ def plan_decode(
     by_occupancy = cdiv(PROGRAMS_PER_SM * sms, base_programs)
     by_length = cdiv(max(max_context, 1), MIN_SPLIT_TOKENS)
     wanted = max(1, min(by_occupancy, by_length, MAX_SPLITS))
-    return split_plan(max_context, wanted, block_n)
+    plan = split_plan(max_context, wanted, block_n)
+    return plan if plan.num_splits == 1 else dataclasses.replace(plan, min_split_tokens=MIN_SPLIT_TOKENS)
+
+
+def row_splits(context_len: int, plan: DecodePlan, window: int = 0) -> tuple[int, int]:
+    """(splits, tokens per split) a row of ``context_len`` tokens runs in under ``plan``: what
+    the kernels compute on the device (the benchmark and the tests read it here)."""
+    if plan.min_split_tokens <= 0:
+        return plan.num_splits, plan.split_size
+    span = min(context_len, window) if window > 0 else context_len
+    splits = min(plan.num_splits, max(1, cdiv(span, plan.min_split_tokens)))
+    return splits, cdiv(cdiv(max(span, 1), splits), plan.block_n) * plan.block_n
+
+
+@triton.jit
+def _row_split(context_len, window, num_splits, min_split, BLOCK_N: tl.constexpr):
+    """This row's first visible token, split count and split size (see :func:`row_splits`)."""
+    lo = tl.where(window > 0, tl.maximum(context_len - window, 0), 0)
+    span = context_len - lo
+    splits = tl.minimum(tl.maximum(tl.cdiv(span, min_split), 1), num_splits)
+    size = tl.cdiv(tl.cdiv(tl.maximum(span, 1), splits), BLOCK_N) * BLOCK_N
+    return lo, splits, size
 
 
 def split_plan(max_context: int, num_splits: int, block_n: int) -> DecodePlan:
@@ -107,6 +138,7 @@ def _decode_split_kernel(
     window,  # > 0: only the last `window` context tokens are visible; 0: all of them
     k_scale,  # fp8 caches: what a decoded byte is multiplied by
     v_scale,
+    min_split,  # PER_ROW: the fewest tokens a row's split takes
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,15 +152,23 @@ def _decode_split_kernel(
     MANT: tl.constexpr,
     BIAS: tl.constexpr,
     SUB_STEP: tl.constexpr,
+    PER_ROW: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    start = split * split_size
-    end = tl.minimum(start + split_size, context_len)
-    # Keys before a window are never loaded (splits wholly before it are empty).
-    start = tl.where(window > 0, tl.maximum(start, context_len - window), start)
+    if PER_ROW:  # this row's own splits over its visible tokens; programs past them have no work
+        lo, splits_here, size_here = _row_split(context_len, window, num_splits, min_split, BLOCK_N)
+        if split >= splits_here:
+            return
+        start = lo + split * size_here
+        end = tl.minimum(start + size_here, context_len)
+    else:
+        start = split * split_size
+        end = tl.minimum(start + split_size, context_len)
+        # Keys before a window are never loaded (splits wholly before it are empty).
+        start = tl.where(window > 0, tl.maximum(start, context_len - window), start)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -182,20 +222,29 @@ def _decode_reduce_kernel(
     mid_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
     out_ptr,  # [num_seqs, num_heads, head_dim]
     sinks_ptr,  # [num_heads] sink logits (read when HAS_SINKS)
+    context_lens_ptr,  # [num_seqs] (read when PER_ROW)
     stride_os,
     stride_oh,
     num_heads,
     num_splits,
     head_dim,
+    window,
+    min_split,
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    PER_ROW: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, BLOCK_D)
-    p_mask = offs_p < num_splits
+    if PER_ROW:  # only this row's splits were written
+        _, splits_here, _ = _row_split(tl.load(context_lens_ptr + seq), window, num_splits, min_split, BLOCK_N)
+        p_mask = offs_p < splits_here
+    else:
+        p_mask = offs_p < num_splits
     d_mask = offs_d < head_dim
     base = (seq * num_heads + head) * num_splits
     lse = tl.load(mid_lse_ptr + base + offs_p, mask=p_mask, other=float("-inf"))  # [P]
@@ -291,6 +340,7 @@ def decode_with_plan(
     if num_seqs == 0:
         return out
     direct = plan.num_splits == 1
+    per_row = plan.min_split_tokens > 0 and not direct
     mid_o, mid_lse = _split_workspace(query, plan.num_splits)
     sinks_arg = check_sinks(sinks, num_heads, query.device)
     block_d = next_power_of_2(head_dim)
@@ -305,6 +355,7 @@ def decode_with_plan(
         out.stride(0), out.stride(1),
         num_heads, plan.num_splits, plan.split_size, head_dim, sliding_window or 0,
         1.0 if fp8 is None else fp8.k_scale, 1.0 if fp8 is None else fp8.v_scale,
+        max(plan.min_split_tokens, 1),
         GROUP=group,
         BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=block_d,
@@ -315,17 +366,20 @@ def decode_with_plan(
         DOT_PRECISION=dot_precision(query.dtype),
         DOT_UPCAST=needs_upcast(query.device),
         **kv_consts,
+        PER_ROW=per_row,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
     if not direct:
         _decode_reduce_kernel[(num_seqs, num_heads)](
-            mid_o, mid_lse, out, sinks_arg,
+            mid_o, mid_lse, out, sinks_arg, context_lens,
             out.stride(0), out.stride(1),
-            num_heads, plan.num_splits, head_dim,
+            num_heads, plan.num_splits, head_dim, sliding_window or 0, max(plan.min_split_tokens, 1),
             BLOCK_P=next_power_of_2(plan.num_splits),
             BLOCK_D=block_d,
+            BLOCK_N=plan.block_n,
             HAS_SINKS=sinks is not None,
+            PER_ROW=per_row,
             num_warps=2 if block_d <= 128 else 4,
         )  # fmt: skip
     return out

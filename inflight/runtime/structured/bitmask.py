@@ -22,11 +22,19 @@ def apply_bitmask(logits: torch.Tensor, row_indices: Sequence[int], bitmask: np.
     """
     dev = logits.device
     vocab = logits.shape[-1]
-    mask = torch.from_numpy(bitmask).to(dev)  # [k, words]
+    mask = _upload(torch.from_numpy(bitmask), dev)  # [k, words]
     shifts = torch.arange(32, device=dev, dtype=torch.int32)
     bits = ((mask.unsqueeze(-1) >> shifts) & 1).reshape(mask.shape[0], -1)  # [k, words * 32]
     allowed = torch.zeros(mask.shape[0], vocab, dtype=torch.bool, device=dev)
     width = min(vocab, bits.shape[1])
     allowed[:, :width] = bits[:, :width].bool()
-    idx = torch.tensor(list(row_indices), dtype=torch.int64, device=dev)
+    idx = _upload(torch.tensor(list(row_indices), dtype=torch.int64), dev)
     logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+
+
+def _upload(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``t`` on ``dev`` without a host sync (pinned and non-blocking on CUDA: a pageable copy
+    would wait for every kernel queued before it, the step's forward pass included)."""
+    if dev.type == "cpu":
+        return t
+    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t.to(dev)

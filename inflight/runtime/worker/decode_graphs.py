@@ -7,7 +7,10 @@ graphs read fixed input buffers (token ids, positions, KV slots, a block table a
 inputs in, replays, and reads its rows back out. Padding rows feed token 0 at position 0,
 write no KV (slot -1, which the KV store skips) and attend to one token of block 0 (never a
 zero length, so the softmax stays finite); their logits are never read. The graphs are
-captured once, largest first so the smaller ones reuse its memory. Knows nothing about
+captured once, largest first so the smaller ones reuse its memory, and every size writes its
+float32 logits into rows of ONE buffer sized for the largest (a graph's own output would stay
+alive beside the others': 5.1 GB at vocab 152k and 512 rows, against 0.3 GB shared;
+:func:`logits_buffer_bytes`). Knows nothing about
 scheduling or sampling; the capture mechanics live in :mod:`inflight.runtime.worker.graph_backend`.
 """
 
@@ -36,6 +39,13 @@ def capture_sizes(max_num_sequences: int, limit: int = MAX_CAPTURE_SIZE) -> tupl
     top = max(1, min(max_num_sequences, limit))
     sizes = {s for s in (1, 2, 4, 8) if s <= top} | set(range(16, top + 1, 16)) | {top}
     return tuple(sorted(sizes))
+
+
+def logits_buffer_bytes(sizes: tuple[int, ...], vocab_size: int, shared: bool = True) -> int:
+    """Bytes of float32 logits the graphs keep: one ``[max(sizes), vocab]`` buffer when
+    ``shared``, else one output per captured size (what each graph would hold on its own)."""
+    rows = max(sizes, default=0) if shared else sum(sizes)
+    return rows * vocab_size * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +77,9 @@ class DecodeGraphs:
         self._empty_tables = torch.zeros(0, 1, dtype=torch.int32, device=dev)
         self._empty_lens = torch.zeros(0, dtype=torch.int32, device=dev)
         self._query_start = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.logits: dict[int, torch.Tensor] = {}  # size -> its graph's output
+        # [max_size, vocab] float32: every size's graph writes its rows (allocated by the largest
+        # size's warm-up run, which runs before any capture: the vocab is the model's to know)
+        self.logits_buffer: torch.Tensor | None = None
         self._replays: dict[int, Callable[[], None]] = {}
         self.stats: DecodeGraphStats | None = None
 
@@ -101,15 +113,21 @@ class DecodeGraphs:
         meta = self._meta(size)
 
         def step() -> None:
-            self.logits[size] = self._logits_fn(self.input_ids[:size], self.positions[:size], meta)
+            logits = self._logits_fn(self.input_ids[:size], self.positions[:size], meta)  # [size, vocab]
+            if self.logits_buffer is None:
+                if size != self.max_size:
+                    raise RuntimeError("the decode graphs' logits buffer is allocated by the largest size, first")
+                self.logits_buffer = torch.empty((self.max_size, *logits.shape[1:]), dtype=logits.dtype,
+                                                 device=logits.device)  # fmt: skip
+            self.logits_buffer[:size].copy_(logits)
 
         return step
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """Logits ``[num_seqs, vocab]`` of a pure-decode step (a view of the graph's output,
-        valid until the next replay)."""
+        """Logits ``[num_seqs, vocab]`` of a pure-decode step (a view of the shared logits
+        buffer, valid until the next replay of any size)."""
         n = meta.num_decode_tokens
         size = self.padded_size(n)
         if size is None or meta.num_prefills or input_ids.shape[0] != n:
@@ -126,4 +144,5 @@ class DecodeGraphs:
             self.slot_mapping[n:size].fill_(-1)
             self.context_lens[n:size].fill_(1)
         self._replays[size]()
-        return self.logits[size][:n]
+        assert self.logits_buffer is not None  # allocated by the first capture
+        return self.logits_buffer[:n]

@@ -6,9 +6,10 @@ forward passes and the sampling, one job after another. Because every job runs o
 thread, in submission order, a job sees everything the jobs before it wrote (KV cache slots,
 sampled token tensors), exactly as kernels queued on one CUDA stream do; a KV block freed on
 the host and handed to a later step is only written after every earlier step has run. On a
-GPU the thread is where the launches and the host syncs of a step happen (``.tolist()`` of the
-sampled tokens), so the engine thread never waits on the device until it needs a step's tokens;
-on the CPU it is the stand-in that lets tests see the overlap and its one-step lag.
+GPU the thread is where a step's launches happen, and it never waits on the device: a step's
+sampling only starts its tokens' copy to the host (``Sampler.start_sample``), so the thread
+launches step N+1 while N still runs, and the engine thread waits on the copy when it needs
+N's tokens; on the CPU it is the stand-in that lets tests see the overlap and its one-step lag.
 Knows nothing about the engine.
 """
 
