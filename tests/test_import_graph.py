@@ -52,23 +52,23 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(body: list[ast.stmt], deferred: bool) -> list[ast.Import | ast.ImportFrom]:
-    """Import statements run when the module loads (and, with ``deferred``, those in functions)."""
+def _imports(body: list[ast.stmt], deferred: bool, types: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements run when the module loads (and, with ``deferred``, those in functions;
+    with ``types``, those under ``if TYPE_CHECKING:``)."""
     found: list[ast.Import | ast.ImportFrom] = []
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                found += _imports(node.body, deferred)
-            found += _imports(node.orelse, deferred)
+            if types or not _is_type_checking(node.test):
+                found += _imports(node.body, deferred, types)
+            found += _imports(node.orelse, deferred, types)
         elif isinstance(node, ast.Try):
             for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                found += _imports(block, deferred)
-        elif isinstance(node, (ast.With, ast.For, ast.While)):
-            found += _imports(node.body, deferred)
-        elif deferred and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found += _imports(node.body, deferred)
+                found += _imports(block, deferred, types)
+        elif isinstance(node, (ast.With, ast.For, ast.While)) or (
+                deferred and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
+            found += _imports(node.body, deferred, types)
     return found
 
 
@@ -172,6 +172,10 @@ NEVER = {
     # KV events: what the block pool tells a router; the core drives it, it drives nothing
     "kv_events": {"core", "worker", "spec_decode", "model", "structured", "distributed", "engine_core", "server",
                   "cli", "demo"},
+    # image input: pixels to patches, placeholders to tokens, the values a request carries; read by the
+    # front end, the core and the worker, it reads none of them (nor the model: it imports no torch)
+    "multimodal": {"core", "worker", "spec_decode", "model", "structured", "distributed", "engine_core", "server",
+                   "cli", "demo", "lora", "kv_events"},
 }
 
 
@@ -212,6 +216,29 @@ def test_a_layer_rule_fails_when_broken() -> None:
     """The rules above are not vacuous: a made-up edge from the core to the server is caught."""
     edges = {**room_edges(True), ("core", "server"): ["inflight.runtime.core.x -> inflight.runtime.server.y"]}
     assert [e for (a, b), es in edges.items() if b in NEVER.get(a, ()) for e in es]
+
+
+# room -> modules it never imports, not even deferred or for types (the device side gets plain chunks)
+NEVER_EVEN_TYPES = {"worker": {"inflight.runtime.core.request"}, "spec_decode": {"inflight.runtime.core.request"}}
+
+
+def imports_against_never_even_types(sources: dict[str, str]) -> list[str]:
+    """``module -> source``: its imports (at any depth, types included) that ``NEVER_EVEN_TYPES`` forbids."""
+    known, wrong = module_paths(), []
+    for name, source in sources.items():
+        banned = NEVER_EVEN_TYPES.get(room(name) or "", set())
+        nodes = _imports(ast.parse(source).body, deferred=True, types=True)
+        wrong += [f"{name} -> {t}" for n in nodes for t in _targets(name, known[name], n, known) if t in banned]
+    return wrong
+
+
+def test_the_device_side_never_imports_the_live_request() -> None:
+    """The worker and the drafters read plain chunks (core/sched_output.py), never a ``Request``,
+    not even as a type; a made-up import of it under ``TYPE_CHECKING`` is caught."""
+    ours = {m: p.read_text() for m, p in module_paths().items() if m.startswith("inflight.") and room(m) in NEVER_EVEN_TYPES}
+    assert not imports_against_never_even_types(ours)
+    made_up = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from inflight.runtime.core import request\n"
+    assert imports_against_never_even_types({"inflight.runtime.worker.batch_inputs": made_up})
 
 
 def test_leaves_import_nothing_from_their_room() -> None:

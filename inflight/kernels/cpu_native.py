@@ -41,6 +41,7 @@ from inflight.cache import cache_root
 from inflight.kernels import (
     cpu_fp8_kv,
     cpu_linear,
+    cpu_mla,
     cpu_prefill,
     cpu_stack,
     decode_block,
@@ -366,6 +367,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
 paged_prefill_attention = cpu_prefill.bound_to(_lib)
 linear = cpu_linear.bound_to(_lib)
 lora_delta = lora_cpu.bound_to(compile_library)  # the multi-LoRA delta (issue 49)
+paged_mla_decode = cpu_mla.bound_to(compile_library)  # DeepSeek-V3's absorbed latent decode (issue 52)
 
 
 # The native bundle. The dispatcher hands it out only after load_library() succeeded.
@@ -382,4 +384,5 @@ CPU_OPS = KernelOps(
     decode_attention_block=decode_attention_block,
     decode_layer_stack=decode_layer_stack,
     lora_delta=lora_delta,
+    paged_mla_decode=paged_mla_decode,
 )

@@ -1,6 +1,6 @@
 """The kernel bundle type: ``KernelOps``, and ``TORCH_OPS``, the bundle of torch references.
 
-A leaf: imports only torch, :mod:`inflight.kernels.reference`, :mod:`.lora_reference` and
+A leaf: imports only torch, :mod:`inflight.kernels.reference`, :mod:`.lora_reference`, :mod:`.mla_reference` and
 :mod:`.decode_block`, so the backends that build a bundle (:mod:`.cpu_native`,
 :mod:`.triton_ops`) and :mod:`.dispatch`, which picks one, all import it without importing
 each other. Knows nothing about which backend runs where.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.kernels import decode_block, lora_reference, reference
+from inflight.kernels import decode_block, lora_reference, mla_reference, reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,9 @@ class KernelOps:
     # by slot; reads the slots on the host) unless a bundle brings its own: the Triton bundle's
     # never reads them on the host, so it runs inside a captured CUDA graph.
     lora_delta: Callable[..., None] = lora_reference.lora_delta
+    # Multi-head latent attention's absorbed decode over the latent cache (DeepSeek-V3:
+    # :mod:`.mla_reference`); the torch reference unless a bundle brings its own.
+    paged_mla_decode: Callable[..., torch.Tensor] = mla_reference.paged_mla_decode
 
 
 TORCH_OPS = KernelOps(

@@ -18,7 +18,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.worker import model_runner
+from inflight.runtime.worker import kv_sizing
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
 
 LENGTHS = [3, 17, 9, 33, 12, 25, 6, 40]
@@ -44,7 +44,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], per_step: int = 3, max_tok
 @pytest.mark.parametrize(("dtype", "kv", "ratio"), [("float32", "fp8", 4), ("bfloat16", "fp8_e5m2", 2)])
 def test_the_same_memory_holds_more_blocks(llama_dir, monkeypatch, dtype, kv, ratio) -> None:
     budget = 1 << 20  # the CPU's KV memory cap, small enough that it decides the block count
-    monkeypatch.setattr(model_runner, "CPU_KV_CACHE_CAP_BYTES", budget)
+    monkeypatch.setattr(kv_sizing, "CPU_KV_CACHE_CAP_BYTES", budget)
     knobs = dict(dtype=dtype, max_num_sequences=256, max_model_len=512)
     float_eng, fp8_eng = _engine(llama_dir, **knobs), _engine(llama_dir, kv_cache_dtype=kv, **knobs)
     try:

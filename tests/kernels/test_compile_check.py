@@ -40,11 +40,13 @@ def test_kernels_compile_for_gpu_targets(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     names = {line.split()[0] for line in lines}
-    expected = {"store_kv", "decode_split", "decode_direct", "decode_reduce", "prefill", "rms_norm",
+    expected = {"store_kv", "decode_split", "decode_direct", "decode_reduce", "decode_per_row", "decode_reduce_row", "prefill", "rms_norm",
                 "rotary", "silu_and_mul", "quant_q4_0", "quant_q4_1", "quant_q8_0", "quant_q4_k",
                 "quant_q5_k", "quant_q6_k", "quant_reduce", "intq_int4_g128", "intq_int4_g32_zp",
                 "intq_int8_channel", "intq_int4_g8_zp", "lora_shrink", "lora_expand",
-                "store_kv_fp8", "decode_fp8", "prefill_fp8"}  # fmt: skip (fp8 KV caches: bytes, bit-decoded)
+                "store_kv_fp8", "decode_fp8", "prefill_fp8",  # fp8 KV caches: bytes, bit-decoded
+                "mla_decode", "mla_decode_split", "mla_merge",  # DeepSeek-V3's absorbed latent decode
+                "gated_delta_conv", "gated_delta_rule", "gated_delta_chunk"}  # fmt: skip (Qwen3-Next's linear attention)
     assert names == expected and all(" ok " in line for line in lines), proc.stdout
     # Decode attention reads K/V with 16-byte asynchronous copies (no scalar 2-byte loads).
     decode = next(line for line in lines if line.startswith("decode_split"))

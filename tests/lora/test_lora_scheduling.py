@@ -42,7 +42,7 @@ def test_no_step_holds_more_than_max_loras_adapters(policy):
                  tenant=rng.choice(["t1", "t2"]))
             added += 1
         rec = eng.step()
-        assert len(_adapters(c.request for c in rec.output.chunks)) <= 2
+        assert len(_adapters(eng.requests[c.req_id] for c in rec.output.chunks)) <= 2
         assert len(_adapters(eng.scheduler.running)) <= 2
         eng.pool.check_invariants()
         if added == 60 and not eng.scheduler.has_unfinished():

@@ -29,7 +29,7 @@ class StepRecord:
 
     @property
     def tokens(self) -> dict[str, int]:
-        return {c.request.req_id: c.num_tokens for c in self.output.chunks}
+        return {c.req_id: c.num_tokens for c in self.output.chunks}
 
 
 class FakeEngine:
@@ -54,7 +54,7 @@ class FakeEngine:
         out = self.scheduler.schedule()
         record = StepRecord(out, [r.req_id for r in self.scheduler.running])
         for chunk in out.chunks:
-            req = chunk.request
+            req = self.requests[chunk.req_id]
             req.num_computed_tokens += chunk.num_tokens
             self.kv.cache_computed_blocks(req)
             if chunk.sample:

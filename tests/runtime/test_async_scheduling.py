@@ -104,7 +104,7 @@ def _chunks_per_request(engine: LLMEngine, monkeypatch) -> dict[str, int]:
 
     def spy(chunks):
         for chunk in chunks:
-            counts[chunk.request.req_id] = counts.get(chunk.request.req_id, 0) + 1
+            counts[chunk.req_id] = counts.get(chunk.req_id, 0) + 1
         return prepare(chunks)
 
     monkeypatch.setattr(engine.runner, "prepare", spy)
@@ -216,7 +216,7 @@ def test_a_failing_step_fails_only_its_request(llama_dir, monkeypatch, stage: st
         execute = engine.runner.execute
 
         def failing(batch):
-            if any(c.request.req_id == "poison" for c in batch.sampled_chunks):
+            if any(c.req_id == "poison" for c in batch.sampled_chunks):
                 raise RuntimeError("injected kernel failure")
             return execute(batch)
 

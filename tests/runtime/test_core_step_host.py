@@ -16,7 +16,7 @@ from inflight.operator.engine_args import parse_engine, static_flags
 from inflight.runtime.cli.command import build_parser, engine_config_from_args
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.core.request import Request
+from inflight.runtime.core.request import Request, chunk_of
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker.batch_inputs import (
@@ -34,7 +34,8 @@ CPU = torch.device("cpu")
 
 
 def _random_chunks(rng: random.Random, block_size: int) -> list[ScheduledChunk]:
-    """Decode, prompt-chunk and speculating chunks, some with prompt logprobs, in random order."""
+    """Decode, prompt-chunk and speculating chunks, some with prompt logprobs, in random order
+    (plain chunks: the requests they were copied from are gone)."""
     chunks = []
     for i in range(rng.randint(0, 10)):
         params = SamplingParams(max_tokens=50, prompt_logprobs=rng.choice([None, None, 2]))
@@ -53,7 +54,7 @@ def _random_chunks(rng: random.Random, block_size: int) -> list[ScheduledChunk]:
         num_blocks = -(-(req.num_computed_tokens + num_tokens) // block_size) + rng.randint(0, 2)
         req.block_ids = [rng.randint(0, 500) for _ in range(num_blocks)]
         sample = req.num_computed_tokens + num_tokens >= req.num_tokens
-        chunks.append(ScheduledChunk(req, num_tokens, sample, drafts))
+        chunks.append(chunk_of(req, num_tokens, sample, drafts))
     rng.shuffle(chunks)
     return chunks
 
@@ -67,18 +68,19 @@ def _plain_packing(chunks: list[ScheduledChunk], bs: int) -> dict[str, list]:
                                             "q", "logit_rows")}  # fmt: skip
     out["q"].append(0)
     for j, c in enumerate(ordered):
-        req, start = c.request, c.request.num_computed_tokens
-        ids = [req.token_ids[start], *c.draft_token_ids] if c.draft_token_ids else req.token_ids[start : start + c.num_tokens]
+        start, table = c.start, list(c.block_table)
+        ids = [c.token_ids[0], *c.draft_token_ids] if c.draft_token_ids else list(c.token_ids)
+        assert len(ids) == c.num_tokens
         for k, token in enumerate(ids):
             p = start + k
             out["ids"].append(token)
             out["pos"].append(p)
-            out["slots"].append(req.block_ids[p // bs] * bs + p % bs)
+            out["slots"].append(table[p // bs] * bs + p % bs)
             if j < num_decode_chunks:
                 out["dlens"].append(p + 1)
-                out["dtables"].append(req.block_ids)
+                out["dtables"].append(table)
         if j >= num_decode_chunks:
-            out["ptables"].append(req.block_ids)
+            out["ptables"].append(table)
             out["plens"].append(start + len(ids))
             out["q"].append(out["q"][-1] + len(ids))
         if c.sample:

@@ -25,7 +25,8 @@ def _prompt_tokens(rec: StepRecord, eng: FakeEngine) -> dict[str, int]:
     out: dict[str, int] = {}
     for chunk in rec.output.chunks:
         if chunk.num_tokens > 1:
-            out[chunk.request.tenant] = out.get(chunk.request.tenant, 0) + chunk.num_tokens
+            tenant = eng.requests[chunk.req_id].tenant
+            out[tenant] = out.get(tenant, 0) + chunk.num_tokens
     return out
 
 

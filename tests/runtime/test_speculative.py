@@ -231,7 +231,7 @@ def _spy_drafts(engine: LLMEngine) -> set[str]:
     def spy():  # noqa: ANN202 (the scheduler's own return type)
         out = schedule()
         drafted.clear()
-        drafted.update(c.request.req_id for c in out.chunks if c.speculative)
+        drafted.update(c.req_id for c in out.chunks if c.speculative)
         return out
 
     engine.scheduler.schedule = spy  # type: ignore[method-assign]

@@ -7,13 +7,12 @@ the grammar's end; a slow or busy grammar decodes without speculation; no leaked
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.core.sched_output import RequestFacts, ScheduledChunk, SchedulerOutput
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.grammar import draft_masks, plain_when_grammar_busy
 from inflight.runtime.structured import StructuredOutputsParams
@@ -84,7 +83,7 @@ def test_a_busy_grammar_decodes_without_speculation(model_factory) -> None:
     released.set()
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
-        engine.output_processor.matcher_of(engine.scheduler.waiting[-1]).stall = released
+        engine.output_processor.matcher_of(engine.scheduler.waiting[-1].req_id).stall = released
     got: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -124,10 +123,10 @@ def test_only_a_quick_idle_grammar_speculates(state: dict, speculates: bool) -> 
     matcher = RequestMatcher(None)  # type: ignore[arg-type]  # only its state is read
     for name, value in state.items():
         setattr(matcher, name, value)
-    free, bound = SimpleNamespace(name="free"), SimpleNamespace(name="bound")
-    chunks = (ScheduledChunk(free, 3, True, (4, 5)), ScheduledChunk(bound, 1 + 3, True, num_model_drafts=3))  # type: ignore[arg-type]
+    chunks = (ScheduledChunk("free", 9, 3, (8,), (1, 2), True, RequestFacts("free", 4, None), (4, 5)),
+              ScheduledChunk("bound", 9, 1 + 3, (8,), (1, 2), True, RequestFacts("bound", 4, None), num_model_drafts=3))
     sched = SchedulerOutput(chunks, (), (), 7)
-    out = plain_when_grammar_busy(sched, lambda req: matcher if req is bound else None)
+    out = plain_when_grammar_busy(sched, lambda req_id: matcher if req_id == "bound" else None)
     assert out.chunks[0] is chunks[0]
     if speculates:
         assert out is sched

@@ -15,7 +15,7 @@ import torch
 
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.core.engine_types import EngineRequest
-from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.sched_output import RequestFacts, ScheduledChunk
 from inflight.runtime.engine_core.output_text import OutputText, step_with_text
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
@@ -146,6 +146,11 @@ def test_stop_strings_and_n_choices_with_logprobs_and_penalties(model_factory) -
         _same_logprobs(list(value[1]), list(c_off["c0"][1]))
 
 
+def _chunk(drafts: tuple[int, ...]) -> ScheduledChunk:
+    """A speculating chunk of a made-up request: its last token 0 at position 3, then ``drafts``."""
+    return ScheduledChunk("r", 3, 1 + len(drafts), (0,), (0,), True, RequestFacts("r", 3, None), drafts)
+
+
 def _row(params: SamplingParams, output: list[int], gen: torch.Generator | None = None) -> SamplingRow:
     return SamplingRow(params, [1, 2, 3], output, gen, (0,))
 
@@ -170,7 +175,7 @@ def test_each_verification_row_sees_the_penalties_of_its_own_position() -> None:
         drafts = list(expected[:k])
         if wrong_at is not None:
             drafts[wrong_at] = (drafts[wrong_at] + 1) % vocab
-        chunk = ScheduledChunk(None, 1 + k, True, tuple(drafts))  # type: ignore[arg-type]
+        chunk = _chunk(tuple(drafts))
         tokens, logprobs = verify_chunk(logits.clone(), chunk, _row(params, output))
         n = k + 1 if wrong_at is None else wrong_at + 1
         assert list(tokens) == expected[:n]
@@ -199,7 +204,7 @@ def test_sampled_rows_follow_the_penalized_target() -> None:
 
     gen = torch.Generator().manual_seed(11)
     first, second = torch.zeros(vocab), torch.zeros(vocab)
-    chunk = ScheduledChunk(None, 2, True, (draft,))  # type: ignore[arg-type]
+    chunk = _chunk((draft,))
     for _ in range(8000):
         tokens, logprobs = verify_chunk(logits.clone(), chunk, _row(params, output, gen))
         assert logprobs == (None,) * len(tokens)

@@ -195,7 +195,7 @@ def test_scheduler_keeps_every_request_within_the_bound(config):
     def checked_schedule():
         out = schedule()
         for chunk in out.chunks:
-            assert chunk.request.num_held_blocks <= _step_bound(chunk.num_tokens), chunk
+            assert fake.requests[chunk.req_id].num_held_blocks <= _step_bound(chunk.num_tokens), chunk
         return out
 
     fake.scheduler.schedule = checked_schedule
@@ -306,8 +306,9 @@ def _run_checked(
 
     def watching_prepare(chunks):
         nonlocal placeholders
-        peaks.extend((c.request.num_held_blocks, c.num_tokens) for c in chunks)
-        placeholders = max([placeholders] + [c.request.num_released_blocks for c in chunks])
+        reqs = [engine.scheduler.requests[c.req_id] for c in chunks]
+        peaks.extend((r.num_held_blocks, c.num_tokens) for r, c in zip(reqs, chunks, strict=True))
+        placeholders = max([placeholders] + [r.num_released_blocks for r in reqs])
         return prepare(chunks)
 
     engine.runner.prepare = watching_prepare

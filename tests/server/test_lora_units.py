@@ -13,6 +13,7 @@ import pytest
 
 from inflight.runtime.cli.command import build_parser, server_settings_from_args
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.engine_stats import with_lora_stats
 from inflight.runtime.engine_core import lora_calls
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.lora.types import LoRAError, LoRAInfo, UnknownLoRA
@@ -157,9 +158,9 @@ def test_a_failed_load_is_an_answer_and_keeps_what_is_loaded(fail: BaseException
 
 def test_stats_get_the_names_only_with_lora_on() -> None:
     stats = EngineStats(1, 1, 8, 2, 0, 0, 0, 0, 0, 0, 0, 4)
-    with_names = lora_calls.with_lora_stats(FakeEngine(), stats)
+    with_names = with_lora_stats(FakeEngine(), stats)
     assert (with_names.running_lora_adapters, with_names.waiting_lora_adapters) == (("sql",), ("chat",))
-    assert lora_calls.with_lora_stats(FakeEngine(enable_lora=False), stats) is stats
+    assert with_lora_stats(FakeEngine(enable_lora=False), stats) is stats
     assert lora_calls.loaded(FakeEngine(enable_lora=False)) == ()
 
 

@@ -16,32 +16,25 @@ from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.cache import GrammarCache, estimate_bytes
 from inflight.runtime.structured.faults import GrammarFault, parse_grammar_fault
-from inflight.runtime.structured.manager import CompileTimeoutError, StructuredOutputManager
+from inflight.runtime.structured.manager import VERDICT_BYTES, CompileTimeoutError
+from tests.structured.grammar_helpers import load_tokenizer, make_llama, make_manager
 
 SLOW = "slow-marker"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from inflight.runtime.demo.model import make_demo_model
-
-    return make_demo_model(tmp_path_factory.mktemp("grammar-budgets") / "llama", arch="llama", size="tiny")
+    return make_llama(tmp_path_factory, "grammar-budgets")
 
 
 @pytest.fixture(scope="module")
 def tokenizer(model_dir: Path):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_tokenizer(model_dir)
 
 
 def _schema(i: int, num_props: int = 60) -> StructuredOutputsParams:
     props = {f"field_{i}_{j}": {"type": "string", "maxLength": 8} for j in range(num_props)}
     return StructuredOutputsParams.json_schema({"type": "object", "properties": props})
-
-
-def _manager(tokenizer, **kw: object) -> StructuredOutputManager:  # noqa: ANN001
-    return StructuredOutputManager(tokenizer, len(tokenizer), (tokenizer.eos_token_id,), **kw)  # type: ignore[arg-type]
 
 
 def test_the_cache_evicts_by_bytes_least_recently_used_first() -> None:
@@ -57,7 +50,7 @@ def test_the_cache_evicts_by_bytes_least_recently_used_first() -> None:
 
 def test_many_distinct_large_schemas_keep_the_cache_under_its_byte_bound(tokenizer) -> None:  # noqa: ANN001
     one = estimate_bytes(len(_schema(0).spec))  # about one entry's charge
-    manager = _manager(tokenizer, cache_bytes=3 * one)
+    manager = make_manager(tokenizer, cache_bytes=3 * one)
     try:
         for i in range(12):
             manager.compile(_schema(i))
@@ -70,10 +63,12 @@ def test_many_distinct_large_schemas_keep_the_cache_under_its_byte_bound(tokeniz
 
 
 def test_a_verdict_only_manager_holds_no_matchers(tokenizer) -> None:  # noqa: ANN001
-    manager = _manager(tokenizer, keep_compiled=False)
+    manager = make_manager(tokenizer, keep_compiled=False)
     try:
-        assert manager.submit(_schema(0)).result(30) is None
-        assert manager.cache.num_bytes < 2 * len(_schema(0).spec)
+        verdict = manager.submit(_schema(0)).result(30)
+        assert verdict.matcher is None and verdict.grammar  # the checked grammar text, no matcher
+        assert manager.cache.num_bytes <= VERDICT_BYTES + len(verdict.grammar) + len(_schema(0).spec)
+        assert manager.cache.num_bytes < estimate_bytes(len(verdict.grammar)) // 4  # a matcher's charge
         with pytest.raises(ValueError, match="invalid regex"):
             manager.compile(StructuredOutputsParams.regex("a["))
     finally:
@@ -82,13 +77,13 @@ def test_a_verdict_only_manager_holds_no_matchers(tokenizer) -> None:  # noqa: A
 
 def test_a_compile_past_its_deadline_is_refused_and_remembered(tokenizer) -> None:  # noqa: ANN001
     slow = StructuredOutputsParams.regex(f"{SLOW}[a-z]+")
-    manager = _manager(tokenizer, compile_deadline_s=0.05, fault=GrammarFault("slow-compile", SLOW))
+    manager = make_manager(tokenizer, compile_deadline_s=0.05, fault=GrammarFault("slow-compile", SLOW))
     try:
         with pytest.raises(CompileTimeoutError, match="longer than 0.05 s to compile"):
             manager.submit(slow).result(30)
         assert manager.num_timed_out == 1
         quick = manager.submit(StructuredOutputsParams.regex("[0-9]+"))  # the other worker is free
-        assert quick.result(30) is not None
+        assert quick.result(30).matcher is not None
         again = manager.submit(slow)  # refused at once, without a second compile
         assert again.done() and isinstance(again.exception(), CompileTimeoutError)
     finally:

@@ -45,6 +45,7 @@ from inflight.runtime.cli.server_flags import (
 )
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.logs import startup_error_line
+from inflight.runtime.multimodal.media import media_limits_from_flags
 from inflight.runtime.server.responses_api.store import DEFAULT_MAX_ENTRIES
 from inflight.runtime.server.state import ServerSettings
 from inflight.runtime.server.transport import ConnectionLimits
@@ -159,6 +160,7 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         tenant_header=args.tenant_header,
         responses_store_size=args.responses_store_size or (DEFAULT_MAX_ENTRIES if args.enable_responses_store else 0),
         reject_unknown_fields=args.reject_unknown_fields,
+        media_limits=media_limits_from_flags(args.limit_mm_per_prompt, args.allowed_local_media_path),
         lora_modules=tuple(args.lora_modules or ()),
     )
 

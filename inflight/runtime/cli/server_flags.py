@@ -111,6 +111,11 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
                              "caller's. Unset: a tenant is an API key (a peer address without --api-key), and a "
                              "request's user only divides its tenant's share. Only where clients cannot reach the "
                              "server but through the gateway.")
+    server.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
+                        help='Images a chat prompt may carry, vLLM\'s JSON: {"image": N} (default 4; 0 refuses '
+                             "images). Vision-language models only (docs/vision.md).")
+    server.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                        help="Let image_url parts name file:// paths under DIR (default: none; data URLs only).")
     server.add_argument("--reject-unknown-fields", action="store_true", default=False,
                         help="Answer a request field this server does not know with OpenAI's own 400 "
                              "('Unrecognized request argument supplied: max_token', the near miss suggested) "

@@ -13,7 +13,7 @@ ONE_NODE = ("inflight splits a model by tensor and pipeline parallelism only: no
 MOE = ("mixture-of-experts layers shard each expert's intermediate dimension over the tensor-parallel ranks: "
        "no expert parallelism, expert load balancing or routed-expert export")
 MAMBA = "no Mamba or hybrid models here"
-MM = "no multi-modal inputs here"
+MM = "images in chat only, for Qwen2.5-VL (docs/vision.md): no such knob here"
 LORA_KERNEL = "one LoRA kernel serves every batch (Punica-style, rows grouped by adapter slot)"
 LORA_MOE = "LoRA adapters apply to attention and dense MLP projections; not to mixture-of-experts experts"
 KERNELS = f"inflight runs its own kernels (--kernel-backend {'|'.join(KERNEL_BACKENDS)})"

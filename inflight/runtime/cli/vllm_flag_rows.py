@@ -146,7 +146,7 @@ MODEL: tuple[VllmFlag, ...] = (
     alias("--dtype", "--dtype", "half = float16, float = float32; auto is float32 on the CPU."),
     alias("--seed", "--seed"),
     refused("--hf-config-path", "config.json is read from the model directory"),
-    refused("--allowed-local-media-path", MM),
+    alias("--allowed-local-media-path", "--allowed-local-media-path", "file:// image URLs under it (docs/vision.md)."),
     refused("--allowed-media-domains", MM, "+"),
     notice("--revision", HUB),
     notice("--code-revision", HUB),

@@ -23,7 +23,7 @@ from inflight.runtime.cli.vllm_flag_reasons import (
 )
 
 MULTIMODAL: tuple[VllmFlag, ...] = (
-    notice("--limit-mm-per-prompt", MM),
+    alias("--limit-mm-per-prompt", "--limit-mm-per-prompt", 'Images only: {"image": N} (default 4).'),
     refused_on("--enable-mm-embeds", MM),
     notice("--media-io-kwargs", MM),
     notice("--mm-processor-kwargs", MM),

@@ -58,7 +58,8 @@ from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.outputs import RequestOutput
 from inflight.runtime.worker.batch_inputs import BatchInputs
-from inflight.runtime.worker.sampler import SamplerOutput, SamplingRow
+from inflight.runtime.worker.batched_sampling import row_index
+from inflight.runtime.worker.sampler import PendingSample, SamplingRow
 from inflight.runtime.worker.step_worker import StepWorker
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Sampled:
     """A step's sampled tokens: per batch row (``-1`` for a row not sampled), and on the device
     for the next step's placeholders."""
 
-    output: SamplerOutput  # for the rows in ``rows``, in that order
+    output: PendingSample  # for the rows in ``rows``, in that order; .result() waits for the host copy
     rows: tuple[int, ...]  # batch rows sampled
     token_ids: torch.Tensor  # [num_sampled_chunks] int64 on the device
 
@@ -87,8 +88,9 @@ class Launched:
     """One step submitted to the worker, and what the host needs to finish it."""
 
     chunks: tuple[ScheduledChunk, ...]
-    starts: tuple[int, ...]  # each chunk's num_computed_tokens when it was scheduled
+    requests: tuple[Request, ...]  # chunk i's request (as launched: an aborted one's id may be reused)
     sampled_chunks: tuple[ScheduledChunk, ...]  # one logits row each, in this order
+    sampled_requests: tuple[Request, ...]  # sampled chunk i's request
     forward: Future[torch.Tensor]  # [num_sampled_chunks, vocab] float32 logits
     launched_at: float
     sample: Future[Sampled] | None = None
@@ -123,10 +125,11 @@ class StepPipeline:
         previous = self.inflight
         if sched.chunks and not self._pipelinable(sched.chunks):
             self.inflight = None
+            requests = tuple([eng.scheduler.requests[c.req_id] for c in sched.chunks])
             outputs, ok = self._resolve(previous, None) if previous else ([], True)
             if not ok:  # the step before failed and ran again: this one is scheduled anew
                 return settled + outputs
-            return settled + outputs + self._run_sync(sched.chunks)
+            return settled + outputs + self._run_sync(sched.chunks, requests)
         launched = self._launch(sched.chunks) if sched.chunks else None
         outputs: list[RequestOutput] = []
         if previous is not None:
@@ -147,8 +150,8 @@ class StepPipeline:
     def _pipelinable(self, chunks: tuple[ScheduledChunk, ...]) -> bool:
         """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs)."""
         for chunk in chunks:
-            req = chunk.request
-            if req.params.prompt_logprobs is not None and req.num_computed_tokens < req.num_prompt_tokens - 1:
+            facts = chunk.facts
+            if facts.prompt_logprobs is not None and chunk.start < facts.num_prompt_tokens - 1:
                 return False
         return True
 
@@ -156,17 +159,18 @@ class StepPipeline:
     def _launch(self, chunks: tuple[ScheduledChunk, ...]) -> Launched:
         """Pack ``chunks``, submit their forward pass and advance them (optimistically)."""
         eng = self.engine
-        starts = tuple(c.request.num_computed_tokens for c in chunks)
+        live = eng.scheduler.requests
+        requests = tuple([live[c.req_id] for c in chunks])
         batch = eng.runner.prepare(chunks)
-        waits = any(s + c.num_tokens == c.request.num_tokens and c.request.token_ids[-1] < 0
-                    for c, s in zip(chunks, starts, strict=True))  # fmt: skip
+        sampled = tuple([live[c.req_id] for c in batch.sampled_chunks])
+        waits = any(c.token_ids[-1] < 0 for c in chunks)  # a placeholder can only be a request's last token
         previous = self.inflight.sample if waits and self.inflight is not None else None
         if waits and previous is None:
             raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
         forward = self.worker.submit(self._forward_job, batch, previous, self._copies)
-        for chunk in chunks:
-            chunk.request.num_computed_tokens += chunk.num_tokens
-        return Launched(chunks, starts, batch.sampled_chunks, forward, time.monotonic())
+        for chunk, req in zip(chunks, requests, strict=True):
+            req.num_computed_tokens += chunk.num_tokens
+        return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic())
 
     def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None,
                      copies: Future[None] | None) -> torch.Tensor:
@@ -188,53 +192,58 @@ class StepPipeline:
         eng = self.engine
         live: list[int] = []
         slow: list[int] = []  # parked after N's token: a slow grammar advances off the step (parked.py)
-        for i, chunk in enumerate(launched.sampled_chunks):
-            req = chunk.request
+        requests = launched.sampled_requests
+        for i, req in enumerate(requests):
             if req.status is RequestStatus.RUNNING:  # else it ended while the step ran
                 (slow if req.parked else live).append(i)
-        rows = [eng.output_processor.sampling_row(launched.sampled_chunks[i].request) for i in live]
+        rows = [eng.output_processor.sampling_row(requests[i].req_id) for i in live]
         pending = eng.sampler.prepare_masks(rows, eng.vocab_size)
         if pending is not None:  # the grace counts from the forward pass's launch
             pending = dataclasses.replace(pending, started=launched.launched_at)
         settled = eng.sampler.settle_masks(rows, pending, eng.vocab_size)
         deferred = tuple(live[j] for j in sorted(settled.deferred))
         for i in slow:
-            launched.sampled_chunks[i].request.num_computed_tokens -= 1  # recomputed once unparked
+            requests[i].num_computed_tokens -= 1  # recomputed once unparked
         for i in deferred:
-            req = launched.sampled_chunks[i].request
+            req = requests[i]
             req.num_computed_tokens -= 1  # its last position is recomputed once the mask is ready
-            eng.parked.park(req, eng.output_processor.matcher_of(req))
+            eng.parked.park(req, eng.output_processor.matcher_of(req.req_id))
         launched.rows, launched.deferred = tuple(live), deferred
         launched.sample = self.worker.submit(self._sample_job, launched, rows, settled)
         for i in live:
             if i not in deferred:
-                launched.sampled_chunks[i].request.token_ids.append(placeholder(i))
+                requests[i].token_ids.append(placeholder(i))
 
     def _run_now(self, launched: Launched) -> list[RequestOutput]:
         """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
         engine's retry fails only the requests that cause it."""
         logger.exception("deciding an async step's sampling failed; running it again synchronously")
         _undo(launched)
-        return self._run_sync(launched.chunks)
+        return self._run_sync(launched.chunks, launched.requests)
 
-    def _run_sync(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
-        """Run the still-running ``chunks`` now, synchronously (a drain of the pipeline)."""
+    def _run_sync(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...]) -> list[RequestOutput]:
+        """Run the still-running ``chunks`` now, synchronously (a drain of the pipeline), each
+        with its request's tokens as they are now (a placeholder it was scheduled with is resolved)."""
         self.num_drains += 1
         if self._copies is not None:
             self._copies.result()  # the host tier's copies run before any forward that may read them
-        live = tuple(c for c in chunks if c.request.status is RequestStatus.RUNNING)
+        live = tuple(_resolved(c, r) for c, r in zip(chunks, requests, strict=True)
+                     if r.status is RequestStatus.RUNNING)  # fmt: skip
         return self.engine.run_scheduled(live) if live else []
 
     def _sample_job(self, launched: Launched, rows: list[SamplingRow], settled: object) -> Sampled:
-        """On the worker: sample the rows the host decided on."""
+        """On the worker: queue the sampling of the rows the host decided on. The tokens stay on
+        the device for the next step's forward and their copy to the host is only started, so the
+        worker launches step N+1 before anything waits for N (the engine thread waits, in
+        :meth:`_resolve`)."""
         logits = launched.forward.result()
+        index = row_index(launched.rows, logits.device)
         if len(launched.rows) != logits.shape[0]:
-            logits = logits[torch.tensor(launched.rows, dtype=torch.long, device=logits.device)]
-        output = self.engine.sampler.sample(logits, rows, settled)  # type: ignore[arg-type]
-        tokens = [-1] * len(launched.sampled_chunks)
-        for i, token_id in zip(launched.rows, output.token_ids, strict=True):
-            tokens[i] = token_id
-        return Sampled(output, launched.rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device))
+            logits = logits.index_select(0, index)
+        output = self.engine.sampler.start_sample(logits, rows, settled)  # type: ignore[arg-type]
+        tokens = torch.full((len(launched.sampled_chunks),), -1, dtype=torch.int64, device=logits.device)
+        tokens.index_copy_(0, index, output.token_ids)
+        return Sampled(output, launched.rows, tokens)
 
     # -- resolving ------------------------------------------------------------------------
     def _resolve(self, launched: Launched, after: Launched | None) -> tuple[list[RequestOutput], bool]:
@@ -243,26 +252,25 @@ class StepPipeline:
         assert launched.sample is not None
         try:
             sampled = launched.sample.result()
+            output = sampled.output.result()  # waits for the tokens' copy to the host
         except Exception:
             logger.exception("an async engine step failed; running it again synchronously")
             return self._recover(launched, after), False
         eng = self.engine
         deferred = set(launched.deferred)
-        for chunk, start in zip(launched.chunks, launched.starts, strict=True):
-            req = chunk.request
+        for chunk, req in zip(launched.chunks, launched.requests, strict=True):
             if req.status is RequestStatus.RUNNING:  # only what has run goes in the prefix cache
-                eng.kv.cache_computed_blocks(req, start + chunk.num_tokens)
+                eng.kv.cache_computed_blocks(req, chunk.start + chunk.num_tokens)
         items: list[SampledTokens] = []
         for j, i in enumerate(sampled.rows):
             if i in deferred:
                 continue
-            chunk = launched.sampled_chunks[i]
-            req = chunk.request
+            chunk, req = launched.sampled_chunks[i], launched.sampled_requests[i]
             _drop_placeholder(req, i)
             if req.status is not RequestStatus.FINISHED:  # else aborted after its sampling started
-                items.append(SampledTokens(chunk, (sampled.output.token_ids[j],), (sampled.output.logprobs[j],)))
+                items.append(SampledTokens(chunk, (output.token_ids[j],), (output.logprobs[j],)))
         outputs = eng.output_processor.process(items, [], eng.advance)
-        eng.parked.park_slow_grammars(item.chunk.request for item in items)
+        eng.parked.park_slow_grammars(item.chunk.req_id for item in items)
         return outputs, True
 
     def _recover(self, failed: Launched, after: Launched | None) -> list[RequestOutput]:
@@ -271,18 +279,18 @@ class StepPipeline:
         if after is not None:
             _undo(after)
         for i in failed.rows:
-            _drop_placeholder(failed.sampled_chunks[i].request, i)
+            _drop_placeholder(failed.sampled_requests[i], i)
         for i in failed.deferred:
-            self.engine.parked.discard(failed.sampled_chunks[i].request.req_id)
+            self.engine.parked.discard(failed.sampled_chunks[i].req_id)
         _roll_back(failed)
-        return self._run_sync(failed.chunks)
+        return self._run_sync(failed.chunks, failed.requests)
 
 
 def _roll_back(launched: Launched) -> None:
     """Put each still-running chunk's computed count back to where it was scheduled."""
-    for chunk, start in zip(launched.chunks, launched.starts, strict=True):
-        if chunk.request.status is RequestStatus.RUNNING:
-            chunk.request.num_computed_tokens = start
+    for chunk, req in zip(launched.chunks, launched.requests, strict=True):
+        if req.status is RequestStatus.RUNNING:
+            req.num_computed_tokens = chunk.start
 
 
 def _undo(launched: Launched) -> None:
@@ -293,6 +301,14 @@ def _undo(launched: Launched) -> None:
     except Exception:  # noqa: BLE001 - it is run again, or its requests fail, in the retry
         pass
     _roll_back(launched)
+
+
+def _resolved(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
+    """``chunk`` with ``req``'s tokens as they are now, if it was scheduled with a placeholder
+    (only a request's last token can be one, so only a chunk's last)."""
+    if chunk.token_ids[-1] >= 0:
+        return chunk
+    return chunk._replace(token_ids=req.token_ids[chunk.start : chunk.start + len(chunk.token_ids)])
 
 
 def _drop_placeholder(req: Request, row: int) -> None:

@@ -2,7 +2,7 @@
 
 Each :meth:`LLMEngine.step` schedules one iteration, runs one forward pass over the packed
 batch, samples one token for each sequence whose known tokens are all computed (or verifies a
-speculating sequence's drafts), and hands the tokens to its
+speculating sequence's drafts: :mod:`.batch_run`), and hands the tokens to its
 :class:`~inflight.runtime.core.output_processor.OutputProcessor`, which owns each request's output
 state, applies the stop rules and returns a :class:`RequestOutput` delta per request that
 produced a token or finished. Token ids only: the engine neither detokenizes nor looks for
@@ -32,6 +32,7 @@ import torch
 
 from inflight.runtime.config import LIVE_TUNABLE_FIELDS, EngineConfig
 from inflight.runtime.core.async_steps import StepPipeline
+from inflight.runtime.core.batch_run import run_batch
 from inflight.runtime.core.block_pool import KVBlockPool
 from inflight.runtime.core.engine_batch_queue import BatchQueue
 from inflight.runtime.core.engine_lora import LoRAMethods
@@ -47,10 +48,12 @@ from inflight.runtime.core.prefill_backlog import PrefillBacklog
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
+from inflight.runtime.core.state_pool import StatePool, hybrid_config
 from inflight.runtime.core.step_failures import run_batch_or_each
 from inflight.runtime.core.tenant_stats import parse_metrics_tenants
 from inflight.runtime.kv_events.stream import open_kv_event_stream
 from inflight.runtime.lora.types import LoRARef
+from inflight.runtime.multimodal.inputs import MultimodalInputs, check_mm_inputs
 from inflight.runtime.outputs import (
     EngineStats,
     RequestOutput,
@@ -60,12 +63,10 @@ from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.draft_proposer import DraftProposer, load_runners
 from inflight.runtime.spec_decode.grammar import plain_when_grammar_busy
 from inflight.runtime.spec_decode.speculative import SpecStats
-from inflight.runtime.spec_decode.verify import verify_chunk
 from inflight.runtime.structured.manager import RequestMatcher, StructuredOutputManager
 from inflight.runtime.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
 from inflight.runtime.worker.encoder_runner import EncoderRunner, is_encoder_dir
 from inflight.runtime.worker.graph_backend import GraphBackend
-from inflight.runtime.worker.logit_rows import split_logits
 from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.sampler import Sampler
 from inflight.runtime.worker.sim_device import SimRunner
@@ -83,6 +84,7 @@ class LLMEngine(LoRAMethods):
         self.tokenizer = tokenizer
         self.max_model_len = runner.max_model_len
         self.pooling, config = pooling_engine(runner, config)  # None: a generate engine
+        config = hybrid_config(runner.spec, config)  # a hybrid model: prefix caching off (core/state_pool.py)
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
@@ -90,7 +92,8 @@ class LLMEngine(LoRAMethods):
         window = release_window(runner.spec, *([drafter.spec] if drafter else []))  # a draft model reads the same blocks
         host = build_host_tier(config, runner, [drafter.runner] if drafter else [], window, self.pooling is not None)
         self.host_kv = host[1] if host else None  # the host tier's bytes and copies (kv_offloading_size)
-        self.kv = KVCacheManager(self.pool, config.block_size, window, host[0] if host else None)
+        states = StatePool(runner.num_state_slots, runner.state_slots) if getattr(runner, "num_state_slots", 0) else None
+        self.kv = KVCacheManager(self.pool, config.block_size, window, host[0] if host else None, states)
         self.scheduler = Scheduler(self.config, self.kv)
         self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)
@@ -102,7 +105,7 @@ class LLMEngine(LoRAMethods):
         self._arrivals = 0
         self._num_tokens_last_step = 0
         self._num_steps = 0
-        self._spec = SpecStats()
+        self._spec = SpecStats()  # read through spec_stats
         self.parked = ParkedRequests(self.output_processor, self.sampler.masks, runner.spec.vocab_size)
         self.pipeline = (StepPipeline(self) if config.async_scheduling_on and self.pooling is None
                          else BatchQueue(self) if config.pipeline_parallel_size > 1 else None)  # fmt: skip
@@ -171,7 +174,7 @@ class LLMEngine(LoRAMethods):
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int = 0, arrival_time: float | None = None, tenant: str = "",
-        cache_salt: str | None = None, lora_name: str | None = None,
+        cache_salt: str | None = None, lora_name: str | None = None, mm_inputs: MultimodalInputs | None = None,
     ) -> None:
         """Queue one request. ``cache_salt`` (vLLM's): only requests with the same salt share
         prefix-cache blocks (see :mod:`inflight.runtime.core.block_pool`). ``lora_name``: a loaded
@@ -180,9 +183,11 @@ class LLMEngine(LoRAMethods):
             raise RequestRejectedError(f"request id {req_id!r} is already in use", "invalid_request")
         self.validate_request(prompt_token_ids, params)
         check_cache_salt(cache_salt)
+        if mm_inputs is not None:  # images: a vision-language model's only, and fitting this prompt
+            check_mm_inputs(prompt_token_ids, mm_inputs, getattr(self.runner, "vision", None) is not None)
         lora = self.lora_ref(lora_name)
         self.scheduler.check_admission(1, tenant)
-        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt, lora)
+        self._add(req_id, prompt_token_ids, params, priority, arrival_time, tenant, cache_salt, lora, mm_inputs)
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
         """Add every request or none: on a rejection, abort the ones already added and re-raise.
@@ -195,7 +200,7 @@ class LLMEngine(LoRAMethods):
             for r in requests:
                 self.add_request(r.req_id, r.prompt_token_ids, r.params, priority=r.priority,
                                  arrival_time=r.arrival_time, tenant=r.tenant, cache_salt=r.cache_salt,
-                                 lora_name=r.lora_name)
+                                 lora_name=r.lora_name, mm_inputs=r.mm_inputs)
                 added.append(r.req_id)
         except BaseException:
             for req_id in added:
@@ -205,12 +210,12 @@ class LLMEngine(LoRAMethods):
     def _add(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int, arrival_time: float | None, tenant: str = "", cache_salt: str | None = None,
-        lora: LoRARef | None = None,
+        lora: LoRARef | None = None, mm_inputs: MultimodalInputs | None = None,
     ) -> None:
         if self.scheduler.fair is not None:  # a stranger beyond the tenant bound shares the overflow
             tenant = self.scheduler.fair.resolve(tenant)
         req = Request(req_id, prompt_token_ids, params, priority, arrival_time, self._arrivals, tenant, cache_salt,
-                      lora)
+                      lora, mm_inputs)
         self._arrivals += 1
         generator = None
         if not params.greedy:
@@ -273,22 +278,24 @@ class LLMEngine(LoRAMethods):
         ran, failed, sampled = self._forward_and_sample(chunks)
         deferred = {id(s.chunk) for s in sampled if not s.token_ids}
         for chunk in ran:
-            if chunk.speculative:  # a speculating chunk advances once its tokens are in
+            if chunk.draft_token_ids or chunk.num_model_drafts:  # speculating: advances once its tokens are in
                 continue
             if id(chunk) in deferred:
                 self.advance(chunk, chunk.num_tokens - 1)
-                self.parked.park(chunk.request, self.output_processor.matcher_of(chunk.request))
+                self.parked.park(self.scheduler.requests[chunk.req_id], self.output_processor.matcher_of(chunk.req_id))
             else:
                 self.advance(chunk, chunk.num_tokens)
         if deferred:
             sampled = [s for s in sampled if s.token_ids]
-        outputs = self.output_processor.process(sampled, failed, self.advance)
-        self.parked.park_slow_grammars(s.chunk.request for s in sampled)
+        outputs = self.output_processor.process(sampled, [c.req_id for c in failed], self.advance)
+        self.parked.park_slow_grammars(s.chunk.req_id for s in sampled)
         return outputs
 
     def schedule(self) -> SchedulerOutput:
         """The step's batch (a busy grammar's chunk without drafts), the step counted, times stamped."""
-        sched = plain_when_grammar_busy(self.scheduler.schedule(), self.output_processor.matcher_of)
+        sched = self.scheduler.schedule()
+        if self.scheduler.spec is not None and self.output_processor.num_matchers:  # else no grammar speculates
+            sched = plain_when_grammar_busy(sched, self.output_processor.matcher_of)
         self._num_steps += 1
         self._num_tokens_last_step = sched.num_batched_tokens
         self.prefill.scheduled(sched.preempted, sched.admitted)
@@ -300,56 +307,16 @@ class LLMEngine(LoRAMethods):
 
     def _forward_and_sample(
         self, chunks: tuple[ScheduledChunk, ...]
-    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[SampledTokens]]:
-        """Run the batch: (chunks that ran, requests that made it fail, sampled tokens)."""
+    ) -> tuple[tuple[ScheduledChunk, ...], list[ScheduledChunk], list[SampledTokens]]:
+        """Run the batch: (chunks that ran, chunks that made it fail, sampled tokens)."""
         return run_batch_or_each(chunks, self._run_batch, "engine step")
 
     def _run_batch(self, chunks: tuple[ScheduledChunk, ...]) -> list[SampledTokens]:
-        """Forward + sample ``chunks`` without advancing them (a retry writes the same KV slots).
-
-        A retry after a failed batch may draw a sampled request's random numbers again, so
-        only a failed step can change what a seeded request in it generates."""
-        proposal = self.drafter.propose(chunks, self.output_processor.sampling_row) if self.drafter else None
-        ran = proposal.chunks if proposal else chunks
-        slots = self.lora_slots(chunks)  # None: no LoRA row (the draft model's pass above ran the base model)
-        batch = self.runner.prepare(ran) if slots is None else self.runner.prepare(ran, slots)
-        sampling_row = self.output_processor.sampling_row
-        rows = [sampling_row(c.request) for c in batch.sampled_chunks]
-        plain: Sequence[int] = range(len(rows))  # the rows without drafts: all of them unless speculating
-        plain_rows = rows
-        if self.scheduler.spec is not None:
-            plain = [i for i, c in enumerate(batch.sampled_chunks) if not c.draft_token_ids]
-            plain_rows = [rows[i] for i in plain]
-        masks = self.sampler.prepare_masks(plain_rows, self.runner.spec.vocab_size)  # filled during the forward
-        split = split_logits(self.runner.execute(batch), batch.sample_counts, batch.prompt_logprob_spans)
-        for chunk, first, span in split.prompt_spans:
-            self.output_processor.collect_prompt_logprobs(chunk.request, first, span)
-        logits = split.sampled
-        if len(plain) == len(rows):  # no speculation this step: one row per chunk
-            sampled = self.sampler.sample(logits, rows, masks)
-            return [SampledTokens(c, (t,), (lp,)) if i not in sampled.deferred else SampledTokens(c, (), ())
-                    for i, (c, t, lp) in enumerate(zip(batch.sampled_chunks, sampled.token_ids, sampled.logprobs,
-                                                       strict=True))]  # fmt: skip
-        starts = split.starts
-        index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
-        sampled = self.sampler.sample(logits[index], plain_rows, masks)
-        out: list[SampledTokens] = []
-        plain_out = iter(enumerate(zip(sampled.token_ids, sampled.logprobs, strict=True)))
-        for i, chunk in enumerate(batch.sampled_chunks):
-            if not chunk.draft_token_ids:
-                j, (token_id, logprob) = next(plain_out)
-                out.append(SampledTokens(chunk, (token_id,), (logprob,)) if j not in sampled.deferred
-                           else SampledTokens(chunk, (), ()))
-                continue
-            block = logits[starts[i] : starts[i + 1]]
-            tokens, logprobs = verify_chunk(block, chunk, rows[i], proposal.probs_of(chunk) if proposal else None)
-            self._spec.record(len(chunk.draft_token_ids), len(tokens) - 1)
-            out.append(SampledTokens(chunk, tokens, logprobs))
-        return out
+        return run_batch(self, chunks)  # the device half (core/batch_run.py)
 
     def advance(self, chunk: ScheduledChunk, num_computed: int) -> None:
         """``chunk`` computed ``num_computed`` more positions: count them, cache full blocks."""
-        req = chunk.request
+        req = self.scheduler.requests[chunk.req_id]
         req.num_computed_tokens += num_computed
         self.kv.cache_computed_blocks(req)
         if self.kv.sliding_window is not None:  # all-windowed models: blocks no query reads again
@@ -370,8 +337,21 @@ class LLMEngine(LoRAMethods):
         return EngineSummary(self.config, self.vocab_size, tuple(self.eos_token_ids), self.resolved)
 
     # -- stats and live config ----------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return self._num_steps
+
+    @property
+    def num_tokens_last_step(self) -> int:
+        return self._num_tokens_last_step
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """The speculation counters (read-only by convention: the step records into them)."""
+        return self._spec
+
     def stats(self) -> EngineStats:
-        return engine_stats(self)
+        return engine_stats(self)  # LoRA adapters included
 
     def update_config(self, **changes: Any) -> EngineConfig:
         """Change live-tunable knobs (``LIVE_TUNABLE_FIELDS``) without a restart."""

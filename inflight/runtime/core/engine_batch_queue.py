@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from inflight.runtime.core.output_processor import SampledTokens
-from inflight.runtime.core.request import RequestStatus
+from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.outputs import EngineFatalError, RequestOutput
 from inflight.runtime.worker.batch_inputs import BatchInputs
@@ -51,9 +51,11 @@ logger = logging.getLogger("inflight.engine")
 
 @dataclass(slots=True)
 class InFlight:
-    """A launched step: its chunks, its packed batch, and its logits to come."""
+    """A launched step: its chunks (and their requests, as launched: an id may be reused once
+    a request aborted in flight is gone), its packed batch, and its logits to come."""
 
     chunks: tuple[ScheduledChunk, ...]
+    requests: dict[str, Request]  # req_id -> the request each chunk ran for
     batch: BatchInputs
     pending: PendingLogits
 
@@ -96,7 +98,7 @@ class BatchQueue:
                     raise
                 except Exception:  # noqa: BLE001 - a request's inputs: its step's requests fail, the rest go on
                     logger.exception("preparing a pipeline step failed; failing its %d request(s)", len(sched.chunks))
-                    return settled + eng.output_processor.process([], [c.request for c in sched.chunks], eng.advance)
+                    return settled + eng.output_processor.process([], [c.req_id for c in sched.chunks], eng.advance)
                 self._queue.append(self._launch(sched.chunks, batch))
                 if len(self._queue) < self.max_in_flight:
                     return settled  # room for another step before waiting for the oldest
@@ -107,25 +109,26 @@ class BatchQueue:
         return settled + self._finish(self._queue.popleft())
 
     def _launch(self, chunks: tuple[ScheduledChunk, ...], batch: BatchInputs) -> InFlight:
-        runner = self.engine.runner
-        for chunk in chunks:
-            chunk.request.in_flight = True
-        return InFlight(chunks, batch, launch(runner, batch))  # type: ignore[arg-type]
+        runner, live = self.engine.runner, self.engine.scheduler.requests
+        requests = {c.req_id: live[c.req_id] for c in chunks}
+        for req in requests.values():
+            req.in_flight = True
+        return InFlight(chunks, requests, batch, launch(runner, batch))  # type: ignore[arg-type]
 
     def _finish(self, item: InFlight) -> list[RequestOutput]:
         """Sample a step that is back and process its tokens (the synchronous step's second half)."""
         eng = self.engine
         logits = collect(eng.runner, item.pending)  # type: ignore[arg-type]
-        for chunk in item.chunks:
-            chunk.request.in_flight = False
-        live = {id(c) for c in item.chunks if c.request.status is RequestStatus.RUNNING}  # else aborted meanwhile
+        for req in item.requests.values():
+            req.in_flight = False
+        live = {id(c) for c in item.chunks if item.requests[c.req_id].status is RequestStatus.RUNNING}  # else aborted
         try:
             return self._sample_and_process(item, logits, live)
         except EngineFatalError:
             raise
         except Exception:  # noqa: BLE001 - host-side (sampling): the step's requests fail, the engine goes on
             logger.exception("sampling a pipeline step failed; failing its request(s)")
-            failed = [c.request for c in item.chunks if id(c) in live and c.request.status is RequestStatus.RUNNING]
+            failed = [c.req_id for c in item.chunks if id(c) in live and item.requests[c.req_id].status is RequestStatus.RUNNING]
             return eng.output_processor.process([], failed, eng.advance)
 
     def _sample_and_process(self, item: InFlight, logits: torch.Tensor, live: set[int]) -> list[RequestOutput]:
@@ -134,10 +137,10 @@ class BatchQueue:
         split = split_logits(logits, batch.sample_counts, batch.prompt_logprob_spans)
         for chunk, first, span in split.prompt_spans:
             if id(chunk) in live:
-                eng.output_processor.collect_prompt_logprobs(chunk.request, first, span)
+                eng.output_processor.collect_prompt_logprobs(chunk.req_id, first, span)
         keep = [i for i, c in enumerate(batch.sampled_chunks) if id(c) in live]
         chunks = [batch.sampled_chunks[i] for i in keep]
-        rows = [eng.output_processor.sampling_row(c.request) for c in chunks]
+        rows = [eng.output_processor.sampling_row(c.req_id) for c in chunks]
         masks = eng.sampler.prepare_masks(rows, eng.runner.spec.vocab_size)
         out = eng.sampler.sample(split.sampled[[split.starts[i] for i in keep]], rows, masks)
         sampled = [SampledTokens(c, (t,), (lp,)) if i not in out.deferred else SampledTokens(c, (), ())
@@ -148,10 +151,10 @@ class BatchQueue:
                 continue
             if id(chunk) in deferred:
                 eng.advance(chunk, chunk.num_tokens - 1)
-                eng.parked.park(chunk.request, eng.output_processor.matcher_of(chunk.request))
+                eng.parked.park(item.requests[chunk.req_id], eng.output_processor.matcher_of(chunk.req_id))
             else:
                 eng.advance(chunk, chunk.num_tokens)
         sampled = [s for s in sampled if s.token_ids]
         outputs = eng.output_processor.process(sampled, [], eng.advance)
-        eng.parked.park_slow_grammars(s.chunk.request for s in sampled)
+        eng.parked.park_slow_grammars(s.chunk.req_id for s in sampled)
         return outputs

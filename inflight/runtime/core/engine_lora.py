@@ -73,7 +73,8 @@ class LoRAMethods:
         if self.lora is None:
             return None
         self._collect_loras()
-        return self.lora.prepare_step(c.request.lora for c in chunks if c.request.lora is not None)
+        requests = self.scheduler.requests
+        return self.lora.prepare_step(lora for c in chunks if (lora := requests[c.req_id].lora) is not None)
 
     def _collect_loras(self) -> None:
         lora = self.lora

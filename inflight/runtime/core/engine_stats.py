@@ -1,11 +1,14 @@
 """The engine's statistics: one :class:`~inflight.runtime.outputs.EngineStats` built from the
 scheduler, the KV pool and its host tier, the output processor, the prefill backlog and the
-speculation counters of an :class:`~inflight.runtime.core.engine.LLMEngine`. Reads only.
+speculation counters of an :class:`~inflight.runtime.core.engine.LLMEngine`, with the LoRA
+adapters of its running and waiting requests when LoRA is on (:func:`with_lora_stats`), through
+its public read-only properties. Reads only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from inflight.runtime.outputs import EngineStats
 
@@ -15,8 +18,8 @@ if TYPE_CHECKING:
 
 def engine_stats(engine: LLMEngine) -> EngineStats:
     """The engine's counters and gauges, as the front ends, /metrics and the autoscaler read them."""
-    out, tenants = engine.output_processor, engine.output_processor.tenants
-    return EngineStats(
+    out, tenants, spec = engine.output_processor, engine.output_processor.tenants, engine.spec_stats
+    return with_lora_stats(engine, EngineStats(
         num_running=engine.scheduler.num_running,
         num_waiting=engine.scheduler.num_waiting,
         num_kv_blocks=engine.pool.num_blocks,
@@ -27,20 +30,28 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
         **_host_tier_stats(engine),
         num_prompt_tokens=out.num_prompt_tokens,
         num_generation_tokens=out.num_generation_tokens,
-        num_tokens_last_step=engine._num_tokens_last_step,
-        num_steps=engine._num_steps,
+        num_tokens_last_step=engine.num_tokens_last_step,
+        num_steps=engine.num_steps,
         device_busy_seconds=engine.runner.device_busy_seconds,
         num_prefill_backlog_tokens=engine.prefill.num_backlog_tokens,
         num_prefill_computed_tokens=engine.prefill.num_computed_tokens,
         prefill_tokens_per_second=engine.prefill.tokens_per_second,
         max_num_sequences=engine.config.max_num_sequences,
-        spec_num_drafts=engine._spec.num_drafts,
-        spec_num_draft_tokens=engine._spec.num_draft_tokens,
-        spec_num_accepted_tokens=engine._spec.num_accepted_tokens,
-        spec_accepted_per_position=tuple(engine._spec.accepted_per_position),
+        spec_num_drafts=spec.num_drafts,
+        spec_num_draft_tokens=spec.num_draft_tokens,
+        spec_num_accepted_tokens=spec.num_accepted_tokens,
+        spec_accepted_per_position=tuple(spec.accepted_per_position),
         tenants=(tenants.snapshot(engine.scheduler.running, engine.scheduler.waiting)
                  if tenants is not None else None),
-    )
+    ))
+
+
+def with_lora_stats(engine: Any, stats: EngineStats) -> EngineStats:
+    """``stats`` with the adapters of running and waiting requests (as they are when LoRA is off)."""
+    if not engine.config.enable_lora:
+        return stats
+    running, waiting = engine.lora_stats()
+    return dataclasses.replace(stats, running_lora_adapters=tuple(running), waiting_lora_adapters=tuple(waiting))
 
 
 def _host_tier_stats(engine: LLMEngine) -> dict[str, int]:

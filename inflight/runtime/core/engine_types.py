@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.multimodal.inputs import MultimodalInputs
 from inflight.runtime.sampling_params import SamplingParams
 
 
@@ -37,3 +38,4 @@ class EngineRequest:
     tenant: str = ""  # the fair scheduler's unit of sharing: <group>/<user> (server.tenancy)
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
     lora_name: str | None = None  # a loaded LoRA adapter's name (issue 49); None: the base model
+    mm_inputs: MultimodalInputs | None = None  # its images, placeholders expanded in prompt_token_ids

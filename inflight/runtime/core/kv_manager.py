@@ -19,6 +19,10 @@ One block table serves all layers, so a model with any global (full-attention) l
 Gemma 3 or Qwen2 with ``max_window_layers`` below its layer count, releases nothing: see
 :func:`release_window`.
 
+Hybrid models (Qwen3-Next): ``state_pool`` (:mod:`.state_pool`) gives each request its
+per-sequence state slot with its first blocks and takes it back with its blocks (finish, abort,
+preemption); an admission with no free slot fails like one with no free block.
+
 Host tier (``kv_offloading_size``, :mod:`.host_tier`): the pool hands the cached blocks it
 evicts to the tier, and a prefix lookup that stops in the device cache goes on in the tier
 (:class:`PrefixHit`); each host hit gets a fresh device block, registered in the cache at once,
@@ -33,9 +37,11 @@ from typing import TYPE_CHECKING
 from inflight.runtime.core.block_pool import KVBlockPool, adapter_root, hash_full_blocks
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import KVCopies
+from inflight.runtime.multimodal.inputs import mm_block_hashes
 
 if TYPE_CHECKING:
     from inflight.runtime.core.host_tier import HostTier
+    from inflight.runtime.core.state_pool import StatePool
     from inflight.runtime.model.spec import ModelSpec
 
 
@@ -75,7 +81,7 @@ class KVCacheManager:
     """
 
     def __init__(self, pool: KVBlockPool, block_size: int, sliding_window: int | None = None,
-                 host_tier: HostTier | None = None) -> None:
+                 host_tier: HostTier | None = None, state_pool: StatePool | None = None) -> None:
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens (got {sliding_window}).")
         if host_tier is not None and (sliding_window is not None or not pool.enable_prefix_caching):
@@ -84,6 +90,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.host_tier = host_tier
+        self.state_pool = state_pool  # a hybrid model's per-sequence states (core/state_pool.py), else None
         pool.host_tier = host_tier
         if host_tier is not None:
             host_tier.events = pool.events
@@ -138,6 +145,21 @@ class KVCacheManager:
         return released
 
     def allocate_slots(
+        self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
+    ) -> bool:
+        """:meth:`_allocate_blocks`, and for a hybrid model a state slot with the first blocks (False,
+        changing nothing, when no slot is free)."""
+        states = self.state_pool
+        if states is None or states.holds(req.req_id):
+            return self._allocate_blocks(req, num_new_tokens, hit_blocks)
+        if states.allocate(req.req_id) is None:
+            return False
+        if not self._allocate_blocks(req, num_new_tokens, hit_blocks):
+            states.free(req.req_id)
+            return False
+        return True
+
+    def _allocate_blocks(
         self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
     ) -> bool:
         """Give ``req`` room for ``num_new_tokens`` more tokens (after any prefix hit).
@@ -249,6 +271,8 @@ class KVCacheManager:
         root = self.pool.root_hash if known or req.cache_salt is None else self.pool.root_for(req.cache_salt)
         if not known and req.lora is not None:  # an adapter's KV is its own (issue 49)
             root = adapter_root(root, req.lora.cache_key)
+        if req.mm_inputs is not None:  # blocks holding image tokens are keyed by the image too
+            return mm_block_hashes(token_ids, self.block_size, known, root, req.mm_inputs)
         return hash_full_blocks(token_ids, self.block_size, known, root)
 
     def free(self, req: Request) -> None:
@@ -260,3 +284,5 @@ class KVCacheManager:
         req.block_ids = []
         req.num_released_blocks = 0
         req.num_cached_blocks = 0
+        if self.state_pool is not None:
+            self.state_pool.free(req.req_id)

@@ -102,17 +102,24 @@ class OutputProcessor:
         if matcher is not None:
             self.num_matchers += 1
 
-    def sampling_row(self, req: Request) -> SamplingRow:
-        """What the sampler needs to know about ``req`` this step."""
-        state = self._states[req.req_id]
+    def request_of(self, req_id: str) -> Request | None:
+        """The live request ``req_id`` (None once it has finished)."""
+        state = self._states.get(req_id)
+        return None if state is None else state.request
+
+    def sampling_row(self, req_id: str) -> SamplingRow:
+        """What the sampler needs to know about live request ``req_id`` this step."""
+        state = self._states[req_id]
+        req = state.request
         return SamplingRow(req.params, req.prompt_token_ids, req.output_token_range(), state.generator,
                            self.eos_token_ids, state.matcher)  # fmt: skip
 
-    def collect_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
-        """Record ``req``'s prompt logprobs from ``logits`` (``[count, vocab]``, positions
+    def collect_prompt_logprobs(self, req_id: str, first: int, logits: torch.Tensor) -> None:
+        """Record live request ``req_id``'s prompt logprobs from ``logits`` (``[count, vocab]``, positions
         ``first ..``). Only positions not collected yet are kept, so a recompute (or a retried
         step) adds nothing twice."""
-        collected = self._states[req.req_id].prompt_logprobs
+        state = self._states[req_id]
+        req, collected = state.request, state.prompt_logprobs
         if first + logits.shape[0] > len(collected) >= first:
             entries = span_logprobs(logits, req.prompt_token_ids, first, req.params.prompt_logprobs or 0)
             collected.extend(entries[len(collected) - first :])
@@ -138,41 +145,43 @@ class OutputProcessor:
         state = self._states.get(req_id)
         return None if state is None else self._output_after(state, (), reason, error)
 
-    def matcher_of(self, req: Request) -> RequestMatcher | None:
-        """``req``'s grammar state (None for a free request)."""
-        return self._states[req.req_id].matcher
+    def matcher_of(self, req_id: str) -> RequestMatcher | None:
+        """Live request ``req_id``'s grammar state (None for a free request)."""
+        return self._states[req_id].matcher
 
     # -- one step ---------------------------------------------------------------------
     def process(
-        self, sampled: Sequence[SampledTokens], failed: Sequence[Request],
+        self, sampled: Sequence[SampledTokens], failed: Sequence[str],
         advance: Callable[[ScheduledChunk, int], None],
     ) -> list[RequestOutput]:
-        """One step's outputs: an ``error`` one for each request in ``failed``, then one for
+        """One step's outputs: an ``error`` one for each request id in ``failed``, then one for
         each chunk in ``sampled``. ``advance(chunk, n)`` moves a speculating chunk that is still
         running once its tokens are in: it computed one position per token it emitted (its
         last known token and the drafts it kept; the new one is computed next step)."""
-        outputs = [self._finish(self._states[req.req_id], "error", ()) for req in failed]
+        outputs = [self._finish(self._states[req_id], "error", ()) for req_id in failed]
         now = time.monotonic()
+        states = self._states
         for item in sampled:
-            req = item.chunk.request
+            state = states[item.chunk.req_id]
+            req = state.request
             try:
-                out = self._append_tokens(req, item.token_ids, item.logprobs, now)
+                out = self._append_tokens(state, req, item.token_ids, item.logprobs, now)
                 if item.chunk.draft_token_ids and req.status is RequestStatus.RUNNING:
                     advance(item.chunk, len(item.token_ids))
             except EngineFatalError:
                 raise
             except Exception:
                 logger.exception("request %s failed while appending its token", req.req_id)
-                out = self._finish(self._states[req.req_id], "error", ())
+                out = self._finish(state, "error", ())
             outputs.append(out)
         return outputs
 
     def _append_tokens(
-        self, req: Request, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob | None, ...], now: float
+        self, state: RequestOutputState, req: Request, token_ids: tuple[int, ...],
+        logprobs: tuple[TokenLogprob | None, ...], now: float,
     ) -> RequestOutput:
         """Append the step's tokens (one, or a speculating request's accepted drafts plus one)
         until one of them finishes the request; one output for all of them."""
-        state = self._states[req.req_id]
         first = req.first_token_time is None
         if first:
             req.first_token_time = now

@@ -61,15 +61,17 @@ class ParkedRequests:
         if entry is not None:
             entry[0].parked = False
 
-    def park_slow_grammars(self, requests: Iterable[Request]) -> None:
+    def park_slow_grammars(self, req_ids: Iterable[str]) -> None:
         """After a step: a slow grammar advances past its new token in its next fill, started
-        now, off the step; its request sits out until that fill is done."""
+        now, off the step; its request sits out until that fill is done (``req_ids``: the
+        step's; those that finished in it are skipped)."""
         if not self._outputs.num_matchers:
             return
-        for req in requests:
-            if req.status is RequestStatus.FINISHED:
+        for req_id in req_ids:
+            req = self._outputs.request_of(req_id)
+            if req is None or req.status is RequestStatus.FINISHED:
                 continue
-            matcher = self._outputs.matcher_of(req)
+            matcher = self._outputs.matcher_of(req_id)
             if matcher is not None and matcher.pending_token is not None:
                 self._masks.fill(matcher, self._vocab_size)
                 self.park(req, matcher)

@@ -57,9 +57,9 @@ class PoolingStep:
         if sched.is_empty:
             return []
         ran, failed, parts = self._run(engine, sched.chunks)
-        outputs = [out for req in failed if (out := engine.output_processor.finish(req.req_id, "error")) is not None]
+        outputs = [out for c in failed if (out := engine.output_processor.finish(c.req_id, "error")) is not None]
         for chunk, part in zip(ran, parts, strict=True):
-            req = chunk.request
+            req = engine.scheduler.requests[chunk.req_id]
             first = req.num_computed_tokens == 0
             engine.advance(chunk, chunk.num_tokens)
             if first or self.pooler.pooling_type == "LAST" or req.pooled_part is None:
@@ -80,8 +80,8 @@ class PoolingStep:
 
     def _run(
         self, engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]
-    ) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[torch.Tensor]]:
-        """(the chunks that ran, the requests that failed alone, each chunk's part)."""
+    ) -> tuple[tuple[ScheduledChunk, ...], list[ScheduledChunk], list[torch.Tensor]]:
+        """(the chunks that ran, the chunks that failed alone, each chunk's part)."""
         kind, runner = self.pooler.pooling_type, engine.runner
         run = runner.pool_chunks if isinstance(runner, EncoderRunner) else functools.partial(chunk_parts, runner)
         return run_batch_or_each(chunks, lambda batch: list(run(batch, kind)), "pooling step")  # type: ignore[arg-type]

@@ -5,8 +5,9 @@ A request is WAITING (not admitted, or preempted and waiting to be recomputed), 
 tokens whose K/V are in the cache; the scheduler hands out the rest in chunks. ``block_ids`` is
 the request's block table (entry ``i`` holds positions ``i * block_size ..``); on a model whose
 every layer is windowed its first ``num_released_blocks`` entries are placeholders for blocks
-already given back (see :mod:`inflight.runtime.core.kv_manager`). Imports no torch and knows nothing
-about the model.
+already given back (see :mod:`inflight.runtime.core.kv_manager`). :func:`chunk_of` copies what the
+device side reads of a request into a plain :class:`ScheduledChunk`; the device side never sees a
+``Request``. Imports no torch and knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+from inflight.runtime.core.sched_output import DraftContext, RequestFacts, ScheduledChunk
 from inflight.runtime.lora.types import LoRARef
+from inflight.runtime.multimodal.inputs import MultimodalInputs
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.speculative import NgramIndex
 
@@ -58,6 +61,9 @@ class TokenRange(Sequence[int]):
         return f"TokenRange({list(self)!r})"
 
 
+_new_chunk = tuple.__new__  # ScheduledChunk without its Python-level __new__ (chunk_of runs per row per step)
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -66,6 +72,14 @@ class RequestStatus(enum.Enum):
 
 class Request:
     """One request's tokens, KV blocks and progress."""
+
+    # Slots: the step reads these per row, and past 30 attributes CPython (3.11) stops sharing an
+    # instance dict's keys, which slows every attribute read; a new attribute is named here too.
+    __slots__ = ("req_id", "prompt_token_ids", "params", "priority", "arrival_time", "arrival_seq", "tenant",
+                 "cache_salt", "lora", "mm_inputs", "token_ids", "status", "num_computed_tokens", "num_cached_tokens",
+                 "block_ids", "num_released_blocks", "block_hashes", "num_cached_blocks", "num_preemptions",
+                 "admitted_seq", "finish_reason", "first_scheduled_time", "first_token_time", "ngram", "draft_kv_lag",
+                 "parked", "in_flight", "pooled_part", "facts", "_table", "_table_of", "__weakref__")
 
     def __init__(
         self,
@@ -78,6 +92,7 @@ class Request:
         tenant: str = "",
         cache_salt: str | None = None,
         lora: LoRARef | None = None,
+        mm_inputs: MultimodalInputs | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -88,6 +103,7 @@ class Request:
         self.tenant = tenant  # the scheduler's fair policy shares slots between tenants
         self.cache_salt = cache_salt  # seeds block_hashes: only requests with the same salt share KV
         self.lora = lora  # its LoRA adapter (None: the base model); kept through preemption, keys its KV too
+        self.mm_inputs = mm_inputs  # its images (vision-language models); their hashes key its KV blocks too
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
@@ -109,6 +125,23 @@ class Request:
         self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
         self.in_flight = False  # in a pipeline step not yet back: not scheduled, never preempted (engine_batch_queue)
         self.pooled_part: object = None  # a pooling engine's partial result (core/pooling_step.py)
+        self.facts = self.new_facts()  # what its chunks tell the device side: made again at each admission
+        self._table: tuple[int, ...] = ()  # block_ids as a tuple, for the chunks (see block_table)
+        self._table_of: list[int] | None = None  # the block_ids list _table copies
+
+    def new_facts(self) -> RequestFacts:
+        """The device side's facts of this request for a new stay in the running set."""
+        lora = self.lora
+        return RequestFacts(self.req_id, len(self.prompt_token_ids), self.params.prompt_logprobs,
+                            None if lora is None else lora.load_id, self.mm_inputs)  # fmt: skip
+
+    def block_table(self) -> tuple[int, ...]:
+        """``block_ids`` as a tuple, copied again only when it changed: the table is append-only
+        while the request holds blocks, and a new list once they are freed."""
+        ids = self.block_ids
+        if len(self._table) != len(ids) or self._table_of is not ids:
+            self._table, self._table_of = tuple(ids), ids
+        return self._table
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -152,3 +185,40 @@ class Request:
             f"Request({self.req_id!r}, {self.status.value}, computed={self.num_computed_tokens}/"
             f"{self.num_tokens}, blocks={self.num_held_blocks}/{len(self.block_ids)})"
         )
+
+
+def chunk_of(
+    req: Request, num_tokens: int, sample: bool, draft_token_ids: tuple[int, ...] = (), num_model_drafts: int = 0,
+    draft_context: bool = False,
+) -> ScheduledChunk:
+    """``num_tokens`` positions of ``req`` from its ``num_computed_tokens``, as plain data (a
+    speculating chunk feeds its last known token, then its drafts). ``draft_context``: add what a
+    model drafter reads beyond the chunk (:class:`DraftContext`). Runs once per row per step:
+    kept to the copies it must make (the block table only when it changed, see :meth:`Request.block_table`)."""
+    start = req.num_computed_tokens
+    token_ids = req.token_ids
+    speculating = num_model_drafts > 0 or bool(draft_token_ids)
+    ids = (token_ids[start],) if num_tokens == 1 or speculating else token_ids[start : start + num_tokens]
+    block_ids, table = req.block_ids, req._table
+    if len(table) != len(block_ids) or req._table_of is not block_ids:  # Request.block_table, inlined
+        table = req._table = tuple(block_ids)
+        req._table_of = block_ids
+    context = None
+    if draft_context:
+        stop = start + num_tokens
+        context = DraftContext(tuple(token_ids[start - min(req.draft_kv_lag, start) : start]),
+                               token_ids[stop] if not speculating and stop < len(token_ids) else None)  # fmt: skip
+    return _new_chunk(ScheduledChunk, (req.req_id, start, num_tokens, ids, table, sample, req.facts, draft_token_ids,
+                                       num_model_drafts, context))  # fmt: skip
+
+
+def decode_chunk(req: Request) -> ScheduledChunk:
+    """``chunk_of(req, 1, True)``: a decode's chunk (its last token) without a draft context, the
+    one chunk most steps make per row, so spelled out for speed."""
+    start = req.num_computed_tokens
+    block_ids, table = req.block_ids, req._table
+    if len(table) != len(block_ids) or req._table_of is not block_ids:  # Request.block_table, inlined
+        table = req._table = tuple(block_ids)
+        req._table_of = block_ids
+    return _new_chunk(ScheduledChunk, (req.req_id, start, 1, (req.token_ids[start],), table, True, req.facts, (), 0,
+                                       None))  # fmt: skip

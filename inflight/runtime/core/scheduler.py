@@ -29,18 +29,21 @@ model's are proposed by the engine just before the forward (the chunk says how m
 With LoRA on, a waiting request boards only while the running set keeps to ``max_loras``
 distinct adapters (:mod:`inflight.runtime.core.lora_gate`): it waits otherwise, never preempts.
 
+The chunks are plain data (:func:`~inflight.runtime.core.request.chunk_of`): the device side gets
+no ``Request``; :attr:`Scheduler.requests` maps a chunk's ``req_id`` back to its live request.
 Imports no torch; knows nothing about the model or sampling.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.fairness import FairShare, tenant_group
 from inflight.runtime.core.kv_manager import KVCacheManager
 from inflight.runtime.core.lora_gate import LoRAGate
-from inflight.runtime.core.request import Request, RequestStatus
+from inflight.runtime.core.request import Request, RequestStatus, chunk_of, decode_chunk
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
@@ -54,9 +57,12 @@ class Scheduler:
         self.kv = kv
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # in admission order
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id (vLLM's Scheduler.requests)
         self.num_preemptions = 0
         self._admissions = 0
         self.spec = parse_speculative_config(config.speculative_config)
+        self._draft_context = self.spec is not None and self.spec.method in MODEL_METHODS  # a model drafter reads it
+        self._decode: Callable[[Request], ScheduledChunk] = _drafter_decode if self._draft_context else decode_chunk
         self.fair = FairShare() if config.scheduler_policy == "fair" else None
         self._prefill_cap: int | None = None  # the long-prefill cap of this step
         self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant group
@@ -89,6 +95,7 @@ class Scheduler:
             self.fair.add(req.tenant)
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        self.requests[req.req_id] = req
 
     def remove(self, req: Request) -> None:
         """Take ``req`` out of whichever queue holds it and free its blocks."""
@@ -100,6 +107,8 @@ class Scheduler:
             self.fair.remove(req.tenant)
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
+        if self.requests.get(req.req_id) is req:
+            del self.requests[req.req_id]
 
     @property
     def num_waiting(self) -> int:
@@ -139,10 +148,10 @@ class Scheduler:
         if not preempted and self._may_admit():
             budget = self._schedule_waiting(budget, chunks, admitted)
         if self.fair is not None:  # admissions were charged as they boarded
-            boarded = {id(r) for r in admitted}
+            boarded = {r.req_id for r in admitted}
             for chunk in chunks:
-                if id(chunk.request) not in boarded:
-                    self.fair.charge(chunk.request.tenant, chunk.num_tokens)
+                if chunk.req_id not in boarded:
+                    self.fair.charge(self.requests[chunk.req_id].tenant, chunk.num_tokens)
         num_batched = self.config.max_num_tokens - budget
         return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched,
                                self.kv.take_copies())  # the host tier's copies, run before the forward
@@ -215,6 +224,7 @@ class Scheduler:
             if speculate and num_new == 1:
                 drafted = self._speculative_chunk(req, budget - 1)
                 if drafted is not None and self.kv.allocate_slots(req, drafted.num_tokens):
+                    drafted = drafted._replace(block_table=req.block_table())  # with the blocks just allocated
                     chunks.append(drafted)
                     budget -= drafted.num_tokens
                     i += 1
@@ -227,7 +237,8 @@ class Scheduler:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue  # req itself was preempted; running[i] is now the next request
-            chunks.append(self._chunk(req, num_new))
+            # a decode (its last token) adds no prompt tokens to the step: its chunk without _chunk's accounting
+            chunks.append(self._decode(req) if remaining == 1 else self._chunk(req, num_new))
             budget -= num_new
             i += 1
         return budget
@@ -267,11 +278,11 @@ class Scheduler:
         if k <= 0:
             return None
         if spec.method in MODEL_METHODS:  # a draft model or an EAGLE-3 head fills them before the forward
-            return ScheduledChunk(req, 1 + k, True, num_model_drafts=k)
+            return chunk_of(req, 1 + k, True, num_model_drafts=k, draft_context=True)
         if req.ngram is None:
             req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
         drafts = req.ngram.propose(req.token_ids, k)
-        return ScheduledChunk(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
+        return chunk_of(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """A request not yet scheduled this step: the newest, or the lowest priority."""
@@ -333,6 +344,7 @@ class Scheduler:
             if gate is not None:
                 gate.admit(req)
             req.status = RequestStatus.RUNNING
+            req.facts = req.new_facts()  # a new stay: a drafter's state of the last one is dropped
             req.admitted_seq = self._admissions
             self._admissions += 1
             self.running.append(req)
@@ -361,4 +373,9 @@ class Scheduler:
         remaining = len(req.token_ids) - req.num_computed_tokens
         if remaining > 1:  # a prompt chunk (or a recompute)
             self._step_prefill[tenant_group(req.tenant)] += num_new
-        return ScheduledChunk(req, num_new, num_new == remaining)
+        return chunk_of(req, num_new, num_new == remaining, (), 0, self._draft_context)
+
+
+def _drafter_decode(req: Request) -> ScheduledChunk:
+    """A decode's chunk with what a model drafter reads beyond it."""
+    return chunk_of(req, 1, True, (), 0, True)

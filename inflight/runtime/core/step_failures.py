@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.outputs import EngineFatalError
 
@@ -22,9 +21,9 @@ T = TypeVar("T")
 
 def run_batch_or_each(
     chunks: tuple[ScheduledChunk, ...], run: Callable[[tuple[ScheduledChunk, ...]], list[T]], what: str
-) -> tuple[tuple[ScheduledChunk, ...], list[Request], list[T]]:
+) -> tuple[tuple[ScheduledChunk, ...], list[ScheduledChunk], list[T]]:
     """``run(chunks)``, or on failure ``run`` of each chunk alone: (the chunks that ran, the
-    requests that failed alone, the results of those that ran, in order). ``what`` names the
+    chunks that failed alone, the results of those that ran, in order). ``what`` names the
     step in the log and the fatal error."""
     try:
         return chunks, [], run(chunks)
@@ -33,7 +32,7 @@ def run_batch_or_each(
     except Exception:
         logger.exception("%s failed; retrying its %d request(s) one by one", what, len(chunks))
     ok: list[ScheduledChunk] = []
-    failed: list[Request] = []
+    failed: list[ScheduledChunk] = []
     results: list[T] = []
     for chunk in chunks:
         try:
@@ -42,8 +41,8 @@ def run_batch_or_each(
         except EngineFatalError:
             raise
         except Exception:
-            failed.append(chunk.request)
+            failed.append(chunk)
     if len(chunks) > 1 and not ok:
         raise EngineFatalError(f"the {what} fails for each of its {len(chunks)} requests alone")
-    logger.error("failed request(s) %s; %d other(s) go on", [r.req_id for r in failed], len(ok))
+    logger.error("failed request(s) %s; %d other(s) go on", [c.req_id for c in failed], len(ok))
     return tuple(ok), failed, results

@@ -256,7 +256,7 @@ class EngineCore:
         if self.front_ends.is_empty:
             return False
         if changed:
-            self.front_ends.broadcast(p.Stats(self._stats()))
+            self.front_ends.broadcast(p.Stats(self.engine.stats()))
         return True
 
     def _drop(self, index: int, how: str) -> None:
@@ -299,7 +299,7 @@ class EngineCore:
         # The new figures first: whoever waits on the answer then reads them in /metrics; every
         # other front end gets the new summary too, so all validate against the same config.
         summary = self.engine.summary()
-        self.front_ends.broadcast(p.Stats(self._stats()))
+        self.front_ends.broadcast(p.Stats(self.engine.stats()))
         self.front_ends.broadcast(p.Retuned(summary), but=index)
         self.front_ends.send(index, p.RetuneDone(message.call_id, summary))
 
@@ -343,9 +343,6 @@ class EngineCore:
 
     # ---- the step -----------------------------------------------------------------------
 
-    def _stats(self) -> p.EngineStats:
-        return lora_calls.with_lora_stats(self.engine, self.engine.stats())
-
     def _step(self) -> None:
         self.step_clock.value = time.monotonic()
         try:
@@ -363,7 +360,7 @@ class EngineCore:
         finally:
             self.step_clock.value = 0.0
         self._failures.succeeded()
-        stats = self._stats()
+        stats = self.engine.stats()
         for index, mine in self.front_ends.split(outputs).items():
             self.front_ends.send(index, p.step_done(mine, stats))
 

@@ -4,20 +4,18 @@ adapter names of running and waiting requests, put into the stats the core sends
 :func:`answer` runs one :data:`~.protocol.LoRACall` on the engine (``add_lora``, ``remove_lora``,
 ``list_loras``) and returns its :class:`~.protocol.LoRADone`. A refused adapter (``LoRAError``), an
 unknown name (``UnknownLoRA``) or any other failure of the call is an answer, never an exception in
-the loop: requests in flight never see it. :func:`with_lora_stats` is the engine's stats with
-``running_lora_adapters`` and ``waiting_lora_adapters`` filled in (when LoRA is on). Knows nothing
+the loop: requests in flight never see it (the adapters of running and waiting requests are in
+the engine's own stats: :func:`inflight.runtime.core.engine_stats.with_lora_stats`). Knows nothing
 about connections or front ends.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 from inflight.runtime.engine_core import protocol as p
 from inflight.runtime.lora.types import LoRAError, LoRAInfo, UnknownLoRA
-from inflight.runtime.outputs import EngineStats
 
 logger = logging.getLogger("inflight.engine_core")
 
@@ -45,14 +43,6 @@ def answer(engine: Any, call: p.LoRACall) -> p.LoRADone:
 def loaded(engine: Any) -> tuple[LoRAInfo, ...]:
     """Every adapter ``engine`` has loaded (none when LoRA is off)."""
     return tuple(engine.list_loras()) if engine.config.enable_lora else ()
-
-
-def with_lora_stats(engine: Any, stats: EngineStats) -> EngineStats:
-    """``stats`` with the adapters of running and waiting requests (as they are when LoRA is off)."""
-    if not engine.config.enable_lora:
-        return stats
-    running, waiting = engine.lora_stats()
-    return dataclasses.replace(stats, running_lora_adapters=tuple(running), waiting_lora_adapters=tuple(waiting))
 
 
 def unknown_message(exc: BaseException) -> str:

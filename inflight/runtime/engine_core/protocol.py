@@ -43,7 +43,9 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 9: StepDone as columns (req ids, token ids, counts, sparse extras)
 # 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
 # 11: EngineStats' prefill backlog, prefill tokens computed and prefill rate
-PROTOCOL_VERSION = 12  # 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, LoRAsChanged; EngineRequest.lora_name)
+# 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, LoRAsChanged; EngineRequest.lora_name)
+PROTOCOL_VERSION = 13  # 13: StructuredOutputsParams.checked_grammar (the front end's grammar verdict);
+# EngineRequest.mm_inputs (a chat's images: multimodal/inputs.py)
 
 
 # ---- front end -> core ------------------------------------------------------------------
@@ -51,7 +53,9 @@ PROTOCOL_VERSION = 12  # 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, Lo
 
 @dataclass(frozen=True, slots=True)
 class AddGroup:
-    """Add every request or none (grammars compile first, off the step loop)."""
+    """Add every request or none. A request's grammar arrives checked by the front end (its
+    ``params.structured.checked_grammar``): the core only instantiates it, off the step loop,
+    before the group is added."""
 
     group_id: int
     requests: tuple[EngineRequest, ...]

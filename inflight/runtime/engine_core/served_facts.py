@@ -45,6 +45,14 @@ def read_served_facts(served: Path, config: EngineConfig) -> tuple[ServedFacts, 
 
     tokenizer = load_checked_tokenizer(served)
     spec = spec_from_hf_config(load_hf_config(served))
+    from inflight.runtime.core.state_pool import hybrid_refusal
+
+    refusal = hybrid_refusal(spec, config)  # a hybrid model's settings, before any weight loads
+    if refusal is not None:
+        raise ValueError(refusal)
+    from inflight.runtime.model.mla_kv import check_mla_engine
+
+    check_mla_engine(spec, config.kv_cache_dtype, config.enable_lora)  # DeepSeek-V3's, before any weight loads
     if draft_model_dir(config) is not None:
         check_draft_model(served, config)
     from inflight.runtime.spec_decode.eagle3_head import check_eagle3_head, eagle3_head_dir

@@ -110,6 +110,7 @@ def attach(model: torch.nn.Module, slots: LoRASlots | None) -> None:
     """Give each decoder layer's attention and dense MLP its stacks (None: detach)."""
     for index, layer in enumerate(model.layers):  # type: ignore[attr-defined]
         stacks = slots.stacks[index] if slots is not None else None
-        layer.self_attn.lora = stacks
+        if hasattr(layer, "self_attn"):  # (a hybrid model's linear layers have none; LoRA is refused for them)
+            layer.self_attn.lora = stacks
         if hasattr(layer.mlp, "lora"):
             layer.mlp.lora = stacks if stacks is not None and "down_proj" in stacks else None

@@ -29,6 +29,9 @@ class AttentionMetadata:
     num_prefills: int
     # Multi-LoRA: each token's adapter slot (-1: the base model); None: no row of the step has one.
     token_slots: torch.Tensor | None = None  # [num_tokens] int32
+    # Hybrid models (Qwen3-Next): each sequence's state-pool slot, decode rows first as packed; None: no
+    # linear-attention state (every other model).
+    state_slots: torch.Tensor | None = None  # [num_decode_tokens + num_prefills] int64
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ store and attention kernels, and its steps take the layer-by-layer path too, nev
 attention block or stack (which read float caches only): a path choice, documented in
 docs/kv-cache-dtype.md. Built with a ``stage`` (:mod:`.stages`) it holds one pipeline stage's layers,
 renumbered from 0 (and the embedding, final norm and LM head only where that stage needs them);
-:mod:`.stage_forward` runs it.
+:mod:`.stage_forward` runs it. DeepSeek-V3's layers hold latent attention (:mod:`.mla`) in place of
+:class:`Attention`, with the same call.
 Knows nothing about scheduling or sampling.
 """
 
@@ -48,6 +49,7 @@ from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout, shard_layout
 from inflight.runtime.model.llama4 import LayerAttention, layer_attention
+from inflight.runtime.model.mla import MlaAttention
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.model.stages import StageLayers
@@ -213,9 +215,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layout: ShardLayout, tp: Collectives | None, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(spec, layout, tp, spec.layer_window(index))
-        self.self_attn.rope_table = spec.layer_rope_table(index)
-        self.self_attn.variant = layer_attention(spec, index)
+        if spec.mla is not None:  # DeepSeek-V3: latent attention (model/mla.py)
+            self.self_attn: Attention | MlaAttention = MlaAttention(spec, layout, tp)
+        else:
+            self.self_attn = Attention(spec, layout, tp, spec.layer_window(index))
+            self.self_attn.rope_table = spec.layer_rope_table(index)
+            self.self_attn.variant = layer_attention(spec, index)
         sparse = spec.moe is not None and index in spec.moe.sparse_layers
         self.mlp = SparseMoe(spec, layout, tp) if sparse else MLP(spec, layout, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -320,17 +325,19 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         ops: KernelOps,
         aux: AuxHidden | None = None,  # EAGLE-3: collect these layers' input states (one stage only)
+        inputs_embeds: torch.Tensor | None = None,  # [num_tokens, hidden]: given rows (images), not input_ids
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
         if self.stage is not None:  # a pipeline stage runs through model/stage_forward.py
             raise ValueError("a pipeline stage runs through stage_forward.run_stage (and an EAGLE-3 head needs "
                              "the whole model on one stage)")
-        hidden = self.embed(input_ids)
+        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
         # an fp8 cache runs layer by layer: the one-call block and stack read float caches only
         fp8 = bool(kv_caches) and fp8_kv.is_fp8(kv_caches[0][0].dtype)
         # Llama 4's layers (model/llama4.py) run layer by layer too: the one-call block has no NoPE/chunking
-        rows = None if fp8 or self.spec.arch == "llama4_text" else decode_rows(positions, meta, ops)
+        # and latent attention (model/mla.py) has its own decode path
+        rows = None if fp8 or self.spec.arch in ("llama4_text", "deepseek_v3") else decode_rows(positions, meta, ops)
         # the one-call stack has no place for LoRA deltas: steps with LoRA rows go layer by layer
         if rows is not None and ops.decode_layer_stack is not None and meta.token_slots is None and aux is None:
             stack = self._decode_stack(cos_sin, kv_caches)

@@ -110,6 +110,9 @@ def _glm4_moe(config: Any) -> MoeSpec | None:
     )  # fmt: skip
 
 
+grouped_sigmoid_moe = _glm4_moe  # DeepSeek-V3's experts route the same way (model/deepseek_spec.py)
+
+
 def _llama4_spec(config: Any) -> ModelSpec:
     """Llama 4 text: dense layers ``intermediate_size_mlp`` wide, expert layers (``moe_layers``) of
     ``intermediate_size``-wide experts plus an equally wide shared expert."""

@@ -51,7 +51,7 @@ def record(model: Any, layer: int, kind: str, part: Any) -> None:
 
 def configure(model: Any, cache_dtype: torch.dtype, calculate: bool) -> str | None:
     """Set every layer's KV scales for a cache of ``cache_dtype``; the log's sentence (None: nothing to say)."""
-    attns = [layer.self_attn for layer in model.layers]
+    attns = [layer.self_attn for layer in model.layers if hasattr(layer, "self_attn")]  # (hybrid: not linear ones)
     found = sum(1 for a in attns if {"k", "v"} <= a.checkpoint_kv_scales.keys())
     if not fp8_kv.is_fp8(cache_dtype):
         for a in attns:
@@ -78,4 +78,4 @@ def configure(model: Any, cache_dtype: torch.dtype, calculate: bool) -> str | No
 
 def pending(model: Any) -> bool:
     """Whether some layer still waits for its scales from the first prompt."""
-    return any(layer.self_attn.calculate_kv_scales for layer in model.layers)
+    return any(layer.self_attn.calculate_kv_scales for layer in model.layers if hasattr(layer, "self_attn"))

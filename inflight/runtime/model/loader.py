@@ -23,10 +23,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from inflight.runtime.model import compressed_tensors, kv_scales, llama4, moe_weights, mxfp4, stages
+from inflight.runtime.model import compressed_tensors, deepseek_v3, kv_scales, llama4, moe_weights, mxfp4, stages
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.decoder import CausalLM
 from inflight.runtime.model.layout import ShardLayout
+from inflight.runtime.model.qwen2_5_vl_vision import VisionTower, load_vision_tensor
+from inflight.runtime.model.qwen3_next import Qwen3NextLM
 from inflight.runtime.model.spec import ModelSpec, model_type_alias, spec_from_hf_config
 from inflight.runtime.model.stages import StageLayers
 
@@ -105,6 +107,7 @@ def _slices(spec: ModelSpec, layout: ShardLayout, fused: str, name: str = "") ->
     """Rows of this rank's fused tensor that each checkpoint tensor fills."""
     if fused == "qkv_proj":
         q, kv = layout.num_heads * spec.head_dim, layout.num_kv_heads * spec.head_dim
+        q *= 2 if spec.attn_output_gate else 1  # Qwen3-Next: a gate per head beside each query head
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
     n = _mlp_width(name, spec) // layout.world_size
     return [(0, n), (n, 2 * n)]
@@ -197,7 +200,9 @@ def load_model(
     if alias is not None:
         logger.warning("%s", alias)
     with torch.device("meta"):
-        model = CausalLM(spec, tp, stage)
+        model = (Qwen3NextLM if spec.arch == "qwen3_next" else CausalLM)(spec, tp, stage)
+        if spec.arch == "qwen2_5_vl":  # the vision tower rides beside the decoder (model/qwen2_5_vl_vision.py)
+            model.visual = VisionTower(config.vision_config)
     # packed linears (GGUF blocks, compressed-tensors int4/int8) go in while the model is on
     # meta, so they never exist in float; their checkpoint tensors are skipped below
     if install_packed is None:
@@ -208,11 +213,15 @@ def load_model(
         raise ValueError(f"packed (GGUF / compressed-tensors) {spec.arch} checkpoints are not served: Llama 4's q/k "
                          "rows are permuted at load and Phi-3's fused qkv/gate_up rows cut per part, which packed "
                          "weights do not allow; serve a float checkpoint.")  # fmt: skip
+    if packed and spec.mla is not None:  # W_UK / W_UV are sliced out of a float kv_b_proj (model/mla.py)
+        raise ValueError("packed (GGUF / compressed-tensors) DeepSeek-V3 checkpoints are not served: latent "
+                         "attention's absorbed decode needs a float kv_b_proj; serve a bf16 checkpoint.")
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings and model.lm_head is not None:
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
+    num_mtp = 0  # DeepSeek-V3's multi-token-prediction tensors skipped (model/deepseek_v3.py)
     tensors = checkpoint_tensors(model_dir, progress)
     if mxfp4.is_mxfp4(config):  # gpt-oss's MXFP4 experts, dequantized as they stream past
         tensors = mxfp4.dequantized_tensors(tensors, dtype)
@@ -222,7 +231,18 @@ def load_model(
         if spec.arch == "llama4_text":  # feed_forward.{router,shared_expert,experts}: our mlp.{gate,shared_experts,experts}
             name = name.replace(".feed_forward.", ".mlp.").replace(".mlp.router.", ".mlp.gate.")
             name = name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
+        if spec.arch == "qwen3_next":  # mlp.shared_expert is our mlp.shared_experts; mtp.*: its MTP head, skipped
+            name = name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
+            if name.startswith("mtp."):
+                continue
         if "rotary_emb" in name or hf_name in packed or _is_mtp_layer(name, spec):
+            continue
+        if spec.arch == "qwen2_5_vl" and name.startswith("visual."):
+            load_vision_tensor(model.visual, name.removeprefix("visual."), part)
+            loaded.add(name)
+            continue
+        if spec.mla is not None and deepseek_v3.is_mtp_layer(name, spec):
+            num_mtp += 1
             continue
         if model.stage is not None:  # a pipeline stage: its own layers, renumbered (model/stages.py)
             name = stages.local_name(name, model.stage, spec.tie_word_embeddings)
@@ -239,14 +259,18 @@ def load_model(
         parts = name.split(".")
         target = name
         rows: tuple[int, int] | None = None
-        if len(parts) >= 2 and parts[-2] in _FUSED:
+        mla_attention = spec.mla is not None and ".self_attn." in name  # DeepSeek-V3's q_proj is its own
+        if len(parts) >= 2 and parts[-2] in _FUSED and not mla_attention:
             fused, idx = _FUSED[parts[-2]]
             parts[-2] = fused
             target = ".".join(parts)
             rows = _slices(spec, model.layout, fused, name)[idx]
         if target not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} does not fit the {spec.arch} decoder.")
-        tensor = _read_shard(name, part, spec, model.layout)
+        if mla_attention:  # latent attention's own head arithmetic (model/deepseek_v3.py)
+            tensor = deepseek_v3.read_attention_tensor(name, part, spec, model.layout)
+        else:
+            tensor = _read_shard(name, part, spec, model.layout)
         if spec.arch == "llama4_text" and name.split(".")[-2] in ("q_proj", "k_proj"):
             tensor = llama4.halves_from_pairs(tensor, spec.head_dim)  # interleaved rotary pairs -> our halves
         with torch.no_grad():
@@ -256,10 +280,12 @@ def load_model(
             dest.copy_(tensor.to(dtype))
         loaded.add(f"{target}:{rows}")
     _check_complete(model, spec, loaded)
+    if spec.mla is not None:
+        deepseek_v3.log_skipped_mtp(config, num_mtp)
     if spec.norm_plus_one:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once, here
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if name.endswith("norm.weight") and ".linear_attn." not in name:  # Qwen3-Next's gated norm: as is
                     param.add_(1.0)
     model.eval()
     return model, config

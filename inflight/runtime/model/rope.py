@@ -10,6 +10,9 @@ within the original length. Past it transformers recomputes the whole sequence w
 (``Phi3ForCausalLM.prepare_inputs_for_generation`` drops its cache at the crossing); we do not
 re-rotate keys already cached, so a sequence that crosses keeps its first positions' short
 rotation (as vLLM does; vLLM switches the whole batch to the long set instead, per step).
+M-RoPE (Qwen2-VL, Qwen2.5-VL: ``mrope_section``) splits the frequencies into t/h/w sections,
+each rotated by its own position id: :func:`mrope_cos_sin` gathers each token's row of the one
+table section by section (a token whose three ids are equal reads the plain row).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def build_rope_tables(config: Any, spec: Any, max_position: int) -> torch.Tensor
     ``spec.local_rope`` (Gemma 3) table 0 is the global layers' and table 1 the sliding
     layers' (``spec.layer_rope_table`` says which a layer reads)."""
     rotary_dim = getattr(spec, "rotary_dim", None) or spec.head_dim
+    config = getattr(config, "text_config", None) or config  # a vision-language config: its decoder's
     if not spec.local_rope:
         return build_cos_sin_cache(config, rotary_dim, max_position)[None]
     tables = [build_cos_sin_cache(config, rotary_dim, max_position, kind)
@@ -78,3 +82,26 @@ def build_cos_sin_cache(
             long_inv_freq, _ = _inv_freq(config, head_dim, seq_len=original + 1)
             freqs[original:] = positions[original:, None] * long_inv_freq[None, :]
     return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+
+
+def mrope_sections(config: Any) -> tuple[int, ...] | None:
+    """The ``mrope_section`` (t, h, w frequency counts) of a vision-language config, or None."""
+    params = rope_parameters(getattr(config, "text_config", None) or config)
+    sections = params.get("mrope_section")
+    return None if sections is None else tuple(int(s) for s in sections)
+
+
+def mrope_cos_sin(
+    table: torch.Tensor,  # [max_position, rotary_dim]: cos of each frequency, then sin
+    positions: torch.Tensor,  # [3, num_tokens] t, h, w position ids
+    sections: tuple[int, ...],  # frequencies per axis, summing to rotary_dim / 2
+) -> torch.Tensor:  # [num_tokens, rotary_dim]
+    """Each token's (cos, sin) row for M-RoPE: frequency ``j`` of section ``s`` at ``positions[s]``
+    (transformers' ``Qwen2_5_VLRotaryEmbedding``, for ``rope_type`` default)."""
+    half = table.shape[-1] // 2
+    if sum(sections) != half:
+        raise ValueError(f"mrope_section {list(sections)} must sum to half the rotary width ({half}).")
+    axis = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections)).to(table.device)
+    axis = torch.cat((axis, axis))  # [rotary_dim]: the axis each column reads
+    rows = table[positions.T]  # [num_tokens, 3, rotary_dim]
+    return rows.gather(1, axis.expand(rows.shape[0], 1, -1)).squeeze(1)

@@ -3,7 +3,7 @@
 Knows which architectures we support and how each differs from Llama (Qwen2's qkv bias,
 Qwen3's q/k norm, sliding windows and which layers have them, Qwen3-MoE's, Mixtral's and
 gpt-oss's expert layers, in :class:`MoeSpec`; gpt-oss's attention sinks; Phi-3/4, GLM-4.5 and Llama 4 in
-:mod:`.family_specs`). The spec dataclasses live in :mod:`.spec_types` and are re-exported here.
+:mod:`.family_specs`; DeepSeek-V3 in :mod:`.deepseek_spec`; Qwen3-Next's hybrid in :mod:`.qwen3_next_spec`). The spec dataclasses live in :mod:`.spec_types` and are re-exported here.
 Raises ``ValueError`` for anything else.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from inflight.runtime.model.deepseek_spec import deepseek_v3_spec
 from inflight.runtime.model.family_specs import family_spec
+from inflight.runtime.model.qwen3_next_spec import qwen3_next_spec
 from inflight.runtime.model.spec_types import (
     SUPPORTED_ROPE_TYPES,
     ModelSpec,
@@ -33,6 +35,9 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Glm4MoeForCausalLM": "glm4_moe",
     "Llama4ForCausalLM": "llama4_text",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # its decoder is Qwen2's; images: docs/vision.md
 }
 # Checkpoints with no LM head: a bare decoder (sentence-transformers' embedding models, saved by
 # transformers' AutoModel) or a sequence classifier (a ``score`` head on the last token: rerankers).
@@ -61,7 +66,8 @@ ENCODER_ARCHITECTURES = {
 _LLAMA_ALIASES = ("exaone", "internlm3", "iquestcoder")
 MODEL_TYPE_ALIASES = {"LlamaForCausalLM": _LLAMA_ALIASES, "LlamaModel": _LLAMA_ALIASES,
                       "Glm4MoeForCausalLM": ("sarvam_moe",),
-                      "Llama4ForCausalLM": ("llama4",)}  # the multimodal config: family_specs refuses it
+                      "Llama4ForCausalLM": ("llama4",),  # the multimodal config: family_specs refuses it
+                      "DeepseekV3ForCausalLM": ("sarvam_mla",)}
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
 # Architectures refused with the reason they are not served (any other unknown one gets the
 # generic message naming what is served).
@@ -120,6 +126,13 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         return _gpt_oss_spec(config)
     if arch in ("phi3", "glm4_moe", "llama4_text"):
         return family_spec(config, arch)
+    if arch == "qwen2_5_vl":  # Qwen2's decoder (text_config) with M-RoPE; the vision tower beside it
+        return dataclasses.replace(_decoder_spec(config.text_config, "qwen2"), arch=arch,
+                                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
+    if arch == "qwen3_next":
+        return qwen3_next_spec(config)
+    if arch == "deepseek_v3":  # multi-head latent attention (model/mla.py)
+        return deepseek_v3_spec(config)
     return _decoder_spec(config, arch)
 
 

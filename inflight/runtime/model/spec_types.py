@@ -40,6 +40,39 @@ class MoeSpec:
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
     shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False  # Qwen3-Next: the shared expert's output times sigmoid(x @ gate.T)
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2: :mod:`.mla`): queries through a
+    ``q_lora_rank`` bottleneck (None: one ``q_proj``), keys and values from one normed latent of
+    ``kv_lora_rank`` per token plus a shared ``qk_rope_head_dim`` roped key: the two are what the
+    paged cache holds. ``rope_interleave``: the checkpoint's rotary features come in pairs."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GatedDeltaSpec:
+    """Qwen3-Next's linear-attention (Gated DeltaNet) layers: which layers, and their sizes. Each
+    running sequence holds a conv state and a recurrent state per such layer (a state-pool slot)."""
+
+    layers: tuple[int, ...]  # the linear-attention layers; the others are (gated) full attention
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:  # channels of the causal conv: q, k and v together
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +122,11 @@ class ModelSpec:
     nope_layers: tuple[int, ...] = ()
     l2_qk_norm: bool = False
     attn_temperature: tuple[float, float] | None = None
+    # Qwen3-Next (defaults: the others): q_proj also yields a gate per head (sigmoid, times the
+    # attention output); the linear-attention layers (None: every layer is attention).
+    attn_output_gate: bool = False
+    linear_attention: GatedDeltaSpec | None = None
+    mla: MlaSpec | None = None  # DeepSeek-V3: latent attention (num_kv_heads 1, head_dim the rope width)
 
     def layer_window(self, index: int) -> int | None:
         """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""

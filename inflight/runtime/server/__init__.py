@@ -20,6 +20,8 @@ One line per module:
 * ``cache_isolation`` the cache_salt a request's engine requests carry (--prefix-cache-isolation)
 * ``generation``   fan-out to engine requests, streaming or collecting, usage, request log, aborts
 * ``protocol``     parse and validate OpenAI request bodies into ``SamplingParams`` and prompts
+* ``fields``       the one set of field readers (a 400 naming the field) and the unsupported-field table
+* ``prompt_checks`` the checks before prompts reach the engine, shared by generation and pooling
 * ``responses``    OpenAI response bodies, stream chunks, usage and logprobs layouts
 * ``streaming``    server-sent events framing
 * ``errors``       the OpenAI error shape and the status / type / code of each failure

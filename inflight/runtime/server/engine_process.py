@@ -62,8 +62,9 @@ class CoreView:
 
         self.summary = summary
         self.tokenizer = tokenizer
-        # Compiles to refuse a bad or too slow grammar with a 400 before the request is sent on;
-        # keeps verdicts only (the core compiles again and holds the matchers).
+        # Checks each grammar to refuse a bad or too slow one with a 400 before the request is sent
+        # on; keeps verdicts only (the checked grammar text, which the request carries to the core,
+        # which only instantiates it and holds the matchers).
         self.structured = StructuredOutputManager(tokenizer, summary.vocab_size, summary.eos_token_ids,
                                                   keep_compiled=False)
 

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from inflight.runtime.config import DRAIN_TIMEOUT_S
 from inflight.runtime.generation_defaults import SamplingDefaults
+from inflight.runtime.multimodal.media import MediaLimits
 from inflight.runtime.server.compile_budget import CompileBudget
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineClient
 from inflight.runtime.server.lora import LoRAModule, check_unique
@@ -108,6 +109,7 @@ class ServerSettings:
     tenant_header: str | None = None
     responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: the store is off)
     reject_unknown_fields: bool = False
+    media_limits: MediaLimits = MediaLimits()  # chat images: count, bytes, pixels, local files (docs/vision.md)
     lora_modules: tuple[LoRAModule, ...] = ()  # --lora-modules: adapters loaded before the server is ready
 
     def __post_init__(self) -> None:

@@ -21,14 +21,16 @@ argmax; a sampled request's are draws from ``q``, the draft model's shaped distr
 the request's temperature and top-k / top-p / min-p, with the request's own generator, and ``q`` goes to the verification
 (:func:`inflight.runtime.spec_decode.verify.verify_sampled`) so the emitted tokens follow the target's
 distribution. The last draft is never fed to the draft model: when the target keeps every
-draft, the next step's first pass writes that position (``Request.draft_kv_lag``), and the
-prefix cache registers a block only once both models' KV fill it. Knows nothing about
-scheduling policy; the start-up checks are :mod:`inflight.runtime.spec_decode.draft_checks`.
+draft, the next step's first pass writes that position (``Request.draft_kv_lag``: the engine
+sets it from the verification, and resets it from :meth:`DraftProposer.take_kv_lags`; a chunk's
+:class:`~inflight.runtime.core.sched_output.DraftContext` carries the lagging tokens), and the
+prefix cache registers a block only once both models' KV fill it. Reads plain chunks and writes
+no request. Knows nothing about scheduling policy; the start-up checks are
+:mod:`inflight.runtime.spec_decode.draft_checks`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +42,7 @@ from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.model.loader import Progress
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.spec_decode.draft_checks import check_draft_model, draft_model_dir
-from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts
+from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts, known_tokens
 from inflight.runtime.spec_decode.speculative import parse_speculative_config
 from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, upload
@@ -49,7 +51,6 @@ from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.sampler import SamplingRow, shape_logits
 
 if TYPE_CHECKING:
-    from inflight.runtime.core.request import Request
     from inflight.runtime.distributed.comm import TensorParallel
     from inflight.runtime.distributed.launcher import WorkerGroup
 
@@ -59,6 +60,7 @@ class DraftProposer:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self._kv_lags: dict[str, int] = {}  # req_id -> its lag after the last proposal's passes (0: none)
 
     @property
     def spec(self) -> ModelSpec:
@@ -67,15 +69,22 @@ class DraftProposer:
     def close(self) -> None:
         self.runner.close()
 
+    def take_kv_lags(self) -> dict[str, int]:
+        """The draft KV lag of each request of the last proposal (0: its passes wrote every
+        computed position), for the engine to record; forgotten here."""
+        lags, self._kv_lags = self._kv_lags, {}
+        return lags
+
     @torch.inference_mode()
     def propose(
-        self, chunks: Sequence[ScheduledChunk], sampling_row: Callable[[Request], SamplingRow]
+        self, chunks: Sequence[ScheduledChunk], sampling_row: Callable[[str], SamplingRow]
     ) -> Proposal:
-        """Run the draft model over the step's tokens and choose each speculating chunk's drafts."""
+        """Run the draft model over the step's tokens and choose each speculating chunk's drafts
+        (``sampling_row(req_id)``: a request's sampling row)."""
         speculating, logits = self._mirror(chunks)
         if not speculating:
             return Proposal(tuple(chunks), {})
-        rows = [sampling_row(c.request) for c in speculating]
+        rows = [sampling_row(c.req_id) for c in speculating]
         drafts: list[list[int]] = [[] for _ in speculating]
         probs: list[list[torch.Tensor]] = [[] for _ in speculating]
         active = list(range(len(speculating)))
@@ -90,12 +99,12 @@ class DraftProposer:
             active = [i for i in active if len(drafts[i]) < speculating[i].num_model_drafts]
             if not active:
                 break
-            logits = self._feed([speculating[i].request for i in active], [drafts[i] for i in active])
-        filled = {id(c): dataclasses.replace(c, draft_token_ids=tuple(d))
+            logits = self._feed([speculating[i] for i in active], [drafts[i] for i in active])
+        filled = {id(c): c._replace(draft_token_ids=tuple(d))
                   for c, d in zip(speculating, drafts, strict=True)}  # fmt: skip
         return Proposal(
             tuple(filled.get(id(c), c) for c in chunks),
-            {c.request.req_id: torch.stack(p) for c, p in zip(speculating, probs, strict=True) if p},
+            {c.req_id: torch.stack(p) for c, p in zip(speculating, probs, strict=True) if p},
         )
 
     def _mirror(self, chunks: Sequence[ScheduledChunk]) -> tuple[list[ScheduledChunk], torch.Tensor]:
@@ -103,23 +112,21 @@ class DraftProposer:
         the chunks that speculate, and the logits at their last tokens, in that order."""
         parts = []
         for chunk in chunks:
-            req = chunk.request
-            lag = min(req.draft_kv_lag, req.num_computed_tokens)
-            start = req.num_computed_tokens - lag
-            end = req.num_computed_tokens + (1 if chunk.num_model_drafts else chunk.num_tokens)
-            ids = req.token_ids[start:end]
-            parts.append((chunk, Segment(ids, start, req.block_ids, len(ids) == 1, int(chunk.num_model_drafts > 0))))
+            first, known = known_tokens(chunk)
+            end = chunk.start + (1 if chunk.num_model_drafts else chunk.num_tokens)
+            ids = known[: end - first]  # from the first lagging position to the chunk's last known token
+            parts.append((chunk, Segment(ids, first, chunk.block_table, len(ids) == 1,
+                                         int(chunk.num_model_drafts > 0))))  # fmt: skip
         parts.sort(key=lambda part: not part[1].decode_rows)  # decode rows first (a stable sort)
         logits = self._run([segment for _, segment in parts])
-        for chunk in chunks:
-            chunk.request.draft_kv_lag = 0
+        self._kv_lags = {chunk.req_id: 0 for chunk in chunks}  # every computed position written now
         return [chunk for chunk, _ in parts if chunk.num_model_drafts], logits
 
-    def _feed(self, requests: list[Request], drafts: list[list[int]]) -> torch.Tensor:
-        """One decode row per request: its latest draft, at its position (the request's last
-        token sits at ``num_computed_tokens``, draft ``j`` (from 1) at ``j`` after it)."""
-        return self._run([Segment((d[-1],), req.num_computed_tokens + len(d), req.block_ids, True, 1)
-                          for req, d in zip(requests, drafts, strict=True)])  # fmt: skip
+    def _feed(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> torch.Tensor:
+        """One decode row per chunk: its latest draft, at its position (the request's last
+        token sits at the chunk's ``start``, draft ``j`` (from 1) at ``j`` after it)."""
+        return self._run([Segment((d[-1],), chunk.start + len(d), chunk.block_table, True, 1)
+                          for chunk, d in zip(chunks, drafts, strict=True)])  # fmt: skip
 
     def _run(self, segments: list[Segment]) -> torch.Tensor:
         """The draft model's float32 logits ``[num_logit_rows, vocab]`` for ``segments``."""

@@ -10,9 +10,11 @@ at ``p``, so it runs one step behind the target:
    aux layers (``AuxHidden``; such steps run eagerly and whole: no decode graph, no CPU lanes),
    fused through ``fc``; right after it the head runs over the prompt positions whose next token
    is known (so a prompt's blocks reach the prefix cache as soon as without the head), and the
-   other rows (each chunk's last, a speculating chunk's all) are kept with their request
-   (``Request.draft_kv_lag`` says those positions still lack the head's KV, so the prefix cache
-   registers no block the head has not filled);
+   other rows (each chunk's last, a speculating chunk's all) are kept with their request's
+   stay (weakly, by its :class:`~inflight.runtime.core.sched_output.RequestFacts`, which a
+   preemption renews), and :meth:`Eagle3Proposer.take_kv_lags` tells the engine how many
+   positions still lack the head's KV (``Request.draft_kv_lag``, so the prefix cache registers no
+   block the head has not filled; the next chunk's ``DraftContext`` carries their tokens);
 2. at the next step, before the target's forward, :meth:`Eagle3Proposer.propose` runs the head
    over each scheduled request's kept positions that the target kept (rejected drafts' rows
    are dropped), reading each next token; for a chunk that speculates the last of them is the
@@ -28,12 +30,12 @@ kept after a preemption until its recompute has run) proposes its last token ``k
 deterministic proposal verified as an n-gram's is. A prefix-cache hit reuses the head's KV with
 the blocks; the head's entry at a block's last position was computed from the token after the
 block, so a request that continues the prefix differently reads one slightly different entry
-(acceptance may drop there; output never changes). Knows nothing about scheduling policy.
+(acceptance may drop there; output never changes). Reads plain chunks and writes no request.
+Knows nothing about scheduling policy.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,13 +46,13 @@ from weakref import WeakKeyDictionary
 import torch
 
 from inflight.runtime.config import EngineConfig
-from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.sched_output import RequestFacts, ScheduledChunk
 from inflight.runtime.model.decoder import AuxHidden
 from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
 from inflight.runtime.spec_decode.eagle3_head import Eagle3Head, eagle3_head_dir, load_head, read_head_config
-from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts
+from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts, known_tokens
 from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, packed_order
 from inflight.runtime.worker.graph_backend import GraphBackend
@@ -58,7 +60,6 @@ from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.sampler import SamplingRow, shape_logits
 
 if TYPE_CHECKING:
-    from inflight.runtime.core.request import Request
     from inflight.runtime.distributed.comm import TensorParallel
     from inflight.runtime.distributed.launcher import WorkerGroup
 
@@ -68,7 +69,6 @@ class _Kept:
 
     start: int
     hidden: torch.Tensor  # [num_positions, hidden]
-    num_preemptions: int  # a preemption since makes them stale
 
 
 @dataclass(slots=True)
@@ -91,7 +91,8 @@ class Eagle3Proposer:
         self.block_size = target.block_size
         self.cos_sin = build_rope_tables(head_config, head.spec, target.max_model_len).to(target.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._kept: WeakKeyDictionary[Request, _Kept] = WeakKeyDictionary()
+        self._kept: WeakKeyDictionary[RequestFacts, _Kept] = WeakKeyDictionary()  # by a request's stay
+        self._kv_lags: dict[str, int] = {}  # req_id -> positions the head's KV lacks after the last step
         self._step: tuple[ScheduledChunk, ...] = ()  # the chunks the target runs next, as proposed
         self.num_fallback_proposals = 0  # speculating chunks that had no kept states (see module docstring)
         ref = weakref.ref(self)  # the runner holds its hook; a strong one would make a cycle through the KV
@@ -127,6 +128,12 @@ class Eagle3Proposer:
     def close(self) -> None:
         self.target.execute_hook = None
 
+    def take_kv_lags(self) -> dict[str, int]:
+        """The head's KV lag of each request of the target's last step, for the engine to
+        record (see module docstring); forgotten here."""
+        lags, self._kv_lags = self._kv_lags, {}
+        return lags
+
     # -- the target's step ---------------------------------------------------------------
     @torch.inference_mode()
     def execute_target(self, batch: BatchInputs) -> torch.Tensor:
@@ -149,16 +156,22 @@ class Eagle3Proposer:
         fused = self.head.fuse(torch.cat(aux.hidden, dim=-1), runner.ops)  # [num_tokens, hidden]
         now = _Pass([], [])  # prompt positions whose next token is known: the head runs them at once
         row = 0
+        lags: dict[str, int] = {}
         for chunk in packed_order(self._step):
-            req, start = chunk.request, chunk.request.num_computed_tokens
+            start = chunk.start
             n = 1 + len(chunk.draft_token_ids) if chunk.draft_token_ids else chunk.num_tokens
-            m = 0 if chunk.draft_token_ids else min(n, req.num_tokens - 1 - start)
-            if m > 0:
-                now.segments.append(Segment(req.token_ids[start + 1 : start + m + 1], start, req.block_ids, m == 1))
-                now.hidden.append(fused[row : row + m])
-            self._kept[req] = _Kept(start + m, fused[row + m : row + n].clone(), req.num_preemptions)
-            req.draft_kv_lag = n - m  # the head's KV lacks these positions until its next pass
+            m = 0
+            if not chunk.draft_token_ids:  # the positions whose next token is known (the chunk's, and after it)
+                first, known = known_tokens(chunk)
+                m = min(n, first + len(known) - 1 - start)
+                if m > 0:
+                    ids = known[start + 1 - first : start + m + 1 - first]
+                    now.segments.append(Segment(ids, start, chunk.block_table, m == 1))
+                    now.hidden.append(fused[row : row + m])
+            self._kept[chunk.facts] = _Kept(start + m, fused[row + m : row + n].clone())
+            lags[chunk.req_id] = n - m  # the head's KV lacks these positions until its next pass
             row += n
+        self._kv_lags = lags
         if row != fused.shape[0]:
             raise RuntimeError(f"the EAGLE-3 head was given {row} rows of a {fused.shape[0]}-token step")
         if now.segments:
@@ -169,15 +182,15 @@ class Eagle3Proposer:
     # -- proposing -------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(
-        self, chunks: Sequence[ScheduledChunk], sampling_row: Callable[[Request], SamplingRow]
+        self, chunks: Sequence[ScheduledChunk], sampling_row: Callable[[str], SamplingRow]
     ) -> Proposal:
         """Run the head over the kept positions of the step's requests and choose each
-        speculating chunk's drafts."""
+        speculating chunk's drafts (``sampling_row(req_id)``: a request's sampling row)."""
         speculating, normed, prenorm = self._catch_up(chunks)
         drafts: dict[int, list[int]] = {}
         probs: dict[str, torch.Tensor] = {}
         if speculating:
-            rows = [sampling_row(c.request) for c in speculating]
+            rows = [sampling_row(c.req_id) for c in speculating]
             chosen: list[list[int]] = [[] for _ in speculating]
             dists: list[list[torch.Tensor]] = [[] for _ in speculating]
             active = list(range(len(speculating)))
@@ -194,20 +207,20 @@ class Eagle3Proposer:
                 if not keep:
                     break
                 active = [active[j] for j in keep]
-                normed, prenorm = self._chain([speculating[i].request for i in active], [chosen[i] for i in active],
+                normed, prenorm = self._chain([speculating[i] for i in active], [chosen[i] for i in active],
                                               prenorm[keep])  # fmt: skip
                 logits = self.head.logits(normed, self.target.ops)
             for chunk, d, q in zip(speculating, chosen, dists, strict=True):
                 drafts[id(chunk)] = d
                 if q:
-                    probs[chunk.request.req_id] = torch.stack(q)
+                    probs[chunk.req_id] = torch.stack(q)
         filled = []
         for chunk in chunks:
             if chunk.num_model_drafts and id(chunk) not in drafts:  # no kept states: a deterministic proposal
                 self.num_fallback_proposals += 1
-                drafts[id(chunk)] = [chunk.request.token_ids[-1]] * chunk.num_model_drafts
+                drafts[id(chunk)] = [chunk.token_ids[-1]] * chunk.num_model_drafts  # its last known token
             d = drafts.get(id(chunk))
-            filled.append(chunk if d is None else dataclasses.replace(chunk, draft_token_ids=tuple(d)))
+            filled.append(chunk if d is None else chunk._replace(draft_token_ids=tuple(d)))
         self._step = tuple(filled)
         return Proposal(self._step, probs)
 
@@ -216,16 +229,18 @@ class Eagle3Proposer:
         computed position it reached and that speculate, and their rows' (normed, pre-norm) states."""
         parts: list[tuple[ScheduledChunk, Segment, torch.Tensor]] = []
         for chunk in chunks:
-            req = chunk.request
-            kept = self._kept.get(req)
-            if kept is None or kept.num_preemptions != req.num_preemptions:
+            kept = self._kept.get(chunk.facts)  # none after a preemption: its stay has new facts
+            if kept is None:
                 continue
-            end = min(kept.start + kept.hidden.shape[0], req.num_computed_tokens)
+            end = min(kept.start + kept.hidden.shape[0], chunk.start)
             if end <= kept.start:
                 continue
-            ids = req.token_ids[kept.start + 1 : end + 1]  # each position's next token
-            speculates = chunk.num_model_drafts > 0 and end == req.num_computed_tokens
-            parts.append((chunk, Segment(ids, kept.start, req.block_ids, len(ids) == 1, int(speculates)),
+            first, known = known_tokens(chunk)
+            if kept.start + 1 < first:  # the engine never recorded the lag of the step that kept them (it failed)
+                continue
+            ids = known[kept.start + 1 - first : end + 1 - first]  # each position's next token
+            speculates = chunk.num_model_drafts > 0 and end == chunk.start
+            parts.append((chunk, Segment(ids, kept.start, chunk.block_table, len(ids) == 1, int(speculates)),
                           kept.hidden[: end - kept.start]))  # fmt: skip
         parts.sort(key=lambda part: not part[1].decode_rows)  # decode rows first (a stable sort)
         hidden_size = self.head.spec.hidden_size
@@ -235,11 +250,11 @@ class Eagle3Proposer:
         normed, prenorm = self._run(_Pass([p[1] for p in parts], [p[2] for p in parts]))
         return [p[0] for p in parts if p[1].num_logit_rows], normed, prenorm
 
-    def _chain(self, requests: list[Request], drafts: list[list[int]],
+    def _chain(self, chunks: list[ScheduledChunk], drafts: list[list[int]],
                prenorm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """One decode row per request: its latest draft at the position after the last pass's."""
-        segments = [Segment((d[-1],), req.num_computed_tokens + len(d) - 1, req.block_ids, True, 1)
-                    for req, d in zip(requests, drafts, strict=True)]  # fmt: skip
+        """One decode row per chunk: its latest draft at the position after the last pass's."""
+        segments = [Segment((d[-1],), chunk.start + len(d) - 1, chunk.block_table, True, 1)
+                    for chunk, d in zip(chunks, drafts, strict=True)]  # fmt: skip
         return self._run(_Pass(segments, [prenorm]))
 
     def _run(self, step: _Pass) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import llguidance.numpy as llnp
 import numpy as np
@@ -31,9 +30,6 @@ import numpy as np
 from inflight.runtime.core.sched_output import SchedulerOutput
 from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import QUICK_AGAIN_S as QUICK_MASK_S
-
-if TYPE_CHECKING:
-    from inflight.runtime.core.request import Request
 
 
 def speculates(matcher: RequestMatcher) -> bool:
@@ -43,16 +39,16 @@ def speculates(matcher: RequestMatcher) -> bool:
 
 
 def plain_when_grammar_busy(
-    sched: SchedulerOutput, matcher_of: Callable[[Request], RequestMatcher | None]
+    sched: SchedulerOutput, matcher_of: Callable[[str], RequestMatcher | None]
 ) -> SchedulerOutput:
-    """``sched`` with each speculating chunk whose grammar may not speculate turned into a
-    plain decode of its last token (the KV slots held for its drafts stay with the request,
+    """``sched`` with each speculating chunk whose grammar (``matcher_of(req_id)``) may not
+    speculate turned into a plain decode of its last token (the KV slots held for its drafts stay with the request,
     as a rejected draft's do)."""
     chunks = []
     for chunk in sched.chunks:
-        matcher = matcher_of(chunk.request) if chunk.speculative else None
+        matcher = matcher_of(chunk.req_id) if chunk.speculative else None
         if matcher is not None and not speculates(matcher):
-            chunk = dataclasses.replace(chunk, num_tokens=1, draft_token_ids=(), num_model_drafts=0)
+            chunk = chunk._replace(num_tokens=1, draft_token_ids=(), num_model_drafts=0)
         chunks.append(chunk)
     if all(a is b for a, b in zip(chunks, sched.chunks, strict=True)):
         return sched

@@ -1,11 +1,13 @@
 """What a drafter hands the engine each step (:class:`Proposal`: the chunks with their drafts, and
 the distributions sampled drafts were drawn from) and how a model's drafts are chosen from its
-logits (:func:`choose_drafts`). Shared by the draft model (:mod:`.draft_proposer`) and the
-EAGLE-3 head (:mod:`.eagle3`); knows nothing about either model.
+logits (:func:`choose_drafts`), and the tokens around a chunk a drafter reads
+(:func:`known_tokens`). Shared by the draft model (:mod:`.draft_proposer`) and the EAGLE-3 head
+(:mod:`.eagle3`); knows nothing about either model, and reads plain chunks, never a request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +26,18 @@ class Proposal:
 
     def probs_of(self, chunk: ScheduledChunk) -> torch.Tensor | None:
         """The distributions ``chunk``'s drafts were drawn from (None: greedy drafts)."""
-        return self.draft_probs.get(chunk.request.req_id)
+        return self.draft_probs.get(chunk.req_id)
+
+
+def known_tokens(chunk: ScheduledChunk) -> tuple[int, Sequence[int]]:
+    """``(first, ids)``: the tokens a drafter knows around ``chunk``, at positions ``first ..``:
+    those before it whose drafter KV lags, its own known tokens, and the known token after it
+    (its :class:`~inflight.runtime.core.sched_output.DraftContext`)."""
+    context = chunk.draft_context
+    if context is None:
+        raise RuntimeError(f"request {chunk.req_id!r}: a chunk for a model drafter has no draft context")
+    after = () if context.next_token_id is None else (context.next_token_id,)
+    return chunk.start - len(context.lagging_ids), (*context.lagging_ids, *chunk.token_ids, *after)
 
 
 def choose_drafts(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[torch.Tensor | None]]:

@@ -119,9 +119,9 @@ def verify_chunk(
     logprob entries (None each unless the request asks for logprobs). ``logits`` ``[1 + k,
     vocab]`` float32 is shaped in place.
 
-    A draft model's chunk whose drafts are all kept leaves the draft model's KV one position
-    behind the target's (its last draft was never fed to it): ``Request.draft_kv_lag`` says so
-    until the next step's draft pass writes it."""
+    A draft model's chunk whose drafts are all kept (``len(tokens) > k``) leaves the draft
+    model's KV one position behind the target's (its last draft was never fed to it): the
+    engine records that lag on the request (core/batch_run.py); nothing here writes a request."""
     drafts = chunk.draft_token_ids
     rows = position_rows(row, drafts)
     shape_logits(logits, rows)
@@ -132,8 +132,6 @@ def verify_chunk(
         tokens = verify_greedy(logits, drafts)
     else:
         tokens = verify_sampled(logits, drafts, row, draft_probs)
-    if chunk.num_model_drafts:  # never below what the proposer set (an EAGLE-3 head lags the whole step)
-        chunk.request.draft_kv_lag = max(chunk.request.draft_kv_lag, int(len(tokens) > len(drafts)))
     n = len(tokens)
     if row.params.logprobs is None:
         return tuple(tokens), (None,) * n

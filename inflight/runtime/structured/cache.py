@@ -14,7 +14,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 DEFAULT_MAX_ENTRIES = 256
-# One engine's compiled grammars (the front end keeps verdicts only, a few hundred bytes each).
+# One engine's compiled grammars (the front end keeps verdicts only: each grammar's text, no matcher).
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 # A compiled matcher holds its lexer and grammar tables: ~113 bytes per character of grammar
 # text measured here (800-property schemas, a 1k-token vocabulary), 140-300 on SmolLM2's 49k

@@ -11,8 +11,16 @@ interrupted, so the worker finishes it in the background and throws it away. The
 keyed by the canonical ``StructuredOutputsParams`` and bounded by entries and by an estimate of
 bytes (``cache``). A cache miss on the engine thread (the offline ``LLM`` API, or an entry
 evicted between compile and add) compiles through the pool too, under the same deadline.
-A manager made with ``keep_compiled=False`` (the front end's, beside an engine-core process
-that compiles again) checks constraints and caches only its verdicts.
+
+Each constraint is compiled once per process that needs it, one llguidance construction each
+(``num_compiled`` counts them). A manager made with ``keep_compiled=False`` (the front end's,
+beside an engine-core process) converts the constraint and checks the grammar against the
+tokenizer, and keeps only its verdict: the checked grammar text, which the front end puts on
+the request (``StructuredOutputsParams.checked``), so a bad constraint is a 400 there and never
+reaches the core. A manager that keeps matchers builds one from a checked constraint's grammar
+as it stands (no conversion, no second check: ``num_from_verdict`` counts these), and from an
+unchecked one (the offline ``LLM`` API, or the in-process server, whose front end shares this
+manager) converts and builds in one go; the matcher's own error state is the check.
 
 The model's logits may be wider than the tokenizer's vocabulary (padded embedding rows): the
 llguidance tokenizer is built with the logits' width, so padding tokens are never allowed.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -36,6 +45,8 @@ from inflight.runtime.structured.cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENT
 from inflight.runtime.structured.faults import STALL_CAP_S, GrammarFault, grammar_fault_from_env
 from inflight.runtime.structured.params import StructuredOutputsParams
 
+logger = logging.getLogger("inflight.structured")
+
 DEFAULT_CACHE_SIZE = DEFAULT_MAX_ENTRIES
 DEFAULT_NUM_WORKERS = 2
 # A compile past this many seconds fails its request (a 400). The issue's 8000-property schema
@@ -43,7 +54,7 @@ DEFAULT_NUM_WORKERS = 2
 # in milliseconds (tens for the largest tool sets), so 5 s refuses only the pathological.
 COMPILE_DEADLINE_S = 5.0
 MAX_REMEMBERED_TOO_SLOW = 4096  # digests of constraints that ran past the deadline
-VERDICT_BYTES = 256  # a verdict-only entry (keep_compiled=False), beside its key
+VERDICT_BYTES = 256  # a verdict-only entry (keep_compiled=False), beside its grammar text and key
 # Compact JSON (no free whitespace): fewer tokens, and a random or weak model cannot wander off
 # into endless whitespace between values.
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
@@ -136,8 +147,7 @@ class StructuredOutputManager:
         self._hf_tokenizer = tokenizer
         self.vocab_size = max(vocab_size, len(tokenizer))
         self._eos = list(eos_token_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-        self.cache: GrammarCache[StructuredOutputsParams, llguidance.LLMatcher | None] = GrammarCache(
-            cache_size, cache_bytes)
+        self.cache: GrammarCache[StructuredOutputsParams, Compiled] = GrammarCache(cache_size, cache_bytes)
         self.compile_deadline_s = compile_deadline_s
         self.keep_compiled = keep_compiled
         self._too_slow: OrderedDict[bytes, None] = OrderedDict()
@@ -147,7 +157,8 @@ class StructuredOutputManager:
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="inflight-grammar")
         self._fault = fault if fault is not None else grammar_fault_from_env()
         self._released = threading.Event()  # ends injected stalls
-        self.num_compiled = 0
+        self.num_compiled = 0  # llguidance constructions: a check (verdicts only) or a matcher
+        self.num_from_verdict = 0  # ... of which matchers built from a carried verdict
         self.num_timed_out = 0
 
     @property
@@ -164,8 +175,8 @@ class StructuredOutputManager:
                     raise ValueError(f"structured outputs need a fast (Rust) tokenizer: {exc}") from None
             return self._ll_tokenizer
 
-    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher | None:
-        """The compiled template for ``params`` (cached; None when verdicts only). ValueError
+    def compile(self, params: StructuredOutputsParams) -> Compiled:
+        """The compile of ``params`` (cached): its checked grammar and matcher template. ValueError
         names what is wrong; ``CompileTimeoutError`` when the compile runs past the deadline."""
         with self._lock:
             if params in self.cache:
@@ -177,10 +188,10 @@ class StructuredOutputManager:
         with self._lock:
             return params in self.cache or _digest(params) in self._too_slow
 
-    def submit(self, params: StructuredOutputsParams) -> concurrent.futures.Future[llguidance.LLMatcher | None]:
+    def submit(self, params: StructuredOutputsParams) -> concurrent.futures.Future[Compiled]:
         """Compile in the worker pool (await with ``asyncio.wrap_future``; cancelling the future
         before a worker starts skips the compile)."""
-        outer: concurrent.futures.Future[llguidance.LLMatcher | None] = concurrent.futures.Future()
+        outer: concurrent.futures.Future[Compiled] = concurrent.futures.Future()
         with self._lock:
             if params in self.cache:
                 outer.set_result(self.cache.get(params))
@@ -193,7 +204,7 @@ class StructuredOutputManager:
 
     def new_matcher(self, params: StructuredOutputsParams) -> RequestMatcher:
         """A fresh matcher for one request (a copy of the cached template)."""
-        template = self.compile(params)
+        template = self.compile(params).matcher
         if template is None:
             raise RuntimeError("this structured-output manager keeps verdicts only; it cannot match")
         stall = self._released if self._fault is not None and self._fault.stalls("slow-mask", params) else None
@@ -208,8 +219,7 @@ class StructuredOutputManager:
         self._released.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _compile_for(self, params: StructuredOutputsParams,
-                     outer: concurrent.futures.Future[llguidance.LLMatcher | None]) -> None:
+    def _compile_for(self, params: StructuredOutputsParams, outer: concurrent.futures.Future[Compiled]) -> None:
         """In a worker: compile under the deadline, settle ``outer``, cache the result."""
         if not outer.set_running_or_notify_cancel():
             return
@@ -226,14 +236,15 @@ class StructuredOutputManager:
         with self._lock:  # settled under the lock, so the deadline cannot fire in between
             if outer.done():  # expired: refused already, and remembered as too slow
                 return
-            kept = template.matcher if self.keep_compiled else None
             charged = estimate_bytes(len(template.grammar)) if self.keep_compiled else VERDICT_BYTES
-            self.cache.put(params, kept, charged + len(params.spec))  # the key holds the spec
+            key_chars = len(params.spec) + len(params.checked_grammar or "")  # what the key holds
+            self.cache.put(params, template, charged + len(template.grammar) + key_chars)
             self.num_compiled += 1
-            _settle(outer, result=kept)
+            if params.checked_grammar is not None and self.keep_compiled:
+                self.num_from_verdict += 1
+            _settle(outer, result=template)
 
-    def _expire(self, params: StructuredOutputsParams,
-                outer: concurrent.futures.Future[llguidance.LLMatcher | None]) -> None:
+    def _expire(self, params: StructuredOutputsParams, outer: concurrent.futures.Future[Compiled]) -> None:
         with self._lock:
             if outer.done():
                 return
@@ -248,28 +259,40 @@ class StructuredOutputManager:
             f"the {_WHAT[params.kind]} takes longer than {self.compile_deadline_s:g} s to compile, the most "
             "one constraint may take here; simplify it (fewer optional properties, alternatives or nesting)")
 
-    def _build(self, params: StructuredOutputsParams) -> _Compiled:
+    def _build(self, params: StructuredOutputsParams) -> Compiled:
+        """One llguidance construction: the grammar checked (verdicts only) or made a matcher."""
         what = _WHAT[params.kind]
         if self._fault is not None and self._fault.stalls("slow-compile", params):
             self._released.wait(STALL_CAP_S)
-        try:
-            grammar = to_llguidance_grammar(params)
-        except ValueError as exc:
-            raise ValueError(f"invalid {what}: {exc}") from None
+        grammar = params.checked_grammar
+        if grammar is None:
+            try:
+                grammar = to_llguidance_grammar(params)
+            except ValueError as exc:
+                raise ValueError(f"invalid {what}: {exc}") from None
         tokenizer = self.ll_tokenizer
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-        if is_error:
-            raise ValueError(f"invalid {what}: {_first_line(messages[0] if messages else 'unknown error')}")
+        if not self.keep_compiled:
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+            if is_error:
+                raise ValueError(f"invalid {what}: {_first_line(messages[0] if messages else 'unknown error')}")
+            logger.debug("grammar checked: a %s (%d grammar characters)", what, len(grammar))
+            return Compiled(None, grammar)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if matcher.is_error():
+        if matcher.is_error():  # the same verdict the check gives (a checked grammar passes it)
             raise ValueError(f"invalid {what}: {_first_line(matcher.get_error())}")
-        return _Compiled(matcher, grammar)
+        how = "from its verdict" if params.checked_grammar is not None else "converted and built"
+        logger.debug("grammar matcher %s: a %s (%d grammar characters)", how, what, len(grammar))
+        return Compiled(matcher, grammar)
 
 
-class _Compiled:
+class Compiled:
+    """A constraint's compile: ``grammar``, the llguidance grammar text it was checked as (the
+    verdict a front end carries to the engine), and ``matcher``, the template each request
+    copies (``None`` in a manager that keeps verdicts only)."""
+
     __slots__ = ("matcher", "grammar")
 
-    def __init__(self, matcher: llguidance.LLMatcher, grammar: str) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher | None, grammar: str) -> None:
         self.matcher = matcher
         self.grammar = grammar
 

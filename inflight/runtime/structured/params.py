@@ -2,14 +2,19 @@
 
 The value crosses from the server into ``SamplingParams`` and the engine, and is the key of
 the compiled-grammar cache, so equal constraints written differently (whitespace of a JSON
-schema sent as text) compile once. Key order is significant (fields are generated in it). Imports neither torch nor llguidance; validation of the grammar itself
-happens when it is compiled (``manager``).
+schema sent as text) compile once. Key order is significant (fields are generated in it).
+Once a manager has checked it, the value also carries its verdict, ``checked_grammar``: the
+llguidance grammar text it passed as (:meth:`StructuredOutputsParams.checked`). The verdict
+is no part of the key (equal constraints stay equal, checked or not); an engine given a
+checked value only instantiates that grammar, without converting or checking it again.
+Imports neither torch nor llguidance; validation of the grammar itself happens when it is
+compiled (``manager``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inflight.runtime.json_text import loads_limited
@@ -25,10 +30,12 @@ MAX_CHOICES = 1000
 class StructuredOutputsParams:
     """``kind``: json (a JSON schema), json_object (any JSON object), regex, choice, grammar
     (Lark or GBNF). ``spec``: the schema as canonical JSON, the regex, the JSON list of
-    choices, or the grammar text ("" for json_object)."""
+    choices, or the grammar text ("" for json_object). ``checked_grammar``: the verdict of a
+    manager's check (``None`` until checked); set it with :meth:`checked` only."""
 
     kind: str
     spec: str = ""
+    checked_grammar: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -37,6 +44,13 @@ class StructuredOutputsParams:
             raise ValueError(f"structured output spec must be a string (got {type(self.spec).__name__}).")
         if len(self.spec) > MAX_SPEC_CHARS:
             raise ValueError(f"the {self.kind} constraint is longer than {MAX_SPEC_CHARS} characters.")
+        if self.checked_grammar is not None and not isinstance(self.checked_grammar, str):
+            raise ValueError("a checked grammar must be the grammar's text.")
+
+    def checked(self, grammar: str) -> StructuredOutputsParams:
+        """This constraint with its verdict: ``grammar``, the llguidance grammar a manager
+        built from it and checked (``StructuredOutputManager``'s compile)."""
+        return replace(self, checked_grammar=grammar)
 
     @classmethod
     def json_schema(cls, schema: Any) -> StructuredOutputsParams:

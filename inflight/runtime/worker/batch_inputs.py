@@ -42,7 +42,7 @@ class Segment:
 
     token_ids: Sequence[int]
     start: int
-    block_table: list[int]
+    block_table: Sequence[int]
     decode_rows: bool  # one decode row per token; else one prefill sequence (after every decode row)
     num_logit_rows: int = 0  # logits are wanted for this many of its last rows
 
@@ -103,7 +103,7 @@ class _HostBatch:
     logit_rows: np.ndarray  # [num_logit_rows] int64
 
 
-def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: list[list[int]],
+def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: Sequence[Sequence[int]],
                logit_counts: list[int], num_decode_segments: int, block_size: int) -> _HostBatch:
     """Pack segments given as columns (the first ``num_decode_segments`` are decode rows): one
     numpy op per field over the whole batch, no Python loop over tokens."""
@@ -171,8 +171,26 @@ def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.de
 def packed_order(chunks: Sequence[ScheduledChunk]) -> list[ScheduledChunk]:
     """The chunks in the order :func:`prepare_batch` packs their rows: one-token and speculating
     chunks first, then prompt chunks, each group in the given order."""
-    decodes = [c for c in chunks if c.num_tokens == 1 or c.draft_token_ids]
-    return decodes + [c for c in chunks if not (c.num_tokens == 1 or c.draft_token_ids)]
+    decodes, prompts = _split(chunks)
+    return decodes + prompts
+
+
+def _split(chunks: Sequence[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+    """(one-token and speculating chunks, prompt chunks), each in the given order; checks that
+    each speculating chunk has its drafts."""
+    decodes: list[ScheduledChunk] = []
+    prompts: list[ScheduledChunk] = []
+    for c in chunks:
+        drafts = c.draft_token_ids
+        if drafts:
+            if c.num_tokens != 1 + len(drafts):
+                raise RuntimeError(f"request {c.req_id!r}: a chunk of {c.num_tokens} tokens with {len(drafts)} drafts")
+            decodes.append(c)
+        elif c.num_model_drafts:
+            raise RuntimeError(f"request {c.req_id!r} is scheduled to speculate but has no drafts yet")
+        else:
+            (decodes if c.num_tokens == 1 else prompts).append(c)
+    return decodes, prompts
 
 
 def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
@@ -181,55 +199,36 @@ def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: tor
     then prompt chunks; logits for each sampling chunk's last row (every row of a speculating
     chunk) and for the prompt-logprob rows. One upload for the whole batch. ``lora_slots``
     (a LoRA adapter's load id -> its device slot): each row's slot goes in ``meta.token_slots``."""
-    for chunk in chunks:
-        if len(chunk.draft_token_ids) < chunk.num_model_drafts:
-            raise RuntimeError(f"request {chunk.request.req_id!r} is scheduled to speculate but has no drafts yet")
-    ordered = packed_order(chunks)
-    num_decodes = sum(1 for c in ordered if c.num_tokens == 1 or c.draft_token_ids)
+    decodes, prompts = _split(chunks)
+    ordered = decodes + prompts
+    num_decodes = len(decodes)
     ids: list[int] = []
-    starts: list[int] = []
-    counts: list[int] = []
-    tables: list[list[int]] = []
-    logit_counts: list[int] = []
-    sampled: list[ScheduledChunk] = []
-    sample_counts: list[int] = []
-    logprob_chunks = False
-    for chunk in ordered:
-        req, n, drafts = chunk.request, chunk.num_tokens, chunk.draft_token_ids
-        start = req.num_computed_tokens
-        if drafts:
-            ids.append(req.token_ids[start])
-            ids.extend(drafts)
-            n = 1 + len(drafts)
-        elif n == 1:
-            ids.append(req.token_ids[start])
-        else:
-            ids.extend(req.token_ids[start : start + n])
-        starts.append(start)
-        counts.append(n)
-        tables.append(req.block_ids)
-        if chunk.sample:
-            rows = n if drafts else 1
-            logit_counts.append(rows)
-            sampled.append(chunk)
-            sample_counts.append(rows)
-        else:
-            logit_counts.append(0)
-        logprob_chunks = logprob_chunks or req.params.prompt_logprobs is not None
+    for chunk in ordered:  # each chunk's known tokens, then its drafts (num_tokens in all)
+        ids.extend(chunk.token_ids)
+        if chunk.draft_token_ids:
+            ids.extend(chunk.draft_token_ids)
+    starts = [c.start for c in ordered]
+    counts = [c.num_tokens for c in ordered]
+    tables = [c.block_table for c in ordered]
+    # logits: a sampling chunk's last row, or every row of a speculating one
+    logit_counts = [(c.num_tokens if c.draft_token_ids else 1) if c.sample else 0 for c in ordered]
+    sampled = [c for c in ordered if c.sample]
+    sample_counts = [k for k in logit_counts if k]
+    logprob_chunks = any(c.facts.prompt_logprobs is not None for c in ordered)
     host = _pack_host(ids, starts, counts, tables, logit_counts, num_decodes, block_size)
     spans: list[PromptLogprobSpan] = []
     prompt_rows: list[int] = []
     if logprob_chunks:
         for chunk, row in zip(ordered, host.row_starts.tolist(), strict=True):
-            req, start = chunk.request, chunk.request.num_computed_tokens
-            if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-                count = min(start + chunk.num_tokens, req.num_prompt_tokens - 1) - start
+            start, facts = chunk.start, chunk.facts
+            if facts.prompt_logprobs is not None and start < facts.num_prompt_tokens - 1:
+                count = min(start + chunk.num_tokens, facts.num_prompt_tokens - 1) - start
                 spans.append((chunk, start, count))
                 prompt_rows.extend(range(row, row + count))
     order = logit_row_order(host.logit_rows.tolist(), prompt_rows) if prompt_rows else host.logit_rows
     arrays = [*host.arrays, np.asarray(order, dtype=np.int64)]
     if lora_slots:
-        arrays.append(np.repeat(np.array([-1 if c.request.lora is None else lora_slots[c.request.lora.load_id]
+        arrays.append(np.repeat(np.array([-1 if (load := c.facts.lora_load_id) is None else lora_slots[load]
                                           for c in ordered], dtype=np.int32), counts))  # fmt: skip
     tensors = upload_arrays(arrays, device)
     meta = _meta(tensors[:8], host)

@@ -83,10 +83,9 @@ class EncoderRunner:
         """``[len(chunks), hidden]`` (or ``[len(chunks), num_labels]``) float32 on the CPU."""
         prompts = []
         for chunk in chunks:
-            req = chunk.request
-            if req.num_computed_tokens != 0 or chunk.num_tokens != req.num_prompt_tokens:
-                raise RuntimeError(f"request {req.req_id!r}: an encoder needs its prompt whole in one step")
-            prompts.append(torch.tensor(req.prompt_token_ids, dtype=torch.long, device=self.device))
+            if chunk.start != 0 or chunk.num_tokens != chunk.facts.num_prompt_tokens:
+                raise RuntimeError(f"request {chunk.req_id!r}: an encoder needs its prompt whole in one step")
+            prompts.append(torch.tensor(list(chunk.token_ids), dtype=torch.long, device=self.device))
         hidden = self.model(prompts)  # each [n_i, hidden]
         if self.spec.head == "score":
             return self.model.score(torch.stack([h[0] for h in hidden])).float().cpu()

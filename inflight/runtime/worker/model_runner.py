@@ -3,8 +3,7 @@
 It packs a step's chunks into one batch (:mod:`inflight.runtime.worker.batch_inputs`), runs the
 decoder, and returns the final hidden states' logits for the sequences that sample this step
 (or, for the pooling runner, the hidden states themselves: :meth:`ModelRunner.hidden_states`).
-It sizes the KV cache from the config (explicit block count, the free-GPU-memory fraction on
-CUDA, or a capped default on the CPU), counting the bytes of any other cache indexed by the
+It sizes the KV cache from the config (:mod:`.kv_sizing`), counting the bytes of any other cache indexed by the
 same block tables (a draft model's, :mod:`inflight.runtime.spec_decode.draft_proposer`), whose runner
 loads its weights first and allocates its cache afterwards with the same block count. Knows
 nothing about sampling or scheduling policy; where it runs is :mod:`.device_setup`.
@@ -42,9 +41,11 @@ from inflight.runtime.model import kv_scales
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.llama4 import check_chunk_size
 from inflight.runtime.model.loader import Progress, load_hf_config
+from inflight.runtime.model.mla_kv import allocate_mla_caches, check_mla_engine
 from inflight.runtime.model.quantization import LoadTarget, load_weights
 from inflight.runtime.model.quantized import num_weights
 from inflight.runtime.model.rope import build_rope_tables
+from inflight.runtime.worker import kv_sizing
 from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.worker.cpu.allocator import keep_freed_memory
 from inflight.runtime.worker.cpu.device_setup import (
@@ -57,16 +58,16 @@ from inflight.runtime.worker.cpu.device_setup import (
 from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
 from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
+from inflight.runtime.worker.hybrid_cache import allocate_states, with_state_slots
 from inflight.runtime.worker.kv_copies import HostKV, num_host_slots
 from inflight.runtime.worker.pipeline_step import stage_forward
+from inflight.runtime.worker.vision_step import vision_step_of
 
 if TYPE_CHECKING:
     from inflight.runtime.distributed.comm import StepTensors, TensorParallel
     from inflight.runtime.distributed.launcher import WorkerGroup
 
 logger = logging.getLogger(__name__)
-
-CPU_KV_CACHE_CAP_BYTES = 4 << 30
 
 
 class ModelRunner:
@@ -118,18 +119,21 @@ class ModelRunner:
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
         check_chunk_size(self.spec, self.block_size)  # Llama 4's chunks must start on block boundaries
+        check_mla_engine(self.spec, config.kv_cache_dtype, config.enable_lora)  # DeepSeek-V3's latent cache
         num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
-                     if self._cpu_threads is not None and world == 1 else 0)
+                     if self._cpu_threads is not None and world == 1 and self.spec.linear_attention is None
+                     else 0)  # lanes split rows, not a hybrid model's per-sequence states
         if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
             self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
                                       row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))
-        self.max_model_len = self._resolve_max_model_len(config)
+        self.max_model_len = kv_sizing.max_model_len(self.spec, config)
         # LoRA: the adapters' device slots, allocated before the KV cache is sized (issue 49)
         self.lora_slots = (LoRASlots(self.spec, self.model.layout, config.max_loras, config.max_lora_rank,
                                      self.device, self.dtype) if config.enable_lora else None)  # fmt: skip
         attach(self.model, self.lora_slots)
         # [num_tables, max_model_len, head_dim]: one table, or Gemma 3's global and local ones
         self.cos_sin = build_rope_tables(self.hf_config, self.spec, self.max_model_len).to(self.device)
+        self.vision = vision_step_of(self.model, self.hf_config, world, config)  # Qwen2.5-VL's images
         self.num_kv_blocks = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
@@ -138,8 +142,14 @@ class ModelRunner:
         self._graphs_after_scales: tuple[EngineConfig, GraphBackend | None] | None = None
         # EAGLE-3 (spec_decode/eagle3.py): runs each step in execute's place, eagerly, collecting hidden states
         self.execute_hook: Callable[[BatchInputs], torch.Tensor] | None = None
+        # a hybrid model's per-sequence states (worker/hybrid_cache.py), before the KV cache is sized;
+        # state_slots (req_id -> slot) is filled by the engine's StatePool (core/state_pool.py)
+        self.num_state_slots = config.max_num_sequences if self.spec.linear_attention is not None else 0
+        self.state_caches = allocate_states(self.spec, self.num_state_slots, self.device, self.dtype)
+        self.state_slots: dict[str, int] = {}
         if allocate_kv:
-            num_blocks = self._resolve_num_blocks(config, self.bytes_per_block + kv_bytes_beside)
+            num_blocks = kv_sizing.num_blocks(config, self.device, self.bytes_per_block + kv_bytes_beside,
+                                             self.block_size, self.max_model_len)
             if tp is not None:
                 num_blocks = tp.agree_num_blocks(num_blocks)
             self.allocate_kv_cache(num_blocks, config, graph_backend, progress)
@@ -153,11 +163,17 @@ class ModelRunner:
             raise RuntimeError("the KV cache is allocated already")
         self.num_kv_blocks = num_blocks
         shape = (num_blocks, self.block_size, self.num_local_kv_heads, self.spec.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-             torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
-            for _ in range(len(self.model.layers))  # a pipeline stage's own layers only
-        ]
+        if self.spec.mla is not None:  # (latent, roped key) pairs, what they save said in the log: model/mla_kv.py
+            self.kv_caches = allocate_mla_caches(self.spec, self.model.layout.num_heads, len(self.model.layers),
+                                                 (num_blocks, self.block_size), self.kv_dtype, self.device,
+                                                 progress or logger.info)  # fmt: skip
+        else:
+            self.kv_caches = [
+                self.state_caches[i] if i in self.state_caches else  # a hybrid model's linear layer: its states
+                (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+                for i in range(len(self.model.layers))  # a pipeline stage's own layers only
+            ]
         if progress:
             progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
                      f"({self.kv_cache_bytes / 2**20:.0f} MiB, {str(self.kv_dtype).removeprefix('torch.')}), "
@@ -177,6 +193,7 @@ class ModelRunner:
         if backend is None:
             why_not = ("enforce_eager" if config.enforce_eager else "not CUDA" if self.device.type != "cuda"
                        else "tensor parallel" if self.tp is not None
+                       else f"{self.spec.arch} keeps per-sequence linear-attention state" if self.state_caches
                        else f"the {self.ops.name} kernels read tensors on the host" if not self.ops.graph_safe
                        else None)  # fmt: skip
             if why_not is not None:
@@ -219,47 +236,15 @@ class ModelRunner:
         return logits
 
     # -- sizing ------------------------------------------------------------------------
-    def _resolve_max_model_len(self, config: EngineConfig) -> int:
-        limit = self.spec.max_position_embeddings  # a sliding window is enforced in attention, not here
-        if config.max_model_len is None:
-            return limit
-        if config.max_model_len > limit:
-            raise ValueError(
-                f"max_model_len {config.max_model_len} exceeds what the model supports ({limit})."
-            )
-        return config.max_model_len
-
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one block of this runner's cache on this rank (its KV heads), in the cache's dtype
-        (fp8: one byte a value, so the same memory holds twice the blocks of bf16)."""
-        elem = torch.finfo(self.kv_dtype).bits // 8
-        return 2 * len(self.model.layers) * self.block_size * self.num_local_kv_heads * self.spec.head_dim * elem
+        """Bytes of one block of this runner's cache on this rank (:func:`.kv_sizing.block_bytes`)."""
+        return kv_sizing.block_bytes(self.spec, len(self.model.layers), self.block_size, self.num_local_kv_heads,
+                                     self.kv_dtype)
 
     @property
     def kv_cache_bytes(self) -> int:
         return self.num_kv_blocks * self.bytes_per_block
-
-    def _resolve_num_blocks(self, config: EngineConfig, bytes_per_block: int) -> int:
-        num = self._num_blocks_before_cap(config, bytes_per_block)
-        if config.max_tokens_in_paged_kv_cache is not None:
-            num = min(num, config.max_tokens_in_paged_kv_cache // self.block_size)
-        return num
-
-    def _num_blocks_before_cap(self, config: EngineConfig, bytes_per_block: int) -> int:
-        if config.num_kv_blocks is not None:
-            return config.num_kv_blocks
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            free, _total = torch.cuda.mem_get_info(self.device)
-            budget = int(free * config.kv_cache_free_gpu_mem_fraction)
-            num = budget // bytes_per_block
-        else:
-            wanted = config.max_num_sequences * -(-self.max_model_len // self.block_size)
-            num = min(wanted, CPU_KV_CACHE_CAP_BYTES // bytes_per_block)
-        if num < 1:
-            raise ValueError("no memory left for even one KV block; lower max_model_len or free memory.")
-        return int(num)
 
     @property
     def resolved(self) -> dict[str, str]:
@@ -281,7 +266,10 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------
     def prepare(self, chunks: tuple[ScheduledChunk, ...], lora_slots: dict[int, int] | None = None) -> BatchInputs:
         """Pack the scheduled chunks (see :func:`inflight.runtime.worker.batch_inputs.prepare_batch`)."""
-        return prepare_batch(chunks, self.block_size, self.device, lora_slots)
+        batch = prepare_batch(chunks, self.block_size, self.device, lora_slots)
+        if self.vision is not None:  # M-RoPE positions and image rows (worker/vision_step.py)
+            return self.vision.plan(batch, chunks, self.device)
+        return batch if not self.state_caches else with_state_slots(batch, chunks, self.state_slots, self.device)
 
     def load_lora(self, slot: int, weights: AdapterWeights) -> None:
         """Write a LoRA adapter into device slot ``slot`` (every rank's shard under tensor parallelism)."""
@@ -300,6 +288,8 @@ class ModelRunner:
         """
         if self.execute_hook is not None:
             return self.execute_hook(batch)
+        if self.vision is not None:
+            return self.vision.execute(self, batch)
         if self.graphs is not None and self.workers is None and self._graphable(batch):
             return self.graphs.run(batch.input_ids, batch.positions, batch.meta)[batch.sample_indices]
         if self.workers is None:

@@ -41,7 +41,14 @@ from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.worker.kv_copies import SimHostKV, num_host_slots
-from inflight.runtime.worker.sampler import PendingMasks, Sampler, SamplerOutput, SamplingRow, SettledMasks
+from inflight.runtime.worker.sampler import (
+    PendingMasks,
+    PendingSample,
+    Sampler,
+    SamplerOutput,
+    SamplingRow,
+    SettledMasks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +230,11 @@ class SimSampler(Sampler):
                         else TokenLogprob(t, 0.0, ((t, 0.0),) if r.params.logprobs > 0 else ())
                         for r, t in zip(rows, token_ids, strict=True)]  # fmt: skip
         return SamplerOutput(token_ids, logprobs, settled.deferred)
+
+    def start_sample(self, logits: torch.Tensor, rows: list[SamplingRow],
+                     masks: PendingMasks | SettledMasks | None = None) -> PendingSample:
+        """The tokens are computed on the host here: async scheduling gets them ready-made."""
+        return PendingSample.ready(self.sample(logits, rows, masks), logits.device)
 
     def _seed_of(self, row: SamplingRow) -> int:
         if row.params.seed is not None:

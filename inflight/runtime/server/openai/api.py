@@ -35,7 +35,7 @@ from inflight.runtime.server.errors import (
     too_large_to_process,
 )
 from inflight.runtime.server.lora import lora_cards, resolve_model
-from inflight.runtime.server.openai import chat_support, generation
+from inflight.runtime.server.openai import chat_images, chat_support, generation
 from inflight.runtime.server.openai.known_fields import record_ignored
 from inflight.runtime.server.openai.protocol import (
     GenerationRequest,
@@ -188,7 +188,7 @@ async def _completion_job(request: web.Request, state: ServerState) -> generatio
         prompt_ids = await _off_loop(state, size, encode_all)
     except RequestRejectedError as exc:
         raise from_rejection(exc, "prompt") from None
-    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
+    req = await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     req = chat_support.expand_best_of(req)
     decorate = chat_support.body_decorator(req, engine.tokenizer, prompt_ids)
     return await _off_loop(state, size, lambda: generation.plan(state, req, prompt_ids, "cmpl", decorate=decorate))
@@ -211,8 +211,10 @@ async def chat_job(request: web.Request, state: ServerState, body: Any, size: in
     Responses and Anthropic Messages APIs use)."""
     req = await _checked(request, state, parse_chat_request, body, size)
     engine = state.engine.engine
-    prompt_ids = [await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req))]
-    await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
+    req, ids = await _off_loop(state, size, lambda: chat_images.render_with_images(  # images: chat_images.py
+        engine.tokenizer, req, state.settings.media_limits, state.settings.model_name))
+    prompt_ids = [ids]
+    req = await chat_support.compile_constraint(engine, req, state.compile_budget, principal(request, state.settings))
     output = chat_support.output_plan(req, engine.tokenizer, prompt_ids[0], state.settings)
     if req.params.skip_special_tokens and chat_support.keeps_special_tokens(output, engine.tokenizer):
         req = dataclasses.replace(req, params=dataclasses.replace(req.params, skip_special_tokens=False))
@@ -238,7 +240,8 @@ async def count_chat_tokens(request: web.Request, body: Any, size: int) -> int:
     state = request.app[STATE]
     req = await _checked(request, state, parse_chat_request, body, size)
     engine = state.engine.engine
-    return len(await _off_loop(state, size, lambda: chat_support.render_chat(engine.tokenizer, req)))
+    return len((await _off_loop(state, size, lambda: chat_images.render_with_images(
+        engine.tokenizer, req, state.settings.media_limits, state.settings.model_name)))[1])
 
 
 async def read_body(request: web.Request) -> tuple[Any, int]:

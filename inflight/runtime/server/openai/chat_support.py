@@ -63,18 +63,23 @@ def render_chat(tokenizer: Any, req: GenerationRequest) -> list[int]:
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=bool(features.add_special_tokens))]
 
 
-async def compile_constraint(engine: Any, req: GenerationRequest, budget: CompileBudget, client: str) -> None:
-    """Compile the request's grammar in the compiler's worker pool (cached), so adding the
-    request later costs the engine loop a copy only. 400 naming the field when it is invalid;
-    429 when ``client`` is over its compile allowance (``budget``)."""
+async def compile_constraint(engine: Any, req: GenerationRequest, budget: CompileBudget,
+                             client: str) -> GenerationRequest:
+    """``req`` with its grammar checked, once, in the compiler's worker pool (cached): its
+    constraint then carries the verdict (the checked grammar text), which the engine only
+    instantiates, and adding the request costs the engine loop a copy only. 400 naming the
+    field when the grammar is invalid (it never reaches the engine); 429 when ``client`` is
+    over its compile allowance (``budget``)."""
     structured = req.params.structured
     if structured is None:
-        return
+        return req
     try:
-        await budget.compile(client, lambda: engine.structured.submit(structured),
-                             lambda: engine.structured.known(structured))
+        compiled = await budget.compile(client, lambda: engine.structured.submit(structured),
+                                        lambda: engine.structured.known(structured))
     except ValueError as exc:
         raise bad_request(str(exc), req.features.constraint_param) from None
+    params = dataclasses.replace(req.params, structured=structured.checked(compiled.grammar))
+    return dataclasses.replace(req, params=params)
 
 
 def output_plan(req: GenerationRequest, tokenizer: Any, prompt_ids: list[int],

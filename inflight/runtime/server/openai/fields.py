@@ -3,9 +3,10 @@ fields this server refuses unless they say "off" and the one of those it accepts
 
 Each reader returns ``None`` when the field is absent or null (the caller, or
 ``SamplingParams``' own default, decides what that means: no default is typed twice) and
-raises a 400 naming the field when it has the wrong type or is out of the bounds given. The
-error messages read the same whichever part of the request parses the field. Knows nothing
-about what the fields mean.
+raises a 400 naming the field when it has the wrong type or is out of the bounds given. A field
+nested in another (``tools[2].function.name``) is read with ``param``, the top-level field the
+400 names, and ``at``, its path as the message shows it. The error messages read the same
+whichever part of the request parses the field. Knows nothing about what the fields mean.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ def refuse_unsupported(obj: dict[str, Any]) -> None:
 
 
 def get_int(obj: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None,
-            param: str | None = None) -> int | None:
+            param: str | None = None, at: str | None = None) -> int | None:
     """An integer field within ``[minimum, maximum]`` (either end open when ``None``)."""
     value = obj.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", param or name)
+        raise bad_request(f"'{at or name}' must be an integer (got {brief(value)})", param or name)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise bad_request(f"'{name}' must be {bounds(minimum, maximum)} (got {brief(value)})", param or name)
+        raise bad_request(f"'{at or name}' must be {bounds(minimum, maximum)} (got {brief(value)})", param or name)
     return value
 
 
@@ -100,23 +101,36 @@ def get_number(obj: dict[str, Any], name: str) -> float | None:
         raise bad_request(f"'{name}' is out of range (got {brief(value)})", name) from None
 
 
-def get_bool(obj: dict[str, Any], name: str, param: str | None = None) -> bool | None:
+def get_bool(obj: dict[str, Any], name: str, param: str | None = None, at: str | None = None) -> bool | None:
     """A boolean field."""
-    value = obj.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false (got {brief(value)})", param or name)
+    return _typed(obj, name, bool, "true or false", param, at)
+
+
+def get_str(obj: dict[str, Any], name: str, param: str | None = None, at: str | None = None) -> str | None:
+    """A string field."""
+    return _typed(obj, name, str, "a string", param, at)
+
+
+def get_object(obj: dict[str, Any], name: str, param: str | None = None, at: str | None = None) -> dict[str, Any] | None:
+    """An object field (a JSON object: a dict)."""
+    return _typed(obj, name, dict, "an object", param, at)
+
+
+def get_list(obj: dict[str, Any], name: str, max_len: int | None = None, param: str | None = None,
+             at: str | None = None) -> list[Any] | None:
+    """A list field of at most ``max_len`` entries (``None``: no bound here)."""
+    value: list[Any] | None = _typed(obj, name, list, "a list", param, at)
+    if value is not None and max_len is not None and len(value) > max_len:
+        raise bad_request(f"'{at or name}' may hold at most {max_len} entries (got {len(value)})", param or name)
     return value
 
 
-def get_str(obj: dict[str, Any], name: str) -> str | None:
-    """A string field."""
+def _typed(obj: dict[str, Any], name: str, kind: type, noun: str, param: str | None, at: str | None) -> Any:
+    """``obj[name]`` when it is a ``kind`` (``None`` when absent or null), else a 400 saying it
+    must be ``noun``."""
     value = obj.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string (got {brief(value)})", name)
+    if value is not None and not isinstance(value, kind):
+        raise bad_request(f"'{at or name}' must be {noun} (got {brief(value)})", param or name)
     return value
 
 

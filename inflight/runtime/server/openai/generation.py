@@ -26,7 +26,6 @@ from typing import Any
 
 from aiohttp import web
 
-from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import (
     EngineFatalError,
     RequestOutput,
@@ -52,6 +51,7 @@ from inflight.runtime.server.errors import (
 )
 from inflight.runtime.server.openai import responses, streaming
 from inflight.runtime.server.openai.chat_output import ChatOutputPlan, ChatStream
+from inflight.runtime.server.openai.prompt_checks import check_fits_queue, check_prompt
 from inflight.runtime.server.openai.protocol import GenerationRequest
 from inflight.runtime.server.openai.responses import ChoiceState, HeldDelta, TokenText
 from inflight.runtime.server.state import ServerState
@@ -117,27 +117,20 @@ def plan(
     arrival = time.monotonic()
     engine_requests, choices = [], {}
     for p_index, ids in enumerate(prompt_ids):
-        if not ids:
-            raise bad_request(f"the {param} encodes to zero tokens; send some text", param)
         for c in range(req.n):
             index = p_index * req.n + c
             params = req.params_for_choice(c)
-            if not req.max_tokens_given and req.is_chat:
+            if ids and not req.max_tokens_given and req.is_chat:
                 params = _fill_context(params, len(ids), engine.max_model_len)
-            try:
-                engine.validate_request(ids, params)
-            except RequestRejectedError as exc:
-                error = from_rejection(exc, param)
-                if req.is_chat and error.param == "prompt":
-                    error.param = "messages"
-                raise error from None
+            check_prompt(engine, ids, params, param, f"the {param}")
             req_id = f"{request_id}-{index}"
             engine_requests.append(EngineRequest(req_id, list(ids), params, req.priority, arrival,
-                                                 cache_salt=req.cache_salt,
-                                                 lora_name=req.lora_name))  # the tenant: at run()
+                                                 cache_salt=req.cache_salt, lora_name=req.lora_name,
+                                                 mm_inputs=req.mm_inputs))  # the tenant: at run()
             choices[req_id] = ChoiceState(index, req_id)
     _check_response_size(req, engine_requests)
-    _check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param)
+    check_fits_queue(len(engine_requests), engine.config, "n" if req.n > 1 else param, "prompts x n",
+                     "send fewer prompts or a smaller n", "too_many_choices")
     token_text = None
     if req.num_logprobs is not None:
         tokenizer = engine.tokenizer
@@ -146,17 +139,6 @@ def plan(
     meta = {"id": request_id, "created": int(time.time()), "model": req.lora_name or state.settings.model_name}
     return Job(request_id, req, prompt_ids, engine_requests, choices, meta, token_text, arrival,
                output_plan=output_plan, decorate=decorate)
-
-
-def _check_fits_queue(num_requests: int, config: EngineConfig, param: str) -> None:
-    """400 for more engine requests (prompts x n) than the engine can ever hold at once
-    (``max_num_sequences`` running + ``max_queue_len`` waiting)."""
-    capacity = config.max_num_sequences + config.max_queue_len
-    if num_requests > capacity:
-        raise bad_request(
-            f"this request makes {num_requests} engine requests (prompts x n) but the server holds at "
-            f"most {capacity} at once ({config.max_num_sequences} running + {config.max_queue_len} waiting); "
-            "send fewer prompts or a smaller n", param, code="too_many_choices")
 
 
 def _check_response_size(req: GenerationRequest, engine_requests: list[EngineRequest]) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 from inflight.runtime.core.input_checks import check_cache_salt
 from inflight.runtime.generation_defaults import SamplingDefaults
+from inflight.runtime.multimodal.inputs import MultimodalInputs
+from inflight.runtime.multimodal.media import IMAGE_SLOT, MediaError, image_url_of
 from inflight.runtime.outputs import RequestRejectedError
 from inflight.runtime.sampling_params import MAX_STOP_STRINGS, SamplingParams, brief
 from inflight.runtime.server.errors import APIError, bad_request
@@ -79,6 +81,9 @@ class GenerationRequest:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
     ignored_fields: tuple[str, ...] = ()
     lora_name: str | None = None  # the LoRA adapter ``model`` names (set by api.py once resolved)
+    # chat image_url parts, in order (each is IMAGE_SLOT in its message's text: chat_images.py)
+    image_urls: tuple[str, ...] = ()
+    mm_inputs: MultimodalInputs | None = None  # the images as the engine takes them (set by chat_images.py)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice ``index`` of ``n``: a request seed becomes ``seed + index`` so choices differ."""
@@ -107,13 +112,14 @@ def parse_completion_request(body: object, policy: RequestPolicy = RequestPolicy
 def parse_chat_request(body: object, policy: RequestPolicy = RequestPolicy()) -> GenerationRequest:
     """Validate a /v1/chat/completions body."""
     obj = _require_object(body)
-    messages = _parse_messages(obj.get("messages"))
+    messages, image_urls = _parse_messages(obj.get("messages"))
     want_logprobs = bool(get_bool(obj, "logprobs"))
     top = logprobs_count(obj, "top_logprobs", policy.max_logprobs)
     if top is not None and not want_logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     num_logprobs = (top or 0) if want_logprobs else None
     req = _build(obj, is_chat=True, prompts=(), messages=messages, num_logprobs=num_logprobs, policy=policy)
+    req = dataclasses.replace(req, image_urls=image_urls) if image_urls else req
     if req.features.continue_final_message and messages[-1]["role"] != "assistant":
         raise bad_request("'continue_final_message' continues the final message, which must be the assistant's "
                           f"(the reply to continue); the last message is the {messages[-1]['role']}'s",
@@ -163,10 +169,8 @@ def _sampling_params(
     obj: dict[str, Any], max_tokens: int | None, num_logprobs: int | None, max_tokens_param: str,
     features: RequestFeatures, is_chat: bool,
 ) -> SamplingParams:
-    """The request's one ``SamplingParams``, validated once (400 naming the field)."""
-    if features.structured is not None and obj.get("min_tokens"):
-        raise bad_request("'min_tokens' cannot be combined with a structured-output constraint: the grammar "
-                          "decides where the output ends, and min_tokens would ban the end it needs", "min_tokens")
+    """The request's one ``SamplingParams``, validated once, by itself (a 400 naming the field
+    its ``ParamError`` names: e.g. ``min_tokens`` beside a grammar)."""
     kwargs: dict[str, Any] = {name: value for name, read in SAMPLING_READERS.items()
                               if (value := read(obj, name)) is not None}  # the rest: SamplingParams' defaults
     if max_tokens is not None:
@@ -241,10 +245,11 @@ def _parse_token_list(value: object, param: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _parse_messages(value: object) -> tuple[dict[str, str], ...]:
+def _parse_messages(value: object) -> tuple[tuple[dict[str, str], ...], tuple[str, ...]]:
     if not isinstance(value, list) or not value:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     messages = []
+    image_urls: list[str] = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
@@ -253,22 +258,31 @@ def _parse_messages(value: object) -> tuple[dict[str, str], ...]:
             raise bad_request(
                 f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)} (got {brief(role)})", "messages"
             )
-        messages.append(chat_message(message, i, _message_text(message.get("content"), i)))
-    return tuple(messages)
+        messages.append(chat_message(message, i, _message_text(message.get("content"), i, image_urls)))
+    return tuple(messages), tuple(image_urls)
 
 
-def _message_text(content: object, index: int) -> str:
+def _message_text(content: object, index: int, image_urls: list[str]) -> str:
+    """A message's text; each ``image_url`` part's URL goes to ``image_urls`` and its place in
+    the text is :data:`IMAGE_SLOT` (chat_images.py puts the model's placeholder there)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                try:
+                    image_urls.append(image_url_of(part, f"messages[{index}].content[{j}]"))
+                except MediaError as exc:
+                    raise bad_request(str(exc), exc.param) from None
+                parts.append(IMAGE_SLOT)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(
-                    f"messages[{index}].content parts must be {{'type': 'text', 'text': ...}}; "
-                    "only text is supported",
+                    f"messages[{index}].content parts must be {{'type': 'text', 'text': ...}} or "
+                    "{'type': 'image_url', 'image_url': {'url': ...}}",
                     "messages",
                 )
             parts.append(part["text"])

@@ -20,7 +20,7 @@ from typing import Any
 from inflight.runtime.sampling_params import brief
 from inflight.runtime.server.errors import bad_request
 from inflight.runtime.server.openai import tool_requests
-from inflight.runtime.server.openai.fields import get_bool, get_int
+from inflight.runtime.server.openai.fields import get_bool, get_int, get_object
 from inflight.runtime.structured import StructuredOutputsParams
 
 MAX_LOGIT_BIAS = 1024
@@ -100,25 +100,17 @@ def logprobs_count(obj: dict[str, Any], name: str, max_logprobs: int | None) -> 
     """A count of alternatives (``logprobs``, ``top_logprobs``, ``prompt_logprobs``): an integer
     from 0 to the server's ``--max-logprobs`` (``None``: no ceiling here; the engine still checks
     it against the vocabulary)."""
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer (got {brief(value)})", name)
-    if max_logprobs is None and value < 0:
-        raise bad_request(f"'{name}' must be >= 0 (got {value})", name)
-    if max_logprobs is not None and not 0 <= value <= max_logprobs:
+    value = get_int(obj, name, 0)
+    if value is not None and max_logprobs is not None and value > max_logprobs:
         raise bad_request(f"'{name}' must be between 0 and {max_logprobs} (got {brief(value)}); "
                           f"{max_logprobs} is this server's --max-logprobs", name)
     return value
 
 
 def _parse_echo(obj: dict[str, Any], is_chat: bool) -> bool:
-    value = obj.get("echo")
+    value = get_bool(obj, "echo")
     if value is None:
         return False
-    if not isinstance(value, bool):
-        raise bad_request(f"'echo' must be true or false (got {value!r})", "echo")
     if value and obj.get("stream") and not is_chat:
         raise bad_request("'echo' cannot be streamed here; send the request without 'stream'", "echo")
     return value
@@ -158,11 +150,9 @@ def _parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
 
 
 def _parse_template_kwargs(obj: dict[str, Any]) -> dict[str, Any]:
-    value = obj.get("chat_template_kwargs")
+    value = get_object(obj, "chat_template_kwargs")
     if value is None:
         return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     reserved = set(_TEMPLATE_RESERVED) & set(value)
     if reserved:
         raise bad_request(f"'chat_template_kwargs' must not set {', '.join(sorted(reserved))}", "chat_template_kwargs")
@@ -189,10 +179,8 @@ def _parse_constraints(obj: dict[str, Any]) -> list[tuple[str, StructuredOutputs
     for name, make in guided.items():
         if obj.get(name) is not None:
             found.append(_constraint(name, make, obj[name]))
-    so = obj.get("structured_outputs")
+    so = get_object(obj, "structured_outputs")
     if so is not None:
-        if not isinstance(so, dict):
-            raise bad_request("'structured_outputs' must be an object", "structured_outputs")
         makers = {"json": S.json_schema, "regex": S.regex, "choice": S.choice, "grammar": S.grammar}
         unknown = sorted(set(so) - set(makers) - {"json_object"})
         if unknown:

@@ -19,7 +19,7 @@ from aiohttp import web
 from inflight.runtime.server import auth
 from inflight.runtime.server.errors import APIError, bad_request, too_large_to_process
 from inflight.runtime.server.lora import resolve_model
-from inflight.runtime.server.openai import chat_support
+from inflight.runtime.server.openai import chat_images
 from inflight.runtime.server.openai.protocol import parse_chat_request
 from inflight.runtime.server.state import STATE
 
@@ -63,8 +63,10 @@ async def tokenize(request: web.Request) -> web.Response:
         except MemoryError:
             raise too_large_to_process("the messages", "messages") from None
 
-        def run() -> Any:
-            return chat_support.render_chat(tokenizer, req)
+        def run() -> Any:  # a chat's images count their expanded tokens (chat_images.py)
+            state = request.app[STATE]
+            return chat_images.render_with_images(tokenizer, req, state.settings.media_limits,
+                                                  state.settings.model_name)[1]
     elif isinstance(body.get("prompt"), str):
         prompt, special = body["prompt"], _flag(body, "add_special_tokens")
 

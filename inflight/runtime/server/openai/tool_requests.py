@@ -3,8 +3,10 @@
 Owns ``tools`` (at most ``MAX_TOOLS`` function tools with JSON-schema parameters),
 ``tool_choice`` and ``parallel_tool_calls``, the schema a forced call (``required`` or a named
 function) must match, with every object closed so the arguments parse and validate, and the
-history's assistant ``tool_calls`` / tool results as the chat template wants them. Errors are
-400s naming the field. Knows nothing about tokenizers or the engine.
+history's assistant ``tool_calls`` / tool results as the chat template wants them. Fields are
+read with ``fields``' readers, so their 400s name the field (``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``messages``) and read as every other field's. Knows nothing about
+tokenizers or the engine.
 """
 
 from __future__ import annotations
@@ -13,30 +15,34 @@ import json
 from typing import Any
 
 from inflight.runtime.json_text import loads_limited
+from inflight.runtime.sampling_params import brief
 from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.openai.fields import get_bool, get_list, get_object, get_str
 
 MAX_TOOLS = 128
 
 
 def parse_tools(obj: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...], str, str | None, bool]:
-    tools = obj.get("tools") or []
-    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} function tools", "tools")
-    names = []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", "tools")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"tools[{i}].function.name must be a non-empty string", "tools")
-        if not isinstance(fn.get("parameters", {}), dict):
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
-        names.append(fn["name"])
-    parallel = obj.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise bad_request("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    """``tools``, ``tool_choice`` (none, auto, required or named) with the named function, and
+    ``parallel_tool_calls`` (true unless sent false)."""
+    tools = get_list(obj, "tools", MAX_TOOLS) or []
+    names = [_tool_name(tool, i) for i, tool in enumerate(tools)]
+    parallel = get_bool(obj, "parallel_tool_calls")
     choice, name = _parse_tool_choice(obj.get("tool_choice"), names)
-    return tuple(tools), choice, name, parallel
+    return tuple(tools), choice, name, parallel is not False
+
+
+def _tool_name(tool: object, index: int) -> str:
+    """The name of ``tools[index]``, a function tool whose parameters (if given) are an object."""
+    at = f"tools[{index}]"
+    fn = get_object(tool, "function", "tools", f"{at}.function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function" or fn is None:
+        raise bad_request(f"'{at}' must be {{'type': 'function', 'function': {{...}}}}", "tools")
+    name = get_str(fn, "name", "tools", f"{at}.function.name")
+    if not name:
+        raise bad_request(f"'{at}.function.name' must be a non-empty string", "tools")
+    get_object(fn, "parameters", "tools", f"{at}.function.parameters")
+    return name
 
 
 def _parse_tool_choice(value: object, names: list[str]) -> tuple[str, str | None]:
@@ -46,13 +52,14 @@ def _parse_tool_choice(value: object, names: list[str]) -> tuple[str, str | None
         if value != "none" and not names:
             raise bad_request(f"tool_choice '{value}' needs 'tools'", "tool_choice")
         return str(value), None
-    fn = value.get("function") if isinstance(value, dict) else None
-    if not isinstance(fn, dict) or value.get("type") != "function" or not isinstance(fn.get("name"), str):  # type: ignore[union-attr]
+    fn = get_object(value, "function", "tool_choice", "tool_choice.function") if isinstance(value, dict) else None
+    name = get_str(fn, "name", "tool_choice", "tool_choice.function.name") if fn is not None else None
+    if name is None or value.get("type") != "function":  # type: ignore[union-attr]
         raise bad_request("'tool_choice' must be none, auto, required or "
                           "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
-    if fn["name"] not in names:
-        raise bad_request(f"tool_choice names '{fn['name']}', which is not in 'tools'", "tool_choice")
-    return "named", fn["name"]
+    if name not in names:
+        raise bad_request(f"tool_choice names '{name}', which is not in 'tools'", "tool_choice")
+    return "named", name
 
 
 def _params_schema(tool: dict[str, Any]) -> dict[str, Any]:
@@ -112,35 +119,35 @@ def chat_message(raw: dict[str, Any], index: int, content: str) -> dict[str, Any
     """A chat message for the template: role and text, plus the tool fields a history carries
     (an assistant's ``tool_calls`` with arguments as objects, a tool result's ``tool_call_id``
     and ``name``, an assistant's ``reasoning_content``)."""
+    at = f"messages[{index}]"
     message: dict[str, Any] = {"role": raw["role"], "content": content}
-    calls = raw.get("tool_calls")
+    calls = get_list(raw, "tool_calls", param="messages", at=f"{at}.tool_calls")
     if calls is not None and raw["role"] == "assistant":
-        if not isinstance(calls, list):
-            raise bad_request(f"messages[{index}].tool_calls must be a list", "messages")
-        message["tool_calls"] = [_history_call(c, index) for c in calls]
+        message["tool_calls"] = [_history_call(c, f"{at}.tool_calls[{i}]") for i, c in enumerate(calls)]
     for key in ("tool_call_id", "name", "reasoning_content"):
-        if raw.get(key) is not None:
-            if not isinstance(raw[key], str):
-                raise bad_request(f"messages[{index}].{key} must be a string", "messages")
-            message[key] = raw[key]
+        value = get_str(raw, key, "messages", f"{at}.{key}")
+        if value is not None:
+            message[key] = value
     return message
 
 
-def _history_call(call: object, index: int) -> dict[str, Any]:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise bad_request(f"messages[{index}].tool_calls entries need function.name and function.arguments",
-                          "messages")
+def _history_call(call: object, at: str) -> dict[str, Any]:
+    """One call of an assistant's ``tool_calls`` (``at``: its path), arguments as an object."""
+    fn = get_object(call, "function", "messages", f"{at}.function") if isinstance(call, dict) else None
+    name = get_str(fn, "name", "messages", f"{at}.function.name") if fn is not None else None
+    if fn is None or name is None:
+        raise bad_request(f"'{at}' needs function.name and function.arguments", "messages")
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
             args = loads_limited(args) if args.strip() else {}
         except ValueError as exc:
-            raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object ({str(exc)[:120]})",
+            raise bad_request(f"'{at}.function.arguments' must be a JSON object ({str(exc)[:120]})",
                               "messages") from None
     if not isinstance(args, dict):
-        raise bad_request(f"messages[{index}].tool_calls arguments must be a JSON object", "messages")
-    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-    if isinstance(call, dict) and isinstance(call.get("id"), str):
-        out["id"] = call["id"]
+        raise bad_request(f"'{at}.function.arguments' must be a JSON object (got {brief(args)})", "messages")
+    out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
+    call_id = get_str(call, "id", "messages", f"{at}.id")  # type: ignore[arg-type]
+    if call_id is not None:
+        out["id"] = call_id
     return out

@@ -4,7 +4,8 @@ Owns reading a pooling request's body (a JSON object; an unknown field is OpenAI
 "Unrecognized request argument supplied"), the pooling the engine resolved
 (:class:`~inflight.runtime.model.pooling.PoolerConfig`, from the summary's ``pooler_config``),
 running a batch of token-id prompts as one group of engine requests (one each; validated against
-the engine first, so a bad one is a 400 naming the field before anything runs) and getting their
+the engine first by the checks generation makes too, ``openai.prompt_checks``, so a bad one is a
+400 naming the field before anything runs; fields read with ``openai.fields``) and getting their
 pooled vectors back (each finished request counted in the request metrics as a generation's is), and the vector math done here rather than in the engine (Matryoshka
 truncation, L2 normalization, cosine similarity, sigmoid). Also the middleware that answers a
 generation endpoint on a pooling server (and the other way round, in the handlers) with a 400.
@@ -25,8 +26,10 @@ from inflight.runtime.core.engine_types import EngineRequest
 from inflight.runtime.model.pooling import PoolerConfig
 from inflight.runtime.outputs import RequestRejectedError, RequestTimes
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.server.errors import APIError, bad_request, from_rejection, internal_error
+from inflight.runtime.server.errors import APIError, bad_request, internal_error
+from inflight.runtime.server.openai.fields import get_bool, get_str
 from inflight.runtime.server.openai.generation import engine_failure
+from inflight.runtime.server.openai.prompt_checks import check_fits_queue, check_prompt, rejection
 from inflight.runtime.server.openai.protocol import check_model
 from inflight.runtime.server.state import STATE, ServerState
 from inflight.runtime.server.tenancy import request_tenant
@@ -36,6 +39,7 @@ MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 # The engine request a pooled prompt rides as: its prompt computed, it finishes (no token sampled).
 POOLING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
+ENGINE_NAMES = ("prompt", "max_tokens")  # the engine's names for what is the input here
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +61,7 @@ async def read_body(request: web.Request, allowed: Sequence[str]) -> dict[str, A
     for name in body:
         if name not in allowed:
             raise bad_request(f"Unrecognized request argument supplied: {name}", name)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    check_model(model, state.settings.model_name)
+    check_model(get_str(body, "model"), state.settings.model_name)
     return body
 
 
@@ -73,18 +74,10 @@ def served_pooler(state: ServerState, endpoint: str) -> PoolerConfig:
     return PoolerConfig.from_json(config.pooler_config)
 
 
-def optional_str(body: dict[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string", name)
-    return value
-
-
 def optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false", name)
-    return value
+    """A boolean field (``fields.get_bool``), ``default`` when absent or null."""
+    value = get_bool(body, name)
+    return default if value is None else value
 
 
 async def run_prompts(request: web.Request, prompts: Sequence[list[int]], param: str, prefix: str,
@@ -94,25 +87,20 @@ async def run_prompts(request: web.Request, prompts: Sequence[list[int]], param:
     engine = state.engine.engine
     if not prompts:
         raise bad_request(f"'{param}' must not be empty", param)
-    capacity = engine.config.max_num_sequences + engine.config.max_queue_len
-    if len(prompts) > min(MAX_INPUTS, capacity):
-        raise bad_request(f"{len(prompts)} inputs; one request may hold at most {min(MAX_INPUTS, capacity)}",
-                          param, code="too_many_inputs")
+    if len(prompts) > MAX_INPUTS:
+        raise bad_request(f"{len(prompts)} inputs; one request may hold at most {MAX_INPUTS}", param,
+                          code="too_many_inputs")
+    check_fits_queue(len(prompts), engine.config, param, "inputs", "send fewer inputs", "too_many_inputs")
     request_id = state.new_request_id(prefix)
     arrival = time.monotonic()
     tenant = request_tenant(request, state.settings, user)
     requests = []
     for i, ids in enumerate(prompts):
-        if not ids:
-            raise bad_request(f"input {i} of '{param}' encodes to zero tokens; send some text", param)
-        if len(ids) >= engine.max_model_len:  # checked with one output slot, as any prompt is
+        if len(ids) >= engine.max_model_len:  # said here in pooling's terms (its one output slot is ours)
             raise bad_request(f"input {i} of '{param}' is {len(ids)} tokens; this server takes at most "
                               f"{engine.max_model_len - 1} (set truncate_prompt_tokens to keep the last ones)",
                               param, code="prompt_too_long")
-        try:
-            engine.validate_request(ids, POOLING_PARAMS)
-        except RequestRejectedError as exc:
-            raise _rejection(exc, param) from None
+        check_prompt(engine, ids, POOLING_PARAMS, param, f"input {i} of '{param}'", ENGINE_NAMES)
         requests.append(EngineRequest(f"{request_id}-{i}", list(ids), POOLING_PARAMS, 0, arrival, tenant))
     index = {r.req_id: i for i, r in enumerate(requests)}
     vectors: list[np.ndarray | None] = [None] * len(requests)
@@ -126,7 +114,7 @@ async def run_prompts(request: web.Request, prompts: Sequence[list[int]], param:
                     raise internal_error() if out.error is None else bad_request(out.error, param)
                 vectors[index[out.req_id]] = np.frombuffer(out.pooled, dtype="<f4")
     except RequestRejectedError as exc:
-        raise _rejection(exc, param) from None
+        raise rejection(exc, param, ENGINE_NAMES) from None
     except APIError:
         raise
     except Exception as exc:
@@ -135,13 +123,6 @@ async def run_prompts(request: web.Request, prompts: Sequence[list[int]], param:
     if len(done) != len(vectors):
         raise internal_error()
     return Pooled(done, sum(len(p) for p in prompts))
-
-
-def _rejection(exc: RequestRejectedError, param: str) -> APIError:
-    error = from_rejection(exc, param)
-    if error.param in ("prompt", "max_tokens"):  # the engine's names: here it is the input
-        error.param = param
-    return error
 
 
 def finish_vector(vector: np.ndarray, pooler: PoolerConfig, dimensions: int | None) -> np.ndarray:

@@ -21,10 +21,10 @@ from typing import Any
 from aiohttp import web
 
 from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.openai.fields import get_str
 from inflight.runtime.server.pooling_api.common import (
     finish_vector,
     optional_bool,
-    optional_str,
     read_body,
     run_prompts,
     served_pooler,
@@ -49,7 +49,7 @@ async def embeddings(request: web.Request) -> web.Response:
         raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
     dimensions = _dimensions(body.get("dimensions"), pooler.is_matryoshka, pooler.matryoshka_dimensions,
                              state.settings.model_name)  # fmt: skip
-    user = optional_str(body, "user")
+    user = get_str(body, "user")
     special = optional_bool(body, "add_special_tokens", True)
     keep = truncation(body.get("truncate_prompt_tokens"), state.engine.engine.max_model_len)
     texts, token_lists = _inputs(body["input"])

@@ -24,13 +24,13 @@ from aiohttp import web
 
 from inflight.runtime.model.pooling import PoolerConfig
 from inflight.runtime.server.errors import bad_request
+from inflight.runtime.server.openai.fields import get_int, get_str
 from inflight.runtime.server.pooling_api.common import (
     MAX_INPUTS,
     Pooled,
     cosine,
     finish_vector,
     optional_bool,
-    optional_str,
     read_body,
     run_prompts,
     served_pooler,
@@ -71,11 +71,7 @@ async def rerank(request: web.Request) -> web.Response:
     if not isinstance(query, str):
         raise bad_request("'query' must be a string", "query")
     documents = _documents(body.get("documents"))
-    top_n = body.get("top_n", 0)
-    if top_n is None:
-        top_n = 0
-    if type(top_n) is not int or top_n < 0:
-        raise bad_request("'top_n' must be a non-negative integer (0: every document)", "top_n")
+    top_n = get_int(body, "top_n", 0) or 0  # 0: every document
     keep_docs = optional_bool(body, "return_documents", True)
     scores, used = await _score_pairs(request, body, pooler, [query] * len(documents), documents, "documents")
     order = sorted(range(len(documents)), key=lambda i: -scores[i])
@@ -95,7 +91,7 @@ async def _score_pairs(request: web.Request, body: dict[str, Any], pooler: Poole
     state = request.app[STATE]
     engine = state.engine.engine
     tokenizer = engine.tokenizer
-    user = optional_str(body, "user")
+    user = get_str(body, "user")
     special = optional_bool(body, "add_special_tokens", True)
     activation = optional_bool(body, "use_activation", True)
     keep = truncation(body.get("truncate_prompt_tokens"), engine.max_model_len)
