@@ -5,7 +5,7 @@ when its ``inflight.dev/last-applied`` record is not what the spec renders now, 
 fields the operator owns no longer hash to what the API server stored at the operator's last
 write (``applied.fingerprint``: a mutating webhook's additions at that write are part of it, so
 they cause no re-apply loop; a hand edit later is a change). Every tick reads the Deployment
-(its status feeds the CR's); every ``config.full_check_every_ticks``-th tick reads the other
+(its status feeds the CR's) and the picker's Deployment (both held by the rollout gate); every ``config.full_check_every_ticks``-th tick reads the other
 children too (all of them from the watch-fed caches, ``ctx.cache``: no API request unless a
 cache cannot serve), re-creates a deleted admin Secret (by a create, answered 409 when it exists: the
 operator may not read Secrets outside its own namespace) or model-cache PVC, and lists the
@@ -45,24 +45,26 @@ async def check(
     ctx: OperatorContext, spec: InferenceSpec, owner: render.Owner, written: dict[str, str],
     full: bool, leave_replicas: bool, pending: bool = False, generation: int | None = None,
 ) -> ChildCheck:
-    """Read the children (only the Deployment unless ``full``) and say which drifted. The
-    Deployment is compared as the rollout gate would apply it (``generation``: the CR's that
+    """Read the children (only the workload and the picker's Deployment unless ``full``) and say
+    which drifted. Those are compared as the rollout gate would apply them (``generation``: the CR's that
     applied; a template the gate holds is no drift, ``rollout_waiting`` says it waits)."""
     out = ChildCheck()
     owner, key = await reconcile.keyed_owner(ctx, spec, owner)
     hold = rollout_gate.Hold(generation)
-    for kind, body, patch in reconcile.rendered_children(spec, owner, None, leave_replicas, hold):
+    rendered = reconcile.rendered_children(spec, owner, None, leave_replicas, hold)
+    gated = {(g.kind, g.name): g for g in reconcile.gated_objects(spec, rendered)}  # the workload, the picker
+    for kind, body, patch in rendered:
         name = body["metadata"]["name"]
         is_main = kind in (DEPLOYMENTS, LEADER_WORKER_SETS) and name == spec.name  # the workload
-        if not (full or is_main):
+        if not (full or (kind, name) in gated):
             continue
         live = await ctx.cache.get(kind, spec.namespace, name)
         if is_main:
             out.deployment = live
-            if kind == DEPLOYMENTS and (
-                    held := rollout_gate.held_template(live, body["spec"]["template"], generation)) is not None:
-                out.rollout_waiting = True
-                patch = rollout_gate.with_hold(patch, rollout_gate.Hold(generation, held))
+        if (g := gated.get((kind, name))) is not None and (
+                held := rollout_gate.held_template(live, g.rendered, generation)) is not None:
+            out.rollout_waiting = True
+            patch = rollout_gate.with_hold(patch, rollout_gate.Hold(generation, held))
         child = f"{body['kind']}/{name}"
         if is_drifted(live, patch, child, written, pending):
             out.drifted.append(child)

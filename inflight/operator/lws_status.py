@@ -7,20 +7,23 @@ repairs the LWS, at start, at every spec change and at every tick that finds it 
 ``GroupsReady`` condition, read from the pods' LWS labels (``group-index``: a group is ready
 when all ``nodes`` of its pods are). LWS's own status counts groups (``replicas``,
 ``readyReplicas``, ``updatedReplicas``), the names a Deployment uses, so the CR's replica counts
-and Ready condition read it as they read a Deployment. Pure, except ``group_pods``'s one pod
+and Ready condition read it as they read a Deployment; the rollout gate reads from it when an
+LWS finished rolling out (``rolled_out``: every group ready at the new generation). Pure, except ``group_pods``'s one pod
 list (the workers' failures reach ``Degraded`` through it too). Knows nothing about kopf.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.operator import metrics_scrape, render
-from inflight.operator.context import OperatorContext
 from inflight.operator.kube import DEPLOYMENTS, LEADER_WORKER_SETS, PODS, Kind
 from inflight.operator.spec import InferenceSpec
 from inflight.operator.status import Condition
+
+if TYPE_CHECKING:  # the context imports the rollout gate, which imports this module
+    from inflight.operator.context import OperatorContext
 
 MISSING_REASON = "LeaderWorkerSetMissing"
 GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"  # set by LWS on every pod of a group
@@ -38,6 +41,19 @@ def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
     if "leaderWorkerTemplate" in spec:
         return (spec["leaderWorkerTemplate"] or {}).get("leaderTemplate") or {}
     return spec.get("template") or {}
+
+
+def rolled_out(lws: dict[str, Any], since_generation: int) -> bool:
+    """Whether the LWS ``lws`` finished rolling out its generation ``since_generation`` (or a later
+    one): LWS's controller saw it (``status.observedGeneration``), every wanted group is updated
+    to it and ready, and no group of the old revision is left (status counts groups)."""
+    st = lws.get("status") or {}
+    if int(st.get("observedGeneration") or 0) < since_generation:
+        return False
+    want = (lws.get("spec") or {}).get("replicas")
+    want = 1 if want is None else int(want)
+    updated = int(st.get("updatedReplicas") or 0)
+    return updated >= want and int(st.get("replicas") or 0) <= updated and int(st.get("readyReplicas") or 0) >= want
 
 
 def missing_hint(spec: InferenceSpec) -> str:

@@ -193,12 +193,13 @@ def rendered_children(
     count = render.initial_replicas(spec)
     if replicas is not None and spec.autoscaling.enabled:
         count = min(max(replicas, spec.autoscaling.min_replicas), spec.autoscaling.max_replicas)
-    deployment = rollout_gate.with_hold(render.render_deployment(spec, owner, count), hold)
     leave = spec.autoscaling.enabled or leave_replicas
-    workload = (DEPLOYMENTS, deployment, rollout_gate.with_hold(render.deployment_patch(deployment, leave), hold))
-    if spec.nodes > 1:  # a LeaderWorkerSet of groups instead (no rollout gate: LWS rolls groups itself)
-        lws = render_lws.render_leader_worker_set(spec, owner, count)
-        workload = (LEADER_WORKER_SETS, lws, render_lws.lws_patch(lws, leave))
+    if spec.nodes > 1:  # a LeaderWorkerSet of groups instead (gated alike: ``rollout_gate.gated_part``)
+        lws = rollout_gate.with_hold(render_lws.render_leader_worker_set(spec, owner, count), hold)
+        workload = (LEADER_WORKER_SETS, lws, rollout_gate.with_hold(render_lws.lws_patch(lws, leave), hold))
+    else:
+        deployment = rollout_gate.with_hold(render.render_deployment(spec, owner, count), hold)
+        workload = (DEPLOYMENTS, deployment, rollout_gate.with_hold(render.deployment_patch(deployment, leave), hold))
     out: list[tuple[Kind, dict[str, Any], dict[str, Any]]] = [
         (CONFIGMAPS, cm := render.render_configmap(spec, owner), cm),
         workload,
@@ -207,7 +208,11 @@ def rendered_children(
     ]
     kinds = {"InferencePool": INFERENCE_POOLS, "Deployment": DEPLOYMENTS, "Service": SERVICES,
              "ServiceAccount": SERVICE_ACCOUNTS, "RoleBinding": ROLE_BINDINGS}
-    out += [(kinds[obj["kind"]], obj, obj) for obj in render.render_pool_objects(spec, owner)]
+    picker_hold = hold.for_picker() if hold is not None else None
+    for obj in render.render_pool_objects(spec, owner):
+        if obj["kind"] == "Deployment":  # the picker's: the rollout gate holds it like the workload
+            obj = rollout_gate.with_hold(obj, picker_hold)
+        out.append((kinds[obj["kind"]], obj, obj))
     return out + render_partners.rendered(spec, owner)
 
 
@@ -220,8 +225,7 @@ async def apply_through_gate(
     ``apply_if_waiting`` False: only ask the gate, apply nothing while the change waits)."""
     keyed, _ = await keyed_owner(ctx, spec, owner)
     leave = bool(state.foreign_autoscalers)
-    template = next((body["spec"]["template"] for kind, body, _ in rendered_children(spec, keyed, None, leave)
-                     if kind == DEPLOYMENTS and body["metadata"]["name"] == spec.name), {})  # {}: an LWS
+    gated = gated_objects(spec, rendered_children(spec, keyed, None, leave))
     cfg = ctx.config
 
     async def apply(hold: rollout_gate.Hold) -> None:
@@ -229,11 +233,25 @@ async def apply_through_gate(
 
     try:
         gate = await rollout_gate.release(ctx.kube, cfg.lease_namespace, cfg.max_concurrent_rollouts,
-                                          ctx.rollout_lock, target, template, apply, apply_if_waiting)
+                                          ctx.rollout_lock, target, gated, apply, apply_if_waiting)
     except KubeError as exc:
         raise SpecRejected(exc, exc.status in refusals.PERMANENT_CODES) from exc
     state.rollout = gate
     return gate
+
+
+def gated_objects(spec: InferenceSpec, children: list[tuple[Kind, dict[str, Any], dict[str, Any]]]
+                  ) -> list[rollout_gate.Gated]:
+    """What the rollout gate covers among ``children``: the workload (Deployment or LWS) and the
+    picker's Deployment."""
+    out = []
+    for kind, body, _ in children:
+        name = body["metadata"]["name"]
+        if kind in (DEPLOYMENTS, LEADER_WORKER_SETS) and name in (spec.name, picker_name(spec.name)):
+            part = rollout_gate.gated_part(body)
+            assert part is not None  # rendered: a workload always has its template
+            out.append(rollout_gate.Gated(kind, name, part, picker=name != spec.name))
+    return out
 
 
 def seed_from_status(state: ResourceState, cr_status: dict[str, Any] | None) -> None:

@@ -2,7 +2,10 @@
 
 A new operator version, a new default runtime image (the chart's ``runtimeImage``) or a new
 root key changes the pod template of every InferenceDeployment at once, with no edit of any
-CR. Such a change is told apart from a user's edit by the CR generation that rendered the
+CR. The gated objects of a model are its workload (the Deployment's ``spec.template``, or a
+multi-node model's LeaderWorkerSet's ``spec.leaderWorkerTemplate``: ``gated_part``) and its
+endpoint picker's Deployment (``inferencePool``: a new default picker image rolls it); one
+model takes one slot for all of them. Such a change is told apart from a user's edit by the CR generation that rendered the
 Deployment's current template (the annotation ``inflight.dev/spec-generation`` on the
 Deployment): the template the operator renders now differs from the one it recorded
 (``applied``'s last-applied record) while the generation is the same (or was never recorded: a
@@ -12,8 +15,9 @@ A gated change waits while ``maxConcurrentRollouts`` (``OperatorConfig.max_concu
 operator-caused rollouts are in progress; the Deployment keeps its recorded template meanwhile
 (``Hold``). In progress means: listed in the ledger, the ConfigMap ``inflight-operator-rollouts``
 in the operator's own namespace (one key ``<namespace>.<name>`` per released rollout, with the
-Deployment's generation after the release), and that Deployment not rolled out yet
-(``rolled_out``: as ``kubectl rollout status`` reads it). The ledger and the held templates live
+generation of each object it rolls after the release), and one of those not rolled out yet
+(``rolled_out``: a Deployment as ``kubectl rollout status`` reads it; an LWS when its groups
+are ready at the new generation, ``lws_status.rolled_out``). The ledger and the held templates live
 in the cluster, so a restarted operator counts the same rollouts. With ``manual`` every gated
 change waits for the annotation ``inflight.dev/rollout: approved`` on the CR, which also starts
 a waiting rollout at once under a limit; the operator removes it when it used it.
@@ -30,8 +34,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.operator import applied
-from inflight.operator.kube import CONFIGMAPS, DEPLOYMENTS, KubeClient
+from inflight.operator import applied, lws_status
+from inflight.operator.kube import CONFIGMAPS, DEPLOYMENTS, LEADER_WORKER_SETS, Kind, KubeClient
 from inflight.operator.status import Condition
 
 GENERATION_ANNOTATION = "inflight.dev/spec-generation"
@@ -41,6 +45,7 @@ LEDGER_NAME = "inflight-operator-rollouts"
 MANUAL = "manual"
 UNLIMITED = "unlimited"
 MAX_NAMED = 5  # rolling models named in a condition message
+GATED_KINDS = {k.kind: k for k in (DEPLOYMENTS, LEADER_WORKER_SETS)}
 
 
 def parse_limit(raw: object) -> int | str:
@@ -58,11 +63,35 @@ def parse_limit(raw: object) -> int | str:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """How to render the Deployment: ``generation`` goes on it (``GENERATION_ANNOTATION``);
-    ``template``, when set, is the recorded pod template kept while a gated change waits."""
+    """How to render the gated objects: ``generation`` goes on each (``GENERATION_ANNOTATION``);
+    ``template`` (the workload's) and ``picker`` (the picker Deployment's), when set, are the
+    recorded templates (``gated_part``) kept while a gated change waits."""
 
     generation: int | None = None
     template: dict[str, Any] | None = None
+    picker: dict[str, Any] | None = None
+
+    def for_picker(self) -> Hold:
+        """The hold to render the picker's Deployment with."""
+        return Hold(self.generation, self.picker)
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """One object the gate covers: its kind, name and the gated part rendered now."""
+
+    kind: Kind
+    name: str
+    rendered: dict[str, Any]
+    picker: bool = False
+
+
+def gated_part(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What an operator-caused change of ``obj`` rolls: a Deployment's ``spec.template``, an LWS's
+    ``spec.leaderWorkerTemplate`` (both pod templates and the group's shape)."""
+    spec = (obj or {}).get("spec") or {}
+    part = spec.get("leaderWorkerTemplate") if "leaderWorkerTemplate" in spec else spec.get("template")
+    return part if isinstance(part, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +112,8 @@ def held_template(live: dict[str, Any] | None, rendered_template: dict[str, Any]
     ``None`` when there is nothing to gate (no Deployment, no record, same template, a user's edit)."""
     if live is None or generation is None:
         return None
-    record = applied.last_applied(live)
-    old = ((record or {}).get("spec") or {}).get("template")
-    if not isinstance(old, dict):
+    old = gated_part(applied.last_applied(live))
+    if old is None:
         return None
     if old == json.loads(json.dumps(applied.without_nulls(rendered_template))):
         return None
@@ -96,14 +124,16 @@ def held_template(live: dict[str, Any] | None, rendered_template: dict[str, Any]
 
 
 def with_hold(deployment: dict[str, Any], hold: Hold | None) -> dict[str, Any]:
-    """``deployment`` (an object or its patch) with the generation annotation and the held template."""
+    """``deployment`` (a Deployment or LWS, or its patch) with the generation annotation and the
+    held template (``gated_part``)."""
     if hold is None or (hold.generation is None and hold.template is None):
         return deployment
     out = copy.deepcopy(deployment)
     if hold.generation is not None:
         out.setdefault("metadata", {}).setdefault("annotations", {})[GENERATION_ANNOTATION] = str(hold.generation)
     if hold.template is not None:
-        out["spec"]["template"] = copy.deepcopy(hold.template)
+        key = "leaderWorkerTemplate" if "leaderWorkerTemplate" in out["spec"] else "template"
+        out["spec"][key] = copy.deepcopy(hold.template)
     return out
 
 
@@ -119,11 +149,18 @@ def rolled_out(deployment: dict[str, Any], since_generation: int) -> bool:
     return updated >= want and int(st.get("replicas") or 0) <= updated and int(st.get("availableReplicas") or 0) >= updated
 
 
+def object_rolled_out(kind: Kind, live: dict[str, Any], since_generation: int) -> bool:
+    """``rolled_out`` for a Deployment, ``lws_status.rolled_out`` for a LeaderWorkerSet."""
+    if kind == LEADER_WORKER_SETS:
+        return lws_status.rolled_out(live, since_generation)
+    return rolled_out(live, since_generation)
+
+
 def pending_condition(gate: Gate | None) -> Condition:
     """``RolloutPending``: True while an operator-caused template change waits at the gate."""
     if gate is None or not gate.waiting:
-        return Condition("RolloutPending", False, "NoPendingRollout", "the Deployment has the operator's current "
-                         "pod template")
+        return Condition("RolloutPending", False, "NoPendingRollout", "the workload (and the endpoint picker) "
+                         "have the operator's current pod template")
     return Condition("RolloutPending", True, gate.reason, gate.message)
 
 
@@ -136,11 +173,11 @@ def waiting_gate(limit: int | str, rolling: list[str]) -> Gate:
     how = (f"annotate the InferenceDeployment {APPROVAL_ANNOTATION}={APPROVED} to start it now")
     if limit == MANUAL:
         return Gate(True, "AwaitingApproval", "the operator's pod template changed (a new operator version, runtime "
-                    f"image default or root key) and maxConcurrentRollouts is manual: {how}")
+                    f"or picker image default, or root key) and maxConcurrentRollouts is manual: {how}")
     named = ", ".join(rolling[:MAX_NAMED]) + (f" and {len(rolling) - MAX_NAMED} more" if len(rolling) > MAX_NAMED
                                               else "")
     return Gate(True, "WaitingForRolloutSlot", f"the operator's pod template changed (a new operator version, "
-                f"runtime image default or root key): it rolls when one of the {len(rolling)} operator rollouts in "
+                f"runtime or picker image default, or root key): it rolls when one of the {len(rolling)} operator rollouts in "
                 f"progress (maxConcurrentRollouts {limit}: {named}) is rolled out and available, or {how}")
 
 
@@ -165,12 +202,17 @@ async def admit(kube: KubeClient, own_namespace: str, limit: int | str, namespac
             continue  # its own earlier rollout: this one replaces it
         ns, _, other = key.partition(".")
         try:
-            since = int(json.loads(text)["generation"])
-        except (ValueError, KeyError, TypeError):
+            objects = _ledger_objects(other, json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError):
             done.append(key)
             continue
-        live = await kube.get(DEPLOYMENTS, ns, other)
-        (done if live is None or rolled_out(live, since) else rolling).append(key)
+        for kind, obj_name, since in objects:
+            live = await kube.get(kind, ns, obj_name)
+            if live is not None and not object_rolled_out(kind, live, since):
+                rolling.append(key)
+                break
+        else:
+            done.append(key)
     if done:
         await kube.patch(CONFIGMAPS, own_namespace, LEDGER_NAME, {"data": dict.fromkeys(done)})
     if isinstance(limit, int) and len(rolling) >= limit:
@@ -178,9 +220,22 @@ async def admit(kube: KubeClient, own_namespace: str, limit: int | str, namespac
     return Gate()
 
 
-async def record(kube: KubeClient, own_namespace: str, namespace: str, name: str, generation: int) -> None:
-    """Note in the ledger that ``namespace/name`` rolls from its Deployment generation ``generation``."""
-    data = {_key(namespace, name): json.dumps({"generation": generation})}
+def _ledger_objects(name: str, entry: dict[str, Any]) -> list[tuple[Kind, str, int]]:
+    """(kind, name, generation) of each object a ledger entry rolls (an entry without
+    ``objects``, an older operator's, is the Deployment ``name``)."""
+    if "objects" not in entry:
+        return [(DEPLOYMENTS, name, int(entry["generation"]))]
+    return [(GATED_KINDS[o["kind"]], str(o["name"]), int(o["generation"])) for o in entry["objects"]]
+
+
+async def record(kube: KubeClient, own_namespace: str, namespace: str, name: str, generation: int,
+                 objects: list[tuple[Kind, str, int]] | None = None) -> None:
+    """Note in the ledger that ``namespace/name`` rolls from its Deployment generation ``generation``,
+    or (``objects``) each of those objects from its generation."""
+    entry: dict[str, Any] = {"generation": generation}
+    if objects is not None:
+        entry["objects"] = [{"kind": k.kind, "name": n, "generation": g} for k, n, g in objects]
+    data = {_key(namespace, name): json.dumps(entry)}
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": LEDGER_NAME, "namespace": own_namespace,
                          "labels": {"app.kubernetes.io/managed-by": "inflight-operator"}},
@@ -201,16 +256,21 @@ class Target:
 
 async def release(
     kube: KubeClient, own_namespace: str, limit: int | str, lock: contextlib.AbstractAsyncContextManager[Any],
-    target: Target, rendered_template: dict[str, Any], apply: Callable[[Hold], Awaitable[None]],
+    target: Target, gated: list[Gated], apply: Callable[[Hold], Awaitable[None]],
     apply_if_waiting: bool = True,
 ) -> Gate:
     """Apply the model's children through the gate: ``apply`` is called with the ``Hold`` to
-    render with (the recorded template while the change waits; not at all then unless
-    ``apply_if_waiting``: a waiting model's retry changes nothing). Admission, the apply and the
-    ledger entry happen under ``lock``, so two models never take the last slot together."""
-    live = await kube.get(DEPLOYMENTS, target.namespace, target.name)
-    held = held_template(live, rendered_template, target.generation)
-    if held is None:
+    render with (the recorded templates while the change waits; not at all then unless
+    ``apply_if_waiting``: a waiting model's retry changes nothing). ``gated``: the workload and
+    the picker's Deployment as rendered now; one slot covers every one of them that changed.
+    Admission, the apply and the ledger entry happen under ``lock``, so two models never take
+    the last slot together."""
+    held: dict[int, dict[str, Any]] = {}
+    for i, obj in enumerate(gated):
+        live = await kube.get(obj.kind, target.namespace, obj.name)
+        if (old := held_template(live, obj.rendered, target.generation)) is not None:
+            held[i] = old
+    if not held:
         await apply(Hold(target.generation))
         return Gate()
     async with lock:
@@ -218,10 +278,15 @@ async def release(
         if not gate.waiting:
             await apply(Hold(target.generation))
             if isinstance(limit, int):
-                stored = await kube.get(DEPLOYMENTS, target.namespace, target.name)
-                generation = int(((stored or {}).get("metadata") or {}).get("generation") or 0)
-                await record(kube, own_namespace, target.namespace, target.name, generation)
+                objects = []
+                for i in sorted(held):
+                    stored = await kube.get(gated[i].kind, target.namespace, gated[i].name)
+                    objects.append((gated[i].kind, gated[i].name,
+                                    int(((stored or {}).get("metadata") or {}).get("generation") or 0)))
+                await record(kube, own_namespace, target.namespace, target.name, objects[0][2], objects)
             return gate
-    if apply_if_waiting:  # the rest of the children, the template held (outside the lock: it takes no slot)
-        await apply(Hold(target.generation, held))
+    if apply_if_waiting:  # the rest of the children, the templates held (outside the lock: it takes no slot)
+        workload = next((held[i] for i in held if not gated[i].picker), None)
+        picker = next((held[i] for i in held if gated[i].picker), None)
+        await apply(Hold(target.generation, workload, picker))
     return gate

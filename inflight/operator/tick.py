@@ -235,7 +235,7 @@ def _waiting(gate: rollout_gate.Gate | None, ctx: OperatorContext) -> rollout_ga
     if limit == rollout_gate.MANUAL:
         return rollout_gate.waiting_gate(limit, [])
     return rollout_gate.Gate(True, "WaitingForRolloutSlot", "the operator's pod template changed (a new operator "
-                             f"version, runtime image default or root key): it waits for one of the "
+                             f"version, runtime or picker image default, or root key): it waits for one of the "
                              f"maxConcurrentRollouts {limit} slots (asked again at the next full check)")
 
 
