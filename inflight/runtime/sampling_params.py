@@ -55,6 +55,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # None: none; k >= 0: each prompt token's plus k alternatives
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) added to logits
     structured: StructuredOutputsParams | None = None  # a grammar the output must match
+    pooling: bool = False  # pool the prompt (/v1/embeddings on a generate model): core/mixed_pooling.py
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -3,7 +3,7 @@
 Answers are compared with transformers on the same weights (``last_hidden_state`` pooled by hand
 and normalized; the classifier's logit through a sigmoid, as vLLM returns scores), through the
 ``openai`` client too; bad input is a 400 naming the field; a pooling server refuses generation
-and a generating server refuses pooling; a mixed burst of chat and embedding requests on two
+and a generating server refuses scoring; a mixed burst of chat and embedding requests on two
 servers has no error and leaves no KV block in use. One server runs the engine in its own
 process, so the pooled vectors cross the engine-core protocol.
 """
@@ -168,7 +168,7 @@ def test_each_server_refuses_the_other_runners_endpoints(embed_server: LiveServe
             assert reply.status == 400 and reply.json()["error"]["code"] == "wrong_runner", reply.text
     reply = http("POST", f"{rerank_server.url}/v1/embeddings", {"input": "hi"})
     assert reply.status == 400 and reply.json()["error"]["code"] == "wrong_task"
-    for path, body in (("/v1/embeddings", {"input": "hi"}), ("/v1/score", {"text_1": "a", "text_2": "b"}),
+    for path, body in (("/v1/score", {"text_1": "a", "text_2": "b"}),  # /v1/embeddings: test_mixed_chat_embeddings
                        ("/v1/rerank", {"query": "a", "documents": ["b"]})):
         reply = http("POST", server.url + path, body)
         assert reply.status == 400 and reply.json()["error"]["code"] == "wrong_runner", reply.text

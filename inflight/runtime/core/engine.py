@@ -41,6 +41,7 @@ from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.core.host_tier import build_host_tier
 from inflight.runtime.core.input_checks import check_cache_salt, check_request, check_token_budget
 from inflight.runtime.core.kv_manager import KVCacheManager, release_window
+from inflight.runtime.core.mixed_pooling import check_pooling, run_mixed
 from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
 from inflight.runtime.core.parked import ParkedRequests
 from inflight.runtime.core.pooling_step import pooling_engine
@@ -170,6 +171,7 @@ class LLMEngine(LoRAMethods):
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise :class:`RequestRejectedError` for a request that can never run (no state change)."""
         check_request(prompt_token_ids, params, self.config, self.runner.spec.vocab_size)
+        check_pooling(self, params)  # embeddings on a generate model: core/mixed_pooling.py
 
     def add_request(
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -271,7 +273,7 @@ class LLMEngine(LoRAMethods):
             if not settled:
                 self.parked.wait()  # only parked requests are left: wait for a mask, briefly
             return settled
-        return settled + self.run_scheduled(sched.chunks)
+        return settled + run_mixed(self, sched.chunks)  # pooled prompts pooled (core/mixed_pooling.py)
 
     def run_scheduled(self, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
         """Run scheduled chunks now and process their tokens (the synchronous step's body)."""

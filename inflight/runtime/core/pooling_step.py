@@ -56,7 +56,11 @@ class PoolingStep:
         sched = engine.schedule()
         if sched.is_empty:
             return []
-        ran, failed, parts = self._run(engine, sched.chunks)
+        return self.run_chunks(engine, sched.chunks)
+
+    def run_chunks(self, engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]) -> list[RequestOutput]:
+        """Pool scheduled prompt chunks and advance them; a prompt computed finishes with its vector."""
+        ran, failed, parts = self._run(engine, chunks)
         outputs = [out for c in failed if (out := engine.output_processor.finish(c.req_id, "error")) is not None]
         for chunk, part in zip(ran, parts, strict=True):
             req = engine.scheduler.requests[chunk.req_id]

@@ -44,8 +44,9 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 10: RequestOutput.pooled (a pooling engine's vectors) in StepDone's extras
 # 11: EngineStats' prefill backlog, prefill tokens computed and prefill rate
 # 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, LoRAsChanged; EngineRequest.lora_name)
-PROTOCOL_VERSION = 13  # 13: StructuredOutputsParams.checked_grammar (the front end's grammar verdict);
+# 13: StructuredOutputsParams.checked_grammar (the front end's grammar verdict);
 # EngineRequest.mm_inputs (a chat's images: multimodal/inputs.py)
+PROTOCOL_VERSION = 14  # 14: SamplingParams.pooling (an embedding request to a generate model)
 
 
 # ---- front end -> core ------------------------------------------------------------------

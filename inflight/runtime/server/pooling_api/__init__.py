@@ -2,8 +2,9 @@
 
 A server runs one model with one runner (as vLLM does): a pooling server (``--runner pooling``,
 or ``auto`` for a checkpoint with no LM head) answers these and refuses the generation
-endpoints with a 400 (:func:`~.common.refuse_generation`); a generating server answers these
-with a 400. Modules: :mod:`.common` (bodies, running prompts, vector math), :mod:`.embeddings`,
+endpoints with a 400 (:func:`~.common.refuse_generation`); a generating server answers
+/v1/embeddings too (its prompts' last-token hidden states, scheduled beside its chat requests:
+``core/mixed_pooling``) and /v1/score and /v1/rerank with a 400. Modules: :mod:`.common` (bodies, running prompts, vector math), :mod:`.embeddings`,
 :mod:`.scoring`. Knows nothing about how the engine pools.
 """
 

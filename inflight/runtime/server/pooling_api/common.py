@@ -8,7 +8,8 @@ the engine first by the checks generation makes too, ``openai.prompt_checks``, s
 400 naming the field before anything runs; fields read with ``openai.fields``) and getting their
 pooled vectors back (each finished request counted in the request metrics as a generation's is), and the vector math done here rather than in the engine (Matryoshka
 truncation, L2 normalization, cosine similarity, sigmoid). Also the middleware that answers a
-generation endpoint on a pooling server (and the other way round, in the handlers) with a 400.
+generation endpoint on a pooling server (and /v1/score or /v1/rerank on a generating one, in the
+handlers) with a 400; a generating server embeds with LAST-token pooling (``core/mixed_pooling``).
 Knows nothing about the engine's scheduling.
 """
 
@@ -38,8 +39,11 @@ MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request
 # The generation endpoints a pooling server answers with a 400 (vLLM: one model, one runner).
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 # The engine request a pooled prompt rides as: its prompt computed, it finishes (no token sampled).
-POOLING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
+POOLING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, pooling=True)
 ENGINE_NAMES = ("prompt", "max_tokens")  # the engine's names for what is the input here
+# /v1/embeddings on a generating server: the last prompt token's final-normed hidden state (the engine's
+# core/mixed_pooling.py, imported not here: the front end loads no torch), L2-normalized here.
+GENERATE_POOLER = PoolerConfig(kind="embed", pooling_type="LAST", normalize=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +70,11 @@ async def read_body(request: web.Request, allowed: Sequence[str]) -> dict[str, A
 
 
 def served_pooler(state: ServerState, endpoint: str) -> PoolerConfig:
-    """The engine's pooling; a 400 when the server generates text instead."""
+    """The engine's pooling; on a generating server, /v1/embeddings' LAST-token pooling
+    (core/mixed_pooling.py) and a 400 for the other endpoints."""
     config = state.engine.engine.config
+    if config.runner == "generate" and endpoint == "/v1/embeddings":
+        return GENERATE_POOLER
     if config.runner != "pooling" or config.pooler_config is None:
         raise bad_request(f"{endpoint} needs a pooling model; this server generates text (serve an embedding "
                           "model or a reranker with --runner pooling)", code="wrong_runner")
