@@ -29,7 +29,6 @@ pipe per front end, :mod:`.routing`: until the last front end has left); it dies
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import gc
 import logging
 import os
@@ -46,6 +45,7 @@ from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import lora_calls
 from inflight.runtime.engine_core import protocol as p
+from inflight.runtime.engine_core.process_setup import die_with_parent, name_process
 from inflight.runtime.engine_core.routing import Conn, FrontEnds
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
 from inflight.runtime.logs import configure_logging
@@ -378,29 +378,3 @@ def _broadcast_quietly(front_ends: FrontEnds, message: object) -> None:
 
 
 PROCESS_NAME = b"inflight-core"  # what ps, top and /proc/PID/comm show for this process
-
-
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # prctl(2) options
-
-
-def _prctl(option: int, value: object) -> bool:
-    """Linux's prctl(2) through libc; False where there is none (not Linux, no libc symbol)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value)
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
-def name_process(name: bytes) -> None:
-    """Linux: name the process (and the threads it starts, which inherit the name) so that ps,
-    top and the bench's process report tell it from the front end(s); best effort."""
-    _prctl(PR_SET_NAME, ctypes.c_char_p(name))
-
-
-def die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (the core's: front end 0) dies, however it dies (no orphan)."""
-    if sys.platform.startswith("linux") and not _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
-        logger.warning("could not ask to die with the front end (prctl); an orphan would exit at its next pipe read")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from inflight.runtime.engine_core.core import die_with_parent, name_process
+from inflight.runtime.engine_core.process_setup import die_with_parent, name_process
 from inflight.runtime.logs import AccessLog, configure_logging
 from inflight.runtime.server.engine_process import CoreLink, CoreProcess
 from inflight.runtime.server.metrics import enable_multiprocess
