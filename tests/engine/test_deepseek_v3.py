@@ -27,8 +27,9 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.model.loader import load_hf_config, load_model
 from inflight.runtime.model.spec import spec_from_hf_config
 from tests.devices import on_devices
-from tests.runtime.family_models import make_family_model, triton_tokens
-from tests.runtime.hf_reference import assert_engine_matches_hf, hf_greedy, prompts_of_lengths, run_staggered
+from tests.runtime.family_checks import LENGTHS, MAX_TOKENS, cpu_config, family_models, prompts_for
+from tests.runtime.family_models import triton_tokens
+from tests.runtime.hf_reference import assert_engine_matches_hf, hf_greedy, run_staggered
 
 MODELS = {
     "v3": {},
@@ -37,30 +38,15 @@ MODELS = {
                                      "mscale_all_dim": 0.707, "original_max_position_embeddings": 256}},
     "v3_dense": {"first_k_dense_replace": 3},  # no expert layer: the CPU's reference fused_moe reads the host
 }
-LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 40]
-MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 
 
 @pytest.fixture(scope="module")
 def ds_models(tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            made[name] = make_family_model(tmp_path_factory.mktemp(name), "deepseek_v3", overrides=MODELS[name])
-        return made[name]
-
-    return get
+    return family_models(tmp_path_factory, "deepseek_v3", MODELS)
 
 
-def _config(**knobs) -> EngineConfig:
-    return EngineConfig(device="cpu", dtype="float32", **knobs)
-
-
-def _prompts(model_dir: Path, lengths: list[int]) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    return prompts_of_lengths(AutoTokenizer.from_pretrained(str(model_dir)), lengths)
+_config = cpu_config
+_prompts = prompts_for
 
 
 def test_spec_reads_the_deepseek_v3_config(ds_models) -> None:
