@@ -58,6 +58,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "intra-op threads of every CPU step (else OMP_NUM_THREADS, else cores - 1 / all cores)"),
     EnvVar("INFLIGHT_CPU_LANES", int, None, (f"{_R}.device_setup",),
            "decode lanes on the CPU (0 or 1: off; unset: none where MKL's packed weights are split in column blocks, else one per thread a big step may use)"),
+    EnvVar("INFLIGHT_KV_GROUPS", int, 1, (f"{_R}.worker.kv_layout",),
+           "0: one KV block table for every layer of a model that mixes full and sliding-window attention "
+           "(else one per group of layers, windowed groups freeing what leaves their window: docs/kv-groups.md)"),
     EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
            "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's or oneDNN's GEMM)"),
     EnvVar("INFLIGHT_CPU_PACK_FORMAT", str, None, ("inflight.kernels.cpu_packed",),
@@ -102,6 +105,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "every Nth tick reads every child and the namespace's HPAs; the others read the Deployment only"),
     EnvVar("INFLIGHT_OPERATOR_ACTIVATOR_URL", str, "", (f"{_OP}.context",),
            "the chart's activator (minReplicas: 0 holds requests there); empty: none, never scale to 0"),
+    EnvVar("INFLIGHT_OPERATOR_ACTIVATOR_PODS", str, "", (f"{_OP}.context",),
+           "label selector (k=v,...) of the activator's pods in the operator's namespace: each replica is "
+           "asked for its demand and the answers summed; empty: ask INFLIGHT_OPERATOR_ACTIVATOR_URL only"),
     EnvVar("INFLIGHT_OPERATOR_MAX_CONCURRENT_ROLLOUTS", str, "1", (f"{_OP}.context",),
            "pod-template changes the operator causes (its version, the runtime image default, a new root key) "
            "roll this many models at a time; manual: each waits for inflight.dev/rollout=approved; unlimited"),
@@ -120,6 +126,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_OPERATOR_PICKER_CLUSTER_ROLE", str, None, (f"{_OP}.spec",),
            "the ClusterRole with the endpoint picker's rights (the chart's <release>-epp): each rendered picker "
            "gets a ServiceAccount and a RoleBinding to it (unset: no picker RBAC rendered)"),
+    EnvVar("INFLIGHT_OPERATOR_PICKER_METRICS_AUTH", str, "true", (f"{_OP}.spec",),
+           "true: the endpoint picker's /metrics asks for a token (TokenReview + SubjectAccessReview, the "
+           "picker's default); false: rendered with --metrics-endpoint-auth=false (the chart's pickerMetrics.auth)"),
     EnvVar("INFLIGHT_LIVE_<FIELD>", str, None, (f"{_OP}.engine_args", f"{_OP}.pod_settings"),
            "set by the operator in runtime pods: a live engine field (e.g. INFLIGHT_LIVE_MAX_NUM_SEQUENCES) "
            "the pod template's args refer to; reserved, never set by a user"),

@@ -11,7 +11,8 @@ the watch-fed cache) and once from the cache, side by side in one run, at 10 and
     .venv/bin/python -m bench.studies.operator_api_load [--crs 10 100] [--window 8] [--tick 1]
 
 Prints requests per CR per tick by verb (GET, LIST, WATCH, POST, PATCH, status PATCH) and the
-ratio cache / polling. Long-running watches count once, when opened.
+ratio cache / polling, and writes the same table to ``operator_api_load.md`` / ``.json`` under the
+results directory. Long-running watches count once, when opened. A benchmark: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import copy
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from inflight.bench import report
 from inflight.operator.operator_metrics import STATUS_WRITES
 from tests.operator.helpers import EXAMPLES, load_example
 from tests.operator.kmock_harness import Cluster, api_server, start_operator, wait_for
@@ -88,23 +91,36 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=8.0, help="seconds counted at steady state")
     parser.add_argument("--tick", type=float, default=1.0, help="the timer's interval (seconds)")
     parser.add_argument("--modes", nargs="+", choices=["polling", "watch"], default=["polling", "watch"])
+    parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("kopf").setLevel(logging.ERROR)
     cols = ["all", "GET", "LIST", "WATCH", "POST", "PATCH", "status PATCH"]
-    print(f"API requests per CR per tick (tick {args.tick:g} s, window {args.window:g} s)")
-    print(f"{'CRs':>4} {'mode':>8} " + " ".join(f"{c:>12}" for c in cols) + f" {'requests/s':>11} {'ticks/s':>8}")
+    lines = [f"API requests per CR per tick (tick {args.tick:g} s, window {args.window:g} s)",
+             f"{'CRs':>4} {'mode':>8} " + " ".join(f"{c:>12}" for c in cols) + f" {'requests/s':>11} {'ticks/s':>8}"]
+    print("\n".join(lines))
+    figures: dict[str, dict[str, dict[str, float]]] = {}
     for num in args.crs:
         rows = {}
         for watch in [m == "watch" for m in args.modes]:
             rows[watch] = asyncio.run(_measure(num, args.tick, args.window, watch))
             row = rows[watch]
-            print(f"{num:>4} {'watch' if watch else 'polling':>8} " + " ".join(f"{row.get(c, 0.0):>12.3f}" for c in cols)
-                  + f" {row['requests/s']:>11.1f} {row['ticks/s']:>8.1f}")
+            figures.setdefault(str(num), {})["watch" if watch else "polling"] = row
+            lines.append(f"{num:>4} {'watch' if watch else 'polling':>8} " + " ".join(f"{row.get(c, 0.0):>12.3f}" for c in cols)
+                         + f" {row['requests/s']:>11.1f} {row['ticks/s']:>8.1f}")
+            print(lines[-1])
         if len(rows) < 2:
             continue
         ratio = rows[True]["all"] / rows[False]["all"] if rows[False]["all"] else float("nan")
-        print(f"{num:>4} {'ratio':>8} {ratio:>12.3f}  (requests per CR per tick, watch / polling)")
+        lines.append(f"{num:>4} {'ratio':>8} {ratio:>12.3f}  (requests per CR per tick, watch / polling)")
+        print(lines[-1])
+    text = ("# Operator API load: polling vs watch-fed caches, side by side in one run\n\n"
+            "`python -m bench.studies.operator_api_load` against the kmock emulator, `minimal` CRs, steady state.\n\n"
+            "```\n" + "\n".join(lines) + "\n```\n")
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / "operator_api_load.md").write_text(text)
+    report.write_json(args.results_dir / "operator_api_load.json",
+                      {"tick_s": args.tick, "window_s": args.window, "per_cr_per_tick": figures})
 
 
 if __name__ == "__main__":

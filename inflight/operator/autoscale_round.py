@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from inflight.operator import autoscaler, lws_status, metrics_scrape, operator_metrics, scale_to_zero, status
+from inflight.operator import activator_fleet, autoscaler, lws_status, metrics_scrape, operator_metrics, status
 from inflight.operator.autoscaler import Decision, Observations, Policy
 from inflight.operator.context import OperatorContext
 from inflight.operator.reconcile import ResourceState
@@ -56,7 +56,7 @@ async def autoscale(
     policy = policy_of(spec)
     decision = autoscaler.decide(obs, policy, state.history, now)
     if spec.autoscaling.min_replicas == 0:  # the activator's demand decides 0 -> 1 and 1 -> 0
-        decision = await scale_to_zero.with_demand(ctx, spec, decision, current)
+        decision = await activator_fleet.with_demand(ctx, spec, decision, current)
     operator_metrics.DECISIONS.labels(reason=decision.reason).inc()
     state.history = autoscaler.prune(state.history + (decision.recommendation,), policy, now)
     state.last_decision_at = now

@@ -20,7 +20,7 @@ import aiohttp
 import kopf
 
 from inflight import env_vars
-from inflight.operator import admin_keys, rollout_gate
+from inflight.operator import admin_keys, rollout_gate, scale_to_zero
 from inflight.operator.informer import Informers
 from inflight.operator.kube import KubeClient
 
@@ -51,6 +51,9 @@ class OperatorConfig:
     full_check_every_ticks: int = 6
     # The chart's activator (``minReplicas: 0``: inflight.operator.scale_to_zero); "" = none.
     activator_url: str = ""
+    # Its replicas (``activator_fleet``): the pods in the operator's namespace (lease_namespace)
+    # matching this label selector (k=v,...), each asked for its demand; "" = activator_url only.
+    activator_pods: str = ""
     # Pod-template changes the operator itself causes (its version, the runtime image default, a
     # new root key) roll at most this many models at a time; "manual": each waits for the CR
     # annotation inflight.dev/rollout=approved; "unlimited": no gate (``rollout_gate``).
@@ -61,6 +64,8 @@ class OperatorConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_concurrent_rollouts", rollout_gate.parse_limit(self.max_concurrent_rollouts))
+        if self.activator_pods:
+            scale_to_zero.parse_selector(self.activator_pods)
         if isinstance(self.full_check_every_ticks, bool) or not isinstance(self.full_check_every_ticks, int) \
                 or self.full_check_every_ticks < 1:
             raise ValueError(f"OperatorConfig.full_check_every_ticks must be an integer >= 1 "
@@ -91,6 +96,7 @@ class OperatorConfig:
             retry_max_seconds=env_vars.read_float("INFLIGHT_OPERATOR_RETRY_MAX_SECONDS", env),  # type: ignore[arg-type]
             full_check_every_ticks=env_vars.read_int("INFLIGHT_OPERATOR_FULL_CHECK_EVERY_TICKS", env),  # type: ignore[arg-type]
             activator_url=env_vars.read_str("INFLIGHT_OPERATOR_ACTIVATOR_URL", env) or "",
+            activator_pods=env_vars.read_str("INFLIGHT_OPERATOR_ACTIVATOR_PODS", env) or "",
             max_concurrent_rollouts=env_vars.read_str("INFLIGHT_OPERATOR_MAX_CONCURRENT_ROLLOUTS", env) or "",
         )
 

@@ -1,7 +1,8 @@
 """``spec.inferencePool``: the Gateway API Inference Extension wiring, parsed and validated.
 
 Owns ``InferencePoolSpec`` (the InferencePool and its endpoint picker: create it or name an
-existing one, its image, port, replicas, failure mode and ServiceAccount) and the default
+existing one, its image, port, replicas, failure mode and ServiceAccount, and whether its
+``/metrics`` asks for a token, an installation-wide choice) and the default
 picker image. The picker moved from the Gateway API Inference Extension (GIE) repository into
 llm-d's router (github.com/llm-d/llm-d-router; GIE keeps only the InferencePool API and the
 protocol): the default is llm-d's ``llm-d-router-endpoint-picker`` image, pinned to the
@@ -35,9 +36,13 @@ class InferencePoolSpec:
     picker_service: str | None = None  # an existing EPP Service (create_picker false)
     picker_replicas: int = 1  # > 1: leader election, one serving and the others standing by
     picker_cluster_role: str = ""  # the installation's ClusterRole for pickers ("": no RBAC rendered)
+    # The picker's /metrics behind its TokenReview + SubjectAccessReview filter (its own default);
+    # False: ``--metrics-endpoint-auth=false`` (the chart's pickerMetrics.auth).
+    picker_metrics_auth: bool = True
 
 
-def parse_inference_pool(raw: dict[str, Any], picker_image: str, picker_cluster_role: str = "") -> InferencePoolSpec:
+def parse_inference_pool(raw: dict[str, Any], picker_image: str, picker_cluster_role: str = "",
+                         picker_metrics_auth: bool = True) -> InferencePoolSpec:
     p, d = "spec.inferencePool", InferencePoolSpec()
     enabled = raw.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
@@ -69,4 +74,5 @@ def parse_inference_pool(raw: dict[str, Any], picker_image: str, picker_cluster_
         picker_port=port, failure_mode=mode,
         picker_service_account=fields.optional_string(picker, "serviceAccountName", pp),
         picker_service=service, picker_replicas=replicas, picker_cluster_role=picker_cluster_role,
+        picker_metrics_auth=picker_metrics_auth,
     )

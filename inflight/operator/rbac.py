@@ -75,6 +75,8 @@ OWN_NAMESPACE_PERMISSIONS: tuple[Permission, ...] = (
     # The admin keys' root (admin_keys): read (the chart limits get to its name), created once.
     Permission("", "secrets", ("get", "create")),
     Permission("apps", "deployments", ("patch",)),
+    # The hook's wait for the operator's pods, and the activator's replicas (activator_fleet: each
+    # is asked for its demand at its pod IP).
     Permission("", "pods", ("list",)),
     # The rollout gate's ledger (ConfigMap inflight-operator-rollouts): rollouts in progress.
     Permission("", "configmaps", ("get", "create", "patch")),

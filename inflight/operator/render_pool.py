@@ -12,9 +12,13 @@ llm-d's older scheduler image take ``--total-queued-requests-metric``,
 ``--total-running-requests-metric``, ``--kv-cache-usage-percentage-metric`` and
 ``--lora-info-metric`` (``--cache-info-metric`` empty: the runtime publishes no cache-config info
 metric). ``replicas`` > 1 runs the picker's leader election (``--ha-enable-leader-election``):
-only the leader is Ready, so the probes ask the ``liveness``/``readiness`` health services and
-the rollout replaces one pod at a time without waiting for a standby to turn Ready. Knows
-nothing about I/O.
+only the leader is Ready, so the probes ask the ``liveness``/``readiness`` health services,
+the rollout replaces one pod at a time without waiting for a standby to turn Ready, and a
+preferred pod anti-affinity on the node (``kubernetes.io/hostname``) spreads the replicas.
+The picker's ``/metrics`` (port ``metrics`` on its Service too) asks for a token by default
+(``--metrics-endpoint-auth``, true in GIE's epp and llm-d's router: a TokenReview and a
+SubjectAccessReview for ``get`` on the non-resource URL ``/metrics``); the installation can turn
+that off (``--metrics-endpoint-auth=false``). Knows nothing about I/O.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ LORA_METRIC = "vllm:lora_requests_info"  # running/waiting adapters: the picker'
 ROUTER_IMAGE_NAME = "llm-d-router-endpoint-picker"  # llm-d's router picker: metrics from its config only
 ENGINE = "inflight"  # the core metrics extractor's engine name for our pods
 RBAC_API = "rbac.authorization.k8s.io"
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
 def picker_name(name: str) -> str:
@@ -115,6 +120,8 @@ def picker_args(spec: InferenceSpec) -> list[str]:
             "--cache-info-metric", "",
         ]
     args += ["--zap-encoder", "json"]
+    if not pool.picker_metrics_auth:  # on by default in every picker image: only the opt-out is passed
+        args.append("--metrics-endpoint-auth=false")
     if pool.picker_replicas > 1:
         args.append("--ha-enable-leader-election")
     if not router_picker(spec):
@@ -178,6 +185,11 @@ def render_picker_deployment(spec: InferenceSpec, metadata: dict[str, Any]) -> d
     if spec.pod.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.pod.image_pull_secrets]
     labels = picker_labels(spec.name)
+    if ha:  # a standby on another node: one node's loss does not take the leader and its standbys
+        pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": HOSTNAME_TOPOLOGY},
+        }]}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -202,6 +214,8 @@ def render_picker_service(spec: InferenceSpec, metadata: dict[str, Any]) -> dict
             "type": "ClusterIP",
             "selector": picker_labels(spec.name),
             "ports": [{"name": "grpc-ext-proc", "port": spec.inference_pool.picker_port,
-                       "targetPort": "grpc", "protocol": "TCP", "appProtocol": "http2"}],
+                       "targetPort": "grpc", "protocol": "TCP", "appProtocol": "http2"},
+                      # The picker's own metrics, for the chart's ServiceMonitor (serviceMonitor.pickers).
+                      {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }

@@ -1,15 +1,16 @@
 """Scale to zero and back (``autoscaling.minReplicas: 0``): the activator's demand, and the
 decision it adds to the autoscaler's.
 
-Owns ``Demand`` (what the activator answers: requests held and in flight, seconds idle),
-``report`` (the operator's one POST per tick and scale-to-zero resource to the activator:
-where the backend is and its replicas; the answer is its demand) and ``adjust`` (a pure
+Owns ``Demand`` (what an activator answers: requests held and in flight, seconds idle),
+``report`` (the operator's one POST per tick and scale-to-zero resource to one activator
+replica: where the backend is and its replicas; the answer is its demand) and ``adjust`` (a pure
 function on the autoscaler's ``Decision``): at 0 replicas, anything held or in flight means 1
 (``ScaleFromZero``); at 1, nothing held or in flight for the scale-down window, and a measured
-empty queue on the pods, means 0 (``ScaleToZero``), after the activator was told (so it holds
-every later request) and still had nothing in flight. Without an answer from the activator
-(none configured, or it cannot be reached) a running service is never scaled to 0 and the
-reason says why. Knows nothing about kopf; the activator's side is ``inflight.operator.activator``.
+empty queue on the pods, means 0 (``ScaleToZero``), after every activator replica was told (so
+it holds every later request) and still had nothing in flight. Without the demand (no activator
+configured, or a replica that cannot be reached) a running service is never scaled to 0 and the
+reason says why. ``activator_fleet`` asks every replica and sums; the activator's side is
+``inflight.operator.activator``. Knows nothing about kopf.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 import aiohttp
 
 from inflight.operator.autoscaler import Decision
-from inflight.operator.context import OperatorContext
 from inflight.operator.spec import InferenceSpec
 
 
@@ -83,26 +83,18 @@ def adjust(decision: Decision, current: int, demand: Demand | None, why_none: st
     return dataclasses.replace(decision, desired=max(1, decision.desired))
 
 
-async def with_demand(ctx: OperatorContext, spec: InferenceSpec, decision: Decision, current: int) -> Decision:
-    """``adjust`` with the demand the configured activator reports for ``spec`` (one POST)."""
-    url = ctx.config.activator_url
-    if not url:
-        demand, why = None, "no activator is configured (the chart's activator.enabled)"
-    else:
-        demand, why = await report(ctx.http, url, spec.namespace, spec.name, spec.service.port, current,
-                                   ctx.config.pod_timeout_seconds)
-    adjusted = adjust(decision, current, demand, why, spec.autoscaling.scale_down_stabilization_seconds)
-    if adjusted.desired == 0 and current > 0:
-        # Tell the activator first (it holds every request from here on), and go on only if
-        # nothing arrived since the demand was read; otherwise it probes the pod and forwards.
-        after, why = await report(ctx.http, url, spec.namespace, spec.name, spec.service.port, 0,
-                                  ctx.config.pod_timeout_seconds)
-        if after is None or after.held or after.in_flight:
-            await report(ctx.http, url, spec.namespace, spec.name, spec.service.port, current,
-                         ctx.config.pod_timeout_seconds)
-            return dataclasses.replace(decision, desired=current, reason="ScaleToZeroCancelled",
-                                       message=f"a request arrived while scaling to 0 ({why or after}); holding")
-    return adjusted
+def parse_selector(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` as labels; ValueError on anything else (only equality is supported)."""
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip() or "!" in key or "=" in value:
+            raise ValueError(f"the activator pods' selector must be key=value pairs separated by commas "
+                             f"(got {text!r}).")
+        labels[key.strip()] = value.strip()
+    if not labels:
+        raise ValueError(f"the activator pods' selector names no label (got {text!r}).")
+    return labels
 
 
 def due_at_zero(spec: InferenceSpec, deployment: dict[str, Any]) -> bool:

@@ -45,6 +45,7 @@ class SpecDefaults:
     runtime_image: str = RUNTIME_IMAGE
     picker_image: str = EPP_IMAGE
     picker_cluster_role: str = ""  # the chart's ClusterRole for pickers ("": no picker RBAC rendered)
+    picker_metrics_auth: bool = True  # the picker's /metrics behind TokenReview + SubjectAccessReview
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SpecDefaults:
@@ -60,7 +61,10 @@ class SpecDefaults:
             if not raw or any(c.isspace() for c in raw):
                 raise ValueError(f"{var} must be an image reference like repo/name:tag (got {raw!r}).")
             values[name] = raw
-        return cls(**values)
+        auth = (env_vars.read_str("INFLIGHT_OPERATOR_PICKER_METRICS_AUTH", env) or "").lower()
+        if auth not in ("true", "false"):
+            raise ValueError(f"INFLIGHT_OPERATOR_PICKER_METRICS_AUTH must be true or false (got {auth!r}).")
+        return cls(**values, picker_metrics_auth=auth == "true")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +191,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any], defaults: SpecDe
         runtime=runtime,
         rollout=parse_rollout(_obj(spec, "rollout")),
         inference_pool=parse_inference_pool(_obj(spec, "inferencePool"), defaults.picker_image,
-                                            defaults.picker_cluster_role),
+                                            defaults.picker_cluster_role, defaults.picker_metrics_auth),
         disruption_budget=parse_disruption_budget(_obj(spec, "disruptionBudget")),
         adapters=adapters,
         nodes=nodes,

@@ -58,8 +58,20 @@ def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
 
 
+# What the chart ships for the endpoint pickers, not for the operator: the pickers' ClusterRole
+# (bound per model by the operator), their TokenReview/SubjectAccessReview rights for /metrics, and
+# the ServiceAccount whose token Prometheus presents to them (tests/chart/test_chart_picker_metrics.py).
+PICKER_SUFFIXES = ("-epp", "-epp-auth", "-epp-metrics-reader")
+
+
+def is_for_pickers(obj: dict[str, Any]) -> bool:
+    return obj["kind"] in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Secret") and \
+        obj["metadata"]["name"].endswith(PICKER_SUFFIXES)
+
+
 def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(objs, kind)
+    """The one object of ``kind`` that is the operator's (what is shipped for the pickers left out)."""
+    found = [o for o in by_kind(objs, kind) if not is_for_pickers(o)]
     assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
     return found[0]
 

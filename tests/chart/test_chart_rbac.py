@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 import pytest
-from chart_support import RELEASE_NAMESPACE, WATCH_NAMESPACE, by_kind, one
+from chart_support import RELEASE_NAMESPACE, WATCH_NAMESPACE, by_kind, is_for_pickers, one
 
 Triple = tuple[str, str, str]  # (api group, resource[/subresource], verb)
 
@@ -62,6 +62,9 @@ def _diff(granted: set[Triple], expected: set[Triple]) -> str:
 @pytest.mark.parametrize("case", ["defaults", "all-on", "namespaced", "all-on-namespaced"])
 def test_no_wildcards(objects, case: str) -> None:
     for role in by_kind(objects(case), "ClusterRole") + by_kind(objects(case), "Role"):
+        if role["metadata"]["name"].endswith("-epp-metrics-reader"):  # Prometheus's token for the pickers
+            assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+            continue
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule, rule
             assert "resourceNames" not in rule or rule["resourceNames"], rule
@@ -104,7 +107,7 @@ def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -
     account = one(objs, "ServiceAccount")["metadata"]
     roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objs
              if o["kind"] in ("ClusterRole", "Role") and not _is_picker_role(o)}  # the picker's: bound per model
-    bindings = by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding")
+    bindings = [b for b in by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding") if not is_for_pickers(b)]
     assert len(bindings) == len(roles)
     for binding in bindings:
         ref = binding["roleRef"]
@@ -117,7 +120,7 @@ def test_bindings_tie_roles_to_the_operator_serviceaccount(objects, case: str) -
 
 
 def _is_picker_role(role: dict[str, Any]) -> bool:
-    return role["kind"] == "ClusterRole" and role["metadata"]["name"].endswith("-epp")
+    return role["kind"] == "ClusterRole" and is_for_pickers(role)
 
 
 def _operator_cluster_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -128,7 +131,7 @@ def _operator_cluster_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("case", ["defaults", "namespaced"])
 def test_the_picker_cluster_role_is_shipped_and_only_it_may_be_bound(objects, case: str) -> None:
     objs = objects(case)
-    (picker,) = [r for r in by_kind(objs, "ClusterRole") if _is_picker_role(r)]
+    (picker,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-epp")]
     granted = _granted(picker)
     for triple in [("", "pods", "watch"), ("inference.networking.k8s.io", "inferencepools", "list"),
                    ("llm-d.ai", "inferenceobjectives", "watch"), ("coordination.k8s.io", "leases", "update")]:

@@ -132,8 +132,10 @@ def test_every_object_validates(objects, case: str, kube_version: str) -> None:
 
 def test_defaults_render_only_the_operator(objects) -> None:
     kinds = sorted(o["kind"] for o in objects("defaults"))
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment", "Job", "Role", "RoleBinding",
-                     "Service", "ServiceAccount"]  # the second ClusterRole: the endpoint picker's (rbac.picker)
+    # The second and third ClusterRole and the second ClusterRoleBinding: the endpoint pickers'
+    # (rbac.picker, and pickerMetrics.auth: their TokenReview/SubjectAccessReview rights).
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+                     "Deployment", "Job", "Role", "RoleBinding", "Service", "ServiceAccount"]
     (service,) = by_kind(objects("defaults"), "Service")  # the operator's own metrics
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
 

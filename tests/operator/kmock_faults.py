@@ -1,6 +1,6 @@
 """Chosen answers and mutations for the kmock harness: what a policy webhook, a quota, a busy or
 dead API server, or a mutating webhook would do to a request (``Fault``, ``inject``, ``mutate``).
-``kmock_harness.ApiServer`` calls these first for every request it serves."""
+``kmock_api.ApiServer`` calls these first for every request it serves."""
 
 from __future__ import annotations
 

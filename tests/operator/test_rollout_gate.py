@@ -10,10 +10,8 @@ annotation, which is then removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
@@ -170,39 +168,9 @@ async def _on_new(cluster: Cluster, names: list[str]) -> list[str]:
     return [n for n in names if await _image(cluster, n) == NEW]
 
 
-KEPT_REQUESTS = 64
-
-
-@contextlib.asynccontextmanager
-async def _short_request_log(cluster: Cluster) -> AsyncIterator[None]:
-    """kmock finds the reaction for each request by scanning its whole request log (once per
-    reaction), so every request costs more than the last and a scenario of a few thousand
-    (three models' timers over a minute) went quadratic. While the scenario runs, the log keeps
-    its newest ``KEPT_REQUESTS`` (the request being matched is the newest); the rest waits in an
-    archive and is put back in order at the end, for the RBAC check over every request."""
-    log = cluster.api._requests  # kmock's own list: nothing else holds the archived requests
-    archive: list[Any] = []
-
-    async def trim() -> None:
-        while True:
-            if len(log) > KEPT_REQUESTS:
-                archive.extend(log[:-KEPT_REQUESTS])
-                del log[:-KEPT_REQUESTS]
-            await asyncio.sleep(0.05)
-
-    trimmer = asyncio.create_task(trim())
-    try:
-        yield
-    finally:
-        trimmer.cancel()
-        await asyncio.gather(trimmer, return_exceptions=True)
-        log[:0] = archive
-
-
 def _stored(cluster: Cluster, plural: str, name: str, ns: str = "default") -> dict[str, Any] | None:
-    """The emulator's stored object, read in-process. The scenario below reads state this way, not
-    over HTTP: kmock matches each request against its whole request log, so a test that polls
-    over HTTP makes every later request dearer (it took the five-model version ~6 minutes)."""
+    """The emulator's stored object, read in-process (the scenario polls it every 50 ms; in-process
+    reads add nothing to the request log the RBAC check reads at the end)."""
     for (res, namespace, stored_name), obj in cluster.api.objects.items():
         if res.plural == plural and namespace == ns and stored_name == name and not obj.deleted:
             return obj.raw
@@ -248,64 +216,63 @@ def test_a_new_operator_version_rolls_at_most_n_models_at_a_time_and_a_user_edit
 
     async def scenario() -> None:
         async with api_server() as cluster:
-            async with _short_request_log(cluster):
-                await _fleet_on_old_image(cluster, names, 1)
-                monkeypatch.setenv(IMAGE_ENV, NEW)  # the chart's upgrade: a new default runtime image
-                op = await _start(cluster, 1)
-                edited: set[str] = set()
-                most = 0
+            await _fleet_on_old_image(cluster, names, 1)
+            monkeypatch.setenv(IMAGE_ENV, NEW)  # the chart's upgrade: a new default runtime image
+            op = await _start(cluster, 1)
+            edited: set[str] = set()
+            most = 0
 
-                def on_new() -> list[str]:
-                    return [n for n in names if _image_now(cluster, n) == NEW]
+            def on_new() -> list[str]:
+                return [n for n in names if _image_now(cluster, n) == NEW]
 
-                async def watch() -> None:  # how many operator rollouts are in progress, all along
-                    nonlocal most
-                    while True:  # a rollout stays in progress until this test rolls it out: none is missed
-                        deps = [_stored(cluster, "deployments", n) for n in names if n not in edited]
-                        busy = [d for d in deps if d and d["spec"]["template"]["spec"]["containers"][0]["image"] == NEW
-                                and not rollout_gate.rolled_out(d, d["metadata"]["generation"])]
-                        most = max(most, len(busy))
-                        await asyncio.sleep(0.05)
+            async def watch() -> None:  # how many operator rollouts are in progress, all along
+                nonlocal most
+                while True:  # a rollout stays in progress until this test rolls it out: none is missed
+                    deps = [_stored(cluster, "deployments", n) for n in names if n not in edited]
+                    busy = [d for d in deps if d and d["spec"]["template"]["spec"]["containers"][0]["image"] == NEW
+                            and not rollout_gate.rolled_out(d, d["metadata"]["generation"])]
+                    most = max(most, len(busy))
+                    await asyncio.sleep(0.05)
 
-                watcher = asyncio.create_task(watch())
-                try:
-                    await _until(lambda: len(on_new()) == 1, "one model rolling")
-                    (first,) = on_new()
-                    waiting = [n for n in names if n != first]
-                    for name in waiting:
-                        await _until(lambda n=name: _pending_now(cluster, n, "WaitingForRolloutSlot"),
-                                     f"{name} RolloutPending")
-                        message = _cond(_stored(cluster, "inferencedeployments", name), "RolloutPending")["message"]
-                        assert f"default/{first}" in message, message
-                    await _full_checks(len(names))
-                    assert on_new() == [first]  # nobody else started
+            watcher = asyncio.create_task(watch())
+            try:
+                await _until(lambda: len(on_new()) == 1, "one model rolling")
+                (first,) = on_new()
+                waiting = [n for n in names if n != first]
+                for name in waiting:
+                    await _until(lambda n=name: _pending_now(cluster, n, "WaitingForRolloutSlot"),
+                                 f"{name} RolloutPending")
+                    message = _cond(_stored(cluster, "inferencedeployments", name), "RolloutPending")["message"]
+                    assert f"default/{first}" in message, message
+                await _full_checks(len(names))
+                assert on_new() == [first]  # nobody else started
 
-                    await _roll_out(cluster, first)  # it completes: exactly one more starts
-                    await _until(lambda: len(on_new()) == 2, "a second operator rollout")
-                    (second,) = [n for n in on_new() if n != first]
-                    (last,) = [n for n in waiting if n != second]
-                    await _until(lambda: _pending_now(cluster, second, None), f"{second} no longer pending")
-                    assert _cond(_stored(cluster, "inferencedeployments", second), "RolloutPending")["reason"] \
-                        == "NoPendingRollout"
-                    await _full_checks(len(names))
-                    assert _image_now(cluster, last) == OLD
-                    await _until(lambda: f"default/{second}" in (_cond(_stored(cluster, "inferencedeployments", last),
-                                                                       "RolloutPending") or {}).get("message", ""),
-                                 f"{last} RolloutPending naming {second}")
+                await _roll_out(cluster, first)  # it completes: exactly one more starts
+                await _until(lambda: len(on_new()) == 2, "a second operator rollout")
+                (second,) = [n for n in on_new() if n != first]
+                (last,) = [n for n in waiting if n != second]
+                await _until(lambda: _pending_now(cluster, second, None), f"{second} no longer pending")
+                assert _cond(_stored(cluster, "inferencedeployments", second), "RolloutPending")["reason"] \
+                    == "NoPendingRollout"
+                await _full_checks(len(names))
+                assert _image_now(cluster, last) == OLD
+                await _until(lambda: f"default/{second}" in (_cond(_stored(cluster, "inferencedeployments", last),
+                                                                   "RolloutPending") or {}).get("message", ""),
+                             f"{last} RolloutPending naming {second}")
 
-                    edited.add(last)  # a user's edit of the waiting model rolls at once, past the limit
-                    await cluster.patch_cr(last, {"spec": {"podAnnotations": {"team": "search"}}})
-                    await _until(lambda: _image_now(cluster, last) == NEW, "the edited model rolled")
+                edited.add(last)  # a user's edit of the waiting model rolls at once, past the limit
+                await cluster.patch_cr(last, {"spec": {"podAnnotations": {"team": "search"}}})
+                await _until(lambda: _image_now(cluster, last) == NEW, "the edited model rolled")
 
-                    await _roll_out(cluster, second)
-                    await _roll_out(cluster, last)
-                    for name in names:  # all rolled, none pending
-                        await _until(lambda n=name: _pending_now(cluster, n, None), f"{name} no longer pending")
-                    assert sorted(on_new()) == names
-                finally:
-                    watcher.cancel()
-                    await asyncio.gather(watcher, return_exceptions=True)
-                    await op.shutdown()
+                await _roll_out(cluster, second)
+                await _roll_out(cluster, last)
+                for name in names:  # all rolled, none pending
+                    await _until(lambda n=name: _pending_now(cluster, n, None), f"{name} no longer pending")
+                assert sorted(on_new()) == names
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                await op.shutdown()
             assert most == 1
             assert not uncovered_requests(cluster.api), uncovered_requests(cluster.api)
             ledger = await cluster.get("/api/v1/namespaces/inflight-system/configmaps/" + rollout_gate.LEDGER_NAME)
@@ -324,7 +291,7 @@ def test_manual_mode_waits_for_the_approval_annotation_and_removes_it(monkeypatc
     monkeypatch.setenv(IMAGE_ENV, OLD)
 
     async def scenario() -> None:
-        async with api_server() as cluster, _short_request_log(cluster):
+        async with api_server() as cluster:
             await _fleet_on_old_image(cluster, names, "manual")
             monkeypatch.setenv(IMAGE_ENV, NEW)
             op = await _start(cluster, "manual")
