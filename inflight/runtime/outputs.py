@@ -205,6 +205,10 @@ class EngineStats:
     kv_offload_dropped_blocks: int = 0
     # LoRA (--enable-lora): the adapters of running requests and of waiting ones, each name once
     # (vllm:lora_requests_info; the engine core fills them from LLMEngine.lora_stats()).
+    # Per-group KV tables (core/kv_groups.py): each group's name ("full-0", "sliding16-1"...) and the
+    # distinct pool blocks its tables hold now; both empty with one table for every layer.
+    kv_group_names: tuple[str, ...] = ()
+    kv_blocks_held_by_group: tuple[int, ...] = ()
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
 

@@ -374,7 +374,10 @@ def test_engine_releases_and_stays_token_exact(models, case):
         assert stats.spec_num_drafts > 0
 
 
-def test_engine_with_a_global_layer_releases_nothing(models):
+def test_engine_with_a_global_layer_releases_nothing(models, monkeypatch):
+    """With one table for every layer (INFLIGHT_KV_GROUPS=0; by default such a model gets per-group
+    tables: tests/runtime/test_kv_groups.py) a global layer keeps every block."""
+    monkeypatch.setenv("INFLIGHT_KV_GROUPS", "0")
     model_dir = models["qwen2"]
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", block_size=BS,
                                                               num_kv_blocks=128, max_num_tokens=256))

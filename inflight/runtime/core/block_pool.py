@@ -23,6 +23,8 @@ With KV events on (``--kv-events-config``), the pool tells its collector
 (:mod:`inflight.runtime.kv_events.collector`) each key that becomes findable and each that stops
 being findable, and a reset that empties the cache (and the host tier), so a router can follow
 the cache exactly; the host tier tells the same collector what it takes and drops (medium "CPU").
+A key cached ``announce=False`` (the per-group keys of :mod:`.kv_groups`, which no router knows)
+is findable here but never told, neither when it is stored nor when it is evicted.
 
 This module imports no torch and knows nothing about requests or scheduling policy.
 """
@@ -92,6 +94,7 @@ class KVBlockPool:
         # Free blocks in eviction order: the first key is evicted first.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}  # block key -> block id
+        self._quiet: set[BlockHash] = set()  # cached keys the events never hear of (announce=False)
         self.host_tier: HostTier | None = None  # keeps the cached blocks evicted here (set by the KV manager)
         self._events: KVEventCollector | None = None
 
@@ -167,22 +170,32 @@ class KVBlockPool:
             hits.append(block_id)
         return hits
 
+    def find_block(self, block_hash: BlockHash, token_ids: Sequence[int]) -> int | None:
+        """The cached block keyed ``block_hash`` holding ``token_ids``, or None (takes no reference)."""
+        block_id = self._cached.get(block_hash) if self.enable_prefix_caching else None
+        if block_id is None or self.block_tokens[block_id] != tuple(token_ids):
+            return None
+        return block_id
+
     def num_free_among(self, block_ids: Iterable[int]) -> int:
         """How many of ``block_ids`` sit in the free queue (sharing them uses up free blocks)."""
         return sum(1 for b in block_ids if self.ref_cnt[b] == 0)
 
     def cache_block(self, block_id: int, block_hash: BlockHash, token_ids: Sequence[int],
                     parent_hash: BlockHash | None = None, lora_id: int | None = None,
-                    lora_name: str | None = None) -> None:
+                    lora_name: str | None = None, announce: bool = True) -> None:
         """Record that ``block_id`` holds the full block ``token_ids`` keyed ``block_hash``.
         ``parent_hash`` (None for a chain's first block) and the LoRA adapter only go into the
-        KV event of a block that becomes findable."""
+        KV event of a block that becomes findable; ``announce=False``: no event, now or at eviction."""
         if not self.enable_prefix_caching or self.block_hash[block_id] is not None:
             return
         self.block_hash[block_id] = block_hash
         self.block_tokens[block_id] = tuple(token_ids)
-        if self._cached.setdefault(block_hash, block_id) == block_id and self.events is not None:
-            self.events.stored(block_hash, parent_hash, token_ids, lora_id, lora_name)
+        if self._cached.setdefault(block_hash, block_id) == block_id:
+            if not announce:
+                self._quiet.add(block_hash)
+            elif self.events is not None:
+                self.events.stored(block_hash, parent_hash, token_ids, lora_id, lora_name)
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._free):
@@ -202,6 +215,9 @@ class KVBlockPool:
         self.block_tokens[block_id] = None
         if self._cached.get(h) == block_id:
             del self._cached[h]
+            if h in self._quiet:  # a group's key: no host copy, no event
+                self._quiet.discard(h)
+                return
             # Saved first: a router hears the host copy while it still knows the device block.
             if save and self.host_tier is not None and tokens is not None:
                 self.host_tier.save(block_id, h, tokens)

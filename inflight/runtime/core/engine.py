@@ -40,6 +40,7 @@ from inflight.runtime.core.engine_stats import engine_stats
 from inflight.runtime.core.engine_types import EngineRequest, EngineSummary
 from inflight.runtime.core.host_tier import build_host_tier
 from inflight.runtime.core.input_checks import check_cache_salt, check_request, check_token_budget
+from inflight.runtime.core.kv_groups import GroupedKVCacheManager
 from inflight.runtime.core.kv_manager import KVCacheManager, release_window
 from inflight.runtime.core.mixed_pooling import check_pooling, run_mixed
 from inflight.runtime.core.output_processor import OutputProcessor, SampledTokens
@@ -89,12 +90,15 @@ class LLMEngine(LoRAMethods):
         self.config = config.replace(max_model_len=self.max_model_len, num_kv_blocks=runner.num_kv_blocks)
         check_token_budget(self.config)
         self.eos_token_ids = eos_token_ids(runner.hf_config, tokenizer, runner.model_dir)
-        self.pool = KVBlockPool(runner.num_kv_blocks, config.enable_prefix_caching)
+        groups = getattr(runner, "kv_groups", None)  # per-group KV tables (worker/kv_layout.py), else None
+        # with groups, num_kv_blocks is per group: the pool holds every group's blocks (core/kv_groups.py)
+        self.pool = KVBlockPool(runner.num_kv_blocks * (groups.num_groups if groups else 1), config.enable_prefix_caching)
         window = release_window(runner.spec, *([drafter.spec] if drafter else []))  # a draft model reads the same blocks
         host = build_host_tier(config, runner, [drafter.runner] if drafter else [], window, self.pooling is not None)
         self.host_kv = host[1] if host else None  # the host tier's bytes and copies (kv_offloading_size)
         states = StatePool(runner.num_state_slots, runner.state_slots) if getattr(runner, "num_state_slots", 0) else None
-        self.kv = KVCacheManager(self.pool, config.block_size, window, host[0] if host else None, states)
+        self.kv = (GroupedKVCacheManager(self.pool, config.block_size, groups.windows, states) if groups else
+                   KVCacheManager(self.pool, config.block_size, window, host[0] if host else None, states))
         self.scheduler = Scheduler(self.config, self.kv)
         self.prefill = PrefillBacklog()  # the TTFT backlog and prefill rate the autoscaler reads
         self.structured = StructuredOutputManager(tokenizer, runner.spec.vocab_size, self.eos_token_ids)

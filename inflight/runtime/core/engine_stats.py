@@ -1,6 +1,7 @@
 """The engine's statistics: one :class:`~inflight.runtime.outputs.EngineStats` built from the
 scheduler, the KV pool and its host tier, the output processor, the prefill backlog and the
-speculation counters of an :class:`~inflight.runtime.core.engine.LLMEngine`, with the LoRA
+speculation counters of an :class:`~inflight.runtime.core.engine.LLMEngine` (and with per-group
+KV tables each group's blocks held, :mod:`.kv_groups`), with the LoRA
 adapters of its running and waiting requests when LoRA is on (:func:`with_lora_stats`), through
 its public read-only properties. Reads only.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from inflight.runtime.core.kv_groups import GroupedKVCacheManager
 from inflight.runtime.outputs import EngineStats
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
         prefix_cache_queries=engine.kv.prefix_cache_queries,
         prefix_cache_hits=engine.kv.prefix_cache_hits,
         **_host_tier_stats(engine),
+        **_kv_group_stats(engine),
         num_prompt_tokens=out.num_prompt_tokens,
         num_generation_tokens=out.num_generation_tokens,
         num_tokens_last_step=engine.num_tokens_last_step,
@@ -63,3 +66,11 @@ def _host_tier_stats(engine: LLMEngine) -> dict[str, int]:
             "external_prefix_cache_queries": tier.queries, "external_prefix_cache_hits": tier.hits,
             "kv_offload_stored_blocks": host_kv.num_copied_out, "kv_offload_loaded_blocks": host_kv.num_copied_in,
             "kv_offload_bytes": host_kv.num_copied_bytes, "kv_offload_dropped_blocks": tier.num_dropped_blocks}
+
+
+def _kv_group_stats(engine: LLMEngine) -> dict[str, tuple]:
+    """Per-group KV tables' EngineStats fields: each group's name and blocks held (none with one table)."""
+    kv = engine.kv
+    if not isinstance(kv, GroupedKVCacheManager):
+        return {}
+    return {"kv_group_names": kv.group_names(), "kv_blocks_held_by_group": kv.blocks_held_by_group(engine.scheduler.running)}

@@ -15,9 +15,10 @@ never weigh a key before the window: the native and Triton ones never load those
 torch reference gathers them and masks them out, so a placeholder only needs to be a valid
 block index holding finite values, which the released id is (another request may own it by
 then; it is masked, like the stale tail of a last block or the padding of a table).
-One block table serves all layers, so a model with any global (full-attention) layer, such as
-Gemma 3 or Qwen2 with ``max_window_layers`` below its layer count, releases nothing: see
-:func:`release_window`.
+Here one block table serves all layers, so a model with any global (full-attention) layer, such
+as Gemma 3 or Qwen2 with ``max_window_layers`` below its layer count, releases nothing (see
+:func:`release_window`); such a model normally gets one table per group of layers instead
+(:class:`~inflight.runtime.core.kv_groups.GroupedKVCacheManager`, a subclass of this one).
 
 Hybrid models (Qwen3-Next): ``state_pool`` (:mod:`.state_pool`) gives each request its
 per-sequence state slot with its first blocks and takes it back with its blocks (finish, abort,

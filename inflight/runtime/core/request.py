@@ -79,7 +79,8 @@ class Request:
                  "cache_salt", "lora", "mm_inputs", "token_ids", "status", "num_computed_tokens", "num_cached_tokens",
                  "block_ids", "num_released_blocks", "block_hashes", "num_cached_blocks", "num_preemptions",
                  "admitted_seq", "finish_reason", "first_scheduled_time", "first_token_time", "ngram", "draft_kv_lag",
-                 "parked", "in_flight", "pooled_part", "facts", "_table", "_table_of", "__weakref__")
+                 "parked", "in_flight", "pooled_part", "facts", "_table", "_table_of", "group_block_ids",
+                 "group_released", "_groups_table", "__weakref__")
 
     def __init__(
         self,
@@ -128,6 +129,11 @@ class Request:
         self.facts = self.new_facts()  # what its chunks tell the device side: made again at each admission
         self._table: tuple[int, ...] = ()  # block_ids as a tuple, for the chunks (see block_table)
         self._table_of: list[int] | None = None  # the block_ids list _table copies
+        # Per-group KV tables (core/kv_groups.py): every group's block ids (group 0's list is block_ids)
+        # and how many leading entries of each are released placeholders; None: one table
+        self.group_block_ids: list[list[int]] | None = None
+        self.group_released: list[int] = []
+        self._groups_table: tuple[object, int, tuple[tuple[int, ...], ...]] | None = None  # see group_tables
 
     def new_facts(self) -> RequestFacts:
         """The device side's facts of this request for a new stay in the running set."""
@@ -209,7 +215,7 @@ def chunk_of(
         context = DraftContext(tuple(token_ids[start - min(req.draft_kv_lag, start) : start]),
                                token_ids[stop] if not speculating and stop < len(token_ids) else None)  # fmt: skip
     return _new_chunk(ScheduledChunk, (req.req_id, start, num_tokens, ids, table, sample, req.facts, draft_token_ids,
-                                       num_model_drafts, context))  # fmt: skip
+                                       num_model_drafts, context, group_tables(req)))  # fmt: skip
 
 
 def decode_chunk(req: Request) -> ScheduledChunk:
@@ -221,4 +227,17 @@ def decode_chunk(req: Request) -> ScheduledChunk:
         table = req._table = tuple(block_ids)
         req._table_of = block_ids
     return _new_chunk(ScheduledChunk, (req.req_id, start, 1, (req.token_ids[start],), table, True, req.facts, (), 0,
-                                       None))  # fmt: skip
+                                       None, group_tables(req)))  # fmt: skip
+
+
+def group_tables(req: Request) -> tuple[tuple[int, ...], ...] | None:
+    """Every group's block table as tuples (None: the request has one table for every layer), copied
+    again only when they changed: every group's table has the same length (an entry, held or a
+    placeholder, per block of the sequence), and entries are only ever appended while held."""
+    groups = req.group_block_ids
+    if groups is None:
+        return None
+    cached = req._groups_table
+    if cached is None or cached[0] is not groups or cached[1] != len(groups[0]):
+        cached = req._groups_table = (groups, len(groups[0]), tuple(map(tuple, groups)))
+    return cached[2]

@@ -10,7 +10,8 @@ lag) goes back as a result the engine applies. What stays fixed while a request 
 prompt length, prompt-logprob count, LoRA load, images) is made once at its admission
 (:class:`RequestFacts`, vLLM's ``NewRequestData``) and shared by all its chunks, so a step
 copies per row only what changes: its position, its new token ids and its block table (a tuple
-the request remakes only when a block is added). :class:`SchedulerOutput` itself is the core's:
+the request remakes only when a block is added; with per-group KV tables, every group's, in
+``group_tables``: :mod:`.kv_groups`). :class:`SchedulerOutput` itself is the core's:
 it carries the admitted and preempted requests, which the device side never reads. :class:`KVCopies`
 are the step's block copies between the device KV pool and the host tier (:mod:`.host_tier`),
 which the worker runs before the step's forward. Imports nothing at run time.
@@ -73,6 +74,9 @@ class ScheduledChunk(NamedTuple):
     # the forward (num_tokens = 1 + this); draft_token_ids is empty until it fills them in.
     num_model_drafts: int = 0
     draft_context: DraftContext | None = None
+    # Per-group KV tables (core/kv_groups.py): every group's block ids, group 0's being block_table;
+    # None: one table serves every layer
+    group_tables: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def speculative(self) -> bool:
@@ -103,6 +107,7 @@ class SchedulerOutput:
     preempted: tuple[Request, ...]
     num_batched_tokens: int
     kv_copies: KVCopies | None = None  # the host tier's copies for this step (None: nothing to copy)
+    requests: tuple[Request, ...] = ()  # chunk i's live request, handed over in order (async scheduling)
 
     @property
     def is_empty(self) -> bool:

@@ -24,7 +24,10 @@ With speculative decoding on, a decoding request whose parameters allow it (and 
 than ``disable_by_batch_size`` requests run) speculates: its chunk is its last token plus up
 to ``num_speculative_tokens`` draft tokens, each costing one token of the budget and a KV
 slot; the engine keeps what the model agrees with. N-gram drafts are proposed here; a draft
-model's are proposed by the engine just before the forward (the chunk says how many).
+model's are proposed by the engine just before the forward (the chunk says how many). Under
+async scheduling a request whose last token the step in flight samples (a placeholder) never
+speculates: the pipeline lets the step in flight finish first when a speculating step may follow
+(:mod:`inflight.runtime.core.async_steps`).
 
 With LoRA on, a waiting request boards only while the running set keeps to ``max_loras``
 distinct adapters (:mod:`inflight.runtime.core.lora_gate`): it waits otherwise, never preempts.
@@ -43,7 +46,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.fairness import FairShare, tenant_group
 from inflight.runtime.core.kv_manager import KVCacheManager
 from inflight.runtime.core.lora_gate import LoRAGate
-from inflight.runtime.core.request import Request, RequestStatus, chunk_of, decode_chunk
+from inflight.runtime.core.request import Request, RequestStatus, chunk_of, decode_chunk, group_tables
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.outputs import QueueFullError
 from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
@@ -67,6 +70,7 @@ class Scheduler:
         self._prefill_cap: int | None = None  # the long-prefill cap of this step
         self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant group
         self._yielding: frozenset[str] = frozenset()  # fair: tenants whose prompts sit this step out
+        self._scheduled: list[Request] = []  # this step's chunk i's request (SchedulerOutput.requests)
 
     # -- queue management -------------------------------------------------------------
     def check_admission(self, num_new: int, tenant: str = "") -> None:
@@ -134,6 +138,7 @@ class Scheduler:
         self._prefill_cap = self.config.prefill_token_cap()  # the config is live-tunable
         self._step_prefill.clear()
         chunks: list[ScheduledChunk] = []
+        self._scheduled = []
         preempted: list[Request] = []
         if self.kv.sliding_window is not None:
             for req in self.running:
@@ -154,7 +159,8 @@ class Scheduler:
                     self.fair.charge(self.requests[chunk.req_id].tenant, chunk.num_tokens)
         num_batched = self.config.max_num_tokens - budget
         return SchedulerOutput(tuple(chunks), tuple(admitted), tuple(yielded + preempted), num_batched,
-                               self.kv.take_copies())  # the host tier's copies, run before the forward
+                               self.kv.take_copies(),  # the host tier's copies, run before the forward
+                               tuple(self._scheduled))
 
     def _rebalance_slots(self) -> list[Request]:
         """Fair policy, every slot taken: a waiting tenant below its share of slots takes one
@@ -206,7 +212,7 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
-        speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        speculate = self.speculates()
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -221,11 +227,13 @@ class Scheduler:
             if num_new == 0:  # no room, or (fair) its prompt waits while a less-served tenant boards
                 i += 1
                 continue
-            if speculate and num_new == 1:
+            if speculate and num_new == 1 and token_ids[-1] >= 0:  # never on a placeholder (async)
                 drafted = self._speculative_chunk(req, budget - 1)
                 if drafted is not None and self.kv.allocate_slots(req, drafted.num_tokens):
-                    drafted = drafted._replace(block_table=req.block_table())  # with the blocks just allocated
+                    drafted = drafted._replace(block_table=req.block_table(),  # with the blocks just allocated
+                                               group_tables=group_tables(req))
                     chunks.append(drafted)
+                    self._scheduled.append(req)
                     budget -= drafted.num_tokens
                     i += 1
                     continue
@@ -239,9 +247,21 @@ class Scheduler:
                 continue  # req itself was preempted; running[i] is now the next request
             # a decode (its last token) adds no prompt tokens to the step: its chunk without _chunk's accounting
             chunks.append(self._decode(req) if remaining == 1 else self._chunk(req, num_new))
+            self._scheduled.append(req)
             budget -= num_new
             i += 1
         return budget
+
+    def speculates(self) -> bool:
+        """Whether this step's decodes may speculate: speculation is on and fewer than
+        ``disable_by_batch_size`` requests run."""
+        return self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+
+    def may_draft(self, req: Request) -> bool:
+        """Whether ``req``'s next decode may carry drafts as far as its own state goes (past its
+        ``min_tokens``, room left under ``max_tokens`` and the context; see _speculative_chunk)."""
+        p, num_output = req.params, req.num_output_tokens
+        return p.min_tokens <= num_output < p.max_tokens - 1 and req.num_tokens < (self.config.max_model_len or 0)
 
     def _ends_in_flight(self, req: Request) -> bool:
         """Async scheduling: the token the step in flight samples for ``req`` is its last one
@@ -351,6 +371,7 @@ class Scheduler:
             admitted.append(req)
             if num_new > 0:
                 chunks.append(self._chunk(req, num_new))
+                self._scheduled.append(req)
                 budget -= num_new
                 if self.fair is not None:
                     self.fair.charge(req.tenant, num_new)

@@ -46,7 +46,7 @@ __all__ = ["EngineRequest", "EngineSummary"]  # defined beside the engine, carri
 # 12: LoRA (LoadLoRA, UnloadLoRA, ListLoRAs, LoRADone, LoRAsChanged; EngineRequest.lora_name)
 # 13: StructuredOutputsParams.checked_grammar (the front end's grammar verdict);
 # EngineRequest.mm_inputs (a chat's images: multimodal/inputs.py)
-PROTOCOL_VERSION = 14  # 14: SamplingParams.pooling (an embedding request to a generate model)
+PROTOCOL_VERSION = 15  # 15: EngineStats per KV group (kv_group_names, kv_blocks_held_by_group); 14: SamplingParams.pooling
 
 
 # ---- front end -> core ------------------------------------------------------------------

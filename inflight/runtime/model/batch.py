@@ -5,14 +5,21 @@ and the CPU lanes build it, CUDA-graph capture keeps persistent copies of it, an
 tensor-parallel step channel carries a :class:`StepInputs` to the other ranks, all without
 importing one another. The channel's wire format is derived from these dataclasses' fields
 (:mod:`inflight.runtime.distributed.wire`), so a field added here travels with the step or
-fails loudly when its type cannot. Knows nothing about the model, scheduling or processes.
+fails loudly when its type cannot. A model with per-group KV tables (:mod:`inflight.runtime.worker.kv_layout`)
+gets every group's slots and tables stacked in the metadata, and each layer reads its group's
+(:func:`group_views`). Knows nothing about the model, scheduling or processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+R = TypeVar("R")  # a layer's one-call decode rows (kernels/decode_block.py's DecodeRows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,34 @@ class AttentionMetadata:
     # Hybrid models (Qwen3-Next): each sequence's state-pool slot, decode rows first as packed; None: no
     # linear-attention state (every other model).
     state_slots: torch.Tensor | None = None  # [num_decode_tokens + num_prefills] int64
+    # Per-group KV tables (worker/kv_layout.py): each group's slots and tables, stacked (group 0's are
+    # the fields above); None: one table serves every layer. A layer reads its group's (group_views).
+    group_slot_mapping: torch.Tensor | None = None  # [num_groups, num_tokens] int64
+    group_decode_block_tables: torch.Tensor | None = None  # [num_groups, num_decodes, max_blocks] int32
+    group_prefill_block_tables: torch.Tensor | None = None  # [num_groups, num_prefills, max_blocks] int32
+
+
+def group_views(meta: AttentionMetadata) -> tuple[AttentionMetadata, ...] | None:
+    """Each KV group's metadata (its slots and block tables, the rest shared); None without groups."""
+    slots, decode, prefill = meta.group_slot_mapping, meta.group_decode_block_tables, meta.group_prefill_block_tables
+    if slots is None or decode is None or prefill is None:
+        return None
+    return tuple(dataclasses.replace(meta, slot_mapping=slots[g], decode_block_tables=decode[g],
+                                     prefill_block_tables=prefill[g], group_slot_mapping=None,
+                                     group_decode_block_tables=None, group_prefill_block_tables=None)
+                 for g in range(slots.shape[0]))  # fmt: skip
+
+
+def layer_metas(meta: AttentionMetadata, layer_groups: tuple[int, ...] | None, num_layers: int, rows: R | None,
+                rows_of: Callable[[AttentionMetadata], R | None]) -> tuple[list[AttentionMetadata], list[R | None]]:
+    """Each layer's metadata and one-call decode rows: ``meta`` and ``rows`` for every layer, or with
+    per-group KV tables (``layer_groups``: each layer's group, set on the model by the runner) its
+    group's view and that view's rows (``rows_of(view)``, made only when ``rows`` is not None)."""
+    views = group_views(meta)
+    if views is None or layer_groups is None:
+        return [meta] * num_layers, [rows] * num_layers
+    group_rows = [None if rows is None else rows_of(v) for v in views]
+    return [views[g] for g in layer_groups], [group_rows[g] for g in layer_groups]
 
 
 @dataclass(frozen=True, slots=True)

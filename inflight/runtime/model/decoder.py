@@ -45,7 +45,7 @@ from inflight.kernels import fp8_kv
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.decode_stack import DecodeStack, StackLayer
 from inflight.kernels.ops import KernelOps
-from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.batch import AttentionMetadata, layer_metas
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout, shard_layout
 from inflight.runtime.model.llama4 import LayerAttention, layer_attention
@@ -58,7 +58,8 @@ from inflight.runtime.model.stages import StageLayers
 @dataclass(slots=True)
 class AuxHidden:
     """What a forward collects for an EAGLE-3 head (spec_decode/eagle3.py): the residual stream
-    entering each layer of ``layer_ids`` (0: the embeddings), in layer order. Such a forward runs
+    entering each layer of ``layer_ids`` (0: the embeddings; ``num_layers``: the last layer's output before the
+    final norm, what MTP layers read, spec_decode/mtp.py), in layer order. Such a forward runs
     layer by layer (never the one-call stack, which returns only the final state): a path choice."""
 
     layer_ids: tuple[int, ...]
@@ -315,6 +316,7 @@ class CausalLM(nn.Module):
         # The one-call decode stack and what it was built from (KV caches, rope tables, the first
         # q/k/v weight, which prepacking replaces): rebuilt when any of them is another object.
         self._stack: tuple[object, object, object, DecodeStack | None] | None = None
+        self.kv_layer_groups: tuple[int, ...] | None = None  # per-group KV tables: each layer's group (the runner's)
 
     def forward(
         self,
@@ -337,9 +339,12 @@ class CausalLM(nn.Module):
         fp8 = bool(kv_caches) and fp8_kv.is_fp8(kv_caches[0][0].dtype)
         # Llama 4's layers (model/llama4.py) run layer by layer too: the one-call block has no NoPE/chunking
         # and latent attention (model/mla.py) has its own decode path
-        rows = None if fp8 or self.spec.arch in ("llama4_text", "deepseek_v3") else decode_rows(positions, meta, ops)
+        rows = None if fp8 or self.spec.arch in ("llama4_text", "deepseek_v3", "deepseek_v2") else decode_rows(positions, meta, ops)
+        metas, layer_rows = layer_metas(meta, self.kv_layer_groups, len(self.layers), rows,  # per-group KV tables
+                                        lambda m: decode_rows(positions, m, ops))  # fmt: skip
         # the one-call stack has no place for LoRA deltas: steps with LoRA rows go layer by layer
-        if rows is not None and ops.decode_layer_stack is not None and meta.token_slots is None and aux is None:
+        if (rows is not None and ops.decode_layer_stack is not None and meta.token_slots is None and aux is None
+                and meta.group_slot_mapping is None):  # the stack takes one block table
             stack = self._decode_stack(cos_sin, kv_caches)
             out = None if stack is None else ops.decode_layer_stack(hidden, rows, stack)
             if out is not None:
@@ -348,7 +353,7 @@ class CausalLM(nn.Module):
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
                 if aux is not None and i in aux.layer_ids:
                     aux.hidden.append(hidden)
-                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, meta, ops, rows)
+                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, metas[i], ops, layer_rows[i])
             return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)[0]
         residual: torch.Tensor | None = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
@@ -356,11 +361,14 @@ class CausalLM(nn.Module):
                 aux.hidden.append(hidden if residual is None else hidden + residual)
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
-            x = layer.self_attn(x, positions, cos_sin, kv_cache, meta, ops, rows)
+            x = layer.self_attn(x, positions, cos_sin, kv_cache, metas[i], ops, layer_rows[i])
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
             hidden = run_mlp(layer.mlp, x, ops, meta.token_slots)
-        return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
+        out, last = ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)
+        if aux is not None and len(self.layers) in aux.layer_ids:  # MTP: the last layer's output, before the norm
+            aux.hidden.append(last)
+        return out
 
     def _decode_stack(self, cos_sin: torch.Tensor,
                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DecodeStack | None:  # fmt: skip

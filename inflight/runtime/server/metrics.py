@@ -160,6 +160,8 @@ class _EngineStatsCollector(Collector):
                 yield busy
         yield from self._guarded("the per-position acceptance counts", lambda: [self._per_position(stats)])
         yield from self._guarded("the LoRA info", lambda: self._lora_info(stats))
+        if stats.kv_group_names:
+            yield from self._guarded("the KV group blocks", lambda: [self._kv_groups(stats)])
         tenants = stats.tenants
         if tenants is not None:
             yield from self._guarded("the tenant metrics",
@@ -175,6 +177,17 @@ class _EngineStatsCollector(Collector):
             if sample is not None:
                 per_position.add_metric([self._model_name, str(position)], sample)
         return per_position
+
+    def _kv_groups(self, stats: EngineStats) -> Metric:
+        """Per-group KV tables (docs/kv-groups.md): the pool blocks each group's tables hold."""
+        name = "inflight:kv_blocks_held"
+        held = GaugeMetricFamily(name, "KV-cache pool blocks held, per attention group (models with per-group "
+                                 "KV tables only).", labels=["model_name", "group"])
+        for group, count in zip(stats.kv_group_names, stats.kv_blocks_held_by_group, strict=True):
+            sample = self._guard.sample(name, count)
+            if sample is not None:
+                held.add_metric([self._model_name, group], sample)
+        return held
 
     def _lora_info(self, stats: EngineStats) -> list[Metric]:
         """vLLM's ``lora_requests_info`` (LoRA on only): one series, valued the scrape's time."""

@@ -6,7 +6,8 @@ chunk's KV is stored before attention runs, so the rows are causal without a pre
 then prompt chunks as prefill sequences. :func:`pack_segments` is the packing itself;
 :func:`prepare_batch` packs the scheduler's chunks for the served model, with the logits rows
 laid out as :mod:`inflight.runtime.worker.logit_rows` says, and a draft model's passes pack their own
-segments (:mod:`inflight.runtime.spec_decode.draft_proposer`). Knows nothing about the model or sampling.
+segments (:mod:`inflight.runtime.spec_decode.draft_proposer`). Chunks with per-group KV tables
+(``ScheduledChunk.group_tables``) get every group's slots and tables in the metadata too. Knows nothing about the model or sampling.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Segment:
     block_table: Sequence[int]
     decode_rows: bool  # one decode row per token; else one prefill sequence (after every decode row)
     num_logit_rows: int = 0  # logits are wanted for this many of its last rows
+    group_tables: Sequence[Sequence[int]] | None = None  # per-group KV tables (ScheduledChunk.group_tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,18 @@ def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: Seq
     return _HostBatch(arrays, num_decode, num_segments - nds, row_starts, logit_rows)
 
 
+def _group_arrays(ids: list[int], starts: list[int], counts: list[int],
+                  group_tables: Sequence[Sequence[Sequence[int]]], logit_counts: list[int], num_decode_segments: int,
+                  block_size: int) -> list[np.ndarray]:  # fmt: skip
+    """Every KV group's slot mapping, decode tables and prefill tables, each stacked over the groups
+    (``group_tables[i][g]``: segment i's table in group g; every group's tables have one width,
+    since each group's table has an entry, placeholder or held, for every block of the sequence)."""
+    num_groups = len(group_tables[0])
+    packed = [_pack_host(ids, starts, counts, [t[g] for t in group_tables], logit_counts, num_decode_segments,
+                         block_size) for g in range(num_groups)]  # fmt: skip
+    return [np.stack([p.arrays[k] for p in packed]) for k in (2, 3, 5)]
+
+
 def _meta(tensors: list[torch.Tensor], host: _HostBatch) -> AttentionMetadata:
     _, _, slots, decode_tables, decode_lens, prefill_tables, q_starts, prefill_lens = tensors
     return AttentionMetadata(
@@ -160,11 +174,18 @@ def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.de
                 raise RuntimeError("decode-row segments must come before every prefill segment")
             num_decode += 1
         ids.extend(seg.token_ids)
-    host = _pack_host(ids, [s.start for s in segments], [len(s.token_ids) for s in segments],
-                      [s.block_table for s in segments], [s.num_logit_rows for s in segments], num_decode,
-                      block_size)  # fmt: skip
-    tensors = upload_arrays(host.arrays, device)
-    return PackedSegments(tensors[0], tensors[1], _meta(tensors, host), tuple(host.row_starts.tolist()),
+    starts, counts = [s.start for s in segments], [len(s.token_ids) for s in segments]
+    logit_counts = [s.num_logit_rows for s in segments]
+    host = _pack_host(ids, starts, counts, [s.block_table for s in segments], logit_counts, num_decode, block_size)
+    grouped = bool(segments) and segments[0].group_tables is not None
+    groups = (_group_arrays(ids, starts, counts, [s.group_tables for s in segments], logit_counts, num_decode,  # type: ignore[misc]
+                            block_size) if grouped else [])  # fmt: skip
+    tensors = upload_arrays([*host.arrays, *groups], device)
+    meta = _meta(tensors[:8], host)
+    if grouped:
+        meta = dataclasses.replace(meta, group_slot_mapping=tensors[-3], group_decode_block_tables=tensors[-2],
+                                   group_prefill_block_tables=tensors[-1])  # fmt: skip
+    return PackedSegments(tensors[0], tensors[1], meta, tuple(host.row_starts.tolist()),
                           tuple(host.logit_rows.tolist()))  # fmt: skip
 
 
@@ -230,10 +251,17 @@ def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: tor
     if lora_slots:
         arrays.append(np.repeat(np.array([-1 if (load := c.facts.lora_load_id) is None else lora_slots[load]
                                           for c in ordered], dtype=np.int32), counts))  # fmt: skip
+    group_tables = [c.group_tables for c in ordered]
+    grouped = bool(ordered) and group_tables[0] is not None
+    if grouped:  # per-group KV tables: each group's slots and tables, stacked (core/kv_groups.py)
+        arrays.extend(_group_arrays(ids, starts, counts, group_tables, logit_counts, num_decodes, block_size))  # type: ignore[arg-type]
     tensors = upload_arrays(arrays, device)
     meta = _meta(tensors[:8], host)
     if lora_slots:
         meta = dataclasses.replace(meta, token_slots=tensors[9])
+    if grouped:
+        meta = dataclasses.replace(meta, group_slot_mapping=tensors[-3], group_decode_block_tables=tensors[-2],
+                                   group_prefill_block_tables=tensors[-1])  # fmt: skip
     return BatchInputs(
         input_ids=tensors[0],
         positions=tensors[1],

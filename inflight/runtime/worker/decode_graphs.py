@@ -10,7 +10,8 @@ zero length, so the softmax stays finite); their logits are never read. The grap
 captured once, largest first so the smaller ones reuse its memory, and every size writes its
 float32 logits into rows of ONE buffer sized for the largest (a graph's own output would stay
 alive beside the others': 5.1 GB at vocab 152k and 512 rows, against 0.3 GB shared;
-:func:`logits_buffer_bytes`). Knows nothing about
+:func:`logits_buffer_bytes`). With per-group KV tables (``num_groups``, :mod:`.kv_layout`) every
+group's slots and block table get static buffers too (padding rows: slot -1 in each group). Knows nothing about
 scheduling or sampling; the capture mechanics live in :mod:`inflight.runtime.worker.graph_backend`.
 """
 
@@ -60,7 +61,7 @@ class DecodeGraphs:
 
     def __init__(
         self, logits_fn: LogitsFn, backend: GraphBackend, sizes: tuple[int, ...],
-        max_blocks_per_seq: int, device: torch.device,
+        max_blocks_per_seq: int, device: torch.device, num_groups: int = 0,
     ) -> None:  # fmt: skip
         if not sizes:
             raise ValueError("DecodeGraphs needs at least one capture size")
@@ -77,6 +78,10 @@ class DecodeGraphs:
         self._empty_tables = torch.zeros(0, 1, dtype=torch.int32, device=dev)
         self._empty_lens = torch.zeros(0, dtype=torch.int32, device=dev)
         self._query_start = torch.zeros(1, dtype=torch.int32, device=dev)
+        # per-group KV tables: [num_groups, max_size] slots, [num_groups, max_size, max_blocks] tables
+        self.group_slots = torch.full((num_groups, n), -1, dtype=torch.int64, device=dev) if num_groups else None
+        self.group_tables = (torch.zeros(num_groups, n, max_blocks_per_seq, dtype=torch.int32, device=dev)
+                             if num_groups else None)  # fmt: skip
         # [max_size, vocab] float32: every size's graph writes its rows (allocated by the largest
         # size's warm-up run, which runs before any capture: the vocab is the model's to know)
         self.logits_buffer: torch.Tensor | None = None
@@ -102,11 +107,15 @@ class DecodeGraphs:
         return self.stats
 
     def _meta(self, size: int) -> AttentionMetadata:
+        groups = self.group_tables
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:size], num_decode_tokens=size,
             decode_block_tables=self.block_tables[:size], decode_context_lens=self.context_lens[:size],
             prefill_block_tables=self._empty_tables, prefill_query_start_loc=self._query_start,
             prefill_context_lens=self._empty_lens, num_prefills=0,
+            group_slot_mapping=None if self.group_slots is None else self.group_slots[:, :size],
+            group_decode_block_tables=None if groups is None else groups[:, :size],
+            group_prefill_block_tables=None if groups is None else groups[:, :0],
         )  # fmt: skip
 
     def _step_fn(self, size: int) -> Callable[[], None]:
@@ -140,6 +149,13 @@ class DecodeGraphs:
         self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
         self.block_tables[:n, :width].copy_(meta.decode_block_tables, non_blocking=True)
         self.context_lens[:n].copy_(meta.decode_context_lens, non_blocking=True)
+        if self.group_slots is not None and self.group_tables is not None:  # per-group KV tables
+            if meta.group_slot_mapping is None or meta.group_decode_block_tables is None:
+                raise ValueError("these decode graphs read per-group KV tables; the step has none")
+            self.group_slots[:, :n].copy_(meta.group_slot_mapping, non_blocking=True)
+            self.group_tables[:, :n, :width].copy_(meta.group_decode_block_tables, non_blocking=True)
+            if size > n:
+                self.group_slots[:, n:size].fill_(-1)
         if size > n:  # padding rows: no KV write, attend to one token
             self.slot_mapping[n:size].fill_(-1)
             self.context_lens[n:size].fill_(1)

@@ -6,7 +6,8 @@ from an explicit ``num_kv_blocks``, the free-GPU-memory fraction on CUDA, or eno
 ``max_num_sequences`` full-length sequences on the CPU, capped at :data:`CPU_KV_CACHE_CAP_BYTES`;
 ``max_tokens_in_paged_kv_cache`` caps any of them. An MLA model caches one latent and one roped
 key a token per layer (:mod:`inflight.runtime.model.mla_kv`); a hybrid model's linear-attention
-layers hold no KV (:mod:`.hybrid_cache`).
+layers hold no KV (:mod:`.hybrid_cache`). With per-group KV tables (:mod:`.kv_layout`) the runner
+counts a block per group: its bytes cover every group's layer slots, padding included.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.worker.hybrid_cache import allocate_states, with_state_slots
 from inflight.runtime.worker.kv_copies import HostKV, num_host_slots
+from inflight.runtime.worker.kv_layout import grouped_caches, kv_groups_of
 from inflight.runtime.worker.pipeline_step import stage_forward
 from inflight.runtime.worker.vision_step import vision_step_of
 
@@ -120,8 +121,9 @@ class ModelRunner:
         self.block_size = config.block_size
         check_chunk_size(self.spec, self.block_size)  # Llama 4's chunks must start on block boundaries
         check_mla_engine(self.spec, config.kv_cache_dtype, config.enable_lora)  # DeepSeek-V3's latent cache
+        self.kv_groups = kv_groups_of(self.model, config)  # per-group KV tables (worker/kv_layout.py); None: one
         num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
-                     if self._cpu_threads is not None and world == 1 and self.spec.linear_attention is None
+                     if self._cpu_threads is not None and world == 1 and not self.spec.state_layers
                      else 0)  # lanes split rows, not a hybrid model's per-sequence states
         if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
             self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
@@ -144,7 +146,7 @@ class ModelRunner:
         self.execute_hook: Callable[[BatchInputs], torch.Tensor] | None = None
         # a hybrid model's per-sequence states (worker/hybrid_cache.py), before the KV cache is sized;
         # state_slots (req_id -> slot) is filled by the engine's StatePool (core/state_pool.py)
-        self.num_state_slots = config.max_num_sequences if self.spec.linear_attention is not None else 0
+        self.num_state_slots = config.max_num_sequences if self.spec.state_layers else 0
         self.state_caches = allocate_states(self.spec, self.num_state_slots, self.device, self.dtype)
         self.state_slots: dict[str, int] = {}
         if allocate_kv:
@@ -167,6 +169,9 @@ class ModelRunner:
             self.kv_caches = allocate_mla_caches(self.spec, self.model.layout.num_heads, len(self.model.layers),
                                                  (num_blocks, self.block_size), self.kv_dtype, self.device,
                                                  progress or logger.info)  # fmt: skip
+        elif self.kv_groups is not None:  # one pool of every group's blocks, num_kv_blocks per group
+            self.kv_caches = grouped_caches(self.kv_groups, (num_blocks * self.kv_groups.num_groups, *shape[1:]),
+                                            self.kv_dtype, self.device)  # fmt: skip
         else:
             self.kv_caches = [
                 self.state_caches[i] if i in self.state_caches else  # a hybrid model's linear layer: its states
@@ -193,7 +198,7 @@ class ModelRunner:
         if backend is None:
             why_not = ("enforce_eager" if config.enforce_eager else "not CUDA" if self.device.type != "cuda"
                        else "tensor parallel" if self.tp is not None
-                       else f"{self.spec.arch} keeps per-sequence linear-attention state" if self.state_caches
+                       else f"{self.spec.arch} keeps per-sequence state (a hybrid model)" if self.state_caches
                        else f"the {self.ops.name} kernels read tensors on the host" if not self.ops.graph_safe
                        else None)  # fmt: skip
             if why_not is not None:
@@ -207,6 +212,7 @@ class ModelRunner:
         graphs = DecodeGraphs(
             _weak_logits(self), backend, capture_sizes(config.max_num_sequences),
             -(-self.max_model_len // self.block_size), self.device,
+            self.kv_groups.num_groups if self.kv_groups is not None else 0,  # per-group KV tables: each group's
         )  # fmt: skip
         # Collect what is garbage now, then keep the collector out of the capture: what is alive
         # is frozen (no pass scans it) and automatic passes are off until the capture ends (a
@@ -239,8 +245,8 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block of this runner's cache on this rank (:func:`.kv_sizing.block_bytes`)."""
-        return kv_sizing.block_bytes(self.spec, len(self.model.layers), self.block_size, self.num_local_kv_heads,
-                                     self.kv_dtype)
+        layers = len(self.model.layers) if self.kv_groups is None else self.kv_groups.num_cache_layers
+        return kv_sizing.block_bytes(self.spec, layers, self.block_size, self.num_local_kv_heads, self.kv_dtype)
 
     @property
     def kv_cache_bytes(self) -> int:

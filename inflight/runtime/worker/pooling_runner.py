@@ -28,7 +28,7 @@ def chunk_parts(runner: ModelRunner, chunks: Sequence[ScheduledChunk], pooling_t
     """``[len(chunks), hidden]`` float32 on the CPU: each chunk's part (see module docstring)."""
     segments = []
     for chunk in chunks:
-        segments.append(Segment(chunk.token_ids, chunk.start, chunk.block_table, False))
+        segments.append(Segment(chunk.token_ids, chunk.start, chunk.block_table, False, group_tables=chunk.group_tables))
     packed = pack_segments(segments, runner.block_size, runner.device)
     hidden = runner.hidden_states(packed.input_ids, packed.positions, packed.meta)  # [num_tokens, hidden]
     counts = torch.tensor([c.num_tokens for c in chunks], dtype=torch.long, device=hidden.device)

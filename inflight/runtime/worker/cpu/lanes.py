@@ -120,10 +120,14 @@ def _rows(n: int) -> torch.Tensor:
 
 
 def lane_meta(meta: AttentionMetadata, rows: slice) -> AttentionMetadata:
-    """The attention metadata of one lane's rows of a pure-decode step."""
+    """The attention metadata of one lane's rows of a pure-decode step (every KV group's rows too)."""
+    group_slots, group_tables = meta.group_slot_mapping, meta.group_decode_block_tables
     return AttentionMetadata(
         slot_mapping=meta.slot_mapping[rows], num_decode_tokens=rows.stop - rows.start,
         decode_block_tables=meta.decode_block_tables[rows], decode_context_lens=meta.decode_context_lens[rows],
         prefill_block_tables=meta.prefill_block_tables, prefill_query_start_loc=meta.prefill_query_start_loc,
         prefill_context_lens=meta.prefill_context_lens, num_prefills=0,
+        group_slot_mapping=None if group_slots is None else group_slots[:, rows],
+        group_decode_block_tables=None if group_tables is None else group_tables[:, rows],
+        group_prefill_block_tables=meta.group_prefill_block_tables,
     )  # fmt: skip
