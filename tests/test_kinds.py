@@ -23,7 +23,7 @@ PURE = [
 # Files that start servers, processes, emulators or models, each for a reason the rule must see.
 HEAVY = [
     "tests/server/test_admin.py", "tests/server/test_engine_process.py", "tests/runtime/test_engine_matches_transformers.py",
-    "tests/operator/test_operator_kmock.py", "tests/hostile/test_hostile.py", "tests/test_import_graph.py",
+    "tests/operator/test_operator_kmock.py", "tests/hostile/test_hostile.py", "tests/test_import_side_effects.py",
     "tests/kernels/test_decode_attention.py",
     "tests/runtime/test_sampling.py",  # transformers through its sibling .hf_reference
     "tests/runtime/test_rope_scaling.py",  # transformers' configs: was in the old list, ~2 s to import

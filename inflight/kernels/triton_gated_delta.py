@@ -12,8 +12,7 @@
   prompt chunk goes ``CHUNK_T`` tokens at a time in the chunked form the torch reference uses
   (within a chunk the updates are one unit-triangular system, inverted by forward substitution in
   registers; then a few ``tl.dot`` tiles give the chunk's outputs and the state after it). The
-  state goes back to the slot at the end. ``chunked=False`` runs every sequence token by token
-  (the plain scan, kept as a second implementation the tests compare).
+  state goes back to the slot at the end.
 
 Launch sizes depend on shapes and the sequence count only. Knows nothing about the model.
 """
@@ -94,46 +93,6 @@ def causal_conv1d(
         TAPS=taps, BLOCK=BLOCK_C,
     )  # fmt: skip
     return out
-
-
-@triton.jit
-def _rule_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr,
-    dk, dv, group, qk_scale,
-    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sb_t, ss0, ss1, ss2, so_t, so_h,
-    BK: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
-    seq = tl.program_id(0)
-    h = tl.program_id(1)
-    hk = h // group
-    kk = tl.arange(0, BK)
-    vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    kmask = kk < dk
-    vmask = vv < dv
-    start = tl.load(qsl_ptr + seq)
-    end = tl.load(qsl_ptr + seq + 1)
-    slot = tl.load(slots_ptr + seq).to(tl.int64)
-    init = tl.load(init_ptr + seq) != 0
-    sptr = state_ptr + slot * ss0 + h * ss1 + kk[:, None] * ss2 + vv[None, :]
-    smask = kmask[:, None] & vmask[None, :]
-    s = tl.load(sptr, mask=smask, other=0.0).to(tl.float32)  # [BK, BV]
-    s = tl.where(init, s, 0.0)  # a new sequence: zeros, whatever the slot holds
-    for i in range(0, end - start):
-        t64 = start.to(tl.int64) + i
-        q = tl.load(q_ptr + t64 * sq_t + hk * sq_h + kk, mask=kmask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + t64 * sk_t + hk * sk_h + kk, mask=kmask, other=0.0).to(tl.float32)
-        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * qk_scale
-        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
-        v = tl.load(v_ptr + t64 * sv_t + h * sv_h + vv, mask=vmask, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + t64 * sg_t + h).to(tl.float32)
-        beta = tl.load(b_ptr + t64 * sb_t + h).to(tl.float32)
-        s = s * tl.exp(g)
-        kv_mem = tl.sum(s * k[:, None], axis=0)  # [BV]
-        delta = (v - kv_mem) * beta
-        s = s + k[:, None] * delta[None, :]
-        o = tl.sum(s * q[:, None], axis=0)
-        tl.store(out_ptr + t64 * so_t + h * so_h + vv, o.to(out_ptr.dtype.element_ty), mask=vmask)
-    tl.store(sptr, s, mask=smask)
 
 
 @triton.jit
@@ -223,10 +182,8 @@ def gated_delta_rule(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     slots: torch.Tensor,  # [num_seqs] int64
     has_initial: torch.Tensor,  # [num_seqs] bool
-    chunked: bool = True,
 ) -> torch.Tensor:  # [num_tokens, num_v_heads, v_head_dim]
-    """See :func:`inflight.kernels.gated_delta.gated_delta_rule`. ``chunked``: the chunked kernel
-    (else the token-by-token scan, for the tests)."""
+    """See :func:`inflight.kernels.gated_delta.gated_delta_rule`."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_ndim(name, t, 3, "[num_tokens, heads, head_dim]")
     check_dtype("state", state, (torch.float32,))
@@ -251,9 +208,5 @@ def gated_delta_rule(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         state.stride(0), state.stride(1), state.stride(2), out.stride(0), out.stride(1),
     )  # fmt: skip
-    bk = max(16, next_power_of_2(dk))
-    if chunked:
-        _chunk_rule_kernel[grid](*args, BK=bk, BV=block_v, BT=CHUNK_T)
-    else:
-        _rule_kernel[grid](*args, BK=bk, BV=block_v)
+    _chunk_rule_kernel[grid](*args, BK=max(16, next_power_of_2(dk)), BV=block_v, BT=CHUNK_T)
     return out

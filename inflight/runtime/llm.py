@@ -10,6 +10,8 @@ exactly as concurrent server requests would. A prompt may also be a dict as vLLM
 ``{"prompt": text}`` or ``{"prompt_token_ids": ids}``, with an optional ``"cache_salt"``: only
 prompts with the same salt share prefix-cache blocks. With ``tensor_parallel_size=N`` the engine
 starts N-1 worker processes; ``close()`` (or a ``with`` block, or interpreter exit) stops them.
+What the model cannot be served with across processes (a hybrid model's layers are not split) is
+refused before any starts, with the message ``inflight serve``'s preflight gives.
 
 Text takes the server's one path: the engine sends token ids only, and
 :class:`~inflight.runtime.engine_core.output_text.OutputText` detokenizes them and ends a request
@@ -26,11 +28,15 @@ from typing import Any
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.state_pool import hybrid_refusal
 from inflight.runtime.engine_core.output_text import OutputText, step_with_text
 from inflight.runtime.lora.types import LoRARequest
 from inflight.runtime.model.gguf_source import resolve_model_dir
+from inflight.runtime.model.loader import load_hf_config
+from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import CompletionOutput, TokenLogprob
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.worker.encoder_runner import is_encoder_dir
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -40,7 +46,9 @@ class LLM:
 
     def __init__(self, model: str | Path, **engine_config: Any) -> None:
         model_dir = resolve_model_dir(model)  # a .gguf file converts once into a cached directory
-        self._attach(LLMEngine.from_model_dir(model_dir, EngineConfig(**engine_config)))
+        config = EngineConfig(**engine_config)
+        _refuse_before_workers(model_dir, config)
+        self._attach(LLMEngine.from_model_dir(model_dir, config))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
@@ -133,3 +141,16 @@ class LLM:
                         num_cached_tokens=out.num_cached_tokens,
                     )
         return [done[r] for r in req_ids]
+
+
+def _refuse_before_workers(model_dir: Path, config: EngineConfig) -> None:
+    """``ValueError`` for a hybrid model under tensor or pipeline parallelism, from its config
+    alone and before the engine starts its worker processes (which would each fail with a
+    traceback of their own): the refusal ``inflight serve`` gives at preflight."""
+    if config.tensor_parallel_size * config.pipeline_parallel_size <= 1 or config.device == "sim":
+        return
+    if is_encoder_dir(model_dir):
+        return
+    refusal = hybrid_refusal(spec_from_hf_config(load_hf_config(model_dir)), config)
+    if refusal is not None:
+        raise ValueError(refusal)

@@ -5,8 +5,6 @@ the Triton kernels (CUDA, else Triton's interpreter) against the references on a
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -122,17 +120,15 @@ def _mixed_batch(dtype: torch.dtype, device: torch.device):
             bounds, slots, initial)  # fmt: skip
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "scan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_kernels_match_the_references(device: torch.device, dtype: torch.dtype, chunked: bool) -> None:
+def test_triton_kernels_match_the_references(device: torch.device, dtype: torch.dtype) -> None:
     from inflight.kernels import triton_gated_delta
 
     (q, k, v, g, beta), state, (x, w), conv_state, bounds, slots, initial = _mixed_batch(dtype, device)
     ref_state, ref_conv = state.cpu().clone(), conv_state.cpu().clone()
     want = _run_rule(gated_delta.gated_delta_rule, q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), ref_state, bounds,
                      slots, initial)  # fmt: skip
-    rule = functools.partial(triton_gated_delta.gated_delta_rule, chunked=chunked)
-    got = _run_rule(rule, q, k, v, g, beta, state, bounds, slots, initial)
+    got = _run_rule(triton_gated_delta.gated_delta_rule, q, k, v, g, beta, state, bounds, slots, initial)
     tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
     torch.testing.assert_close(got.cpu().float(), want.float(), **tol)
     torch.testing.assert_close(state.cpu(), ref_state, atol=1e-4, rtol=1e-4)

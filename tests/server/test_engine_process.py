@@ -31,6 +31,10 @@ from inflight.runtime.server.state import ServerSettings
 from tests.server.server_helpers import MODEL_NAME, LiveServer, ServeProcess, http, metrics, wait_until
 
 PATIENCE_S = 120.0  # a hang guard for process exits, never a claim about speed
+# The watchdog's limit where a stall is injected: the injected step never returns, so any limit
+# catches it; this one is far past any real step of the demo model, however loaded the machine
+# (a 2 s limit was once reached by a healthy step before the injected one).
+STALL_TIMEOUT_S = 20.0
 BASE = ["--served-model-name", MODEL_NAME, "--port", "0", "--max-num-sequences", "2", "--num-kv-blocks", "64",
         "--max-model-len", "512"]  # fmt: skip
 
@@ -97,7 +101,10 @@ def test_a_killed_front_end_takes_the_engine_core_with_it(demo_model_dir: Path) 
 
 
 def test_a_stalled_core_is_killed_by_the_watchdog(demo_model_dir: Path) -> None:
-    server = _serve(demo_model_dir, "--engine-stall-timeout", "2", env={FAULT_ENV: "stall-after-steps:20"})
+    """The injected stall (a step that never returns, after 20 healthy ones) is what the watchdog
+    catches: no healthy step comes near its limit, and nothing here is timed."""
+    server = _serve(demo_model_dir, "--engine-stall-timeout", str(STALL_TIMEOUT_S),
+                    env={FAULT_ENV: "stall-after-steps:20"})  # fmt: skip
     try:
         server.wait_ready()
         core = _core_pid(server)

@@ -36,6 +36,7 @@ from inflight.runtime.core.tenant_stats import TenantMeter
 from inflight.runtime.outputs import EngineFatalError, RequestOutput, RequestTimes, TokenLogprob
 from inflight.runtime.structured.manager import RequestMatcher
 from inflight.runtime.structured.mask_fills import MIN_GRACE_S as SLOW_ADVANCE_S
+from inflight.runtime.worker.penalty_state import RequestPenalties
 from inflight.runtime.worker.sampler import SamplingRow
 
 logger = logging.getLogger("inflight.engine")
@@ -56,7 +57,7 @@ class RequestOutputState:
     """Per-request engine-side state that is not scheduling state."""
 
     __slots__ = ("request", "generator", "matcher", "pending_logprobs", "prompt_logprobs",
-                 "prompt_logprobs_sent")  # fmt: skip
+                 "prompt_logprobs_sent", "penalties")  # fmt: skip
 
     def __init__(
         self, request: Request, generator: torch.Generator | None, matcher: RequestMatcher | None = None,
@@ -67,6 +68,7 @@ class RequestOutputState:
         self.pending_logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: list[TokenLogprob] = []  # prompt tokens 1.. (token 0 has no context)
         self.prompt_logprobs_sent = False
+        self.penalties = RequestPenalties() if request.params.needs_penalties else None  # released in _finish
 
 
 class OutputProcessor:
@@ -112,7 +114,7 @@ class OutputProcessor:
         state = self._states[req_id]
         req = state.request
         return SamplingRow(req.params, req.prompt_token_ids, req.output_token_range(), state.generator,
-                           self.eos_token_ids, state.matcher)  # fmt: skip
+                           self.eos_token_ids, state.matcher, state.penalties)  # fmt: skip
 
     def collect_prompt_logprobs(self, req_id: str, first: int, logits: torch.Tensor) -> None:
         """Record live request ``req_id``'s prompt logprobs from ``logits`` (``[count, vocab]``, positions
@@ -256,6 +258,8 @@ class OutputProcessor:
         times = RequestTimes(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
         out = self._delta(state, new_ids, times, error)
         del self._states[req.req_id]
+        if state.penalties is not None:
+            state.penalties.release()
         if state.matcher is not None:
             self.num_matchers -= 1
         return out

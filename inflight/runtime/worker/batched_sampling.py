@@ -9,8 +9,11 @@ masks are applied, written the way vLLM v1's sampler does it:
   a tensor;
 * ``logit_bias`` and the ``min_tokens`` ban are one indexed add / fill over the flat
   ``(row, token)`` pairs of the batch; penalties are one gather and one indexed write at each
-  penalized row's distinct tokens (counted with ``np.unique`` on the host), so their work
-  follows the rows' tokens, never ``rows x vocab``;
+  penalized row's distinct tokens, so their work follows the rows' tokens, never
+  ``rows x vocab``. The sampler's rows take those tokens from their request's state on the
+  device (:mod:`~inflight.runtime.worker.penalty_state`, no host re-read of a prompt a step);
+  a row without state (spec-decode verification, drafters, tests) has them counted from its
+  token lists with ``np.unique`` here, the same values to the bit;
 * top-k and top-p cut one sort of the batch, min-p compares with each row's max probability;
 * the draw is an exponential race (``argmax(p / E)``, ``E ~ Exp(1)``): the unseeded rows'
   noise in one launch from the default generator, a seeded row's from its own generator (the
@@ -37,6 +40,7 @@ import torch
 from inflight.runtime.outputs import TokenLogprob
 
 if TYPE_CHECKING:
+    from inflight.runtime.worker.penalty_state import PenaltyPool, PenaltyRows
     from inflight.runtime.worker.sampler import SamplingRow
 
 
@@ -57,9 +61,13 @@ def row_index(rows: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 # -- shaping: logit_bias, penalties, min_tokens ---------------------------------------------
-def shape_batch(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+def shape_batch(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], pool: PenaltyPool | None = None
+) -> PenaltyRows | None:
     """Apply each row's ``logit_bias``, penalties and ``min_tokens`` ban to ``logits``
-    ``[len(rows), vocab]`` in place (the distribution logprobs are taken from)."""
+    ``[len(rows), vocab]`` in place (the distribution logprobs are taken from). With ``pool``,
+    the rows whose request keeps penalty state (``row.penalties``) are penalized from it and
+    returned (for :meth:`PenaltyPool.record` once drawn); the others from their token lists."""
     dev = logits.device
     bias = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias]
     if bias:
@@ -67,6 +75,13 @@ def shape_batch(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         index = (row_index(ri, dev), row_index(ti, dev))
         logits.index_put_(index, upload(np.asarray(vals, dtype=np.float32), dev).to(logits.dtype), accumulate=True)
     penalized = [i for i, r in enumerate(rows) if r.params.needs_penalties]
+    kept = None
+    if penalized and pool is not None and any(rows[i].penalties is not None for i in penalized):
+        kept = pool.prepare(rows, penalized)
+        if kept.rows:
+            pool.apply(logits, kept, rows)
+            done = set(kept.rows)
+            penalized = [i for i in penalized if i not in done]
     if penalized:
         _apply_penalties(logits, penalized, [rows[i] for i in penalized])
     banned = [(i, t) for i, r in enumerate(rows) for t in _min_tokens_ban(r)]
@@ -74,6 +89,7 @@ def shape_batch(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         ri, ti = zip(*banned, strict=True)
         logits.index_put_((row_index(ri, dev), row_index(ti, dev)),
                           torch.full((), float("-inf"), dtype=logits.dtype, device=dev))  # fmt: skip
+    return kept
 
 
 def _min_tokens_ban(row: SamplingRow) -> tuple[int, ...]:
@@ -93,7 +109,7 @@ def _padded(arrays: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _ids(seq: Sequence[int]) -> np.ndarray:
+def id_array(seq: Sequence[int]) -> np.ndarray:
     """A list or a request's TokenRange as int64 (a range slices to a list without a copy loop)."""
     return np.asarray(seq if isinstance(seq, list) else seq[:], dtype=np.int64)
 
@@ -105,7 +121,8 @@ def _apply_penalties(logits: torch.Tensor, index: list[int], rows: list[Sampling
     dev = logits.device
     rep_rows = [(i, r) for i, r in zip(index, rows, strict=True) if r.params.repetition_penalty != 1.0]
     if rep_rows:
-        seen = [np.unique(np.concatenate([_ids(r.prompt_token_ids), _ids(r.output_token_ids)])) for _, r in rep_rows]
+        seen = [np.unique(np.concatenate([id_array(r.prompt_token_ids), id_array(r.output_token_ids)]))
+                for _, r in rep_rows]  # fmt: skip
         keep = [(i, r, ids) for (i, r), ids in zip(rep_rows, seen, strict=True) if len(ids)]
         if keep:
             at = (row_index([i for i, _, _ in keep], dev)[:, None], upload(_padded([ids for _, _, ids in keep]), dev))
@@ -116,7 +133,7 @@ def _apply_penalties(logits: torch.Tensor, index: list[int], rows: list[Sampling
     freq_rows = [(i, r) for i, r in zip(index, rows, strict=True)
                  if (r.params.frequency_penalty or r.params.presence_penalty) and len(r.output_token_ids)]  # fmt: skip
     if freq_rows:
-        counted = [np.unique(_ids(r.output_token_ids), return_counts=True) for _, r in freq_rows]
+        counted = [np.unique(id_array(r.output_token_ids), return_counts=True) for _, r in freq_rows]
         at = (row_index([i for i, _ in freq_rows], dev)[:, None], upload(_padded([u for u, _ in counted]), dev))
         counts = upload(_padded([c.astype(np.float32) for _, c in counted]), dev).to(logits.dtype)  # [k, width]
         fp = upload(np.asarray([(r.params.frequency_penalty, r.params.presence_penalty) for _, r in freq_rows],

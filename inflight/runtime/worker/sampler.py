@@ -7,7 +7,8 @@ temperature + top_k + top_p + min_p and a draw from the request's own ``torch.Ge
 a seeded request gets the same tokens whatever else shares the batch). Log-probabilities
 (with top alternatives) come from the penalized distribution before temperature. The per-step
 work is batched on the logits' device with at most one host sync a step
-(:mod:`inflight.runtime.worker.batched_sampling`).
+(:mod:`inflight.runtime.worker.batched_sampling`); a penalized request's tokens are followed
+there, step by step, from its sampled ids (:mod:`inflight.runtime.worker.penalty_state`).
 
 Grammar masks are filled on worker threads while the forward pass runs
 (:meth:`Sampler.prepare_masks`, :mod:`inflight.runtime.structured.mask_fills`). The sampler
@@ -40,6 +41,7 @@ from inflight.runtime.worker.batched_sampling import (
     start_sample,
     upload,
 )
+from inflight.runtime.worker.penalty_state import PenaltyPool, RequestPenalties
 
 
 @dataclass(slots=True)
@@ -53,6 +55,7 @@ class SamplingRow:
     generator: torch.Generator | None
     eos_token_ids: tuple[int, ...]
     matcher: RequestMatcher | None = None  # structured outputs: the request's grammar state
+    penalties: RequestPenalties | None = None  # penalties: the request's state on the device (penalty_state.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +127,13 @@ class PendingSample:
 
 
 class Sampler:
-    """Stateless apart from the device and its mask threads; call :meth:`sample` once per step."""
+    """Stateless apart from the device, its mask threads and the penalized requests' state
+    (:mod:`~inflight.runtime.worker.penalty_state`); call :meth:`sample` once per step."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.masks = MaskFiller()
+        self.penalties = PenaltyPool(device)
 
     def prepare_masks(self, rows: list[SamplingRow], vocab_size: int) -> PendingMasks | None:
         """Start filling the constrained rows' grammar masks (or keep the fills already under
@@ -157,10 +162,12 @@ class Sampler:
         launches the next step before it calls :meth:`PendingSample.result`)."""
         if not rows:
             return PendingSample(torch.zeros(0, dtype=torch.int64, device=logits.device), frozenset(), None)
-        shape_logits(logits, rows)
+        counted = shape_batch(logits, rows, self.penalties)
         deferred = self._apply_grammars(logits, rows, masks)
         if not deferred:
             ids, host = start_sample(logits, rows)
+            if counted is not None:
+                self.penalties.record(counted, ids)
             return PendingSample(ids, frozenset(), host)
         keep = [i for i in range(len(rows)) if i not in deferred]
         token_ids = torch.full((len(rows),), -1, dtype=torch.int64, device=logits.device)
@@ -169,6 +176,8 @@ class Sampler:
         index = row_index(keep, logits.device)
         ids, host = start_sample(logits.index_select(0, index), [rows[i] for i in keep])
         token_ids.index_copy_(0, index, ids)
+        if counted is not None:
+            self.penalties.record(counted, token_ids, deferred)
         return PendingSample(token_ids, frozenset(deferred), host, tuple(keep))
 
     def _apply_grammars(
