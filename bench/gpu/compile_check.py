@@ -73,12 +73,13 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
         *_lora_specs(dtype),
         *_mla_specs(dtype, block_size),
         *_gated_delta_specs(dtype),
+        *_mamba2_specs(dtype),
     ]  # fmt: skip
 
 
 def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
     """Qwen3-Next's linear attention (kernels/triton_gated_delta.py) at its widths: the causal conv
-    (4 taps), the delta-rule scan and its chunked form over 128 x 128 heads."""
+    (4 taps) and the chunked delta rule over 128 x 128 heads."""
     from inflight.kernels import triton_gated_delta as gd
 
     p = f"*{dtype}"
@@ -87,10 +88,6 @@ def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
         KernelSpec("gated_delta_conv", gd._conv_kernel,
                    {"x_ptr": p, "w_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
                    {"TAPS": 4, "BLOCK": gd.BLOCK_C}, unaligned=("sw", "ss0", "ss1")),
-        KernelSpec("gated_delta_rule", gd._rule_kernel,
-                   {"q_ptr": p, "k_ptr": p, "v_ptr": p, "g_ptr": "*fp32", "b_ptr": p, "state_ptr": "*fp32",
-                    "out_ptr": p, **seqs},
-                   {"BK": 128, "BV": gd.BLOCK_V}, unaligned=("group",)),
         KernelSpec("gated_delta_chunk", gd._chunk_rule_kernel,
                    {"q_ptr": p, "k_ptr": p, "v_ptr": p, "g_ptr": "*fp32", "b_ptr": p, "state_ptr": "*fp32",
                     "out_ptr": p, **seqs},
@@ -98,10 +95,34 @@ def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
     ]  # fmt: skip
 
 
+def _mamba2_specs(dtype: str) -> list[KernelSpec]:
+    """Granite 4's Mamba-2 layers (kernels/triton_mamba2.py) at its widths: the causal conv with a
+    bias (4 taps), the SSD scan and its chunked form over 64-feature heads with a 128-wide state."""
+    from inflight.kernels import triton_mamba2 as m2
+
+    p = f"*{dtype}"
+    seqs = {"qsl_ptr": "*i32", "slots_ptr": "*i64", "init_ptr": "*i32"}
+    return [
+        KernelSpec("mamba2_conv", m2._conv_kernel,
+                   {"x_ptr": p, "w_ptr": p, "b_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
+                   {"TAPS": 4, "BLOCK": m2.BLOCK_C, "HAS_BIAS": True}, unaligned=("sw", "ss0", "ss1")),
+        KernelSpec("mamba2_scan", m2._scan_kernel,
+                   {"x_ptr": p, "dt_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": p, "c_ptr": p, "d_ptr": "*fp32",
+                    "state_ptr": "*fp32", "out_ptr": p, **seqs},
+                   {"BP": m2.BLOCK_P, "BN": 128}, unaligned=("per_group",)),
+        KernelSpec("mamba2_chunk", m2._chunk_scan_kernel,
+                   {"x_ptr": p, "dt_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": p, "c_ptr": p, "d_ptr": "*fp32",
+                    "state_ptr": "*fp32", "out_ptr": p, **seqs},
+                   {"BP": m2.BLOCK_P, "BN": 128, "BT": m2.CHUNK_T}, unaligned=("per_group",)),
+    ]  # fmt: skip
+
+
 def _mla_specs(dtype: str, block_size: int) -> list[KernelSpec]:
     """The absorbed MLA decode (kernels/triton_mla_decode.py) at DeepSeek-V3's widths: latent 512,
-    rope 64, 16 heads a program; direct and split over the context, and the splits' merge."""
+    rope 64, 16 heads a program; direct and split over the context, and the splits' merge; and the
+    absorbed prefill (kernels/triton_mla_prefill.py) as it launches for 16 heads a rank."""
     from inflight.kernels import triton_mla_decode as mla
+    from inflight.kernels import triton_mla_prefill as mla_prefill
 
     p = f"*{dtype}"
     ptrs = {"q_latent_ptr": p, "q_pe_ptr": p, "latent_ptr": p, "pe_ptr": p, "block_tables_ptr": "*i32",
@@ -114,6 +135,11 @@ def _mla_specs(dtype: str, block_size: int) -> list[KernelSpec]:
         KernelSpec("mla_decode_split", mla._mla_decode_kernel, ptrs, {**tiles, "DIRECT": False}, unaligned=ragged),
         KernelSpec("mla_merge", mla._mla_merge_kernel, {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": p},
                    {"BLOCK_P": 16, "BLOCK_C": 512}, unaligned=ragged),
+        KernelSpec("mla_prefill", mla_prefill._mla_prefill_kernel,  # the absorbed prefill: 2 queries x 16 heads
+                   {"q_latent_ptr": p, "q_pe_ptr": p, "latent_ptr": p, "pe_ptr": p, "block_tables_ptr": "*i32",
+                    "query_start_loc_ptr": "*i32", "context_lens_ptr": "*i32", "out_ptr": p},
+                   {**{k: v for k, v in tiles.items() if k != "BLOCK_H"}, "BLOCK_M": 2, "BLOCK_H": 16},
+                   num_warps=8, unaligned=("num_seqs", "num_heads")),
     ]  # fmt: skip
 
 

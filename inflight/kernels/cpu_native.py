@@ -367,7 +367,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, d]
 paged_prefill_attention = cpu_prefill.bound_to(_lib)
 linear = cpu_linear.bound_to(_lib)
 lora_delta = lora_cpu.bound_to(compile_library)  # the multi-LoRA delta (issue 49)
-paged_mla_decode = cpu_mla.bound_to(compile_library)  # DeepSeek-V3's absorbed latent decode (issue 52)
+paged_mla_decode, paged_mla_prefill = cpu_mla.bound_to(compile_library)  # DeepSeek-V3's absorbed MLA (issue 52)
 
 
 # The native bundle. The dispatcher hands it out only after load_library() succeeded.
@@ -385,4 +385,5 @@ CPU_OPS = KernelOps(
     decode_layer_stack=decode_layer_stack,
     lora_delta=lora_delta,
     paged_mla_decode=paged_mla_decode,
+    paged_mla_prefill=paged_mla_prefill,
 )

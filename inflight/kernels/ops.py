@@ -51,6 +51,9 @@ class KernelOps:
     # Multi-head latent attention's absorbed decode over the latent cache (DeepSeek-V3:
     # :mod:`.mla_reference`); the torch reference unless a bundle brings its own.
     paged_mla_decode: Callable[..., torch.Tensor] = mla_reference.paged_mla_decode
+    # Its absorbed prefill: chunks of query tokens over the latent cache, causally (the model picks
+    # it per chunk, :mod:`inflight.runtime.model.mla`).
+    paged_mla_prefill: Callable[..., torch.Tensor] = mla_reference.paged_mla_prefill
 
 
 TORCH_OPS = KernelOps(

@@ -14,6 +14,7 @@ from inflight.kernels.triton_decode_attention import paged_decode_attention
 from inflight.kernels.triton_kv_store import store_kv_cache
 from inflight.kernels.triton_lora import lora_delta
 from inflight.kernels.triton_mla_decode import paged_mla_decode
+from inflight.kernels.triton_mla_prefill import paged_mla_prefill
 from inflight.kernels.triton_moe import fused_moe
 from inflight.kernels.triton_norm_rope import rms_norm, rotary_embedding
 from inflight.kernels.triton_prefill_attention import paged_prefill_attention
@@ -31,4 +32,5 @@ TRITON_OPS = KernelOps(
     fused_moe=fused_moe,
     lora_delta=lora_delta,
     paged_mla_decode=paged_mla_decode,
+    paged_mla_prefill=paged_mla_prefill,
 )

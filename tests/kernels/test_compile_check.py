@@ -45,8 +45,9 @@ def test_kernels_compile_for_gpu_targets(
                 "quant_q5_k", "quant_q6_k", "quant_reduce", "intq_int4_g128", "intq_int4_g32_zp",
                 "intq_int8_channel", "intq_int4_g8_zp", "lora_shrink", "lora_expand",
                 "store_kv_fp8", "decode_fp8", "prefill_fp8",  # fp8 KV caches: bytes, bit-decoded
-                "mla_decode", "mla_decode_split", "mla_merge",  # DeepSeek-V3's absorbed latent decode
-                "gated_delta_conv", "gated_delta_rule", "gated_delta_chunk"}  # fmt: skip (Qwen3-Next's linear attention)
+                "mla_decode", "mla_decode_split", "mla_merge", "mla_prefill",  # DeepSeek's absorbed latent attention
+                "gated_delta_conv", "gated_delta_chunk",  # Qwen3-Next's linear attention
+                "mamba2_conv", "mamba2_scan", "mamba2_chunk"}  # fmt: skip (Granite 4's Mamba-2 layers)
     assert names == expected and all(" ok " in line for line in lines), proc.stdout
     # Decode attention reads K/V with 16-byte asynchronous copies (no scalar 2-byte loads).
     decode = next(line for line in lines if line.startswith("decode_split"))

@@ -1,5 +1,5 @@
 """Tiny random checkpoints of the families served through the Llama decoder with a twist
-(Phi-3/Phi-4, GLM-4.5, Llama 4 text, DeepSeek-V3), made from transformers' own config classes with the demo tokenizer.
+(Phi-3/Phi-4, GLM-4.5, Llama 4 text, DeepSeek-V3, DeepSeek-V2), made from transformers' own config classes with the demo tokenizer.
 Nothing is downloaded."""
 
 from __future__ import annotations
@@ -56,6 +56,17 @@ def _config(arch: str, vocab_size: int, ids: dict[str, Any], overrides: dict[str
                              "original_max_position_embeddings": TINY.max_position_embeddings // 8},
         )
         return transformers.DeepseekV3Config(**{**common, **deepseek, **overrides}, architectures=["DeepseekV3ForCausalLM"])
+    if arch == "deepseek_v2":  # DeepSeek-V2's routing in small (tests/engine/test_deepseek_v2.py): 8 experts in 4 groups
+        deepseek = dict(
+            hidden_size=256, intermediate_size=256, num_hidden_layers=3, num_key_value_heads=TINY.num_heads,
+            q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=64, n_shared_experts=2, n_group=4,
+            topk_group=2, topk_method="group_limited_greedy", first_k_dense_replace=1, routed_scaling_factor=2.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                             "original_max_position_embeddings": TINY.max_position_embeddings // 8},
+        )
+        return transformers.DeepseekV2Config(**{**common, **deepseek, **overrides}, architectures=["DeepseekV2ForCausalLM"])
     raise ValueError(f"unknown family {arch!r}")
 
 

@@ -1,7 +1,7 @@
-"""The per-sequence state pool of a hybrid model (Qwen3-Next's linear-attention layers), beside the block pool.
+"""The per-sequence state pool of a hybrid model (Qwen3-Next's linear attention, Granite 4's Mamba-2), beside the block pool.
 
-Each running request of a hybrid model holds one slot: its conv and recurrent state in every
-linear-attention layer (the device tensors are the model runner's,
+Each running request of a hybrid model holds one slot: its conv and recurrent (SSM) state in every
+state layer (the device tensors are the model runner's,
 :mod:`inflight.runtime.worker.hybrid_cache`). The KV manager allocates a request's slot with its
 first blocks (admission), and frees it with its blocks: at finish, abort and preemption (a
 preempted request recomputes from its prompt, so its state is dropped with its KV). A slot needs
@@ -78,38 +78,41 @@ class StatePool:
 
 
 def hybrid_refusal(spec: ModelSpec, config: EngineConfig) -> str | None:
-    """Why ``config`` cannot serve ``spec`` when it has linear-attention layers (one line), or None."""
-    if spec.linear_attention is None:
+    """Why ``config`` cannot serve ``spec`` when it has state layers (one line), or None."""
+    if not spec.state_layers:
         return None
+    layers = "Mamba-2" if spec.mamba is not None else "linear-attention"
     refusals = []
     if config.speculative_config:
         refusals.append("speculative decoding (a rejected draft would have to roll the recurrent state back)")
     if config.enable_lora:
-        refusals.append("LoRA adapters (not applied to its linear-attention and gated layers)")
+        refusals.append(f"LoRA adapters (not applied to its {layers} layers)")
     if config.kv_offloading_size:
         refusals.append("the host KV tier (it keeps prefix-cache blocks, and prefix caching is off)")
     if config.kv_cache_dtype not in ("auto", None):
-        refusals.append(f"kv_cache_dtype {config.kv_cache_dtype} (its gated attention reads a float KV cache)")
+        refusals.append(f"kv_cache_dtype {config.kv_cache_dtype} (its attention layers read a float KV cache)")
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-        refusals.append("tensor or pipeline parallelism (the linear-attention layers are not split)")
+        refusals.append(f"tensor or pipeline parallelism (the {layers} layers are not split)")
     if not refusals:
         return None
-    return (f"{spec.arch} (hybrid linear attention) cannot be served with " + "; ".join(refusals)
+    kind = "hybrid Mamba-2" if spec.mamba is not None else "hybrid linear attention"
+    return (f"{spec.arch} ({kind}) cannot be served with " + "; ".join(refusals)
             + " (docs/models.md).")  # fmt: skip
 
 
 def hybrid_config(spec: ModelSpec, config: EngineConfig) -> EngineConfig:
-    """``config`` for serving ``spec``: unchanged unless the model has linear-attention layers;
+    """``config`` for serving ``spec``: unchanged unless the model has state layers;
     then prefix caching is turned off (logged with the reason) and what cannot apply is refused
     (``ValueError``: :func:`hybrid_refusal`)."""
-    if spec.linear_attention is None:
+    if not spec.state_layers:
         return config
     refusal = hybrid_refusal(spec, config)
     if refusal is not None:
         raise ValueError(refusal)
     if config.enable_prefix_caching:
-        logger.info("prefix caching is off for %s: its linear-attention layers keep a recurrent state per "
-                    "sequence, which a cached KV block cannot restore (state snapshots at block boundaries are "
-                    "not done)", spec.arch)  # fmt: skip
+        layers = "Mamba-2" if spec.mamba is not None else "linear-attention"
+        logger.info("prefix caching is off for %s: its %s layers keep a recurrent state per sequence, which a "
+                    "cached KV block cannot restore (state snapshots at block boundaries are not done)",
+                    spec.arch, layers)  # fmt: skip
         config = config.replace(enable_prefix_caching=False)
     return config

@@ -1,4 +1,5 @@
-"""The ModelSpec of a DeepSeek-V3 config (``DeepseekV3ForCausalLM``: DeepSeek-V3/R1, Kimi K2 and kin).
+"""The ModelSpec of a DeepSeek-V3 config (``DeepseekV3ForCausalLM``: DeepSeek-V3/R1, Kimi K2 and kin)
+and of a DeepSeek-V2 one (``DeepseekV2ForCausalLM``: DeepSeek-V2, V2-Lite, V2.5, Coder-V2).
 
 Attention is multi-head latent attention (:class:`~.spec_types.MlaSpec`, run by :mod:`.mla`): the
 spec's ``num_kv_heads`` is 1 (one latent shared by every head, replicated on every tensor-parallel
@@ -8,7 +9,17 @@ times yarn's ``mscale(factor, mscale_all_dim) ** 2`` when the rope is scaled, as
 computes it. The expert layers (from ``first_k_dense_replace`` on) route as GLM-4.5's do (sigmoid
 scores, group-limited top-k with the correction bias, a shared expert): the same :class:`MoeSpec`.
 fp8 block-quantized checkpoints (DeepSeek's published weights: ``quant_method`` fp8 with
-``weight_block_size``) are refused with the reason. Reads configs only.
+``weight_block_size``) are refused with the reason.
+
+DeepSeek-V2's attention is the same latent attention (its rotary is written with complex numbers
+over feature pairs ``(2i, 2i + 1)``: DeepSeek-V3's interleaved layout, so ``rope_interleave``; V2-Lite
+has no ``q_lora_rank``). Its experts route differently (:func:`softmax_grouped_moe`, run by
+:func:`.moe.select_softmax_grouped_experts`): softmax scores, the top-k either over all experts
+(``topk_method`` greedy) or within the ``topk_group`` groups of ``n_group`` whose best score is
+highest (group_limited_greedy), no correction bias, weights times ``routed_scaling_factor``, and
+``n_shared_experts`` shared experts beside them. Expert layers are those from
+``first_k_dense_replace`` on that are multiples of ``moe_layer_freq`` (DeepSeek's own code and vLLM;
+every published checkpoint has 1). Reads configs only.
 """
 
 from __future__ import annotations
@@ -18,11 +29,21 @@ from typing import Any
 
 from inflight.runtime.model.family_specs import grouped_sigmoid_moe
 from inflight.runtime.model.rope import rope_parameters
-from inflight.runtime.model.spec_types import SUPPORTED_ROPE_TYPES, MlaSpec, ModelSpec, shape_fields
+from inflight.runtime.model.spec_types import SUPPORTED_ROPE_TYPES, MlaSpec, ModelSpec, MoeSpec, shape_fields
 
 
 def deepseek_v3_spec(config: Any) -> ModelSpec:
     """The spec of a ``deepseek_v3`` config (``ValueError`` for what is not served)."""
+    return _mla_model_spec(config, "deepseek_v3", grouped_sigmoid_moe(config))
+
+
+def deepseek_v2_spec(config: Any) -> ModelSpec:
+    """The spec of a ``deepseek_v2`` config (``ValueError`` for what is not served)."""
+    return _mla_model_spec(config, "deepseek_v2", softmax_grouped_moe(config))
+
+
+def _mla_model_spec(config: Any, arch: str, moe: MoeSpec | None) -> ModelSpec:
+    """A latent-attention decoder's spec: the MLA widths, the rope and its scale, and ``moe``."""
     _refuse_fp8(config)
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; only silu is implemented.")
@@ -41,10 +62,39 @@ def deepseek_v3_spec(config: Any) -> ModelSpec:
     shape.update(num_kv_heads=1, head_dim=mla.qk_rope_head_dim)
     bias = bool(getattr(config, "attention_bias", False))
     return ModelSpec(
-        arch="deepseek_v3", **shape,
+        arch=arch, **shape,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=False, sliding_window=None, hidden_act="silu",
-        moe=grouped_sigmoid_moe(config), attn_scale=mla_scale(mla, rope), mla=mla,
+        moe=moe, attn_scale=mla_scale(mla, rope), mla=mla,
+    )  # fmt: skip
+
+
+def softmax_grouped_moe(config: Any) -> MoeSpec | None:
+    """DeepSeek-V2's expert layers (``ValueError`` for a routing it does not have)."""
+    num_experts, top_k = int(config.n_routed_experts or 0), int(config.num_experts_per_tok or 0)
+    method = getattr(config, "topk_method", "greedy") or "greedy"
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"unsupported topk_method {method!r} for DeepSeek-V2; supported: greedy, "
+                         "group_limited_greedy.")  # fmt: skip
+    freq = int(getattr(config, "moe_layer_freq", 1) or 1)
+    sparse = tuple(i for i in range(int(config.first_k_dense_replace or 0), config.num_hidden_layers) if i % freq == 0)
+    if not sparse or num_experts < 1:
+        return None
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {num_experts} experts.")
+    groups, topk_groups = 1, 1
+    if method == "group_limited_greedy":
+        groups, topk_groups = int(config.n_group or 1), int(config.topk_group or 1)
+        if num_experts % groups or not 1 <= topk_groups <= groups:
+            raise ValueError(f"n_group {groups} must divide the {num_experts} experts and topk_group {topk_groups} "
+                             "must be between 1 and n_group.")  # fmt: skip
+        if top_k > topk_groups * (num_experts // groups):
+            raise ValueError(f"num_experts_per_tok {top_k} exceeds the experts in topk_group {topk_groups} groups.")
+    shared = int(config.moe_intermediate_size) * int(getattr(config, "n_shared_experts", 0) or 0)
+    return MoeSpec(
+        num_experts, top_k, int(config.moe_intermediate_size), bool(getattr(config, "norm_topk_prob", False)), sparse,
+        scoring="softmax_grouped", num_groups=groups, topk_groups=topk_groups,
+        routed_scaling_factor=float(config.routed_scaling_factor), shared_intermediate_size=shared,
     )  # fmt: skip
 
 

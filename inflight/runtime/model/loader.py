@@ -26,6 +26,7 @@ from safetensors import safe_open
 from inflight.runtime.model import compressed_tensors, deepseek_v3, kv_scales, llama4, moe_weights, mxfp4, stages
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.decoder import CausalLM
+from inflight.runtime.model.granite_hybrid import GraniteHybridLM, checkpoint_name
 from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.qwen2_5_vl_vision import VisionTower, load_vision_tensor
 from inflight.runtime.model.qwen3_next import Qwen3NextLM
@@ -200,7 +201,8 @@ def load_model(
     if alias is not None:
         logger.warning("%s", alias)
     with torch.device("meta"):
-        model = (Qwen3NextLM if spec.arch == "qwen3_next" else CausalLM)(spec, tp, stage)
+        own = {"qwen3_next": Qwen3NextLM, "granitemoehybrid": GraniteHybridLM}  # hybrid models: their own class
+        model = own.get(spec.arch, CausalLM)(spec, tp, stage)
         if spec.arch == "qwen2_5_vl":  # the vision tower rides beside the decoder (model/qwen2_5_vl_vision.py)
             model.visual = VisionTower(config.vision_config)
     # packed linears (GGUF blocks, compressed-tensors int4/int8) go in while the model is on
@@ -231,6 +233,8 @@ def load_model(
         if spec.arch == "llama4_text":  # feed_forward.{router,shared_expert,experts}: our mlp.{gate,shared_experts,experts}
             name = name.replace(".feed_forward.", ".mlp.").replace(".mlp.router.", ".mlp.gate.")
             name = name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
+        if spec.arch == "granitemoehybrid":  # Granite 4's names (model/granite_hybrid.py)
+            name = checkpoint_name(name, spec)
         if spec.arch == "qwen3_next":  # mlp.shared_expert is our mlp.shared_experts; mtp.*: its MTP head, skipped
             name = name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
             if name.startswith("mtp."):
@@ -292,8 +296,8 @@ def load_model(
 
 
 def _is_mtp_layer(name: str, spec: ModelSpec) -> bool:
-    """GLM-4.5's multi-token-prediction layers (``layers.{num_layers + i}``): a speculative head we
-    do not run, skipped as vLLM does."""
+    """GLM-4.5's multi-token-prediction layers (``layers.{num_layers + i}``): not the served model's,
+    skipped as vLLM does (speculative method mtp loads them: spec_decode/mtp_head.py)."""
     parts = name.split(".")
     return (spec.arch == "glm4_moe" and len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit()
             and int(parts[1]) >= spec.num_layers)

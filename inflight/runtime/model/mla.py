@@ -1,4 +1,5 @@
-"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the attention block of a ``deepseek_v3`` layer.
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the attention block of a ``deepseek_v3`` or
+``deepseek_v2`` layer.
 
 Projections, named as the checkpoints name them: queries through ``q_a_proj`` -> ``q_a_layernorm`` ->
 ``q_b_proj`` (or one ``q_proj`` when ``q_lora_rank`` is None), each head ``qk_nope_head_dim`` plain
@@ -11,11 +12,19 @@ pe_cache)``, :mod:`inflight.kernels.mla_reference`), stored through ``ops.store_
 tensor stored as its own K and V). Decode rows take the absorbed path: ``q_nope @ W_UK`` puts each
 query into the latent space, ``ops.paged_mla_decode`` attends over the cached latents and returns a
 latent per head, and ``W_UV`` maps it to the head's value space, so decode reads nothing but the
-latent cache. Prompt chunks take the expanded path (as vLLM's prefill does): the chunk's whole
-context (a prefix hit's or an earlier chunk's tokens included) is read back from the cache and
-expanded through ``kv_b_proj`` into per-head K/V, then causal attention. Both paths compute the
-scores in the order ``softmax(q . k * scale)`` in float32; the absorbed one reassociates the
-``W_UK`` product, so they agree to rounding, not bit for bit.
+latent cache. Prompt chunks take one of two paths, chosen per chunk by arithmetic
+(:func:`absorbs_prefill`): the expanded one (as vLLM's and SGLang's long prefills do) reads the
+chunk's whole context (a prefix hit's or an earlier chunk's tokens included) back from the cache,
+expands it through ``kv_b_proj`` into per-head K/V and runs causal attention; the absorbed one runs
+the decode's algebra for many queries (``ops.paged_mla_prefill``, one call for every such chunk of
+the step). Expanding costs ``context * kv_lora_rank * (qk_nope + v)`` multiply-adds a head however
+few the queries; absorbing costs ``2 * kv_lora_rank - qk_nope - v`` more a query-key pair (the
+scores and the sum run over the latent width) plus the queries' ``W_UK``/``W_UV`` products. So a
+whole prompt (queries = context) expands, and a short chunk behind a long cached context (a chunked
+prompt's later chunks, a prefix hit's suffix) absorbs: with DeepSeek-V3's widths below about 170
+queries a chunk once the context is long, and it reads only the latent cache (no per-head K/V
+materialised). Both paths compute ``softmax(q . k * scale)`` in float32; the absorbed one
+reassociates the ``W_UK`` product, so they agree to rounding, not bit for bit.
 
 Tensor parallelism splits heads: each rank holds its heads' rows of ``q_b_proj``/``q_proj`` and
 ``kv_b_proj`` and their columns of ``o_proj``; the latent projections, their norms and the latent
@@ -27,6 +36,7 @@ scheduling or files.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +48,7 @@ from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
 from inflight.runtime.model.layout import ShardLayout
-from inflight.runtime.model.spec_types import ModelSpec
+from inflight.runtime.model.spec_types import MlaSpec, ModelSpec
 
 LATENT_NORM_EPS = 1e-6  # transformers builds q_a_layernorm and kv_a_layernorm with the default eps
 
@@ -125,7 +135,7 @@ class MlaAttention(nn.Module):
         if nd:
             out[:nd] = self._decode(q_nope[:nd], q_pe[:nd], w_kv, kv_cache, meta, ops)
         if nd < num_tokens:
-            out[nd:] = self._prefill(q_nope[nd:], q_pe[nd:], kv_cache, meta, ops)
+            out[nd:] = self._prefill(q_nope[nd:], q_pe[nd:], w_kv, kv_cache, meta, ops)
         attn = out.reshape(num_tokens, heads * mla.v_head_dim)
         result = ops.linear(attn, self.o_proj.weight, self.o_proj.bias)
         return result if self.tp is None else self.tp.all_reduce(result)
@@ -135,27 +145,57 @@ class MlaAttention(nn.Module):
         meta: AttentionMetadata, ops: KernelOps,
     ) -> torch.Tensor:  # [num_decodes, heads, v_head_dim]
         """The absorbed path: queries into the latent space, attention over the latents, ``W_UV`` out."""
+        return self._absorbed(q_nope, q_pe, w_kv, ops.paged_mla_decode, kv_cache, meta.decode_block_tables,
+                              meta.decode_context_lens)  # fmt: skip
+
+    def _absorbed(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, w_kv: torch.Tensor, kernel: Callable[..., torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor], *paged: torch.Tensor,
+    ) -> torch.Tensor:  # [num_queries, heads, v_head_dim]
+        """``W_UK`` in, ``kernel`` (``paged_mla_decode`` or ``paged_mla_prefill``, given its ``paged``
+        tables and lengths) over the latent cache, ``W_UV`` out."""
         nope = self.mla.qk_nope_head_dim
         w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]  # [heads, nope, rank], [heads, v, rank]
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [num_decodes, heads, rank]
-        out_latent = ops.paged_mla_decode(
-            q_latent.contiguous(), q_pe.contiguous(), kv_cache[0], kv_cache[1], meta.decode_block_tables,
-            meta.decode_context_lens, self.scale,
-        )  # fmt: skip
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [num_queries, heads, rank]
+        out_latent = kernel(q_latent.contiguous(), q_pe.contiguous(), kv_cache[0], kv_cache[1], *paged, self.scale)
         return torch.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
     def _prefill(
-        self, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata, ops: KernelOps,
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, w_kv: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps,
     ) -> torch.Tensor:  # [num_prefill_tokens, heads, v_head_dim]
-        """The expanded path: each prompt chunk's context read back from the latent cache, expanded
-        through ``kv_b_proj`` into per-head K/V, causal attention (the chunk's last query sees it all)."""
-        mla, heads = self.mla, self.num_heads
+        """Each prompt chunk absorbed or expanded (:func:`absorbs_prefill`); the absorbed chunks in
+        one kernel call."""
         starts = meta.prefill_query_start_loc.tolist()
         lens = meta.prefill_context_lens.tolist()
-        out = q_nope.new_empty(q_nope.shape[0], heads, mla.v_head_dim)
-        for i in range(meta.num_prefills):
-            lo, hi, context = starts[i], starts[i + 1], lens[i]
+        n = meta.num_prefills
+        absorbed = [i for i in range(n) if absorbs_prefill(self.mla, starts[i + 1] - starts[i], lens[i])]
+        if len(absorbed) == n:  # the whole step's chunks as they are packed
+            return self._absorbed(q_nope, q_pe, w_kv, ops.paged_mla_prefill, kv_cache, meta.prefill_block_tables[:n],
+                                  meta.prefill_query_start_loc, meta.prefill_context_lens)  # fmt: skip
+        out = q_nope.new_empty(q_nope.shape[0], self.num_heads, self.mla.v_head_dim)
+        if absorbed:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in absorbed]).to(q_nope.device)
+            picked = torch.tensor(absorbed, device=q_nope.device)
+            sizes = torch.tensor([0] + [starts[i + 1] - starts[i] for i in absorbed], dtype=torch.int32)
+            out[rows] = self._absorbed(
+                q_nope[rows], q_pe[rows], w_kv, ops.paged_mla_prefill, kv_cache, meta.prefill_block_tables[picked],
+                sizes.cumsum(0).to(torch.int32).to(q_nope.device), meta.prefill_context_lens[picked],
+            )  # fmt: skip
+        chosen = set(absorbed)
+        self._expanded_prefill(q_nope, q_pe, kv_cache, meta, ops, out,
+                               [(starts[i], starts[i + 1], lens[i], i) for i in range(n) if i not in chosen])  # fmt: skip
+        return out
+
+    def _expanded_prefill(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata, ops: KernelOps, out: torch.Tensor, chunks: list[tuple[int, int, int, int]],
+    ) -> None:
+        """The expanded path into ``out``: each chunk's ``(lo, hi, context, index)`` context read back
+        from the latent cache, expanded through ``kv_b_proj`` into per-head K/V, causal attention (the
+        chunk's last query sees it all)."""
+        mla, heads = self.mla, self.num_heads
+        for lo, hi, context, i in chunks:
             table = meta.prefill_block_tables[i]
             latent = gather_context(kv_cache[0], table, context)  # [context, rank]
             k_pe = gather_context(kv_cache[1], table, context)  # [context, rope_dim]
@@ -170,4 +210,12 @@ class MlaAttention(nn.Module):
                 query.transpose(0, 1).float(), key.transpose(0, 1).float(), value.transpose(0, 1).float(),
                 attn_mask=visible, scale=self.scale,
             ).transpose(0, 1).to(out.dtype)  # fmt: skip
-        return out
+
+
+def absorbs_prefill(mla: MlaSpec, num_queries: int, context: int) -> bool:
+    """Whether a chunk of ``num_queries`` behind ``context`` cached tokens (its own included) costs
+    fewer multiply-adds a head absorbed than expanded: expanding adds ``context * rank * (nope + v)``
+    once; absorbing adds ``2 * rank - nope - v`` a query-key pair and ``rank * (nope + v)`` a query."""
+    rank, nope, v = mla.kv_lora_rank, mla.qk_nope_head_dim, mla.v_head_dim
+    absorbed_extra = num_queries * (context * (2 * rank - nope - v) + rank * (nope + v))
+    return absorbed_extra < context * rank * (nope + v)

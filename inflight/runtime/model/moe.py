@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer of Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5: a router and SwiGLU experts.
+"""The mixture-of-experts layer of Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5 and DeepSeek: a router and SwiGLU experts.
 
 The router (a replicated ``[num_experts, hidden]`` matmul through ``KernelOps.linear``) picks
 each token's top-k experts; the experts run through ``KernelOps.fused_moe`` (the torch
@@ -9,10 +9,12 @@ checkpoint layout. GLM-4.5 routes by sigmoid scores in float32 (:func:`select_gr
 and adds a dense shared expert (``shared_experts``, a :class:`~.decoder.MLP`-shaped SwiGLU whose
 partial sum joins the experts' before the one all-reduce). Llama 4 routes each token to its top-1
 expert by logit and scales the expert's *input* by the sigmoid of that logit (the expert then gets
-weight 1), with a shared expert as GLM's. gpt-oss adds a router bias, routes by top-k of the logits then a softmax
-over those k, biases on both expert matmuls (``experts.gate_up_proj_bias`` ``[E, 2 * I]``,
-gate then up; ``experts.down_proj_bias`` ``[E, hidden]``) and the clamped SwiGLU. Knows
-nothing about attention, scheduling or files.
+weight 1), with a shared expert as GLM's. DeepSeek-V3 routes as GLM-4.5; DeepSeek-V2 by float32
+softmax scores, within the best groups by their top score when group-limited
+(:func:`select_softmax_grouped_experts`), shared experts as GLM's. gpt-oss adds a router bias,
+routes by top-k of the logits then a softmax over those k, biases on both expert matmuls
+(``experts.gate_up_proj_bias`` ``[E, 2 * I]``, gate then up; ``experts.down_proj_bias``
+``[E, hidden]``) and the clamped SwiGLU. Knows nothing about attention, scheduling or files.
 
 Tensor parallelism slices every expert's intermediate dimension across the ranks, exactly as
 the dense MLP is sliced (each rank holds ``I / N`` columns of all ``E`` experts, and one
@@ -82,6 +84,26 @@ def select_grouped_experts(
     return weights * moe.routed_scaling_factor, ids
 
 
+def select_softmax_grouped_experts(
+    router_logits: torch.Tensor,  # [num_tokens, num_experts] float32
+    moe: MoeSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [num_tokens, top_k] float32 weights, int64 expert ids
+    """DeepSeek-V2 routing: float32 softmax scores; with ``num_groups`` > 1 (group_limited_greedy)
+    only the experts of the ``topk_groups`` groups whose best score is highest stay in the running;
+    the top-k scores (divided by their sum when ``renormalize``) times ``routed_scaling_factor``."""
+    scores = torch.softmax(router_logits.float(), dim=-1)
+    if moe.num_groups > 1:
+        num_tokens, num_experts = scores.shape
+        group_scores = scores.view(num_tokens, moe.num_groups, -1).max(dim=-1).values  # [num_tokens, num_groups]
+        best_groups = torch.topk(group_scores, k=moe.topk_groups, dim=-1, sorted=False)[1]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+        scores = scores.masked_fill(~keep.repeat_interleave(num_experts // moe.num_groups, dim=1), 0.0)
+    weights, ids = torch.topk(scores, k=moe.top_k, dim=-1, sorted=False)
+    if moe.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * moe.routed_scaling_factor, ids
+
+
 class SharedExpert(nn.Module):
     """GLM-4.5's shared expert: a SwiGLU every token passes, this rank's columns of it (no all-reduce)."""
 
@@ -140,6 +162,9 @@ class SparseMoe(nn.Module):
         if self.moe.scoring == "sigmoid":  # GLM-4.5 (transformers runs this matmul in float32; we in the model's dtype)
             router_logits = ops.linear(x, self.gate.weight).float()  # [num_tokens, num_experts]
             weights, ids = select_grouped_experts(router_logits, self.gate.e_score_correction_bias, self.moe)
+        elif self.moe.scoring == "softmax_grouped":  # DeepSeek-V2
+            router_logits = ops.linear(x, self.gate.weight).float()  # [num_tokens, num_experts]
+            weights, ids = select_softmax_grouped_experts(router_logits, self.moe)
         elif self.moe.scoring == "sigmoid_input":  # Llama 4: top-1 by logit, its sigmoid scales the input
             top_logits, ids = torch.topk(ops.linear(x, self.gate.weight), 1, dim=-1)  # [num_tokens, 1]
             routed_in = x * torch.sigmoid(top_logits.float()).to(x.dtype)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from inflight.runtime.model.deepseek_spec import deepseek_v3_spec
+from inflight.runtime.model.deepseek_spec import deepseek_v2_spec, deepseek_v3_spec
 from inflight.runtime.model.family_specs import family_spec
+from inflight.runtime.model.granite_hybrid_spec import granite_hybrid_spec
 from inflight.runtime.model.qwen3_next_spec import qwen3_next_spec
 from inflight.runtime.model.spec_types import (
     SUPPORTED_ROPE_TYPES,
@@ -36,7 +37,9 @@ SUPPORTED_ARCHITECTURES = {
     "Glm4MoeForCausalLM": "glm4_moe",
     "Llama4ForCausalLM": "llama4_text",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "GraniteMoeHybridForCausalLM": "granitemoehybrid",  # Granite 4: Mamba-2 + attention
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV2ForCausalLM": "deepseek_v2",  # MLA with DeepSeek-V2's softmax routing (model/deepseek_spec.py)
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # its decoder is Qwen2's; images: docs/vision.md
 }
 # Checkpoints with no LM head: a bare decoder (sentence-transformers' embedding models, saved by
@@ -131,8 +134,12 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
                                    tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
     if arch == "qwen3_next":
         return qwen3_next_spec(config)
+    if arch == "granitemoehybrid":  # Granite 4's hybrid (model/granite_hybrid.py)
+        return granite_hybrid_spec(config)
     if arch == "deepseek_v3":  # multi-head latent attention (model/mla.py)
         return deepseek_v3_spec(config)
+    if arch == "deepseek_v2":
+        return deepseek_v2_spec(config)
     return _decoder_spec(config, arch)
 
 

@@ -34,7 +34,7 @@ class MoeSpec:
     # ``shared_intermediate_size`` columns added to every token (0: none).
     # Llama 4: "sigmoid_input": sigmoid of each token's top-k router logits scales the expert's
     # input (not its output); a shared expert as GLM's.
-    scoring: str = "softmax"  # or "sigmoid", "sigmoid_input"
+    scoring: str = "softmax"  # or "sigmoid", "sigmoid_input", "softmax_grouped" (DeepSeek-V2: model/moe.py)
     score_correction_bias: bool = False
     num_groups: int = 1
     topk_groups: int = 1
@@ -73,6 +73,30 @@ class GatedDeltaSpec:
     @property
     def conv_dim(self) -> int:  # channels of the causal conv: q, k and v together
         return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba2Spec:
+    """The Mamba-2 layers of a hybrid decoder (Granite 4: :mod:`.mamba2_layer`): which layers, and
+    their sizes. Each running sequence holds a conv state and an SSM state per such layer (a slot)."""
+
+    layers: tuple[int, ...]  # the Mamba-2 layers; the others are attention
+    num_heads: int
+    head_dim: int
+    num_groups: int  # B and C are shared by num_heads / num_groups consecutive heads
+    state_size: int  # d_state
+    conv_kernel: int  # d_conv
+    conv_bias: bool
+    proj_bias: bool  # in_proj and out_proj
+    dt_limit: tuple[float, float]  # softplus(dt + dt_bias) clamped to it
+
+    @property
+    def intermediate_size(self) -> int:  # x (and z) width: heads times head_dim
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:  # channels of the causal conv: x, B and C together
+        return self.intermediate_size + 2 * self.num_groups * self.state_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +151,18 @@ class ModelSpec:
     attn_output_gate: bool = False
     linear_attention: GatedDeltaSpec | None = None
     mla: MlaSpec | None = None  # DeepSeek-V3: latent attention (num_kv_heads 1, head_dim the rope width)
+    # Granite 4 (defaults: the others): Mamba-2 layers beside attention; each block's output times
+    # residual_multiplier before it joins the residual; logits divided by logits_scaling.
+    mamba: Mamba2Spec | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The layers that keep a per-sequence state instead of KV (a hybrid model's; () for the others)."""
+        if self.linear_attention is not None:
+            return self.linear_attention.layers
+        return self.mamba.layers if self.mamba is not None else ()
 
     def layer_window(self, index: int) -> int | None:
         """Layer ``index``'s attention window (a query at ``p`` sees keys after ``p - W``), or None."""
