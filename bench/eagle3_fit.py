@@ -8,7 +8,9 @@ token's embedding beside ``hidden_norm`` of the fused state into one Llama layer
 paged KV. Training unrolls ``steps`` chained passes (EAGLE-3's training-time test): pass ``s`` at
 position ``i`` reads pass ``s - 1``'s pre-norm state at ``i - 1`` and attends to pass 1's keys up to
 ``i - s + 1`` and to pass ``r``'s key at ``i - s + r`` (r = 2..s), exactly the entries the served
-head's KV holds when it chains its drafts. Every pass learns the target's own greedy next token.
+head's KV holds when it chains its drafts. Every pass learns the target's own greedy next token
+where the example's mask says (its answer), on the draft vocabulary only (logits of those rows
+alone); ``lm_head`` and ``norm`` may start from the target's (:meth:`TrainHead.start_from_target`).
 Knows nothing about the engine.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,8 +43,9 @@ class HeadShape:
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    """One sequence: aux states ``[n, 3 * hidden]``, token ids ``[n]``, the target's greedy
-    next-token ids ``[n]`` (``labels[i]`` = argmax after token ``i``) and a loss mask ``[n]``."""
+    """One sequence: aux states ``[n, 3 * hidden]`` (any float dtype), token ids ``[n]``, the
+    target's greedy next-token ids ``[n]`` (``labels[i]``: its token after token ``i``) and a loss
+    mask ``[n]`` (the labels to learn: its answer's tokens)."""
 
     aux: torch.Tensor
     tokens: torch.Tensor
@@ -86,8 +90,8 @@ class TrainHead(nn.Module):
         )
 
     def unrolled(self, emb: torch.Tensor, fused: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Draft-vocabulary logits ``[n, draft_vocab]`` of passes 1..steps (see module docstring);
-        ``emb[i]`` is the embedding of token ``i + 1``."""
+        """Pre-norm states ``[n, hidden]`` of passes 1..steps (see module docstring; logits through
+        :meth:`draft_logits`); ``emb[i]`` is the embedding of token ``i + 1``."""
         s, n = self.shape, emb.shape[0]
         pos = torch.arange(n)
         keys: list[torch.Tensor] = []
@@ -108,9 +112,23 @@ class TrainHead(nn.Module):
             residual = hidden + self.o_proj(attn.transpose(0, 1).reshape(n, -1))
             y = _rms(residual, self.norms["post_attention_layernorm"], s.eps)
             pre = residual + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-            out.append(self.lm_head(_rms(pre, self.norms["norm"], s.eps)))
+            out.append(pre)
             hidden = torch.cat([pre[:1] * 0, pre[:-1]], 0)  # pass s+1 at i reads pass s at i - 1
         return out
+
+    def draft_logits(self, pre: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab]
+        """Draft-vocabulary logits of pre-norm states (the rows a loss reads only)."""
+        return self.lm_head(_rms(pre, self.norms["norm"], self.shape.eps))
+
+    def start_from_target(self, lm_rows: torch.Tensor, final_norm: torch.Tensor, train_lm_head: bool) -> None:
+        """Start ``lm_head`` from the target's output rows of the draft vocabulary ``[draft_vocab,
+        hidden]`` and ``norm`` from its final norm, so the head's output space is the target's from
+        the first step; with ``train_lm_head`` False the rows stay fixed (fewer parameters to fit
+        from little data)."""
+        with torch.no_grad():
+            self.lm_head.weight.copy_(lm_rows)
+            self.norms["norm"].copy_(final_norm)
+        self.lm_head.weight.requires_grad_(train_lm_head)
 
     def state_dict_published(self) -> dict[str, torch.Tensor]:
         """The published EAGLE-3 tensor names (``midlayer.*``)."""
@@ -126,12 +144,13 @@ class TrainHead(nn.Module):
 
 
 def train(head: TrainHead, embed: torch.Tensor, examples: list[Example], draft_of: torch.Tensor, *, epochs: int,
-          steps: int, lr: float, seed: int, log: object = print) -> list[float]:  # fmt: skip
+          steps: int, lr: float, seed: int, log: object = partial(print, flush=True)) -> list[float]:  # fmt: skip
     """AdamW with cosine decay over ``examples`` (one sequence per update); the mean loss of each
     epoch. ``draft_of[t]`` is target id ``t``'s draft id, -1 outside the draft vocabulary
     (such labels are skipped)."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    trained = [q for q in head.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     total = epochs * len(examples)
     losses, done = [], 0
     for epoch in range(epochs):
@@ -143,22 +162,41 @@ def train(head: TrainHead, embed: torch.Tensor, examples: list[Example], draft_o
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done / total))
             done += 1
             emb = embed[ex.tokens[1:]]  # position i reads token i + 1
-            fused = head.fc(ex.aux[:-1])
+            fused = head.fc(ex.aux[:-1].float())
             target = draft_of[ex.labels[1:]]  # position i predicts the target's token after i + 1
             loss = torch.zeros(())
-            for step, logits in enumerate(head.unrolled(emb, fused, steps)):
+            for step, pre in enumerate(head.unrolled(emb, fused, steps)):
                 keep = ex.mask[1:] & (target >= 0)
                 keep[:step] = False
                 if keep.any():
-                    loss = loss + (0.8**step) * F.cross_entropy(logits[keep], target[keep])
+                    loss = loss + (0.8**step) * F.cross_entropy(head.draft_logits(pre[keep]), target[keep])
+            if not loss.requires_grad:  # no answer token in the draft vocabulary: nothing to learn
+                continue
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
             running += loss.item()
         losses.append(running / len(examples))
         log(f"epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f}")  # type: ignore[operator]
     return losses
+
+
+@torch.no_grad()
+def agreement(head: TrainHead, embed: torch.Tensor, examples: list[Example], draft_of: torch.Tensor,
+              steps: int) -> list[float]:  # fmt: skip
+    """Offline acceptance proxy: the share of masked positions where pass ``s`` (1..steps) ranks
+    the target's token first (a token outside the draft vocabulary counts as a miss)."""
+    hits, total = [0] * steps, [0] * steps
+    for ex in examples:
+        target = draft_of[ex.labels[1:]]
+        for step, pre in enumerate(head.unrolled(embed[ex.tokens[1:]], head.fc(ex.aux[:-1].float()), steps)):
+            keep = ex.mask[1:].clone()
+            keep[:step] = False
+            if keep.any():
+                hits[step] += int((head.draft_logits(pre[keep]).argmax(-1) == target[keep]).sum())
+                total[step] += int(keep.sum())
+    return [h / t if t else 0.0 for h, t in zip(hits, total, strict=True)]
 
 
 def save_head(head: TrainHead, out: Path, draft_ids: torch.Tensor, aux_ids: tuple[int, ...],

@@ -60,7 +60,8 @@ def _speculative_property() -> dict[str, Any]:
             "method": {"type": "string", "enum": list(METHODS),
                        "description": "ngram: prompt lookup; draft_model: a small model (model) proposes; "
                                       "eagle3: an EAGLE-3 head (model) proposes from the served model's hidden "
-                                      "states."},
+                                      "states; mtp: the served DeepSeek-V3 / GLM-4.5 checkpoint's own "
+                                      "multi-token-prediction layer proposes (no model)."},
             "model": {"type": "string", "description": "draft_model / eagle3: the draft model's or head's directory "
                                                        "in the runtime container (mount it beside the model); a "
                                                        "draft model must share the served model's tokenizer."},

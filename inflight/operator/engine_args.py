@@ -117,8 +117,8 @@ def parse_engine(raw: dict[str, Any]) -> dict[str, Any]:
 def validate_engine(values: dict[str, Any]) -> None:
     """What the runtime's EngineConfig would refuse at start, as a spec error. Call it again on
     the values as the pod will get them (after the operator fills in ``tensor_parallel_size``
-    from the GPUs): a check that only sees the fields the user wrote lets e.g.
-    ``asyncScheduling`` with ``gpus: 2`` through to a crash-looping pod."""
+    from the GPUs): a check that only sees the fields the user wrote lets e.g. a ``draft_model``
+    ``speculativeConfig`` with ``gpus: 2`` through to a crash-looping pod."""
     try:
         EngineConfig(**values)
     except (TypeError, ValueError) as exc:

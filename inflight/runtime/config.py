@@ -182,7 +182,9 @@ class EngineConfig:
             '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
             '"disable_by_batch_size": 8}, or a small draft model that shares the tokenizer: '
             '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}, or an EAGLE-3 head trained '
-            'for the served model: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}. Off when unset.'
+            'for the served model: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}, or the served '
+            'DeepSeek-V3 / GLM-4.5 checkpoint\'s own MTP layer: {"method": "mtp", "num_speculative_tokens": 1}. '
+            'Off when unset.'
         ),
     )
     runner: str = field(
@@ -214,7 +216,7 @@ class EngineConfig:
         metadata=_help(
             "Prepare step N+1 on the host while step N runs (forward passes and sampling on a "
             "worker thread): finished requests leave one step later, tokens are unchanged "
-            "(docs/gpu.md). Not with speculative decoding or tensor parallelism. Unset (auto): on "
+            "(docs/gpu.md); a speculating step drains the pipeline. Unset (auto): on "
             "with device sim, off elsewhere (CUDA stays off until a GPU run shows it wins)."
         ),
     )

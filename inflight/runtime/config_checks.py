@@ -120,11 +120,6 @@ def check_engine_config(cfg: EngineConfig) -> None:
         raise ValueError("sim_profile must be the path of a JSON file, given as text.")
     if cfg.sim_profile is not None and cfg.device != "sim":
         raise ValueError("sim_profile is the simulated device's; set device sim or drop sim_profile.")
-    if cfg.async_scheduling is True and (cfg.speculative_config is not None or cfg.tensor_parallel_size > 1):
-        raise ValueError("async_scheduling cannot be combined with "
-                         + ("speculative decoding" if cfg.speculative_config is not None
-                            else "tensor parallelism (tensor_parallel_size > 1)")
-                         + " yet; turn one of them off.")
 
 
 def _check_lora(cfg: EngineConfig) -> None:

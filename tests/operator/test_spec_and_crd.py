@@ -145,8 +145,6 @@ INVALID_SPECS = [
      "close /metrics to the InferencePool's endpoint picker"),
     ({"tolerations": {"key": "x"}}, "spec.tolerations must be a list of objects"),
     # Checked as the pod will run: gpus fills in tensorParallelSize, which these options refuse.
-    ({"engine": {"asyncScheduling": True}, "resources": {"gpus": 2}},
-     "async_scheduling cannot be combined with tensor parallelism"),
     ({"engine": {"speculativeConfig": {"method": "draft_model", "model": "/models/d", "num_speculative_tokens": 3}},
       "resources": {"gpus": 4}}, "draft_model needs tensor_parallel_size 1"),
     # A ReadWriteOnce cache PVC attaches to one node: a second replica would hang on Multi-Attach.
@@ -160,6 +158,7 @@ INVALID_SPECS = [
 @pytest.mark.parametrize("overrides", [
     {"engine": {"asyncScheduling": True}, "resources": {"gpus": 1}},
     {"engine": {"asyncScheduling": True}, "resources": {"gpus": 0}},
+    {"engine": {"asyncScheduling": True}, "resources": {"gpus": 2}},  # with tensor parallelism too
     {"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi"}}, "replicas": 1,
      "autoscaling": {"enabled": False, "maxReplicas": 4}},
     {"model": {"hf": {"repoId": "org/m"}, "cache": {"size": "20Gi", "storageClassName": "nfs"}}, "replicas": 3},

@@ -261,9 +261,7 @@ def test_prompt_logprobs_drain_the_pipeline(llama_dir) -> None:
     assert got[True] == got[False]
 
 
-@pytest.mark.parametrize("other", [dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 2}'),
-                                   dict(tensor_parallel_size=2)])
-def test_refused_beside_speculation_and_tensor_parallelism(other) -> None:
-    with pytest.raises(ValueError, match="async_scheduling cannot be combined"):
-        EngineConfig(async_scheduling=True, **other)
+def test_combines_with_speculation_and_tensor_parallelism() -> None:  # test_async_speculative.py, ..._tensor_parallel.py
+    spec = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert EngineConfig(async_scheduling=True, speculative_config=spec, tensor_parallel_size=2).async_scheduling_on
 

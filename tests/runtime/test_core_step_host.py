@@ -172,9 +172,8 @@ def test_async_scheduling_resolves_to_on_for_the_simulated_device_only() -> None
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
     assert not EngineConfig(speculative_config=spec).async_scheduling_on  # auto: off, not refused
     assert not EngineConfig(tensor_parallel_size=2).async_scheduling_on
-    for refused in ({"speculative_config": spec}, {"tensor_parallel_size": 2}):
-        with pytest.raises(ValueError, match="async_scheduling cannot be combined"):
-            EngineConfig(async_scheduling=True, **refused)  # type: ignore[arg-type]
+    for combined in ({"speculative_config": spec}, {"tensor_parallel_size": 2}):  # set: it combines
+        assert EngineConfig(async_scheduling=True, **combined).async_scheduling_on  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="async_scheduling must be true, false or unset"):
         EngineConfig(async_scheduling="yes")  # type: ignore[arg-type]
 

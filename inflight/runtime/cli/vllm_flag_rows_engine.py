@@ -132,8 +132,9 @@ COMPILATION: tuple[VllmFlag, ...] = (
 
 ENGINE: tuple[VllmFlag, ...] = (
     alias(("--speculative-config", "-sc"), "--speculative-config",
-          "n-gram (prompt lookup), a draft model that shares the tokenizer (method draft_model), or an "
-          "EAGLE-3 head (method eagle3; eagle, EAGLE-1/2, is refused)."),
+          "n-gram (prompt lookup), a draft model that shares the tokenizer (method draft_model), an "
+          "EAGLE-3 head (method eagle3; eagle, EAGLE-1/2, is refused), or the served DeepSeek-V3 / GLM-4.5 "
+          "checkpoint's own MTP layer (method mtp; deepseek_mtp and glm4_moe_mtp read as mtp)."),
     refused("--spec-method", "use --speculative-config '{\"method\": \"ngram\" or \"draft_model\", ...}'"),
     refused("--spec-model", "use --speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'"),
     refused("--spec-tokens", "use --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": N}'"),

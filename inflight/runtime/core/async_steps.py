@@ -35,11 +35,26 @@ block being saved, or write the thrown-away row of a block N+1 gets afresh) and 
 forward, which checks that they succeeded; a synchronous run waits for them first.
 
 **What runs synchronously.** Steps with a chunk that wants prompt logprobs drain the pipeline
-(N is finished first, then the step runs in place); speculative decoding and tensor parallelism
-are refused with async scheduling (``EngineConfig``). If a step fails on the worker, the step
+(N is finished first, then the step runs in place). If a step fails on the worker, the step
 launched after it is rolled back and the failed one is run again synchronously, where the
-engine's retry finds the request that made it fail (:meth:`LLMEngine.run_scheduled`).
-Knows nothing about the model or kernels.
+engine's retry finds the request that made it fail (:meth:`LLMEngine.run_scheduled`); an
+``EngineFatalError`` (a tensor-parallel rank died or left a step half-way) is raised as it is.
+Under tensor parallelism rank 0's worker thread broadcasts each step to the other ranks as the
+engine thread would (the input ids fixed up first), so every collective runs on that one thread.
+
+**Speculative decoding** (any method) drains per speculating step: a speculating row's next
+position depends on how many drafts the target keeps, so no step after it can be planned before
+its tokens are read. While speculation is on for the batch (fewer than ``disable_by_batch_size``
+running) and a running request that may draft awaits the step in flight's token, :meth:`step`
+reads that step first, then schedules: the requests draft, and the step runs as the synchronous
+engine runs it (:meth:`LLMEngine.run_scheduled`), at the synchronous cost, with its tokens (greedy;
+seeded too while the batch stays below the cut-off, where no one-step lag moves the step at which
+speculation switches). A request whose last token is a placeholder never drafts (the scheduler), so from
+``disable_by_batch_size`` on steps overlap as without speculation. A model drafter follows every
+pipelined step on the worker, before its forward, once the step before's tokens are in
+(:meth:`_forward_job`); its KV lag reaches the request when the step is read, before the prefix
+cache. (vLLM also pipelines speculating steps, fixing N+1's positions up on the device from N's
+accepted count: not built here.) Knows nothing about the model or kernels.
 """
 
 from __future__ import annotations
@@ -55,8 +70,8 @@ import torch
 
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus
-from inflight.runtime.core.sched_output import ScheduledChunk
-from inflight.runtime.outputs import RequestOutput
+from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.outputs import EngineFatalError, RequestOutput
 from inflight.runtime.worker.batch_inputs import BatchInputs
 from inflight.runtime.worker.batched_sampling import row_index
 from inflight.runtime.worker.sampler import PendingSample, SamplingRow
@@ -96,6 +111,7 @@ class Launched:
     sample: Future[Sampled] | None = None
     rows: tuple[int, ...] = ()  # batch rows sampled (their requests get a placeholder)
     deferred: tuple[int, ...] = ()  # batch rows whose grammar mask was late: no token
+    kv_lags: dict[str, int] = dataclasses.field(default_factory=dict)  # a model drafter's, after the forward
 
 
 class StepPipeline:
@@ -106,7 +122,8 @@ class StepPipeline:
         self.worker = StepWorker(engine.runner.device)
         self.inflight: Launched | None = None
         self._copies: Future[None] | None = None  # the host tier's copies last submitted
-        self.num_drains = 0  # steps run synchronously (prompt logprobs, recovery)
+        self.num_drains = 0  # steps run synchronously (prompt logprobs, speculation, recovery)
+        self.num_spec_waits = 0  # steps in flight waited for before scheduling (speculation may follow)
 
     @property
     def busy(self) -> bool:
@@ -119,18 +136,25 @@ class StepPipeline:
     def step(self) -> list[RequestOutput]:
         eng = self.engine
         settled = eng.parked.settle()
+        if self.inflight is not None and self._waits_for_speculation():
+            previous, self.inflight = self.inflight, None
+            self.num_spec_waits += 1
+            outputs, ok = self._resolve(previous, None)
+            if not ok:  # it failed and ran again synchronously: schedule anew next step
+                return settled + outputs
+            settled = settled + outputs
         sched = eng.schedule()  # optimistic: the step in flight's tokens are placeholders
         if sched.kv_copies is not None:  # on the worker, after the step in flight, before this one
             self._copies = self.worker.submit(eng.host_kv.run, sched.kv_copies)  # type: ignore[union-attr]
         previous = self.inflight
+        requests = _requests_of(sched, eng.scheduler.requests)
         if sched.chunks and not self._pipelinable(sched.chunks):
             self.inflight = None
-            requests = tuple([eng.scheduler.requests[c.req_id] for c in sched.chunks])
             outputs, ok = self._resolve(previous, None) if previous else ([], True)
             if not ok:  # the step before failed and ran again: this one is scheduled anew
                 return settled + outputs
             return settled + outputs + self._run_sync(sched.chunks, requests)
-        launched = self._launch(sched.chunks) if sched.chunks else None
+        launched = self._launch(sched.chunks, requests) if sched.chunks else None
         outputs: list[RequestOutput] = []
         if previous is not None:
             outputs, ok = self._resolve(previous, launched)
@@ -147,35 +171,53 @@ class StepPipeline:
             eng.parked.wait()  # only parked requests are left: wait for a mask, briefly
         return settled + outputs
 
+    def _waits_for_speculation(self) -> bool:
+        """Whether the step in flight must be read before the next is scheduled: speculation is on
+        for this batch and a running request awaits its token (it drafts once the token is known)."""
+        scheduler = self.engine.scheduler
+        return scheduler.speculates() and any(r.token_ids[-1] < 0 and scheduler.may_draft(r) for r in scheduler.running)
+
     def _pipelinable(self, chunks: tuple[ScheduledChunk, ...]) -> bool:
-        """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs)."""
+        """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs,
+        no drafts)."""
         for chunk in chunks:
+            if chunk.draft_token_ids or chunk.num_model_drafts:
+                return False
             facts = chunk.facts
             if facts.prompt_logprobs is not None and chunk.start < facts.num_prompt_tokens - 1:
                 return False
         return True
 
     # -- launching ----------------------------------------------------------------------
-    def _launch(self, chunks: tuple[ScheduledChunk, ...]) -> Launched:
-        """Pack ``chunks``, submit their forward pass and advance them (optimistically)."""
+    def _launch(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...]) -> Launched:
+        """Pack ``chunks`` (chunk i is ``requests[i]``'s), submit their forward pass and advance
+        them (optimistically)."""
         eng = self.engine
-        live = eng.scheduler.requests
-        requests = tuple([live[c.req_id] for c in chunks])
         batch = eng.runner.prepare(chunks)
-        sampled = tuple([live[c.req_id] for c in batch.sampled_chunks])
+        sampled_chunks = batch.sampled_chunks
+        if sampled_chunks == chunks:  # every row samples, in the scheduler's order (a decode step)
+            sampled = requests
+        else:
+            live = eng.scheduler.requests
+            sampled = tuple([live[c.req_id] for c in sampled_chunks])
         waits = any(c.token_ids[-1] < 0 for c in chunks)  # a placeholder can only be a request's last token
         previous = self.inflight.sample if waits and self.inflight is not None else None
         if waits and previous is None:
             raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
-        forward = self.worker.submit(self._forward_job, batch, previous, self._copies)
+        lags: dict[str, int] = {}  # a model drafter's KV lags, filled on the worker
+        mirrored = chunks if eng.drafter is not None else None
+        forward = self.worker.submit(self._forward_job, batch, previous, self._copies, mirrored, lags)
         for chunk, req in zip(chunks, requests, strict=True):
             req.num_computed_tokens += chunk.num_tokens
-        return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic())
+        return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic(), kv_lags=lags)
 
-    def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None,
-                     copies: Future[None] | None) -> torch.Tensor:
+    def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None, copies: Future[None] | None,
+                     mirrored: tuple[ScheduledChunk, ...] | None = None,
+                     lags: dict[str, int] | None = None) -> torch.Tensor:  # fmt: skip
         """On the worker: put the previous step's tokens in place of placeholders, run the pass
-        (after checking that the host tier's copies before it succeeded: they ran already)."""
+        (after checking that the host tier's copies before it succeeded: they ran already).
+        ``mirrored``: the step's chunks, for a model drafter to run over first (none drafts in
+        an async step); its KV lags go into ``lags``."""
         if copies is not None:
             copies.result()
         if previous is not None:
@@ -184,7 +226,17 @@ class StepPipeline:
             ids.copy_(torch.where(ids < 0, prev[(-1 - ids).clamp(min=0)], ids))
         if batch.prompt_logprob_spans or any(n != 1 for n in batch.sample_counts):
             raise RuntimeError("an async step has prompt logprobs or speculation")
-        return self.engine.runner.execute(batch)
+        drafter = self.engine.drafter
+        if mirrored is None or drafter is None:
+            return self.engine.runner.execute(batch)
+        if previous is not None and any(c.token_ids[-1] < 0 for c in mirrored):  # the drafter reads host ids
+            tokens = previous.result().token_ids.tolist()  # waits for the step before's sampling
+            mirrored = tuple([_bind(c, tokens) for c in mirrored])
+        drafter.propose(mirrored, _no_sampling_row)
+        logits = self.engine.runner.execute(batch)
+        if lags is not None:
+            lags.update(drafter.take_kv_lags())
+        return logits
 
     def _start_sampling(self, launched: Launched) -> None:
         """Decide the step's sampling on the host and submit it; placeholders for its tokens.
@@ -253,13 +305,18 @@ class StepPipeline:
         try:
             sampled = launched.sample.result()
             output = sampled.output.result()  # waits for the tokens' copy to the host
+        except EngineFatalError:  # a tensor-parallel rank died or left a step half-way: never run again
+            raise
         except Exception:
             logger.exception("an async engine step failed; running it again synchronously")
             return self._recover(launched, after), False
         eng = self.engine
         deferred = set(launched.deferred)
+        lags = launched.kv_lags  # a model drafter's (empty without one): before the prefix cache reads them
         for chunk, req in zip(launched.chunks, launched.requests, strict=True):
             if req.status is RequestStatus.RUNNING:  # only what has run goes in the prefix cache
+                if lags:
+                    req.draft_kv_lag = lags.get(chunk.req_id, req.draft_kv_lag)
                 eng.kv.cache_computed_blocks(req, chunk.start + chunk.num_tokens)
         items: list[SampledTokens] = []
         for j, i in enumerate(sampled.rows):
@@ -286,6 +343,13 @@ class StepPipeline:
         return self._run_sync(failed.chunks, failed.requests)
 
 
+def _requests_of(sched: SchedulerOutput, live: dict[str, Request]) -> tuple[Request, ...]:
+    """Each chunk's request: as the scheduler handed them over, else looked up by id."""
+    if len(sched.requests) == len(sched.chunks):
+        return sched.requests
+    return tuple([live[c.req_id] for c in sched.chunks])
+
+
 def _roll_back(launched: Launched) -> None:
     """Put each still-running chunk's computed count back to where it was scheduled."""
     for chunk, req in zip(launched.chunks, launched.requests, strict=True):
@@ -309,6 +373,20 @@ def _resolved(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
     if chunk.token_ids[-1] >= 0:
         return chunk
     return chunk._replace(token_ids=req.token_ids[chunk.start : chunk.start + len(chunk.token_ids)])
+
+
+def _bind(chunk: ScheduledChunk, tokens: list[int]) -> ScheduledChunk:
+    """``chunk`` with the token its placeholder stands for (``tokens``: the step before's, per
+    row), as a drafter on the worker reads it (only a chunk's last token can be one)."""
+    ids = chunk.token_ids
+    if ids[-1] >= 0:
+        return chunk
+    return chunk._replace(token_ids=(*ids[:-1], tokens[-1 - ids[-1]]))
+
+
+def _no_sampling_row(req_id: str) -> SamplingRow:
+    """The sampling rows a drafter asks for in an async step: none, as no chunk there drafts."""
+    raise RuntimeError(f"request {req_id!r} drafts in an async step")
 
 
 def _drop_placeholder(req: Request, row: int) -> None:

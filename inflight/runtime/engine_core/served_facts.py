@@ -59,4 +59,7 @@ def read_served_facts(served: Path, config: EngineConfig) -> tuple[ServedFacts, 
 
     if eagle3_head_dir(config) is not None:
         check_eagle3_head(served, config)  # the head's config against the served model's (no weights read)
+    from inflight.runtime.spec_decode.mtp_head import check_mtp
+
+    check_mtp(served, config)  # method mtp: the served model's MTP layers, in its config and tensor names
     return ServedFacts(tokenizer_class_path(tokenizer), spec.max_position_embeddings), tokenizer

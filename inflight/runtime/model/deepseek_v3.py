@@ -11,8 +11,10 @@ rotate halves ``(i, i + R/2)``, so the roped rows of ``q_b_proj``/``q_proj`` and
 ``kv_a_proj_with_mqa`` are permuted pairs -> halves as they load (the same permutation on queries
 and keys leaves every score unchanged). The experts, router and shared expert load as GLM-4.5's do
 (:mod:`.moe_weights`, the loader). The multi-token-prediction layers (``layers.{num_hidden_layers +
-i}``, ``num_nextn_predict_layers`` of them) are skipped, with a log line: a speculative head, not
-run yet (issue 53 uses them). Knows nothing about scheduling or kernels.
+i}``, ``num_nextn_predict_layers`` of them) are not the served model's: its load skips them, with a
+log line, and speculative method ``mtp`` loads the first as its drafter
+(:mod:`inflight.runtime.spec_decode.mtp_head`, which reads its attention tensors through
+:func:`read_attention_tensor` too). Knows nothing about scheduling or kernels.
 """
 
 from __future__ import annotations
@@ -79,9 +81,9 @@ def is_mtp_layer(name: str, spec: ModelSpec) -> bool:
 
 
 def log_skipped_mtp(config: Any, num_skipped: int) -> None:
-    """Say that the checkpoint's MTP layers were not loaded (and that issue 53 will use them)."""
+    """Say that the checkpoint's MTP layers were not loaded into the served model (and who reads them)."""
     declared = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
     if num_skipped or declared:
         logger.info("DeepSeek-V3: skipped %d tensors of the %d multi-token-prediction layer(s) "
-                    "(num_nextn_predict_layers); MTP speculative decoding is not run yet (issue 53)",
-                    num_skipped, declared)  # fmt: skip
+                    "(num_nextn_predict_layers) in the served model; speculative method mtp drafts with them "
+                    "(issue 53)", num_skipped, declared)  # fmt: skip

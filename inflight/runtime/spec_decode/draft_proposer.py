@@ -152,6 +152,10 @@ def load_runners(
         from inflight.runtime.spec_decode.eagle3 import load_eagle3_runners
 
         return load_eagle3_runners(model_dir, config, progress, tp, workers, graph_backend)  # type: ignore[return-value]
+    if spec is not None and spec.method == "mtp":  # the served model's own MTP layer (spec_decode/mtp.py)
+        from inflight.runtime.spec_decode.mtp import load_mtp_runners
+
+        return load_mtp_runners(model_dir, config, progress, tp, workers, graph_backend)  # type: ignore[return-value]
     draft_dir = draft_model_dir(config)
     if draft_dir is None:
         return ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend), None

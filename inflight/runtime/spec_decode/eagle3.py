@@ -1,5 +1,6 @@
 """EAGLE-3 speculation (``"method": "eagle3"``): the head of :mod:`.eagle3_head` proposes drafts
-from the served (target) model's own hidden states.
+from the served (target) model's own hidden states. The same proposer drives the served model's own
+MTP layer (:mod:`.mtp`: a head with another forward, KV format and target state).
 
 The head has a one-layer paged KV cache of its own, indexed by the target's block tables and
 slot mapping (as a draft model's is, :mod:`.draft_proposer`), so it needs no block manager. Its
@@ -287,12 +288,7 @@ def load_eagle3_runners(
     if progress:
         progress(f"loading the EAGLE-3 head from {head_dir} (aux layers {list(eagle.aux_layer_ids)}, "
                  f"draft vocabulary {eagle.draft_vocab_size})")
-    from inflight.runtime.worker.cpu.device_setup import resolve_device, resolve_dtype
-
-    device = resolve_device(config.device, 0, tp.world_size if tp is not None else 1)
-    target_config = load_hf_config(model_dir)
-    checkpoint_dtype = getattr(target_config, "dtype", None) or getattr(target_config, "torch_dtype", None)
-    head = load_head(head_dir, head_spec, eagle, device, resolve_dtype(config.dtype, device, checkpoint_dtype))
+    head = load_head(head_dir, head_spec, eagle, *head_device_dtype(model_dir, config, tp))
     elem = torch.finfo(head.fc.weight.dtype).bits // 8
     head_bytes = 2 * config.block_size * head_spec.num_kv_heads * head_spec.head_dim * elem
     runner = ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend,
@@ -302,7 +298,7 @@ def load_eagle3_runners(
             head = head.to(runner.dtype)
         embeddings = None
         if tp is not None and head.embed_tokens is None:  # rank 0's table is a slice: read the whole one
-            embeddings = _target_embeddings(model_dir).to(device=runner.device, dtype=runner.dtype)
+            embeddings = target_embeddings(model_dir).to(device=runner.device, dtype=runner.dtype)
         proposer = Eagle3Proposer(head, hf_config, runner, embeddings)
         proposer.allocate_kv_cache(runner.num_kv_blocks)
     except BaseException:
@@ -311,7 +307,18 @@ def load_eagle3_runners(
     return runner, proposer
 
 
-def _target_embeddings(model_dir: str | Path) -> torch.Tensor:  # [vocab, hidden]
+def head_device_dtype(model_dir: str | Path, config: EngineConfig,
+                      tp: TensorParallel | None) -> tuple[torch.device, torch.dtype]:  # fmt: skip
+    """Where a head beside the served model loads (rank 0's device) and its dtype (the served model's)."""
+    from inflight.runtime.worker.cpu.device_setup import resolve_device, resolve_dtype
+
+    device = resolve_device(config.device, 0, tp.world_size if tp is not None else 1)
+    target_config = load_hf_config(model_dir)
+    checkpoint_dtype = getattr(target_config, "dtype", None) or getattr(target_config, "torch_dtype", None)
+    return device, resolve_dtype(config.dtype, device, checkpoint_dtype)
+
+
+def target_embeddings(model_dir: str | Path) -> torch.Tensor:  # [vocab, hidden]
     """The served model's whole embedding table, read from its checkpoint."""
     from inflight.runtime.model.loader import checkpoint_tensors
 

@@ -21,7 +21,9 @@ The published layout loads as it is (``EAGLE3-LLaMA3.1-Instruct-8B``: config.jso
 ``embed_tokens.weight`` is optional: without it the head reads the target's embeddings). A head
 that cannot serve beside the target (another hidden size or vocabulary, aux layers the target
 lacks, missing or misshapen tensors) raises ``ValueError`` with the reason before it is used.
-Knows nothing about scheduling, KV blocks or sampling (:mod:`.eagle3` drives it).
+A pass of decode rows only (each chained draft; a decode step's catch-up) runs its attention block
+as one kernel call where the bundle has one (``decode_attention_block``, as the served model's decode
+does), bit for bit what the per-op path gives. Knows nothing about scheduling, KV blocks or sampling (:mod:`.eagle3` drives it).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch import nn
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.model.decoder import MLP, Attention, RMSNorm
+from inflight.runtime.model.decoder import MLP, Attention, RMSNorm, decode_rows
 from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
@@ -166,7 +168,10 @@ class Eagle3Head(nn.Module):
         x = ops.rms_norm(embeds, self.input_layernorm.weight, self.input_layernorm.eps)[0]
         normed = ops.rms_norm(hidden, self.hidden_norm.weight, self.hidden_norm.eps)[0]
         residual = normed if self.config.norm_before_residual else hidden
-        attn = self.self_attn(torch.cat([x, normed], dim=-1), positions, cos_sin, kv_cache, meta, ops)
+        # a pass of decode rows only (every chained pass; a decode step's catch-up) runs its
+        # attention block as one kernel call where the bundle has one, as the target's decode does
+        rows = decode_rows(positions, meta, ops)
+        attn = self.self_attn(torch.cat([x, normed], dim=-1), positions, cos_sin, kv_cache, meta, ops, rows)
         norm = self.post_attention_layernorm
         x, residual = ops.rms_norm(attn, norm.weight, norm.eps, residual)
         out = self.mlp(x, ops)

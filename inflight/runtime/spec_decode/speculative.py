@@ -9,9 +9,12 @@ costs a few dictionary lookups. A draft model (``"method": "draft_model"``, ``"m
 as in vLLM, ``"model"`` without ``"method"`` means a draft model): a small model sharing the
 target's vocabulary proposes them (:mod:`inflight.runtime.spec_decode.draft_proposer`). An EAGLE-3 head
 (``"method": "eagle3"``, ``"model": DIR``) proposes them from the target's own hidden states
-(:mod:`inflight.runtime.spec_decode.eagle3`); EAGLE-1/2 heads (``"eagle"``) are refused. Either way the
-proposals ride in the normal batch as extra query tokens of the sequence (see the scheduler)
-and the engine keeps what the target model agrees with (:mod:`inflight.runtime.spec_decode.verify`).
+(:mod:`inflight.runtime.spec_decode.eagle3`); EAGLE-1/2 heads (``"eagle"``) are refused. The served
+model's own multi-token-prediction layers (``"method": "mtp"``, no ``"model"``: DeepSeek-V3's and GLM-4.5's
+``num_nextn_predict_layers``; vLLM's older spellings ``"deepseek_mtp"``, ``"glm4_moe_mtp"`` and
+``"qwen3_next_mtp"`` read as ``"mtp"``) propose them the same way (:mod:`inflight.runtime.spec_decode.mtp`).
+Either way the proposals ride in the normal batch as extra query tokens of the sequence (see the
+scheduler) and the engine keeps what the target model agrees with (:mod:`inflight.runtime.spec_decode.verify`).
 Imports no torch; knows nothing about the model.
 """
 
@@ -21,8 +24,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-METHODS = ("ngram", "draft_model", "eagle3")
-MODEL_METHODS = ("draft_model", "eagle3")  # drafts proposed by a model before the target's forward
+METHODS = ("ngram", "draft_model", "eagle3", "mtp")
+MODEL_METHODS = ("draft_model", "eagle3", "mtp")  # drafts proposed by a model before the target's forward
+# vLLM's per-family names of MTP speculation (older releases; "mtp" now): the served model says the family
+MTP_ALIASES = ("deepseek_mtp", "glm4_moe_mtp", "qwen3_next_mtp")
 NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spelling of n-gram as a "model"
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 
@@ -54,6 +59,10 @@ class SpeculativeConfig:
             raise ValueError('speculative method "eagle3" needs "model": the directory of an EAGLE-3 head trained '
                              'for the served model, e.g. {"method": "eagle3", "model": "/models/EAGLE3-LLaMA3.1-'
                              'Instruct-8B", "num_speculative_tokens": 3}')
+        if self.method == "mtp" and self.model is not None:
+            raise ValueError(f'speculative method "mtp" reads the served model\'s own multi-token-prediction layers; '
+                             f'"model" ({self.model!r}) is not used: leave it out, e.g. '
+                             '{"method": "mtp", "num_speculative_tokens": 1}')
         if self.method == "ngram" and self.model is not None:
             raise ValueError(f'speculative "model" ({self.model!r}) names a draft model, which method "ngram" '
                              'does not use; use "method": "draft_model" or leave "model" out')
@@ -88,6 +97,8 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
         raw = {**raw, "method": "ngram", "model": None}
     elif "method" not in raw and raw.get("model") is not None:  # vLLM: a model without a method is a draft
         raw = {**raw, "method": "draft_model"}
+    elif raw.get("method") in MTP_ALIASES:
+        raw = {**raw, "method": "mtp"}
     return SpeculativeConfig(**raw)
 
 

@@ -1,0 +1,234 @@
+"""Speculative decoding under async scheduling (inflight.runtime.core.async_steps): greedy tokens
+equal to the synchronous engine without speculation for n-gram, draft-model and EAGLE-3 (a random
+head) drafters, in runs that mix pipelined steps and speculating ones, with chunked prompts,
+preemption, prefix hits, stop strings and tokens, max_tokens ending a request mid-draft and an
+abort; seeded sampling equal to the synchronous speculative engine; no leaked blocks; a draft
+model's KV valid in the prefix cache after pipelined steps; and no drain at all once the batch is
+too large to speculate."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from inflight.runtime.config import EngineConfig
+from inflight.runtime.core.async_steps import StepPipeline
+from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.demo.model import make_demo_model
+from inflight.runtime.sampling_params import SamplingParams
+from tests.runtime.test_speculative import CASE_KNOBS, _engine, _requests, _run
+from tests.runtime.test_speculative_draft import _assert_draft_kv_matches, perturbed_copy
+from tests.runtime.test_speculative_eagle3 import make_head
+
+METHODS = ("ngram", "draft_model", "eagle3")
+
+
+@pytest.fixture(scope="module")
+def models(model_factory, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("async-spec")
+    target = model_factory("llama")
+    deep = make_demo_model(root / "deep", "llama", config_overrides={"num_hidden_layers": 4})  # the head's aux layers
+    return {"target": target, "draft": perturbed_copy(target, root / "perturbed", 0.1), "deep": deep,
+            "head": make_head(deep, root / "head")}  # fmt: skip
+
+
+def _spec(models: dict[str, Path], method: str, disable: int = 4, k: int = 3) -> tuple[Path, str]:
+    """The target and the speculative config of ``method``; ``disable``: the batch size from
+    which no step speculates (with 8 requests, the run's first steps are pipelined)."""
+    spec: dict[str, object] = {"method": method, "num_speculative_tokens": k, "disable_by_batch_size": disable}
+    if method == "ngram":
+        spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+    elif method == "draft_model":
+        spec["model"] = str(models["draft"])
+    else:
+        spec["model"] = str(models["head"])
+    return models["deep" if method == "eagle3" else "target"], json.dumps(spec)
+
+
+def _counted(engine: LLMEngine) -> dict[str, int]:
+    """Count the steps the pipeline launches (pipelined) beside the ones it drains."""
+    pipeline = engine.pipeline
+    assert isinstance(pipeline, StepPipeline)
+    counts = {"launched": 0}
+    launch = pipeline._launch
+
+    def spy(*args):
+        counts["launched"] += 1
+        return launch(*args)
+
+    pipeline._launch = spy  # type: ignore[method-assign]
+    return counts
+
+
+_baselines: dict[tuple[str, str], dict[str, tuple]] = {}
+
+
+def _baseline(target: Path, case: str, requests) -> dict[str, tuple]:
+    """The synchronous engine without speculation (made once per target and case)."""
+    key = (str(target), case)
+    if key not in _baselines:
+        _baselines[key] = _run(_engine(target, None, **CASE_KNOBS.get(case, {})), requests)
+    return _baselines[key]
+
+
+@pytest.mark.parametrize("case", ["mixed", *CASE_KNOBS])
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_tokens_equal_the_synchronous_engine_without_speculation(models, method: str, case: str,
+                                                                        caplog) -> None:  # fmt: skip
+    target, spec = _spec(models, method)
+    requests = _requests(1000)
+    engine = _engine(target, spec, async_scheduling=True, **CASE_KNOBS.get(case, {}))
+    counts = _counted(engine)
+    got = _run(engine, requests)  # no leaked blocks (checked there)
+    assert got == _baseline(target, case, requests)
+    if case == "prefix-cache":  # again: every prompt now hits the blocks of the first run
+        assert _run(engine, requests) == got
+    stats, pipeline = engine.stats(), engine.pipeline
+    assert stats.spec_num_drafts > 0 and sum(stats.spec_accepted_per_position) == stats.spec_num_accepted_tokens
+    assert counts["launched"] > 0 and pipeline.num_drains > 0 and pipeline.num_spec_waits > 0  # both kinds of step
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no step failed and ran again
+    if case == "preemption":
+        assert stats.num_preemptions > 0
+    if case == "prefix-cache":
+        assert stats.prefix_cache_hits > 0
+    engine.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stops_max_tokens_mid_draft_and_grammars(models, method: str) -> None:
+    from inflight.runtime.structured import StructuredOutputsParams
+
+    target, spec = _spec(models, method, disable=64, k=4)
+    base = _requests(1000)[:3]
+    free = _baseline(target, "mixed", _requests(1000))
+    stop = free["1"][0][3:6]  # a string the greedy text reaches: it ends the request there
+    stop_id = free["2"][1][5]  # a token it reaches: likewise, even when it is a kept draft
+    schema = StructuredOutputsParams.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    requests = [
+        (base[0][0], SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)),  # ends inside a draft run
+        (base[1][0], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])),
+        (base[2][0], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id])),
+        (base[2][0], SamplingParams(max_tokens=30, temperature=0.0)),  # may stop at EOS
+        (base[0][0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)),
+        (base[1][0], SamplingParams(max_tokens=12, temperature=0.0, structured=schema)),
+    ]
+    off = _run(_engine(target, None), requests)
+    engine = _engine(target, spec, async_scheduling=True)
+    on = _run(engine, requests)
+    assert on == off
+    assert len(on["0"][1]) == 7 and on["0"][2] == "length" and len(on["4"][1]) == 2
+    assert on["1"][2] == "stop" and stop not in on["1"][0]
+    assert on["2"][2] == "stop" and on["2"][1][-1] == stop_id
+    assert engine.stats().spec_num_drafts > 0
+    engine.close()
+
+
+def _seeded(vocab: int) -> list[tuple[list[int], SamplingParams]]:
+    params = [SamplingParams(max_tokens=22, temperature=0.8, top_p=0.9, top_k=40, seed=s, ignore_eos=True)
+              for s in (1, 2, 3)]  # fmt: skip
+    params.append(SamplingParams(max_tokens=18, temperature=1.0, seed=9, frequency_penalty=0.5, logprobs=2))
+    return [(prompt, p) for (prompt, _), p in zip(_requests(vocab), params, strict=False)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_seeded_sampling_equals_the_synchronous_speculative_engine(models, method: str) -> None:
+    """Below the batch-size cut-off every step speculates on both sides, so each request draws
+    the same random numbers in the same order: the same tokens."""
+    target, spec = _spec(models, method, disable=64)
+    requests = _seeded(1000)
+    sync = _engine(target, spec, async_scheduling=False)
+    expected = _run(sync, requests)
+    engine = _engine(target, spec, async_scheduling=True)
+    got = _run(engine, requests)
+    assert got == expected
+    assert engine.stats().spec_num_drafts == sync.stats().spec_num_drafts > 0
+    assert len({tokens for _, tokens, _ in got.values()}) == len(requests)
+    engine.close()
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_an_abort_between_speculating_steps(models, method: str) -> None:
+    target, spec = _spec(models, method, disable=64)
+    prompts = _requests(1000)
+    runs = {}
+    for flag in (False, True):
+        engine = _engine(target, spec, async_scheduling=flag)
+        engine.add_request("keep", prompts[2][0], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+        engine.add_request("drop", prompts[3][0], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+        seen: dict[str, list[int]] = {}
+        for _ in range(4):
+            for out in engine.step():
+                seen.setdefault(out.req_id, []).extend(out.new_token_ids)
+        engine.abort_request("drop")
+        for _ in range(100):
+            if not engine.has_unfinished_requests():
+                break
+            for out in engine.step():
+                seen.setdefault(out.req_id, []).extend(out.new_token_ids)
+        assert engine.stats().num_used_kv_blocks == 0 and engine.stats().spec_num_drafts > 0
+        runs[flag] = seen
+        engine.close()
+    assert runs[True]["keep"] == runs[False]["keep"] and len(runs[True]["keep"]) == 16
+    assert len(runs[True]["drop"]) < 16
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_request_not_in_flight_drafts_beside_ones_that_are(models, method: str, monkeypatch, caplog) -> None:
+    """A budget too small for every decode leaves requests out of the step in flight; with the
+    wait before scheduling switched off only they draft (a placeholder never does), so their
+    speculating step waits for the one in flight and then runs synchronously, the others' last
+    tokens filled in: tokens still equal the synchronous engine's without speculation."""
+    target, spec = _spec(models, method, disable=64)
+    requests = _requests(1000)
+    engine = _engine(target, spec, async_scheduling=True, max_num_tokens=6)
+    monkeypatch.setattr(engine.pipeline, "_waits_for_speculation", lambda: False)
+    assert _run(engine, requests) == _run(_engine(target, None, max_num_tokens=6), requests)
+    assert engine.stats().spec_num_drafts > 0 and engine.pipeline.num_drains > 0
+    assert engine.pipeline.num_spec_waits == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no step failed and ran again
+    engine.close()
+
+
+def test_no_step_waits_once_the_batch_is_too_large_to_speculate(models) -> None:
+    """From ``disable_by_batch_size`` running requests on no step speculates, and the pipeline
+    runs as without speculation: no drain, no wait (the plain decode case has no extra sync)."""
+    target, spec = _spec(models, "draft_model", disable=1)
+    requests = _requests(1000)
+    engine = _engine(target, spec, async_scheduling=True)
+    assert _run(engine, requests) == _baseline(target, "mixed", requests)
+    assert engine.stats().spec_num_drafts == 0
+    assert engine.pipeline.num_drains == 0 and engine.pipeline.num_spec_waits == 0
+    engine.close()
+
+
+def test_the_draft_kv_of_pipelined_steps_is_valid_in_the_prefix_cache(models) -> None:
+    """The target as its own draft: the draft model runs over every pipelined step on the worker,
+    so every block the prefix cache holds has the draft's KV equal to the target's, and a follow-up
+    turn that reuses a finished answer keeps ~every draft."""
+    target = models["target"]
+    spec = json.dumps({"method": "draft_model", "model": str(target), "num_speculative_tokens": 3,
+                       "disable_by_batch_size": 3})  # fmt: skip
+    engine = _engine(target, spec, async_scheduling=True, enable_prefix_caching=True, max_num_tokens=40)
+    pattern = [(11 * j + 5) % 990 + 5 for j in range(23)]
+    prompts = [(pattern * 4)[: 17 + 5 * i] for i in range(8)]
+    requests = [(p, SamplingParams(max_tokens=9 + 3 * i, temperature=0.0, ignore_eos=True))
+                for i, p in enumerate(prompts)]  # fmt: skip
+    answers = _run(engine, requests)
+    assert _assert_draft_kv_matches(engine) > 200  # nothing runs: the cached blocks
+    follow_up = prompts[5] + list(answers["5"][1]) + pattern[:7]
+    before = engine.stats()
+    _run(engine, [(follow_up, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))])
+    after = engine.stats()
+    assert after.prefix_cache_hits - before.prefix_cache_hits >= 32
+    drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    assert after.spec_num_accepted_tokens - before.spec_num_accepted_tokens > 0.95 * drafted > 0
+    engine.close()
+
+
+def test_config_accepts_speculation() -> None:
+    for method in ('"ngram"', '"draft_model", "model": "/models/d"', '"eagle3", "model": "/models/h"', '"mtp"'):
+        spec = '{"method": ' + method + ', "num_speculative_tokens": 2}'
+        assert EngineConfig(async_scheduling=True, speculative_config=spec).async_scheduling_on
