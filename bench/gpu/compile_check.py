@@ -80,14 +80,15 @@ def _specs(dtype: str, head_dim: int = 128, block_size: int = 16) -> list[Kernel
 def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
     """Qwen3-Next's linear attention (kernels/triton_gated_delta.py) at its widths: the causal conv
     (4 taps) and the chunked delta rule over 128 x 128 heads."""
+    from inflight.kernels import triton_causal_conv as conv
     from inflight.kernels import triton_gated_delta as gd
 
     p = f"*{dtype}"
     seqs = {"qsl_ptr": "*i32", "slots_ptr": "*i64", "init_ptr": "*i32"}
     return [
-        KernelSpec("gated_delta_conv", gd._conv_kernel,
-                   {"x_ptr": p, "w_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
-                   {"TAPS": 4, "BLOCK": gd.BLOCK_C}, unaligned=("sw", "ss0", "ss1")),
+        KernelSpec("gated_delta_conv", conv._conv_kernel,
+                   {"x_ptr": p, "w_ptr": p, "b_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
+                   {"TAPS": 4, "BLOCK": conv.BLOCK_C, "HAS_BIAS": False}, unaligned=("sw", "ss0", "ss1")),
         KernelSpec("gated_delta_chunk", gd._chunk_rule_kernel,
                    {"q_ptr": p, "k_ptr": p, "v_ptr": p, "g_ptr": "*fp32", "b_ptr": p, "state_ptr": "*fp32",
                     "out_ptr": p, **seqs},
@@ -97,19 +98,16 @@ def _gated_delta_specs(dtype: str) -> list[KernelSpec]:
 
 def _mamba2_specs(dtype: str) -> list[KernelSpec]:
     """Granite 4's Mamba-2 layers (kernels/triton_mamba2.py) at its widths: the causal conv with a
-    bias (4 taps), the SSD scan and its chunked form over 64-feature heads with a 128-wide state."""
+    bias (4 taps) and the chunked SSD scan over 64-feature heads with a 128-wide state."""
+    from inflight.kernels import triton_causal_conv as conv
     from inflight.kernels import triton_mamba2 as m2
 
     p = f"*{dtype}"
     seqs = {"qsl_ptr": "*i32", "slots_ptr": "*i64", "init_ptr": "*i32"}
     return [
-        KernelSpec("mamba2_conv", m2._conv_kernel,
+        KernelSpec("mamba2_conv", conv._conv_kernel,
                    {"x_ptr": p, "w_ptr": p, "b_ptr": p, "state_ptr": p, "out_ptr": p, **seqs},
-                   {"TAPS": 4, "BLOCK": m2.BLOCK_C, "HAS_BIAS": True}, unaligned=("sw", "ss0", "ss1")),
-        KernelSpec("mamba2_scan", m2._scan_kernel,
-                   {"x_ptr": p, "dt_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": p, "c_ptr": p, "d_ptr": "*fp32",
-                    "state_ptr": "*fp32", "out_ptr": p, **seqs},
-                   {"BP": m2.BLOCK_P, "BN": 128}, unaligned=("per_group",)),
+                   {"TAPS": 4, "BLOCK": conv.BLOCK_C, "HAS_BIAS": True}, unaligned=("sw", "ss0", "ss1")),
         KernelSpec("mamba2_chunk", m2._chunk_scan_kernel,
                    {"x_ptr": p, "dt_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": p, "c_ptr": p, "d_ptr": "*fp32",
                     "state_ptr": "*fp32", "out_ptr": p, **seqs},

@@ -6,8 +6,6 @@ rows and prompt chunks, new sequences and continued ones, slots out of order).""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,15 +139,14 @@ def _mixed_batch(dtype: torch.dtype, device: torch.device):
             conv_state.to(dtype).to(device), bounds, slots, initial)  # fmt: skip
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "scan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_kernels_match_the_references(device: torch.device, dtype: torch.dtype, chunked: bool) -> None:
+def test_triton_kernels_match_the_references(device: torch.device, dtype: torch.dtype) -> None:
     from inflight.kernels import triton_mamba2
 
     inputs, state, (xs, w, bias), conv_state, bounds, slots, initial = _mixed_batch(dtype, device)
     ref_state, ref_conv = state.cpu().clone(), conv_state.cpu().clone()
     want = _scan(ref.ssd_scan, [t.cpu() for t in inputs], ref_state, bounds, slots, initial)
-    got = _scan(functools.partial(triton_mamba2.ssd_scan, chunked=chunked), inputs, state, bounds, slots, initial)
+    got = _scan(triton_mamba2.ssd_scan, inputs, state, bounds, slots, initial)
     tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
     torch.testing.assert_close(got.cpu().float(), want.float(), **tol)
     torch.testing.assert_close(state.cpu(), ref_state, atol=1e-4, rtol=1e-4)

@@ -193,11 +193,10 @@ def test_attention_only_granite_4(tmp_path: Path) -> None:
 def test_the_kernels_follow_the_bundle() -> None:
     from types import SimpleNamespace
 
-    from inflight.kernels import cpu_mamba2, mamba2_reference
+    from inflight.kernels import cpu_mamba2, mamba2_reference, triton_causal_conv, triton_mamba2
     from inflight.runtime.model.mamba2_layer import kernels_for
 
-    conv, scan = kernels_for(SimpleNamespace(name="triton"))
-    assert (conv.__module__, scan.__module__) == ("inflight.kernels.triton_mamba2",) * 2
+    assert kernels_for(SimpleNamespace(name="triton")) == (triton_causal_conv.causal_conv1d, triton_mamba2.ssd_scan)
     assert kernels_for(SimpleNamespace(name="cpu-native")) == (mamba2_reference.causal_conv1d, cpu_mamba2.ssd_scan)
     assert kernels_for(SimpleNamespace(name="torch")) == (mamba2_reference.causal_conv1d, mamba2_reference.ssd_scan)
 
