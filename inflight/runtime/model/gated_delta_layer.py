@@ -64,14 +64,6 @@ def state_shapes(spec: GatedDeltaSpec, num_slots: int) -> tuple[tuple[int, ...],
             (num_slots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim))  # fmt: skip
 
 
-def state_bytes_per_slot(spec: GatedDeltaSpec, dtype: torch.dtype) -> int:
-    """Bytes one slot holds across every linear layer (conv state in ``dtype``, recurrent in float32)."""
-    conv, rec = state_shapes(spec, 1)
-    elem = torch.finfo(dtype).bits // 8
-    per_layer = conv[1] * conv[2] * elem + rec[1] * rec[2] * rec[3] * 4
-    return per_layer * len(spec.layers)
-
-
 ConvFn = Callable[..., torch.Tensor]
 
 

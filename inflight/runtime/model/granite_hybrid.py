@@ -26,15 +26,14 @@ from torch import nn
 
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.model.collectives import Collectives
-from inflight.runtime.model.decoder import MLP, Attention, AuxHidden, CausalLM, RMSNorm
+from inflight.runtime.model.decoder import MLP, Attention, AuxHidden, RMSNorm
 from inflight.runtime.model.gated_delta_layer import StateRows
-from inflight.runtime.model.layout import ShardLayout, shard_layout
+from inflight.runtime.model.hybrid_lm import SingleDeviceLM
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.llama4 import LayerAttention
 from inflight.runtime.model.mamba2_layer import Mamba2Mixer
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec_types import ModelSpec
-from inflight.runtime.model.stages import StageLayers
 
 _NOPE = LayerAttention(use_rope=False, chunk_size=None, l2_norm_eps=None, temperature=None)
 _RENAMES = (  # after the loader reads block_sparse_moe as mlp and mlp.router as mlp.gate
@@ -69,25 +68,14 @@ class GraniteHybridLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class GraniteHybridLM(CausalLM):
+class GraniteHybridLM(SingleDeviceLM):
     """See module docstring."""
 
-    def __init__(self, spec: ModelSpec, tp: Collectives | None = None, stage: StageLayers | None = None) -> None:
-        if tp is not None or stage is not None:
-            raise ValueError("Granite 4 hybrid is served on one device: tensor and pipeline parallelism are not done "
-                             "for its Mamba-2 layers (docs/models.md).")  # fmt: skip
-        nn.Module.__init__(self)
-        self.spec, self.tp, self.stage = spec, None, None
-        self.layout = shard_layout(spec, 0, 1)
-        vocab = self.layout.vocab_per_rank
-        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
-        self.layers = nn.ModuleList(GraniteHybridLayer(spec, self.layout, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
-        self.score = None
-        if spec.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self._stack = None
+    FAMILY = "Granite 4 hybrid"
+    STATE_LAYERS = "Mamba-2 layers"
+
+    def make_layer(self, index: int) -> nn.Module:
+        return GraniteHybridLayer(self.spec, self.layout, index)
 
     def forward(
         self,

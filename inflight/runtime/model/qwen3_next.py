@@ -26,12 +26,12 @@ from torch import nn
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
-from inflight.runtime.model.decoder import MLP, AuxHidden, CausalLM, RMSNorm
+from inflight.runtime.model.decoder import MLP, AuxHidden, RMSNorm
 from inflight.runtime.model.gated_delta_layer import GatedDeltaNet, StateRows
-from inflight.runtime.model.layout import ShardLayout, shard_layout
+from inflight.runtime.model.hybrid_lm import SingleDeviceLM
+from inflight.runtime.model.layout import ShardLayout
 from inflight.runtime.model.moe import SparseMoe, select_experts
 from inflight.runtime.model.spec_types import ModelSpec
-from inflight.runtime.model.stages import StageLayers
 
 
 class GatedAttention(nn.Module):
@@ -111,25 +111,14 @@ class Qwen3NextLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class Qwen3NextLM(CausalLM):
+class Qwen3NextLM(SingleDeviceLM):
     """See module docstring."""
 
-    def __init__(self, spec: ModelSpec, tp: Collectives | None = None, stage: StageLayers | None = None) -> None:
-        if tp is not None or stage is not None:
-            raise ValueError("Qwen3-Next is served on one device: tensor and pipeline parallelism are not done for "
-                             "its linear-attention layers (docs/models.md).")  # fmt: skip
-        nn.Module.__init__(self)
-        self.spec, self.tp, self.stage = spec, None, None
-        self.layout = shard_layout(spec, 0, 1)
-        vocab = self.layout.vocab_per_rank
-        self.embed_tokens = nn.Embedding(vocab, spec.hidden_size, _weight=torch.empty(vocab, spec.hidden_size))
-        self.layers = nn.ModuleList(Qwen3NextLayer(spec, self.layout, None, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, vocab, bias=False)
-        self.score = None
-        if spec.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self._stack = None
+    FAMILY = "Qwen3-Next"
+    STATE_LAYERS = "linear-attention layers"
+
+    def make_layer(self, index: int) -> nn.Module:
+        return Qwen3NextLayer(self.spec, self.layout, None, index)
 
     def forward(
         self,
