@@ -51,7 +51,7 @@ async def _lws_scaled_one_to_two_groups_and_a_killed_worker_recreates_its_group(
             lws = await wait_for(lambda: _lws(cluster), what="the LeaderWorkerSet")
             assert kmock_schema.strict_errors(lws, lws_schema()) == []  # as stored, LWS's defaults applied
             assert await cluster.child("deployments", NAME) is None
-            service = await cluster.child("services", NAME)
+            service = await wait_for(lambda: cluster.child("services", NAME), what="the Service")  # applied after the LWS
             assert service["spec"]["selector"][render.ROLE_LABEL] == "leader"
 
             async with running(LwsController(cluster, NAME, pods)) as controller:
