@@ -44,7 +44,7 @@ from bench.studies.spec_draft import _tpot_ms
 from bench.studies.speculative import GROUNDED
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.model.decoder import AuxHidden
+from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker.batch_inputs import BatchInputs, packed_order
 

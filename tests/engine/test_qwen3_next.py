@@ -3,7 +3,7 @@
 transformers' own ``Qwen3NextConfig`` (tests/engine/qwen3_next_models.py), and the per-sequence state
 pool beside the block pool: chunked prefill carrying the state across chunks, preemption, the pool's
 size capping the running sequences, slots freed at finish and abort (no leak), prefix caching
-reported off, and what is refused with a reason."""
+reported off, and what is refused with a reason (speculation: tests/engine/test_hybrid_speculative.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.runtime.hf_reference import assert_engine_matches_hf, hf_greedy, prom
 
 from .qwen3_next_models import make_qwen3_next
 
+EAGLE3 = '{"method": "eagle3", "model": "/heads/eagle3", "num_speculative_tokens": 2}'
 LENGTHS = [1, 3, 7, 15, 16, 17, 31, 32, 33, 48, 5, 64, 2, 90, 24, 130]
 MAX_TOKENS = [12, 20, 8, 16, 24, 10, 14, 18, 9, 22, 30, 11, 16, 13, 25, 17]
 
@@ -176,18 +177,16 @@ def test_what_cannot_apply_is_refused_with_a_reason(model_dir: Path) -> None:
     base = _config()
     assert hybrid_refusal(spec, base) is None
     for knobs, words in (({"tensor_parallel_size": 2}, "tensor or pipeline parallelism"),
-                         ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'},
-                          "speculative decoding"),
                          ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype fp8"),
                          ({"enable_lora": True}, "LoRA")):  # fmt: skip
         refusal = hybrid_refusal(spec, base.replace(**knobs))
         assert refusal is not None and words in refusal and "qwen3_next" in refusal
         with pytest.raises(ValueError, match="hybrid linear attention"):
             hybrid_config(spec, base.replace(**knobs))
-    with pytest.raises(ValueError, match="speculative decoding"):
-        LLMEngine.from_model_dir(
-            model_dir, _config(num_kv_blocks=32, speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
-        )
+    with pytest.raises(ValueError, match="fp8"):
+        LLMEngine.from_model_dir(model_dir, _config(num_kv_blocks=32, kv_cache_dtype="fp8"))
+    for method in ('{"method": "ngram"}', EAGLE3):  # speculation is served: tests/engine/test_hybrid_speculative.py
+        assert hybrid_refusal(spec, base.replace(speculative_config=method)) is None
 
 
 def test_a_non_hybrid_model_is_untouched() -> None:

@@ -151,8 +151,6 @@ def test_what_cannot_apply_is_refused_with_a_reason(model_dir: Path) -> None:
     base = _config()
     assert hybrid_refusal(spec, base) is None
     for knobs, words in (({"tensor_parallel_size": 2}, "tensor or pipeline parallelism (the Mamba-2 layers"),
-                         ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'},
-                          "speculative decoding"),
                          ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype fp8"),
                          ({"enable_lora": True}, "LoRA"),
                          ({"kv_offloading_size": 1.0}, "host KV tier")):  # fmt: skip
@@ -160,6 +158,7 @@ def test_what_cannot_apply_is_refused_with_a_reason(model_dir: Path) -> None:
         assert refusal is not None and words in refusal and "granitemoehybrid" in refusal
         with pytest.raises(ValueError, match="hybrid Mamba-2"):
             hybrid_config(spec, base.replace(**knobs))
+    assert hybrid_refusal(spec, base.replace(speculative_config='{"method": "ngram"}')) is None  # served
     from inflight.runtime.engine_core.served_facts import read_served_facts
 
     with pytest.raises(ValueError, match="tensor or pipeline parallelism"):

@@ -6,7 +6,8 @@ their request's :class:`RequestPenalties` (state filled once, then followed on t
 the sampled ids) and one whose rows carry none. The shaped logits must be bitwise equal and the
 tokens identical (greedy and seeded), through the events that make the state catch up or start
 over: tokens appended outside the sampler (speculation), a sampled token that was dropped (a
-failed step sampled again), deferred rows, and requests leaving and new ones reusing their rows.
+failed step sampled again), deferred rows, requests leaving and new ones reusing their rows, and
+the pool compacting its live rows once most have left (or its widest row has).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from inflight.runtime import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker.graph_backend import no_host_sync
-from inflight.runtime.worker.penalty_state import RequestPenalties
+from inflight.runtime.worker.penalty_state import RequestPenalties, _halved_to
 from inflight.runtime.worker.sampler import Sampler, SamplingRow, SettledMasks
 
 VOCAB = 300  # wide enough for rows to outgrow the pool's first width (64 entries)
@@ -147,6 +148,96 @@ def test_the_engine_gives_every_row_back_when_its_requests_finish(llama_dir):
     assert pool.capacity > 0 and pool.num_used == 0
 
 
+def _follow(a: Sampler, b: Sampler, reqs: list[_Req], steps: range) -> None:
+    """Run ``reqs`` through ``steps`` on both samplers (checked equal), keeping their tokens."""
+    for step in steps:
+        for req, t in zip(reqs, _step(a, b, reqs, step), strict=True):
+            req.outputs.append(t)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_pool_shrinks_after_a_burst_and_the_survivors_keep_their_penalties(greedy: bool) -> None:
+    """A burst of 40 penalized requests grows the pool to 64 rows; once 37 have left, the next
+    step compacts the 3 survivors into 8 rows (renumbered), and their penalties go on equal to
+    the token lists' (bitwise, checked at every step by ``_step``), through later arrivals too."""
+    a, b = Sampler(torch.device("cpu")), Sampler(torch.device("cpu"))
+    reqs = [_new(i, greedy, kinds=4) for i in range(40)]
+    _follow(a, b, reqs, range(3))
+    pool = a.penalties
+    assert pool.capacity == 64 and pool.num_used == 40
+    survivors = [reqs[5], reqs[22], reqs[39]]
+    slots_before = [r.holder.slot for r in survivors]
+    for req in reqs:
+        if req not in survivors:
+            req.holder.release()
+    assert pool.capacity == 64  # freed rows are kept until a step prepares
+    _follow(a, b, survivors, range(3, 4))
+    assert pool.capacity == 8 and pool.num_used == 3 and pool.epoch == 1
+    assert [r.holder.slot for r in survivors] == [0, 1, 2] != slots_before
+    _follow(a, b, survivors, range(4, 12))
+    arrivals = [_new(100 + i, greedy, kinds=4) for i in range(6)]  # 9 rows: the pool grows again
+    _follow(a, b, survivors + arrivals, range(12, 20))
+    assert pool.capacity == 16 and pool.num_used == 9 and pool.epoch == 1
+
+
+def test_the_pool_narrows_when_its_widest_row_leaves() -> None:
+    """One request penalizing (repetition) every token of a vocabulary-wide prompt widens every
+    row; when it leaves, the next step copies the narrow survivors into a narrower pool."""
+    a, b = Sampler(torch.device("cpu")), Sampler(torch.device("cpu"))
+    wide = _Req(SamplingParams(temperature=0.0, repetition_penalty=1.3), list(range(VOCAB)), seed=0)
+    narrow = [_Req(SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.2), [1, 2], seed=i)
+              for i in range(3)]  # fmt: skip
+    _follow(a, b, [wide, *narrow], range(4))
+    pool = a.penalties
+    assert pool.ids.shape[1] >= VOCAB and pool.capacity == 8  # too few rows to shrink by count
+    wide.holder.release()
+    _follow(a, b, narrow, range(4, 10))
+    assert pool.ids.shape[1] == 64 and pool.capacity == 8 and pool.epoch == 1
+    assert max(r.holder.bound for r in narrow) <= 10
+
+
+def test_a_step_that_compacts_makes_no_host_sync() -> None:
+    sampler = Sampler(torch.device("cpu"))
+    reqs = [_new(i, greedy=False, kinds=4) for i in range(20)]
+    for step in range(3):  # the third step compacts the two survivors
+        if step == 2:
+            for req in reqs[2:]:
+                req.holder.release()
+            reqs = reqs[:2]
+        rows = [r.row(True) for r in reqs]
+        with no_host_sync():
+            pending = sampler.start_sample(torch.randn(len(reqs), VOCAB), rows)
+        for req, t in zip(reqs, pending.result().token_ids, strict=True):
+            req.outputs.append(t)
+    assert sampler.penalties.capacity == 8 and sampler.penalties.epoch == 1
+
+
+def test_rows_prepared_before_a_compaction_are_refused_after_it() -> None:
+    """A step's slot numbers hold from its prepare to its record; a compaction in between (which
+    the sampler never lets happen) is caught, not written to the wrong rows."""
+    pool = Sampler(torch.device("cpu")).penalties
+    reqs = [_new(i, greedy=True, kinds=4) for i in range(20)]
+    stale = pool.prepare([r.row(True) for r in reqs], range(20))
+    for req in reqs[1:]:
+        req.holder.release()
+    pool.prepare([reqs[0].row(True)], [0])  # compacts
+    assert pool.epoch == 1
+    with pytest.raises(RuntimeError, match="compacted"):
+        pool.record(stale, torch.zeros(20, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(("used", "size", "floor", "want"), [
+    (3, 64, 8, 8),  # a quarter or less: twice what is used, from the floor up
+    (16, 64, 8, 32),
+    (17, 64, 8, 64),  # more than a quarter: kept
+    (0, 8, 8, 8),  # at the floor: kept
+    (0, 300, 64, 64),  # an odd width (a row outgrew twice the old one)
+    (70, 300, 64, 256),
+])  # fmt: skip
+def test_shrink_sizes(used: int, size: int, floor: int, want: int) -> None:
+    assert _halved_to(used, size, floor) == want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_the_state_makes_no_sync_and_greedy_matches_the_cpu():
@@ -167,3 +258,30 @@ def test_on_cuda_the_state_makes_no_sync_and_greedy_matches_the_cpu():
         assert got == cpu.sample(logits, [r.row(False) for r in reqs]).token_ids, f"step {step}"
         for req, t in zip(reqs, got, strict=True):
             req.outputs.append(t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_compacting_step_makes_no_sync_and_greedy_matches_the_cpu():
+    """The compaction (20 rows down to 2, in 8 slots) is queued without a sync on CUDA, and the
+    survivors' greedy tokens stay those of the CPU's token-list path."""
+    dev = torch.device("cuda")
+    cuda, cpu = Sampler(dev), Sampler(torch.device("cpu"))
+    reqs = [_new(i, greedy=True, kinds=4) for i in range(20)]
+    for step in range(5):
+        if step == 3:
+            for req in reqs[2:]:
+                req.holder.release()
+            reqs = reqs[:2]
+        logits = torch.randn(len(reqs), VOCAB, generator=torch.Generator().manual_seed(step)) * 3.0
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            pending = cuda.start_sample(logits.to(dev), [r.row(True) for r in reqs])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got = pending.result().token_ids
+        assert got == cpu.sample(logits, [r.row(False) for r in reqs]).token_ids, f"step {step}"
+        for req, t in zip(reqs, got, strict=True):
+            req.outputs.append(t)
+    assert cuda.penalties.capacity == 8 and cuda.penalties.epoch == 1

@@ -380,3 +380,14 @@ def test_blocks_leave_only_once_out_of_both_models_windows(tmp_path: Path) -> No
     assert engine.kv.sliding_window == 16
     assert _run(engine, requests) == off
     assert _acceptance(engine) > 0.9
+
+
+def test_a_hybrid_draft_model_is_refused_at_start(model_factory, tmp_path: Path) -> None:
+    """A hybrid model (a recurrent state per sequence) drafts nothing: refused before loading, with the reason
+    (a hybrid *served* model may take a plain draft: tests/engine/test_hybrid_speculative.py)."""
+    from tests.runtime.granite_hybrid_models import make_granite_hybrid
+
+    target = model_factory("llama")
+    hybrid = make_granite_hybrid(tmp_path / "granite")
+    with pytest.raises(ValueError, match=r"is a hybrid model \(granite.*\); a draft model must be a plain decoder"):
+        LLMEngine.from_model_dir(target, EngineConfig(device="cpu", speculative_config=draft_spec(hybrid)))

@@ -61,6 +61,7 @@ def run_batch(engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]) -> list[Sam
     index = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=logits.device)
     sampled = engine.sampler.sample(logits[index], plain_rows, masks)
     out: list[SampledTokens] = []
+    accepted: dict[str, int] = {}  # req_id -> drafts kept, for a hybrid model's states
     plain_out = iter(enumerate(zip(sampled.token_ids, sampled.logprobs, strict=True)))
     for i, chunk in enumerate(batch.sampled_chunks):
         if not chunk.draft_token_ids:
@@ -71,9 +72,12 @@ def run_batch(engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]) -> list[Sam
         block = logits[starts[i] : starts[i + 1]]
         tokens, logprobs = verify_chunk(block, chunk, rows[i], proposal.probs_of(chunk) if proposal else None)
         engine.spec_stats.record(len(chunk.draft_token_ids), len(tokens) - 1)
+        accepted[chunk.req_id] = len(tokens) - 1
         if chunk.num_model_drafts and len(tokens) > len(chunk.draft_token_ids):
             # every draft kept: the last one was never fed to the drafter (never below what it set)
             req = requests[chunk.req_id]
             req.draft_kv_lag = max(req.draft_kv_lag, 1)
         out.append(SampledTokens(chunk, tokens, logprobs))
+    if engine.runner.spec.state_layers:  # the slots keep the state after the last accepted token
+        engine.runner.keep_accepted_states(batch.sampled_chunks, accepted)  # type: ignore[union-attr]
     return out

@@ -20,14 +20,10 @@ On a model whose every layer is windowed, each step first gives back the running
 blocks that fell wholly outside the window (:meth:`KVCacheManager.release_out_of_window`), so
 they are free for this step's allocations and admissions.
 
-With speculative decoding on, a decoding request whose parameters allow it (and while fewer
-than ``disable_by_batch_size`` requests run) speculates: its chunk is its last token plus up
-to ``num_speculative_tokens`` draft tokens, each costing one token of the budget and a KV
-slot; the engine keeps what the model agrees with. N-gram drafts are proposed here; a draft
-model's are proposed by the engine just before the forward (the chunk says how many). Under
-async scheduling a request whose last token the step in flight samples (a placeholder) never
-speculates: the pipeline lets the step in flight finish first when a speculating step may follow
-(:mod:`inflight.runtime.core.async_steps`).
+With speculative decoding on, a decoding request may speculate: its chunk is its last token
+plus draft tokens, each costing one token of the budget and a KV slot; which requests do, how many
+drafts, and which sit a step out under async scheduling (a placeholder last token) is
+:mod:`inflight.runtime.core.spec_planning`'s.
 
 With LoRA on, a waiting request boards only while the running set keeps to ``max_loras``
 distinct adapters (:mod:`inflight.runtime.core.lora_gate`): it waits otherwise, never preempts.
@@ -40,16 +36,15 @@ Imports no torch; knows nothing about the model or sampling.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.fairness import FairShare, tenant_group
 from inflight.runtime.core.kv_manager import KVCacheManager
 from inflight.runtime.core.lora_gate import LoRAGate
-from inflight.runtime.core.request import Request, RequestStatus, chunk_of, decode_chunk, group_tables
+from inflight.runtime.core.request import Request, RequestStatus, chunk_of, group_tables
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.core.spec_planning import SpecPlanner
 from inflight.runtime.outputs import QueueFullError
-from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
 
 
 class Scheduler:
@@ -63,9 +58,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request, by id (vLLM's Scheduler.requests)
         self.num_preemptions = 0
         self._admissions = 0
-        self.spec = parse_speculative_config(config.speculative_config)
-        self._draft_context = self.spec is not None and self.spec.method in MODEL_METHODS  # a model drafter reads it
-        self._decode: Callable[[Request], ScheduledChunk] = _drafter_decode if self._draft_context else decode_chunk
+        self.planner = SpecPlanner(config)
+        self.spec = self.planner.spec  # None: speculation off
         self.fair = FairShare() if config.scheduler_policy == "fair" else None
         self._prefill_cap: int | None = None  # the long-prefill cap of this step
         self._step_prefill: Counter[str] = Counter()  # prompt tokens scheduled this step, per tenant group
@@ -212,23 +206,23 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[Request]
     ) -> int:
-        speculate = self.speculates()
+        planner = self.planner
+        speculate = planner.speculates(len(self.running))
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            token_ids = req.token_ids
-            if req.parked or req.in_flight or (token_ids and token_ids[-1] < 0 and self._ends_in_flight(req)):
+            if planner.sits_out(req):
                 i += 1
                 continue
-            remaining = len(token_ids) - req.num_computed_tokens
+            remaining = len(req.token_ids) - req.num_computed_tokens
             # A decode (one token) always fits a budget > 0; a prompt chunk is sized by policy.
             num_new = 1 if remaining == 1 else self._chunk_size(req, remaining, budget)
             if num_new == 0:  # no room, or (fair) its prompt waits while a less-served tenant boards
                 i += 1
                 continue
-            if speculate and num_new == 1 and token_ids[-1] >= 0:  # never on a placeholder (async)
-                drafted = self._speculative_chunk(req, budget - 1)
+            if speculate and num_new == 1:
+                drafted = planner.speculative_chunk(req, budget - 1)
                 if drafted is not None and self.kv.allocate_slots(req, drafted.num_tokens):
                     drafted = drafted._replace(block_table=req.block_table(),  # with the blocks just allocated
                                                group_tables=group_tables(req))
@@ -246,30 +240,19 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # req itself was preempted; running[i] is now the next request
             # a decode (its last token) adds no prompt tokens to the step: its chunk without _chunk's accounting
-            chunks.append(self._decode(req) if remaining == 1 else self._chunk(req, num_new))
+            chunks.append(planner.decode(req) if remaining == 1 else self._chunk(req, num_new))
             self._scheduled.append(req)
             budget -= num_new
             i += 1
         return budget
 
     def speculates(self) -> bool:
-        """Whether this step's decodes may speculate: speculation is on and fewer than
-        ``disable_by_batch_size`` requests run."""
-        return self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        """Whether this step's decodes may speculate (:meth:`SpecPlanner.speculates`)."""
+        return self.planner.speculates(len(self.running))
 
     def may_draft(self, req: Request) -> bool:
-        """Whether ``req``'s next decode may carry drafts as far as its own state goes (past its
-        ``min_tokens``, room left under ``max_tokens`` and the context; see _speculative_chunk)."""
-        p, num_output = req.params, req.num_output_tokens
-        return p.min_tokens <= num_output < p.max_tokens - 1 and req.num_tokens < (self.config.max_model_len or 0)
-
-    def _ends_in_flight(self, req: Request) -> bool:
-        """Async scheduling: the token the step in flight samples for ``req`` is its last one
-        (``max_tokens`` or the context length), so it sits this step out and finishes then."""
-        if not req.awaits_token:
-            return False
-        max_len = self.config.max_model_len
-        return req.num_output_tokens >= req.params.max_tokens or (max_len is not None and req.num_tokens >= max_len)
+        """Whether ``req``'s next decode may carry drafts (:meth:`SpecPlanner.may_draft`)."""
+        return self.planner.may_draft(req)
 
     def _fair_yielding(self) -> frozenset[str]:
         """Fair policy: the tenants whose prompt tokens (running chunks and admissions) sit
@@ -282,27 +265,6 @@ class Scheduler:
         if self.kv.blocks_needed(head, 1) > self.kv.pool.num_free_blocks:
             return frozenset()  # it cannot board now: yielding would only stall the others
         return fair.yielding(head)
-
-    def _speculative_chunk(self, req: Request, room: int) -> ScheduledChunk | None:
-        """A decoding request's last token plus drafts (n-gram proposals, or room for the draft
-        model's), never more than could be emitted (each step emits the accepted drafts plus
-        one token) or fit its context; None when it does not speculate this step."""
-        spec = self.spec
-        assert spec is not None
-        p = req.params
-        if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
-            return None
-        max_len = self.config.max_model_len or 0
-        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1,
-                max_len - req.num_tokens)  # fmt: skip
-        if k <= 0:
-            return None
-        if spec.method in MODEL_METHODS:  # a draft model or an EAGLE-3 head fills them before the forward
-            return chunk_of(req, 1 + k, True, num_model_drafts=k, draft_context=True)
-        if req.ngram is None:
-            req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        drafts = req.ngram.propose(req.token_ids, k)
-        return chunk_of(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """A request not yet scheduled this step: the newest, or the lowest priority."""
@@ -394,9 +356,5 @@ class Scheduler:
         remaining = len(req.token_ids) - req.num_computed_tokens
         if remaining > 1:  # a prompt chunk (or a recompute)
             self._step_prefill[tenant_group(req.tenant)] += num_new
-        return chunk_of(req, num_new, num_new == remaining, (), 0, self._draft_context)
+        return chunk_of(req, num_new, num_new == remaining, (), 0, self.planner.draft_context)
 
-
-def _drafter_decode(req: Request) -> ScheduledChunk:
-    """A decode's chunk with what a model drafter reads beyond it."""
-    return chunk_of(req, 1, True, (), 0, True)

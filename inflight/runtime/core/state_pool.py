@@ -16,7 +16,10 @@ handed out again at a later schedule, whose step runs after it.
 
 :func:`hybrid_config` is the engine's policy for such models: prefix caching off (a cached block
 has no recurrent state to resume from; keeping state snapshots at block boundaries is the later
-step) and the features that need it refused. Imports no torch.
+step) and the features that need it refused. Speculative decoding is served (n-gram, a draft
+model, an EAGLE-3 head): a verified chunk leaves its slot holding the state after its last
+accepted token (the runner's scratch states, :mod:`inflight.runtime.worker.hybrid_cache`).
+Imports no torch.
 """
 
 from __future__ import annotations
@@ -83,8 +86,6 @@ def hybrid_refusal(spec: ModelSpec, config: EngineConfig) -> str | None:
         return None
     layers = "Mamba-2" if spec.mamba is not None else "linear-attention"
     refusals = []
-    if config.speculative_config:
-        refusals.append("speculative decoding (a rejected draft would have to roll the recurrent state back)")
     if config.enable_lora:
         refusals.append(f"LoRA adapters (not applied to its {layers} layers)")
     if config.kv_offloading_size:

@@ -23,6 +23,24 @@ R = TypeVar("R")  # a layer's one-call decode rows (kernels/decode_block.py's De
 
 
 @dataclass(frozen=True, slots=True)
+class StateSteps:
+    """A hybrid model's decode rows position by position, for a step with speculating chunks (each
+    a sequence's last token and its drafts): position 0 holds every decode chunk's first row,
+    position ``j`` each speculating chunk's ``j``-th; after position ``j`` the state slots
+    ``keep_from`` are copied to the scratch slots ``keep_to`` (:mod:`.gated_delta_layer`)."""
+
+    rows: torch.Tensor  # [num_decode_tokens] int64, packed rows, position-major
+    slots: torch.Tensor  # [num_decode_tokens] int64, each row's state slot (rows' order)
+    has_initial: torch.Tensor  # [num_decode_tokens] bool, continue from the slot
+    keep_from: torch.Tensor  # [num_kept] int64, position-major
+    keep_to: torch.Tensor  # [num_kept] int64
+    # on the host (CPU) whatever the device, so the layers slice without a sync: position j's rows
+    # are rows[row_bounds[j]:row_bounds[j + 1]], its kept states keep_*[keep_bounds[j]:keep_bounds[j + 1]]
+    row_bounds: torch.Tensor  # [num_positions + 1] int64
+    keep_bounds: torch.Tensor  # [num_positions + 1] int64
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     """Where each token of the packed batch reads and writes the paged KV cache."""
 
@@ -36,9 +54,10 @@ class AttentionMetadata:
     num_prefills: int
     # Multi-LoRA: each token's adapter slot (-1: the base model); None: no row of the step has one.
     token_slots: torch.Tensor | None = None  # [num_tokens] int32
-    # Hybrid models (Qwen3-Next): each sequence's state-pool slot, decode rows first as packed; None: no
-    # linear-attention state (every other model).
+    # Hybrid models (Qwen3-Next, Granite 4): each decode row's state-pool slot (a speculating chunk's rows all
+    # carry its sequence's), then each prompt chunk's; None: no recurrent state (every other model).
     state_slots: torch.Tensor | None = None  # [num_decode_tokens + num_prefills] int64
+    state_steps: StateSteps | None = None  # speculating chunks in a hybrid model's step; else None
     # Per-group KV tables (worker/kv_layout.py): each group's slots and tables, stacked (group 0's are
     # the fields above); None: one table serves every layer. A layer reads its group's (group_views).
     group_slot_mapping: torch.Tensor | None = None  # [num_groups, num_tokens] int64

@@ -11,21 +11,19 @@ states are what the pooling runner reads (:mod:`inflight.runtime.worker.pooling_
 table come from the spec; gpt-oss's attention sinks (``self_attn.sinks``, one logit per query
 head, this rank's heads under tensor parallelism) go to the attention kernels as ``sinks``.
 In a pure-decode step each layer's attention block (q/k/v split through decode attention) is one
-kernel call when the bundle has one (:mod:`inflight.kernels.decode_block`), with the step's rows
-converted once for every layer; and when the bundle has a one-call layer stack
-(:mod:`inflight.kernels.decode_stack`) and every layer is a dense Llama-family one with
-MKL-packed weights, no tensor parallelism, the whole stack and the final norm are one call (the
-stack's weights gathered once and kept while the KV cache and rope tables stay the same
-objects); anything else runs op by op. A step with LoRA rows (``meta.token_slots`` set) adds each
+kernel call when the bundle has one (:mod:`inflight.kernels.decode_block`), and when the bundle has a
+one-call layer stack (:mod:`inflight.kernels.decode_stack`) and every layer is a dense Llama-family
+one with MKL-packed weights, no tensor parallelism, the whole stack and the final norm are one call;
+anything else runs op by op. The rows, the kept stack and which steps take them are
+:mod:`.decode_paths`'s; which layers the stack can hold is :func:`decode_stack_of`'s. A step with LoRA rows (``meta.token_slots`` set) adds each
 row's adapter delta through ``ops.lora_delta`` into the q/k/v slices of the fused qkv output
 (before q/k norms and rotary), into the o_proj output, the gate/up slices and the down_proj output
 (each before the tensor-parallel all-reduce), from the stacks :mod:`inflight.runtime.lora.slots`
 attaches to each layer (``lora``: module name -> its ``a``/``b`` slots). Such a step takes the
-layer-by-layer path, never the one-call stack (which has no place for the deltas): a path choice.
-An fp8 KV cache (:mod:`inflight.kernels.fp8_kv`) passes each layer's ``k_scale``/``v_scale`` to the
-store and attention kernels, and its steps take the layer-by-layer path too, never the one-call
-attention block or stack (which read float caches only): a path choice, documented in
-docs/kv-cache-dtype.md. Built with a ``stage`` (:mod:`.stages`) it holds one pipeline stage's layers,
+layer-by-layer path, never the one-call stack. An fp8 KV cache (:mod:`inflight.kernels.fp8_kv`) passes
+each layer's ``k_scale``/``v_scale`` to the store and attention kernels (op by op too:
+docs/kv-cache-dtype.md). An EAGLE-3 or MTP head's target states are collected into an
+:class:`~inflight.runtime.model.aux_hidden.AuxHidden` along the layer loop. Built with a ``stage`` (:mod:`.stages`) it holds one pipeline stage's layers,
 renumbered from 0 (and the embedding, final norm and LM head only where that stage needs them);
 :mod:`.stage_forward` runs it. DeepSeek-V3's layers hold latent attention (:mod:`.mla`) in place of
 :class:`Attention`, with the same call.
@@ -34,7 +32,6 @@ Knows nothing about scheduling or sampling.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,25 +42,16 @@ from inflight.kernels import fp8_kv
 from inflight.kernels.decode_block import AttentionLayer, DecodeRows
 from inflight.kernels.decode_stack import DecodeStack, StackLayer
 from inflight.kernels.ops import KernelOps
-from inflight.runtime.model.batch import AttentionMetadata, layer_metas
+from inflight.runtime.model.aux_hidden import AuxHidden
+from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
+from inflight.runtime.model.decode_paths import StackCache, layer_rows, stack_applies, step_rows
 from inflight.runtime.model.layout import ShardLayout, shard_layout
 from inflight.runtime.model.llama4 import LayerAttention, layer_attention
 from inflight.runtime.model.mla import MlaAttention
 from inflight.runtime.model.moe import SparseMoe
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.model.stages import StageLayers
-
-
-@dataclass(slots=True)
-class AuxHidden:
-    """What a forward collects for an EAGLE-3 head (spec_decode/eagle3.py): the residual stream
-    entering each layer of ``layer_ids`` (0: the embeddings; ``num_layers``: the last layer's output before the
-    final norm, what MTP layers read, spec_decode/mtp.py), in layer order. Such a forward runs
-    layer by layer (never the one-call stack, which returns only the final state): a path choice."""
-
-    layer_ids: tuple[int, ...]
-    hidden: list[torch.Tensor] = field(default_factory=list)  # each [num_tokens, hidden]
 
 
 class RMSNorm(nn.Module):
@@ -252,14 +240,6 @@ def run_mlp(mlp: nn.Module, x: torch.Tensor, ops: KernelOps, token_slots: torch.
     return mlp(x, ops, token_slots) if isinstance(mlp, MLP) else mlp(x, ops)
 
 
-def decode_rows(positions: torch.Tensor, meta: AttentionMetadata, ops: KernelOps) -> DecodeRows | None:
-    """A pure-decode step's rows for the one-call attention block, converted once for every layer;
-    None when the step has prompt chunks or the bundle has no such block."""
-    if meta.num_prefills or ops.decode_attention_block is None:
-        return None
-    return DecodeRows.of(positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
-
-
 def decode_stack_of(model: CausalLM, cos_sin: torch.Tensor,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DecodeStack | None:
     """``model``'s layers as the one-call stack takes them; None unless every layer is dense
@@ -313,9 +293,7 @@ class CausalLM(nn.Module):
         self.score = nn.Linear(spec.hidden_size, spec.num_labels, bias=False) if spec.head == "score" else None
         if spec.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.embed_tokens.weight
-        # The one-call decode stack and what it was built from (KV caches, rope tables, the first
-        # q/k/v weight, which prepacking replaces): rebuilt when any of them is another object.
-        self._stack: tuple[object, object, object, DecodeStack | None] | None = None
+        self._stack = StackCache()  # the one-call decode stack (model/decode_paths.py)
         self.kv_layer_groups: tuple[int, ...] | None = None  # per-group KV tables: each layer's group (the runner's)
 
     def forward(
@@ -335,48 +313,39 @@ class CausalLM(nn.Module):
         hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
-        # an fp8 cache runs layer by layer: the one-call block and stack read float caches only
-        fp8 = bool(kv_caches) and fp8_kv.is_fp8(kv_caches[0][0].dtype)
-        # Llama 4's layers (model/llama4.py) run layer by layer too: the one-call block has no NoPE/chunking
-        # and latent attention (model/mla.py) has its own decode path
-        rows = None if fp8 or self.spec.arch in ("llama4_text", "deepseek_v3", "deepseek_v2") else decode_rows(positions, meta, ops)
-        metas, layer_rows = layer_metas(meta, self.kv_layer_groups, len(self.layers), rows,  # per-group KV tables
-                                        lambda m: decode_rows(positions, m, ops))  # fmt: skip
-        # the one-call stack has no place for LoRA deltas: steps with LoRA rows go layer by layer
-        if (rows is not None and ops.decode_layer_stack is not None and meta.token_slots is None and aux is None
-                and meta.group_slot_mapping is None):  # the stack takes one block table
+        # the one-call paths and the choices that rule them out: model/decode_paths.py
+        rows = step_rows(self.spec.arch, positions, kv_caches, meta, ops)
+        metas, rows_of_layer = layer_rows(meta, self.kv_layer_groups, len(self.layers), rows, positions, ops)
+        if stack_applies(rows, meta, ops, aux is not None):
             stack = self._decode_stack(cos_sin, kv_caches)
             out = None if stack is None else ops.decode_layer_stack(hidden, rows, stack)
             if out is not None:
                 return out
         if self.spec.sandwich_norms:
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-                if aux is not None and i in aux.layer_ids:
-                    aux.hidden.append(hidden)
-                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, metas[i], ops, layer_rows[i])
+                if aux is not None:
+                    aux.keep(i, hidden)
+                hidden = layer.sandwich_forward(hidden, positions, cos_sin, kv_cache, metas[i], ops, rows_of_layer[i])
             return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)[0]
         residual: torch.Tensor | None = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            if aux is not None and i in aux.layer_ids:
-                aux.hidden.append(hidden if residual is None else hidden + residual)
+            if aux is not None:
+                aux.keep(i, hidden, residual)
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
-            x = layer.self_attn(x, positions, cos_sin, kv_cache, metas[i], ops, layer_rows[i])
+            x = layer.self_attn(x, positions, cos_sin, kv_cache, metas[i], ops, rows_of_layer[i])
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
             hidden = run_mlp(layer.mlp, x, ops, meta.token_slots)
         out, last = ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)
-        if aux is not None and len(self.layers) in aux.layer_ids:  # MTP: the last layer's output, before the norm
-            aux.hidden.append(last)
+        if aux is not None:  # MTP: the last layer's output, before the norm
+            aux.keep(len(self.layers), last)
         return out
 
     def _decode_stack(self, cos_sin: torch.Tensor,
                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DecodeStack | None:  # fmt: skip
         weight = self.layers[0].self_attn.qkv_proj.weight if len(self.layers) else None
-        cached = self._stack
-        if cached is None or cached[0] is not kv_caches or cached[1] is not cos_sin or cached[2] is not weight:
-            cached = self._stack = (kv_caches, cos_sin, weight, decode_stack_of(self, cos_sin, kv_caches))
-        return cached[3]
+        return self._stack.get(kv_caches, cos_sin, weight, lambda: decode_stack_of(self, cos_sin, kv_caches))
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.tp is None:

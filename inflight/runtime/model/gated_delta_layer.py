@@ -7,6 +7,11 @@ allocates the two pool tensors per layer (:func:`state_shapes`) and hands them t
 the place an attention layer gets its KV cache; :class:`StateRows` says, per sequence of the
 step, which slot it reads and writes and whether it starts from zeros (its first token is in
 this step) or from the slot (decode, or a later prompt chunk: chunked prefill carries the state).
+A step with speculating chunks (a sequence's last token plus its drafts, packed as decode rows)
+runs its decode rows position by position through the one-token kernels (:func:`run_state_op`):
+after each position the state of every chunk that goes on is copied to a scratch slot of the
+pool, so the runner can give each slot the state after its last accepted token once the drafts
+are verified (:mod:`inflight.runtime.worker.hybrid_cache`).
 
 The layer: ``in_proj_qkvz`` and ``in_proj_ba`` (grouped per key head in the checkpoint, as
 transformers' ``fix_query_key_value_ordering`` reads them), the causal conv over q/k/v with SiLU,
@@ -29,8 +34,21 @@ from torch import nn
 
 from inflight.kernels import gated_delta
 from inflight.kernels.ops import KernelOps
-from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.model.batch import AttentionMetadata, StateSteps
 from inflight.runtime.model.spec_types import GatedDeltaSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PositionStep:
+    """The decode rows at one position of their chunk (position 0: every one-token row and each
+    speculating chunk's first), run as one-token sequences, and the states kept after them."""
+
+    rows: torch.Tensor  # [n] int64, rows of the packed batch
+    query_start_loc: torch.Tensor  # [n + 1] int32, 0..n (each a one-token sequence)
+    slots: torch.Tensor  # [n] int64, distinct
+    has_initial: torch.Tensor  # [n] bool
+    keep_from: torch.Tensor  # [m] int64, slots of the speculating chunks that go on past this position
+    keep_to: torch.Tensor  # [m] int64, the scratch slots that keep their state after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +58,9 @@ class StateRows:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32, row offsets over the whole packed batch
     slots: torch.Tensor  # [num_seqs] int64, each sequence's state-pool slot
     has_initial: torch.Tensor  # [num_seqs] bool: continue from the slot (else start from zeros)
+    num_decode_tokens: int = 0
+    # speculating chunks in the step: the decode rows position by position (meta.state_steps); else None
+    steps: tuple[PositionStep, ...] | None = None
 
     @classmethod
     def of(cls, meta: AttentionMetadata) -> StateRows:
@@ -55,7 +76,43 @@ class StateRows:
         starts = torch.cat([decode_starts, prefill_starts])
         lens = starts[1:] - starts[:-1]
         context = torch.cat([meta.decode_context_lens[:nd], meta.prefill_context_lens[: meta.num_prefills]])
-        return cls(starts, meta.state_slots.to(torch.int64), context.to(torch.int32) > lens)
+        steps = None if meta.state_steps is None else position_steps(meta.state_steps)
+        return cls(starts, meta.state_slots.to(torch.int64), context.to(torch.int32) > lens, nd, steps)
+
+
+def position_steps(plan: StateSteps) -> tuple[PositionStep, ...]:
+    """``plan``'s decode rows cut into one :class:`PositionStep` a position (bounds read on the host)."""
+    rb, kb = plan.row_bounds.tolist(), plan.keep_bounds.tolist()
+    device = plan.rows.device
+    return tuple(PositionStep(plan.rows[r0:r1], torch.arange(r1 - r0 + 1, dtype=torch.int32, device=device),
+                              plan.slots[r0:r1], plan.has_initial[r0:r1], plan.keep_from[k0:k1], plan.keep_to[k0:k1])
+                 for r0, r1, k0, k1 in zip(rb, rb[1:], kb, kb[1:], strict=False))  # fmt: skip
+
+
+StateOp = Callable[[torch.Tensor | slice, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def run_state_op(op: StateOp, rows: StateRows, state: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``op(select, query_start_loc, slots, has_initial)`` (a conv or recurrence over the packed
+    rows ``select``, updating ``state`` in place) over the step: in one call; or, with speculating
+    chunks in the step, the decode rows position by position (one-token calls), each position's
+    states kept in their scratch slots, then the prompt chunks in one call."""
+    if rows.steps is None:
+        return op(slice(None), rows.query_start_loc, rows.slots, rows.has_initial)
+    parts: list[tuple[torch.Tensor | slice, torch.Tensor]] = []
+    for step in rows.steps:
+        parts.append((step.rows, op(step.rows, step.query_start_loc, step.slots, step.has_initial)))
+        if step.keep_to.numel():
+            state[step.keep_to] = state[step.keep_from]
+    nd = rows.num_decode_tokens
+    if num_tokens > nd:  # the prompt chunks, as one call (offsets relative to their first row)
+        prompts = slice(nd, None)
+        parts.append((prompts, op(prompts, rows.query_start_loc[nd:] - nd, rows.slots[nd:], rows.has_initial[nd:])))
+    first = parts[0][1]
+    out = first.new_empty((num_tokens, *first.shape[1:]))
+    for select, part in parts:
+        out[select] = part
+    return out
 
 
 def state_shapes(spec: GatedDeltaSpec, num_slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -123,15 +180,18 @@ class GatedDeltaNet(nn.Module):
         ba = ops.linear(x, self.in_proj_ba.weight).view(n, hk, 2 * per)
         q, k, v, z = qkvz.split([dk, dk, per * dv, per * dv], dim=-1)
         b, a = ba.split([per, per], dim=-1)
-        mixed = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=-1)  # [n, conv_dim]
+        inputs = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=-1)  # [n, conv_dim]
         conv_fn, rule_fn = kernels_for(ops)
         conv_state, rec_state = state
-        mixed = conv_fn(mixed, self.conv1d.weight[:, 0, :], conv_state, rows.query_start_loc, rows.slots,
-                        rows.has_initial)  # fmt: skip
+        weight = self.conv1d.weight[:, 0, :]
+        mixed = run_state_op(lambda sel, starts, slots, init: conv_fn(inputs[sel], weight, conv_state, starts, slots,
+                                                                      init), rows, conv_state, n)  # fmt: skip
         q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
         beta = b.reshape(n, hv).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.reshape(n, hv).float() + self.dt_bias)
-        out = rule_fn(q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv), g, beta, rec_state,
-                      rows.query_start_loc, rows.slots, rows.has_initial)  # fmt: skip
+        q, k, v = q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv)
+        out = run_state_op(lambda sel, starts, slots, init: rule_fn(q[sel], k[sel], v[sel], g[sel], beta[sel],
+                                                                    rec_state, starts, slots, init),
+                           rows, rec_state, n)  # fmt: skip
         out = self.norm(out.reshape(n * hv, dv), z.reshape(n * hv, dv)).reshape(n, hv * dv)
         return ops.linear(out, self.out_proj.weight)

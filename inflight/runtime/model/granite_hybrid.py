@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from inflight.kernels.ops import KernelOps
+from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.model.decoder import MLP, Attention, AuxHidden, RMSNorm
+from inflight.runtime.model.decoder import MLP, Attention, RMSNorm
 from inflight.runtime.model.gated_delta_layer import StateRows
 from inflight.runtime.model.hybrid_lm import SingleDeviceLM
 from inflight.runtime.model.layout import ShardLayout
@@ -87,15 +88,15 @@ class GraniteHybridLM(SingleDeviceLM):
         ops: KernelOps,
         aux: AuxHidden | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
-        if aux is not None:
-            raise ValueError("EAGLE-3 speculation is not served for Granite 4 hybrid")
         hidden = self.embed(input_ids)
         if self.spec.embed_scale is not None:
             hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
         scale = self.spec.residual_multiplier
         rows = StateRows.of(meta) if self.spec.mamba is not None else None  # Granite 4.0 Micro: attention only
         residual: torch.Tensor | None = None
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if aux is not None:  # EAGLE-3: the states entering its layers
+                aux.keep(i, hidden, residual)
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
             if layer.is_mamba:
@@ -106,7 +107,10 @@ class GraniteHybridLM(SingleDeviceLM):
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x * scale, norm.weight, norm.eps, residual)
             hidden = layer.mlp(x, ops) * scale
-        return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
+        out, last = ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)
+        if aux is not None:  # MTP: the last layer's output, before the norm
+            aux.keep(len(self.layers), last)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor, ops: KernelOps) -> torch.Tensor | None:
         """``[n, vocab]`` float32 logits, divided by ``logits_scaling`` as transformers does."""

@@ -6,7 +6,8 @@ conv, in the model's dtype) and an SSM state ``[num_heads, head_dim, d_state]`` 
 runner allocates the pool tensors (:func:`state_shapes`, through
 :mod:`inflight.runtime.worker.hybrid_cache`) and hands them to the layer in the place an attention
 layer gets its KV cache; :class:`~.gated_delta_layer.StateRows` says each sequence's slot and
-whether it continues from it (decode, a later prompt chunk) or starts from zeros.
+whether it continues from it (decode, a later prompt chunk) or starts from zeros; a step with
+speculating chunks runs their rows position by position (:func:`~.gated_delta_layer.run_state_op`).
 
 The layer: ``in_proj`` -> (z, xBC, dt); the causal depthwise conv (with bias, SiLU) over xBC;
 x split into heads, B and C into ``num_groups`` groups; ``dt = clamp(softplus(dt + dt_bias),
@@ -27,7 +28,7 @@ from torch import nn
 
 from inflight.kernels import mamba2_reference
 from inflight.kernels.ops import KernelOps
-from inflight.runtime.model.gated_delta_layer import StateRows
+from inflight.runtime.model.gated_delta_layer import StateRows, run_state_op
 from inflight.runtime.model.spec_types import Mamba2Spec
 
 
@@ -94,14 +95,17 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = proj.split([inner, spec.conv_dim, spec.num_heads], dim=-1)
         conv_fn, scan_fn = kernels_for(ops)
         conv_state, ssm_state = state
-        conv_bias = self.conv1d.bias
-        xbc = conv_fn(xbc, self.conv1d.weight[:, 0, :], conv_bias, conv_state, rows.query_start_loc, rows.slots,
-                      rows.has_initial)  # fmt: skip
+        weight, conv_bias = self.conv1d.weight[:, 0, :], self.conv1d.bias
+        conv_in = xbc
+        xbc = run_state_op(lambda sel, starts, slots, init: conv_fn(conv_in[sel], weight, conv_bias, conv_state, starts,
+                                                                    slots, init), rows, conv_state, n)  # fmt: skip
         xs, b, c = xbc.split([inner, gn, gn], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*spec.dt_limit)
         a = -torch.exp(self.A_log.float())
-        y = scan_fn(xs.reshape(n, spec.num_heads, spec.head_dim), dt, a, b.reshape(n, spec.num_groups, -1),
-                    c.reshape(n, spec.num_groups, -1), self.D, ssm_state, rows.query_start_loc, rows.slots,
-                    rows.has_initial)  # fmt: skip
+        xs, b, c = xs.reshape(n, spec.num_heads, spec.head_dim), b.reshape(n, spec.num_groups, -1), \
+            c.reshape(n, spec.num_groups, -1)  # fmt: skip
+        d = self.D
+        y = run_state_op(lambda sel, starts, slots, init: scan_fn(xs[sel], dt[sel], a, b[sel], c[sel], d, ssm_state,
+                                                                  starts, slots, init), rows, ssm_state, n)  # fmt: skip
         y = self.norm(y.reshape(n, inner), z)
         return ops.linear(y.to(x.dtype), self.out_proj.weight, self.out_proj.bias)

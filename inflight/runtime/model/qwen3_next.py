@@ -24,9 +24,10 @@ import torch
 from torch import nn
 
 from inflight.kernels.ops import KernelOps
+from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.model.collectives import Collectives
-from inflight.runtime.model.decoder import MLP, AuxHidden, RMSNorm
+from inflight.runtime.model.decoder import MLP, RMSNorm
 from inflight.runtime.model.gated_delta_layer import GatedDeltaNet, StateRows
 from inflight.runtime.model.hybrid_lm import SingleDeviceLM
 from inflight.runtime.model.layout import ShardLayout
@@ -130,12 +131,12 @@ class Qwen3NextLM(SingleDeviceLM):
         ops: KernelOps,
         aux: AuxHidden | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden], final-normed
-        if aux is not None:
-            raise ValueError("EAGLE-3 speculation is not served for Qwen3-Next")
         hidden = self.embed(input_ids)
         rows = StateRows.of(meta)
         residual: torch.Tensor | None = None
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if aux is not None:  # EAGLE-3: the states entering its layers
+                aux.keep(i, hidden, residual)
             norm = layer.input_layernorm
             x, residual = ops.rms_norm(hidden, norm.weight, norm.eps, residual)
             if layer.is_linear:
@@ -145,4 +146,7 @@ class Qwen3NextLM(SingleDeviceLM):
             norm = layer.post_attention_layernorm
             x, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
             hidden = layer.mlp(x, ops)
-        return ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)[0]
+        out, last = ops.rms_norm(hidden, self.norm.weight, self.norm.eps, residual)
+        if aux is not None:  # MTP: the last layer's output, before the norm
+            aux.keep(len(self.layers), last)
+        return out

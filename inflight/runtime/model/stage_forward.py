@@ -17,7 +17,8 @@ import torch
 from inflight.kernels import fp8_kv
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.model.decoder import CausalLM, decode_rows, run_mlp
+from inflight.runtime.model.decode_paths import decode_rows
+from inflight.runtime.model.decoder import CausalLM, run_mlp
 
 
 def run_stage(

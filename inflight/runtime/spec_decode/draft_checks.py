@@ -50,6 +50,9 @@ def check_draft_model(model_dir: str | Path, config: EngineConfig) -> int:
         draft = spec_from_hf_config(load_hf_config(draft_dir))
     except ValueError as exc:
         raise ValueError(f"the draft model in {draft_dir} cannot be served: {exc}") from None
+    if draft.state_layers:
+        raise ValueError(f"the draft model in {draft_dir} is a hybrid model ({draft.arch}: a recurrent state per "
+                         "sequence); a draft model must be a plain decoder (a hybrid served model may take one)")
     target = spec_from_hf_config(load_hf_config(model_dir))
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({draft.vocab_size} tokens, {draft_dir}/config.json) "

@@ -43,7 +43,7 @@ from inflight.runtime.model.loader import Progress
 from inflight.runtime.model.spec import ModelSpec
 from inflight.runtime.spec_decode.draft_checks import check_draft_model, draft_model_dir
 from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts, known_tokens
-from inflight.runtime.spec_decode.speculative import parse_speculative_config
+from inflight.runtime.spec_decode.speculative import draft_states, parse_speculative_config
 from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, upload
 from inflight.runtime.worker.graph_backend import GraphBackend
@@ -157,8 +157,10 @@ def load_runners(
 
         return load_mtp_runners(model_dir, config, progress, tp, workers, graph_backend)  # type: ignore[return-value]
     draft_dir = draft_model_dir(config)
+    states = draft_states(spec, config.max_num_sequences)  # a hybrid target's scratch states (worker/hybrid_cache.py)
     if draft_dir is None:
-        return ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend), None
+        return ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend,
+                           draft_states=states), None  # fmt: skip
     max_model_len = check_draft_model(model_dir, config)
     draft_config = config.replace(max_model_len=max_model_len, num_kv_blocks=None, max_tokens_in_paged_kv_cache=None,
                                   quantization="auto", speculative_config=None, enable_lora=False)  # fmt: skip
@@ -169,7 +171,7 @@ def load_runners(
     runner: ModelRunner | None = None
     try:
         runner = ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend,
-                             kv_bytes_beside=draft.bytes_per_block)  # fmt: skip
+                             kv_bytes_beside=draft.bytes_per_block, draft_states=states)  # fmt: skip
         draft.allocate_kv_cache(runner.num_kv_blocks, draft_config, graph_backend, draft_progress)
     except BaseException:
         draft.close()

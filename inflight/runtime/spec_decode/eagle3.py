@@ -48,12 +48,13 @@ import torch
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.sched_output import RequestFacts, ScheduledChunk
-from inflight.runtime.model.decoder import AuxHidden
+from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config
 from inflight.runtime.spec_decode.eagle3_head import Eagle3Head, eagle3_head_dir, load_head, read_head_config
 from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts, known_tokens
+from inflight.runtime.spec_decode.speculative import draft_states, parse_speculative_config
 from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, packed_order
 from inflight.runtime.worker.graph_backend import GraphBackend
@@ -292,7 +293,9 @@ def load_eagle3_runners(
     elem = torch.finfo(head.fc.weight.dtype).bits // 8
     head_bytes = 2 * config.block_size * head_spec.num_kv_heads * head_spec.head_dim * elem
     runner = ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend,
-                         kv_bytes_beside=head_bytes)  # fmt: skip
+                         kv_bytes_beside=head_bytes,  # a hybrid target's scratch states (worker/hybrid_cache.py):
+                         draft_states=draft_states(parse_speculative_config(config.speculative_config),
+                                                   config.max_num_sequences))  # fmt: skip
     try:
         if head.fc.weight.dtype != runner.dtype:
             head = head.to(runner.dtype)

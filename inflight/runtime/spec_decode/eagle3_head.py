@@ -39,7 +39,8 @@ from torch import nn
 from inflight.kernels.ops import KernelOps
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.model.batch import AttentionMetadata
-from inflight.runtime.model.decoder import MLP, Attention, RMSNorm, decode_rows
+from inflight.runtime.model.decode_paths import decode_rows
+from inflight.runtime.model.decoder import MLP, Attention, RMSNorm
 from inflight.runtime.model.layout import shard_layout
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import ModelSpec, spec_from_hf_config

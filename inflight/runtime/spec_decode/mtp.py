@@ -11,7 +11,11 @@ holds: the target's last-layer output before its final norm (``AuxHidden`` id ``
 no ``fc``, the full vocabulary, and its KV in the target's format (the latent and roped key of
 latent attention for DeepSeek-V3, K/V for GLM-4.5). Under tensor parallelism the layer is whole
 on rank 0, with whole embedding and LM-head tables (its own copies from the checkpoint, or the
-served model's read from it). Knows nothing about scheduling policy.
+served model's read from it). Qwen3-Next's MTP layer (:mod:`.qwen3_next_mtp`) is driven the same way;
+it reads the served model's final-normed output (its head applies the served model's final norm to
+the pre-norm state) and chains its own normed output, as vLLM's ``Qwen3NextMTP`` does; a rejected
+draft's recurrent state is rolled back in the target (worker/hybrid_cache.py). Knows nothing about
+scheduling policy.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from inflight.runtime.model.loader import Progress, checkpoint_tensors, load_hf_
 from inflight.runtime.model.mla_kv import allocate_mla_caches, mla_block_bytes
 from inflight.runtime.spec_decode.eagle3 import Eagle3Proposer, head_device_dtype, target_embeddings
 from inflight.runtime.spec_decode.mtp_head import MTP_ARCHS, MtpHead, load_mtp_head
+from inflight.runtime.spec_decode.qwen3_next_mtp import Qwen3NextMtpHead, load_qwen3_next_mtp_head
+from inflight.runtime.spec_decode.speculative import draft_states, parse_speculative_config
 from inflight.runtime.worker.graph_backend import GraphBackend
 from inflight.runtime.worker.model_runner import ModelRunner
 
@@ -64,23 +70,29 @@ def load_mtp_runners(
     sized for both caches' bytes per block, then the layer's cache of the same block count."""
     hf_config = load_hf_config(model_dir)
     device, dtype = head_device_dtype(model_dir, config, tp)
-    head = load_mtp_head(model_dir, hf_config, device, dtype)
+    qwen3_next = getattr(hf_config, "model_type", None) == "qwen3_next"
+    head = (load_qwen3_next_mtp_head if qwen3_next else load_mtp_head)(model_dir, hf_config, device, dtype)
     if progress:
-        progress(f"loaded the {MTP_ARCHS[head.spec.arch]} MTP layer (model.layers.{head.config.first_layer}) "
-                 f"as the drafter")  # fmt: skip
+        where = "mtp.layers.0" if qwen3_next else f"model.layers.{head.config.first_layer}"
+        progress(f"loaded the {MTP_ARCHS[head.spec.arch]} MTP layer ({where}) as the drafter")
     elem = torch.finfo(dtype).bits // 8
     spec = head.spec
     head_bytes = (mla_block_bytes(spec, 1, config.block_size, elem) if spec.mla is not None
                   else 2 * config.block_size * spec.num_kv_heads * spec.head_dim * elem)  # fmt: skip
     runner = ModelRunner(model_dir, config, progress, tp=tp, workers=workers, graph_backend=graph_backend,
-                         kv_bytes_beside=head_bytes)  # fmt: skip
+                         kv_bytes_beside=head_bytes,  # a hybrid target's scratch states (worker/hybrid_cache.py):
+                         draft_states=draft_states(parse_speculative_config(config.speculative_config),
+                                                   config.max_num_sequences))  # fmt: skip
     try:
         if dtype != runner.dtype:
             head = head.to(runner.dtype)
         embeddings = None
         if tp is not None and head.embed_tokens is None:  # rank 0's table is a slice: read the whole one
             embeddings = target_embeddings(model_dir).to(device=runner.device, dtype=runner.dtype)
-        if head.layer.shared_head.head is None:
+        if isinstance(head, Qwen3NextMtpHead):  # the served model's LM head and final norm (its own none)
+            head.lm_head_weight = _target_lm_head(model_dir, runner, False)
+            head.final_norm = (runner.model.norm.weight, runner.model.norm.eps)
+        elif head.layer.shared_head.head is None:
             head.lm_head_weight = _target_lm_head(model_dir, runner, tp is not None)
         proposer = MtpProposer(head, hf_config, runner, embeddings)
         proposer.allocate_kv_cache(runner.num_kv_blocks)

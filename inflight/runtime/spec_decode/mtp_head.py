@@ -19,10 +19,10 @@ checkpoints; a checkpoint without them reads the served model's own.
 Only the first MTP layer is served: every draft comes from it (all published checkpoints have one;
 a second layer would need its own KV of every position, fed from the first's outputs), said in the
 log when there are more. The layer is whole (unsharded) and runs on rank 0 under tensor parallelism.
-Qwen3-Next's ``mtp.*`` layer is refused with the reason (its linear-attention state would need
-rolling back after rejected drafts); so is any other family, and a config or checkpoint without MTP
-layers (transformers' ``save_pretrained`` drops them). Knows nothing about scheduling or KV blocks
-(:mod:`.mtp` drives it).
+Qwen3-Next's ``mtp.*`` layer is laid out otherwise (:mod:`.qwen3_next_mtp` is its head; its
+start-up check is here). Any other family is refused with the reason, and so is a config or
+checkpoint without MTP layers (transformers' ``save_pretrained`` drops them). Knows nothing about
+scheduling or KV blocks (:mod:`.mtp` drives it).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from inflight.runtime.spec_decode.speculative import parse_speculative_config
 
 logger = logging.getLogger("inflight.loading")
 
-MTP_ARCHS = {"deepseek_v3": "DeepSeek-V3", "glm4_moe": "GLM-4.5"}
+MTP_ARCHS = {"deepseek_v3": "DeepSeek-V3", "glm4_moe": "GLM-4.5", "qwen3_next": "Qwen3-Next"}
+QWEN3_NEXT_LAYER = "mtp.layers.0."  # Qwen3-Next's MTP layer (spec_decode/qwen3_next_mtp.py)
 OPTIONAL = ("embed_tokens.weight", "shared_head.head.weight")  # the served model's own are read when absent
 
 
@@ -64,22 +65,23 @@ class MtpConfig:
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
-        """The target state the layer reads (:class:`~inflight.runtime.model.decoder.AuxHidden`): the
+        """The target state the layer reads (:class:`~inflight.runtime.model.aux_hidden.AuxHidden`): the
         last layer's output before the final norm."""
         return (self.first_layer,)
 
 
 def read_mtp_config(hf_config: Any, spec: ModelSpec) -> MtpConfig:
     """The served model's MTP layers; ``ValueError`` saying why when it has none that can draft."""
-    if spec.arch == "qwen3_next":
-        raise ValueError("speculative method mtp: Qwen3-Next's MTP layer (mtp.*) is not served as a drafter: "
-                         "speculative decoding on it (a rejected draft would have to roll the recurrent state of its "
-                         "linear-attention layers back) is not done yet; serve it without speculative_config")
+    if spec.arch == "qwen3_next":  # its config may not say (the checkpoint's names do: check_mtp_checkpoint)
+        declared = getattr(hf_config, "num_nextn_predict_layers", None) or getattr(hf_config, "mtp_num_hidden_layers",
+                                                                                   None)  # fmt: skip
+        return MtpConfig(declared if isinstance(declared, int) and declared > 0 else 1, spec.num_layers)
     if spec.arch not in MTP_ARCHS:
         archs = list(getattr(hf_config, "architectures", None) or [spec.arch])
         raise ValueError(f"speculative method mtp reads the multi-token-prediction layers of DeepSeek-V3 "
-                         f"(DeepseekV3ForCausalLM) and GLM-4.5 (Glm4MoeForCausalLM) checkpoints; the served model "
-                         f"is {', '.join(archs)}, which has none: use method ngram, draft_model or eagle3")
+                         f"(DeepseekV3ForCausalLM), GLM-4.5 (Glm4MoeForCausalLM) and Qwen3-Next (Qwen3NextForCausalLM) "
+                         f"checkpoints; the served model is {', '.join(archs)}, which has none: use method ngram, "
+                         "draft_model or eagle3")
     declared = getattr(hf_config, "num_nextn_predict_layers", None)
     if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
         raise ValueError(f"speculative method mtp: the served {MTP_ARCHS[spec.arch]} model declares no "
@@ -112,9 +114,17 @@ def check_mtp(model_dir: str | Path, config: EngineConfig) -> None:
 def check_mtp_checkpoint(model_dir: str | Path, hf_config: Any) -> MtpConfig:
     """``ValueError`` unless the served model has an MTP layer to draft with, in its config and among
     its checkpoint's tensors (names only: no weight is read)."""
-    mtp = read_mtp_config(hf_config, spec_from_hf_config(hf_config))
+    spec = spec_from_hf_config(hf_config)
+    mtp = read_mtp_config(hf_config, spec)
+    if spec.arch == "qwen3_next":
+        names = set(checkpoint_names(model_dir))
+        if "mtp.fc.weight" not in names or not any(n.startswith(QWEN3_NEXT_LAYER) for n in names):
+            raise ValueError(f"speculative method mtp: the Qwen3-Next checkpoint in {model_dir} has no MTP layer "
+                             "(mtp.fc, mtp.layers.0.*); it was saved without it (transformers' save_pretrained drops "
+                             "mtp.*): serve the published checkpoint, or use method ngram")  # fmt: skip
+        return mtp
     prefix = f"layers.{mtp.first_layer}."
-    if not any(name.removeprefix("model.").startswith(prefix) for name in _tensor_names(model_dir)):
+    if not any(name.removeprefix("model.").startswith(prefix) for name in checkpoint_names(model_dir)):
         raise ValueError(f"speculative method mtp: config.json declares num_nextn_predict_layers "
                          f"{mtp.num_nextn_predict_layers} but the checkpoint in {model_dir} has no tensor of its "
                          f"first MTP layer (model.layers.{mtp.first_layer}.*); it was saved without them "
@@ -125,7 +135,7 @@ def check_mtp_checkpoint(model_dir: str | Path, hf_config: Any) -> MtpConfig:
     return mtp
 
 
-def _tensor_names(model_dir: str | Path) -> Iterable[str]:
+def checkpoint_names(model_dir: str | Path) -> Iterable[str]:
     """The checkpoint's tensor names: a sharded checkpoint's index, else the file's header."""
     index = Path(model_dir) / "model.safetensors.index.json"
     if index.is_file():

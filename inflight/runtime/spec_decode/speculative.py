@@ -78,6 +78,14 @@ class SpeculativeConfig:
             raise ValueError(f"speculative num_speculative_tokens must be <= 16 (got {self.num_speculative_tokens}).")
 
 
+def draft_states(spec: SpeculativeConfig | None, max_num_sequences: int) -> tuple[int, int]:
+    """(the most rows that speculate in one step, drafts a row): a step speculates only while fewer
+    than ``disable_by_batch_size`` run. A hybrid model keeps scratch states for them (worker/hybrid_cache.py)."""
+    if spec is None:
+        return (0, 0)
+    return (min(max_num_sequences, spec.disable_by_batch_size - 1), spec.num_speculative_tokens)
+
+
 def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
     """``--speculative-config`` JSON (vLLM's keys) -> the config; None when not given."""
     if text is None or not text.strip():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,7 +58,7 @@ from inflight.runtime.worker.cpu.device_setup import (
 from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
 from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
 from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
-from inflight.runtime.worker.hybrid_cache import allocate_states, with_state_slots
+from inflight.runtime.worker.hybrid_cache import allocate_states, draft_scratch, keep_accepted_states, with_state_slots
 from inflight.runtime.worker.kv_copies import HostKV, num_host_slots
 from inflight.runtime.worker.kv_layout import grouped_caches, kv_groups_of
 from inflight.runtime.worker.pipeline_step import stage_forward
@@ -76,13 +76,15 @@ class ModelRunner:
 
     ``kv_bytes_beside``: bytes per block of other caches indexed by the same block tables,
     counted when the block count is sized. ``allocate_kv=False`` loads the weights only; the
-    owner then calls :meth:`allocate_kv_cache` with the block count.
+    owner then calls :meth:`allocate_kv_cache` with the block count. ``draft_states``: (rows that
+    may speculate in one step, drafts a row), for a hybrid model's scratch states (worker/hybrid_cache.py).
     """
 
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, progress: Progress | None = None,
         tp: TensorParallel | None = None, workers: WorkerGroup | None = None,
         graph_backend: GraphBackend | None = None, kv_bytes_beside: int = 0, allocate_kv: bool = True,
+        draft_states: tuple[int, int] = (0, 0),
     ) -> None:
         self.model_dir = Path(model_dir)
         self.tp = tp
@@ -147,7 +149,9 @@ class ModelRunner:
         # a hybrid model's per-sequence states (worker/hybrid_cache.py), before the KV cache is sized;
         # state_slots (req_id -> slot) is filled by the engine's StatePool (core/state_pool.py)
         self.num_state_slots = config.max_num_sequences if self.spec.state_layers else 0
-        self.state_caches = allocate_states(self.spec, self.num_state_slots, self.device, self.dtype)
+        self.draft_scratch = draft_scratch(self.spec, self.num_state_slots, draft_states)
+        self.state_caches = allocate_states(self.spec, self.num_state_slots, self.device, self.dtype,
+                                            self.draft_scratch)  # fmt: skip
         self.state_slots: dict[str, int] = {}
         if allocate_kv:
             num_blocks = kv_sizing.num_blocks(config, self.device, self.bytes_per_block + kv_bytes_beside,
@@ -275,7 +279,15 @@ class ModelRunner:
         batch = prepare_batch(chunks, self.block_size, self.device, lora_slots)
         if self.vision is not None:  # M-RoPE positions and image rows (worker/vision_step.py)
             return self.vision.plan(batch, chunks, self.device)
-        return batch if not self.state_caches else with_state_slots(batch, chunks, self.state_slots, self.device)
+        if not self.state_caches:
+            return batch
+        return with_state_slots(batch, chunks, self.state_slots, self.device, self.draft_scratch)
+
+    def keep_accepted_states(self, chunks: Sequence[ScheduledChunk], accepted: Mapping[str, int]) -> None:
+        """A hybrid model's speculating chunks of the step just run keep the state after their last
+        accepted token (``accepted``: req_id -> drafts kept); nothing for other models."""
+        if self.state_caches:
+            keep_accepted_states(self.state_caches, chunks, accepted, self.state_slots, self.draft_scratch)
 
     def load_lora(self, slot: int, weights: AdapterWeights) -> None:
         """Write a LoRA adapter into device slot ``slot`` (every rank's shard under tensor parallelism)."""

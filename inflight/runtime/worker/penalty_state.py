@@ -18,6 +18,16 @@ this work too):
   against each row's entries on the device: a count goes up, or the id is appended. Async
   scheduling's placeholders never need their values here.
 
+The pool also shrinks: a burst of penalized requests, or one request whose penalty history spans
+the vocabulary, would otherwise keep the peak ``[slots, width]`` for ever. When requests have left
+and the live rows fit in a quarter of the slots, or the widest live row in a quarter of the width
+(both above their floors), :meth:`PenaltyPool.prepare` copies the live rows into smaller tensors
+(twice what they need, so a pool never shrinks and regrows at once) and renumbers their slots.
+That is the one safe point: a step's :class:`PenaltyRows` (slot numbers) live from its
+``prepare`` to its ``record``, and each step runs them in that order on one thread (the sampler's,
+one step after another) before the next step prepares; a step's rows carry the pool's ``epoch``,
+which every compaction bumps, and are refused when stale.
+
 Correctness does not hang on every step being recorded: each :class:`RequestPenalties` counts
 the output tokens its row holds (``num_counted``), and a row whose request has another number of
 output tokens (tokens accepted by speculative verification, which does not sample here, or a
@@ -77,10 +87,12 @@ class PenaltyRows:
     rows: tuple[int, ...]
     slots: tuple[int, ...]
     holders: tuple[RequestPenalties, ...]
+    epoch: int = 0  # the pool's epoch at prepare(): slot numbers hold until the next compaction
 
 
 class PenaltyPool:
-    """The penalized requests' rows on one device, grown on demand (doubling), reused once freed."""
+    """The penalized requests' rows on one device, grown on demand (doubling), reused once freed,
+    compacted when far fewer or far narrower rows are live (see the module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -89,6 +101,9 @@ class PenaltyPool:
         self.counts = torch.zeros((0, _MIN_WIDTH), dtype=torch.float32, device=device)  # [slots, width]
         self.num = torch.zeros(0, dtype=torch.int64, device=device)  # [slots] valid entries
         self._free: list[int] = []
+        self._holders: dict[int, RequestPenalties] = {}  # slot -> its live row's holder
+        self._freed = False  # a row was freed since the last look at shrinking
+        self.epoch = 0  # bumped by each compaction (slot numbers change)
 
     @property
     def capacity(self) -> int:
@@ -102,6 +117,8 @@ class PenaltyPool:
         with self.lock:
             if holder.slot is not None and not holder.released:
                 self._free.append(holder.slot)
+                del self._holders[holder.slot]
+                self._freed = True
             holder.slot, holder.released = None, True
 
     # -- a step -------------------------------------------------------------------------
@@ -109,10 +126,14 @@ class PenaltyPool:
         """Bring the state of ``rows[i]`` for ``i`` in ``index`` up to date (a new request's row
         filled, a row whose output count is not its request's filled again), without a host
         sync; the rows of a released request are left out (their token lists serve)."""
-        fills: list[tuple[RequestPenalties, SamplingRow]] = []
+        fills: list[tuple[RequestPenalties, SamplingRow, int]] = []
         kept_rows: list[int] = []
         holders: list[RequestPenalties] = []
+        slots: list[int] = []
         with self.lock:
+            if self._freed:
+                self._freed = False
+                self._shrink()
             for i in index:
                 row = rows[i]
                 h = row.penalties
@@ -120,15 +141,18 @@ class PenaltyPool:
                     continue
                 if h.slot is None:
                     h.pool, h.slot = self, self._allocate()
-                    fills.append((h, row))
+                    self._holders[h.slot] = h
+                    fills.append((h, row, h.slot))
                 elif h.num_counted != len(row.output_token_ids):
-                    fills.append((h, row))
+                    fills.append((h, row, h.slot))
                 kept_rows.append(i)
                 holders.append(h)
+                slots.append(h.slot)  # read under the lock: a release may clear h.slot any time
+            epoch = self.epoch
         if fills:
             with torch.inference_mode():
                 self._fill(fills)
-        return PenaltyRows(tuple(kept_rows), tuple([h.slot for h in holders]), tuple(holders))  # type: ignore[misc]
+        return PenaltyRows(tuple(kept_rows), tuple(slots), tuple(holders), epoch)
 
     def apply(self, logits: torch.Tensor, at: PenaltyRows, rows: Sequence[SamplingRow]) -> None:
         """Repetition (each row's entries), then frequency and presence (entries with an output
@@ -136,6 +160,7 @@ class PenaltyPool:
         use = [j for j, h in enumerate(at.holders) if h.bound > 0]  # a row with no entry has nothing to do
         if not use:
             return
+        self._check_epoch(at)
         dev = logits.device
         params = [rows[at.rows[j]].params for j in use]
         width = max(at.holders[j].bound for j in use)
@@ -173,6 +198,7 @@ class PenaltyPool:
         holders = [at.holders[j] for j in keep]
         width = max(h.bound for h in holders) + 1
         with self.lock:
+            self._check_epoch(at)
             self._widen(width)
         with torch.inference_mode():
             slots = row_index([at.slots[j] for j in keep], self.device)
@@ -191,6 +217,32 @@ class PenaltyPool:
             h.bound += 1
 
     # -- inside -------------------------------------------------------------------------
+    def _check_epoch(self, at: PenaltyRows) -> None:
+        if at.epoch != self.epoch:  # an internal invariant: see the module docstring
+            raise RuntimeError("penalty rows prepared before the pool was compacted were used after it")
+
+    def _shrink(self) -> None:
+        """Compact the live rows into smaller tensors when they fit a quarter of the slots or
+        of the width (above the floors); the caller holds the lock, and no step's rows are live."""
+        live = sorted(self._holders.items())  # (slot, holder), lowest slot first
+        capacity, width = self.capacity, self.ids.shape[1]
+        need = max([h.bound for _, h in live] + [1])  # the widest live row, at most
+        new_capacity = _halved_to(len(live), capacity, _MIN_SLOTS)
+        new_width = _halved_to(need, width, _MIN_WIDTH)
+        if new_capacity == capacity and new_width == width:
+            return
+        with torch.inference_mode():
+            old = row_index([slot for slot, _ in live], self.device)
+            self.ids = _grown(self.ids[:, :new_width].index_select(0, old), new_capacity, new_width)
+            self.counts = _grown(self.counts[:, :new_width].index_select(0, old), new_capacity, new_width)
+            self.num = _grown(self.num.index_select(0, old), new_capacity)
+        self._holders = {}
+        for slot, (_, h) in enumerate(live):
+            h.slot = slot
+            self._holders[slot] = h
+        self._free = list(range(new_capacity - 1, len(live) - 1, -1))  # the lowest first
+        self.epoch += 1
+
     def _allocate(self) -> int:
         """A free slot (growing the pool when there is none); the caller holds the lock."""
         if not self._free:
@@ -210,15 +262,15 @@ class PenaltyPool:
                 self.ids = _grown(self.ids, self.capacity, new)
                 self.counts = _grown(self.counts, self.capacity, new)
 
-    def _fill(self, fills: list[tuple[RequestPenalties, SamplingRow]]) -> None:
-        """Each row's entries from its request's tokens on the host (one write per tensor)."""
-        entries = [_entries(row) for _, row in fills]
+    def _fill(self, fills: list[tuple[RequestPenalties, SamplingRow, int]]) -> None:
+        """Each row's entries (in its slot) from its request's tokens on the host (one write per tensor)."""
+        entries = [_entries(row) for _, row, _ in fills]
         with self.lock:
             self._widen(max([len(ids) for ids, _ in entries] + [1]))
-        for (h, row), (ids, _) in zip(fills, entries, strict=True):
+        for (h, row, _), (ids, _) in zip(fills, entries, strict=True):
             h.num_counted, h.bound = len(row.output_token_ids), len(ids)
         dev = self.device
-        slots = np.asarray([h.slot for h, _ in fills], dtype=np.int64)
+        slots = np.asarray([slot for _, _, slot in fills], dtype=np.int64)
         num = np.asarray([len(ids) for ids, _ in entries], dtype=np.int64)
         self.num.index_copy_(0, upload(slots, dev), upload(num, dev))
         filled = [(s, ids, c) for s, (ids, c) in zip(slots, entries, strict=True) if len(ids)]
@@ -241,6 +293,17 @@ def _entries(row: SamplingRow) -> tuple[np.ndarray, np.ndarray]:
     full = np.zeros(len(every), dtype=np.float32)
     full[np.searchsorted(every, ids)] = counts
     return every, full
+
+
+def _halved_to(used: int, size: int, floor: int) -> int:
+    """``size`` while ``used`` takes more than a quarter of it (or it is at ``floor``); else the
+    smallest ``floor * 2**k`` that holds twice ``used``."""
+    if size <= floor or 4 * used > size:
+        return size
+    new = floor
+    while new < 2 * used:
+        new *= 2
+    return min(new, size)
 
 
 def _grown(t: torch.Tensor, rows: int, cols: int | None = None) -> torch.Tensor:
