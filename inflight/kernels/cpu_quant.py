@@ -1,9 +1,9 @@
 """Native CPU kernels for GGUF block-quantized weights: builds ``cpu_quant.c`` like cpu_native.
 
 :func:`quant_linear` and :func:`quant_embedding` have the signatures of
-:mod:`inflight.kernels.quant_reference`. Few-row calls (decode: up to ``FEW_ROWS`` rows,
-``FEW_ROWS_K`` for the K-quants) run the C kernel that unpacks each block once into scaled
-floats and dots it with up to four activation rows; many-row calls (prefill) dequantize
+:mod:`inflight.kernels.quant_reference`. Few-row calls (decode and speculative verify: up to
+:func:`few_rows` rows, ``FEW_ROWS_K`` for the K-quants) run the C kernel that unpacks each block
+once (into registers, with AVX-512) and multiplies it into every activation row; many-row calls (prefill) dequantize
 tiles of weight rows in C and multiply each tile with torch's GEMM. Q4_0/Q4_1/Q8_0 run ``cpu_quant.c``; the K-quants (Q4_K, Q5_K, Q6_K) run
 ``cpu_kquant.c`` (built by :mod:`inflight.kernels.cpu_kquant`), whose entry points have the
 same signatures. Anything the C code does not take (other dtypes, other devices, no compiler)
@@ -28,11 +28,14 @@ _i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "inflight_quant_dequantize_f32": (None, [_ptr, _int, _ptr, _i64, _i64, _int]),
     "inflight_quant_linear_f32": (ctypes.c_int, [_ptr, _ptr, _int, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inflight_quant_few_rows": (ctypes.c_int, []),
 }
-# Above this many rows a tile of dequantized weight rows times torch's GEMM wins over
-# streaming the packed weight once per row group. With the AVX-512 dequantizer the tiles won
-# 1.1-1.8x at 5-8 rows on 9 of 12 SmolLM2 shapes x threads for Q4_0/Q4_1/Q8_0 (the fused
-# kernel makes a second pass over the weight for rows 5-8); the fused kernel still wins at 1-4.
+# Above this many rows (the portable build's; the AVX-512 build says 8, see few_rows) a tile of
+# dequantized weight rows times torch's GEMM wins over streaming the packed weight once per
+# group of four rows: the tiles won 1.1-1.8x at 5-8 rows on 9 of 12 SmolLM2 shapes x threads
+# for Q4_0/Q4_1/Q8_0 against the four-row kernel. The AVX-512 kernel takes eight rows a pass
+# and won 1.3-2.2x over the tiles at 5 and 8 rows on every SmolLM2 shape at one thread
+# (python -m bench.studies.quant_few_rows; bench/results/quant_few_rows.md).
 FEW_ROWS = 4
 # K-quants unpack a sub-block per four rows, and the tiles dequantize fast: the fused kernel won
 # 1.05-1.9x at 1-4 rows and lost 1.3-1.5x at 8 (576x1536 and 1536x768, 1 and 2 threads).
@@ -48,6 +51,14 @@ WHOLE_WEIGHT_BYTES = 8 << 20
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """The loaded kernels and where they came from, or ``(None, why not)``."""
     return cpu_native.compile_library(SOURCE, "cpu_quant", _SIGNATURES)
+
+
+@lru_cache(maxsize=1)
+def few_rows() -> int:
+    """The most activation rows the fused Q4_0/Q4_1/Q8_0 kernel takes (its build decides: 8 with
+    AVX-512, else :data:`FEW_ROWS`); above it :func:`quant_linear` dequantizes tiles for a GEMM."""
+    lib = load_library()[0]
+    return FEW_ROWS if lib is None else max(FEW_ROWS, int(lib.inflight_quant_few_rows()))
 
 
 def _kernels(qtype: str) -> tuple[Callable[..., None], Callable[..., int]] | None:
@@ -86,7 +97,7 @@ def quant_linear(
         return quant_reference.quant_linear(x, weight, bias)
     x = x.contiguous()
     num_rows, out_features = x.shape[0], weight.shape[0]
-    if num_rows > (FEW_ROWS_K if weight.qtype in K_QUANTS else FEW_ROWS):
+    if num_rows > (FEW_ROWS_K if weight.qtype in K_QUANTS else few_rows()):
         if out_features * weight.in_features * 4 <= WHOLE_WEIGHT_BYTES:
             out = x @ dequantize_rows(weight, 0, out_features).t()
             return out if bias is None else out.add_(bias)
