@@ -170,7 +170,9 @@ def onednn_check(log_text: str) -> OneDnnCheck:
         impls.add(found.group(2))
         for desc in found.group(3).split():
             _arg, _, rest = desc.partition(":")
-            dtypes.add(rest.split(":", 1)[0])
+            dtype = rest.split(":", 1)[0]
+            if dtype != "undef":  # an argument the primitive was created without (e.g. no bias)
+                dtypes.add(dtype)
         for attr in found.group(4).split():
             if attr.startswith("attr-fpmath:"):
                 fpmath.add(attr.split(":", 2)[1])

@@ -84,6 +84,9 @@ def test_onednn_check_reads_types_implementations_and_fpmath() -> None:
     bf16 = F32_MATMUL.replace("src:f32", "src:bf16").replace("wei:f32", "wei:bf16")
     check = run_context.onednn_check(bf16)
     assert check.dtypes == ("bf16", "f32") and not check.float32
+    # A bias the primitive was created without reads "undef": not a data type.
+    no_bias = F32_MATMUL.replace("dst:f32::blocked:ab::f0", "bia:undef::undef::f0 dst:f32::blocked:ab::f0")
+    assert run_context.onednn_check(no_bias).float32
     # Nothing created: nothing to check, and not called fp32.
     empty = run_context.onednn_check(REORDER)
     assert empty.primitives == 0 and not empty.float32 and "no oneDNN compute primitive" in empty.describe()

@@ -90,7 +90,11 @@ def test_rank_padded_with_zeros_gives_the_same_result(dtype: torch.dtype) -> Non
     padded = out.clone()
     lora_reference.lora_delta(x, a, b, slots, out)
     lora_reference.lora_delta(x, a_pad, b_pad, slots, padded)
-    assert torch.equal(padded, out)
+    # zeros add nothing; the GEMM's blocking may change with the rank (last-bit differences on AMD EPYC's MKL)
+    if dtype == F32:
+        torch.testing.assert_close(padded, out, atol=1e-6, rtol=1e-6)
+    else:
+        assert torch.equal(padded, out)
 
 
 def test_one_slot_for_the_whole_batch() -> None:
