@@ -140,15 +140,17 @@ def _reference_parts(model_dir: Path) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def reference_drafts(model_dir: Path, tokens: list[int], k: int) -> list[int]:
     """The MTP layer's ``k`` chained greedy drafts after ``tokens`` (the last not yet computed), in
-    plain torch: the served model's last-layer outputs before its final norm from transformers (the
-    4-layer model the checkpoint was cut from: its ``hidden_states[3]`` enters layer 3), and the MTP
-    layer as DeepSeek-V3's paper and vLLM compute it, with transformers' own decoder layer as its
+    plain torch: the served model's last-layer outputs from transformers (the 4-layer model the
+    checkpoint was cut from: its ``hidden_states[3]`` enters layer 3) through the served model's
+    final norm (the model's output, as vLLM and SGLang hand it to the layer), and the MTP layer as
+    DeepSeek-V3's paper and vLLM compute it, with transformers' own decoder layer as its
     block (``model.layers[3]`` of that model, whose tensors the MTP layer's are)."""
     full, t = _reference_parts(model_dir)
     eps = full.config.rms_norm_eps
     s = len(tokens) - 1
     with torch.no_grad():
         target = full(torch.tensor([tokens[:s]]), output_hidden_states=True).hidden_states[MTP][0]  # [s, hidden]
+        target = _rms(target, load_file(model_dir / "model.safetensors")["model.norm.weight"], eps)  # the served norm
         ids, states = list(tokens[1:]), [target[p] for p in range(s)]
         drafts: list[int] = []
         for _ in range(k):

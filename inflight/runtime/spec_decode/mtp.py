@@ -7,8 +7,8 @@ the target's state of each position kept from the step that computed it, caught 
 next forward, ``k - 1`` chained one-token passes for the rest of the drafts (each reading the
 layer's own pre-norm output in place of the target's: the one MTP layer reused recursively, as
 vLLM does), the same draft choice and rejection sampling. What differs is what it reads and
-holds: the target's last-layer output before its final norm (``AuxHidden`` id ``num_layers``),
-no ``fc``, the full vocabulary, and its KV in the target's format (the latent and roped key of
+holds: the target's last-layer output (``AuxHidden`` id ``num_layers``), through the served
+model's final norm as the layer reads it (vLLM and SGLang hand it the model's normed output), no ``fc``, the full vocabulary, and its KV in the target's format (the latent and roped key of
 latent attention for DeepSeek-V3, K/V for GLM-4.5). Under tensor parallelism the layer is whole
 on rank 0, with whole embedding and LM-head tables (its own copies from the checkpoint, or the
 served model's read from it). Qwen3-Next's MTP layer (:mod:`.qwen3_next_mtp`) is driven the same way;
@@ -89,9 +89,9 @@ def load_mtp_runners(
         embeddings = None
         if tp is not None and head.embed_tokens is None:  # rank 0's table is a slice: read the whole one
             embeddings = target_embeddings(model_dir).to(device=runner.device, dtype=runner.dtype)
-        if isinstance(head, Qwen3NextMtpHead):  # the served model's LM head and final norm (its own none)
+        head.final_norm = (runner.model.norm.weight, runner.model.norm.eps)  # the layer reads the normed output
+        if isinstance(head, Qwen3NextMtpHead):  # the served model's LM head (its own none)
             head.lm_head_weight = _target_lm_head(model_dir, runner, False)
-            head.final_norm = (runner.model.norm.weight, runner.model.norm.eps)
         elif head.layer.shared_head.head is None:
             head.lm_head_weight = _target_lm_head(model_dir, runner, tp is not None)
         proposer = MtpProposer(head, hf_config, runner, embeddings)

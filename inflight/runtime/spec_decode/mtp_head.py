@@ -9,7 +9,8 @@ DeepSeek-V3 (``DeepseekV3ForCausalLM``) and GLM-4.5 (``Glm4MoeForCausalLM``) che
 layer norms) with, beside it, ``enorm`` and ``hnorm`` (RMSNorms), ``eh_proj`` (``[hidden, 2 * hidden]``),
 ``shared_head.norm`` and ``shared_head.head`` (``[vocab, hidden]``), and ``embed_tokens``. At position
 ``p`` the layer reads the embedding of token ``p + 1`` (zero at position 0, as vLLM does) through
-``enorm`` and the served model's last-layer output at ``p`` before its final norm through ``hnorm``,
+``enorm`` and the served model's output at ``p`` (its last layer's output after its final norm, the
+state vLLM's and SGLang's MTP proposers and Megatron's MTP training hand the layer) through ``hnorm``,
 ``eh_proj`` of the two concatenated enters the decoder layer, and ``shared_head.norm`` then
 ``shared_head.head`` score the token at ``p + 2``. The state before ``shared_head.norm`` is what the
 next chained pass reads in place of the served model's (vLLM reuses the layer recursively the same
@@ -176,6 +177,7 @@ class MtpHead(nn.Module):
         self.layout = shard_layout(spec, 0, 1)
         self.layers = nn.ModuleDict({str(config.first_layer): MtpLayer(spec, config.first_layer)})
         self.lm_head_weight: torch.Tensor | None = None  # [vocab, hidden]: the served model's, without shared_head.head
+        self.final_norm: tuple[torch.Tensor, float] | None = None  # the served model's (weight, eps), set at load
 
     @property
     def layer(self) -> MtpLayer:
@@ -187,13 +189,15 @@ class MtpHead(nn.Module):
         return self.layer.embed_tokens
 
     def fuse(self, aux: torch.Tensor, ops: KernelOps) -> torch.Tensor:  # [num_tokens, hidden]
-        """The served model's state as the layer reads it: as it is (one state, no ``fc``)."""
-        return aux
+        """The served model's state as the layer reads it: its final norm over the last layer's
+        output (one state, no ``fc``), as vLLM and SGLang hand the model's output to the layer."""
+        assert self.final_norm is not None, "the MTP head's view of the served model's final norm was never set"
+        return ops.rms_norm(aux, *self.final_norm)[0]
 
     def forward(
         self,
         embeds: torch.Tensor,  # [num_tokens, hidden]: the embeddings of each position's next token
-        hidden: torch.Tensor,  # [num_tokens, hidden]: the served model's pre-norm states, or the layer's own
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the served model's final-normed states, or the layer's own
         positions: torch.Tensor,  # [num_tokens]
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
