@@ -131,9 +131,10 @@ def _site_package_texts() -> list[str]:
     return texts
 
 
-def training_prompts(num: int, seed: int) -> list[str]:
-    """``num`` input-grounded prompts: prose passages (stdlib docstrings, licenses, package
-    descriptions) and stdlib functions, each with a template drawn by ``seed``; distinct texts."""
+def training_pairs(num: int, seed: int) -> list[tuple[str, str]]:
+    """``num`` input-grounded prompts with their passages: prose passages (stdlib docstrings,
+    licenses, package descriptions) and stdlib functions, each with a template drawn by ``seed``;
+    distinct texts."""
     rng = random.Random(seed)
     with warnings.catch_warnings():  # inspecting every loaded module touches deprecated ones (typing.io)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -141,11 +142,16 @@ def training_prompts(num: int, seed: int) -> list[str]:
         code = sorted(set(_stdlib_functions()))
     rng.shuffle(prose)
     rng.shuffle(code)
-    num_code = num // 4
-    picked = [rng.choice(CODE_TEMPLATES).format(t=t) for t in code[:num_code]]
-    picked += [rng.choice(PROSE_TEMPLATES).format(t=t) for t in prose[: num - len(picked)]]
+    num_code = min(num // 4, len(code))
+    picked = [(rng.choice(CODE_TEMPLATES).format(t=t), t) for t in code[:num_code]]
+    picked += [(rng.choice(PROSE_TEMPLATES).format(t=t), t) for t in prose[: num - len(picked)]]
     rng.shuffle(picked)
     return picked
+
+
+def training_prompts(num: int, seed: int) -> list[str]:
+    """The prompts of :func:`training_pairs`."""
+    return [prompt for prompt, _ in training_pairs(num, seed)]
 
 
 def held_out_prompts(docs: Path, num: int, seed: int) -> list[str]:

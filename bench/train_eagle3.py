@@ -9,7 +9,11 @@ from the model's own greedy outputs, then measure it against no speculation, sid
    catches the hidden states entering the head's three aux layers at every position it runs, so
    the head learns from exactly the states it will be served (no second forward). Labels: the
    next token of the prompt + answer; the loss counts answer tokens only (``--data-cache`` keeps
-   all of it for a rerun).
+   all of it for a rerun). ``--data prefill`` (:mod:`bench.eagle3_jacobi`) makes the data from
+   prefills instead: each prompt followed by its own passage as the answer, prefilled whole, every
+   position labelled with the model's greedy next token (``--jacobi-iters`` moves the answer
+   toward the model's own first); a chained pass learns only where the tokens it is fed are the
+   model's choices (:func:`bench.eagle3_fit.chain_ok`).
 2. **Training**: :mod:`bench.eagle3_fit` (seeded, ``--steps`` chained passes unrolled, the loss on
    the draft vocabulary: the ``--draft-vocab`` most frequent answer tokens, mapped by ``d2t``),
    ``lm_head`` and ``norm`` starting from the served model's own rows and final norm (``lm_head``
@@ -33,13 +37,15 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.eagle3_data import held_out_prompts, training_prompts
+from bench.eagle3_data import held_out_prompts, training_pairs
 from bench.eagle3_fit import Example, HeadShape, TrainHead, agreement, save_head, train
+from bench.eagle3_jacobi import jacobi_generate
 from bench.studies.spec_draft import _tpot_ms
 from bench.studies.speculative import GROUNDED
 from inflight.runtime.config import EngineConfig
@@ -237,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="train the head's lm_head too (else it keeps the target's rows; --tiny trains it)")
     p.add_argument("--lr", type=float, default=None, help="default 2e-3 (3e-3 with --tiny)")
     p.add_argument("--gen-tokens", type=int, default=80, help="answer length of the training data")
+    p.add_argument("--data", choices=("decode", "prefill"), default="decode",
+                   help="decode: the engine answers each prompt token by token; prefill: each prompt with its "
+                        "passage as the answer, prefilled whole, labelled with the model's greedy next token at "
+                        "every position (bench.eagle3_jacobi; far cheaper per token)")
+    p.add_argument("--jacobi-iters", type=int, default=0,
+                   help="with --data prefill: Jacobi iterations moving the answer toward the greedy one")
+    p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (faster on AVX-512 BF16)")
     p.add_argument("-k", type=int, default=3, help="num_speculative_tokens measured")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--reps", type=int, default=2)
@@ -257,12 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = make_demo_model(args.out.parent / "tiny-target", "llama", "tiny", eos=False,
                                     config_overrides={"num_hidden_layers": 4})  # fmt: skip
         train_texts = [t.format(t=x) for x in TEXTS[:2] for t in TEMPLATES[:2]]
+        passages = [x for x in TEXTS[:2] for _ in TEMPLATES[:2]]
         eval_texts = [t.format(t=x) for x in TEXTS[-1:] for t in TEMPLATES[:2]]
     else:
         from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 
         model_dir = Path(ensure_smollm2(args.models_dir))
-        train_texts = training_prompts(args.num_prompts, args.seed)
+        pairs = training_pairs(args.num_prompts, args.seed)
+        train_texts, passages = [p for p, _ in pairs], [t for _, t in pairs]
         eval_texts = held_out_prompts(Path(__file__).resolve().parent.parent / "docs", args.held_out, args.seed)
         eval_texts += list(GROUNDED)
     from transformers import AutoTokenizer
@@ -278,15 +293,24 @@ def main(argv: list[str] | None = None) -> int:
         done = args.out / "training.json"
         return _report(args, model_dir, held, res, json.loads(done.read_text()) if done.exists() else {})
     t0 = time.perf_counter()
-    key = {"model": str(model_dir), "prompts": prompts, "gen_tokens": args.gen_tokens, "aux_ids": aux_ids}
+    key = {"model": str(model_dir), "prompts": prompts, "gen_tokens": args.gen_tokens, "aux_ids": aux_ids,
+           "data": args.data, "jacobi_iters": args.jacobi_iters}  # fmt: skip
     cached = torch.load(args.data_cache, weights_only=False) if args.data_cache and args.data_cache.exists() else None
+    data_facts: dict[str, Any] = {"data": args.data}
     if cached is not None and cached["key"] == key:
-        served = cached["served"]
+        served, data_facts = cached["served"], cached.get("facts", data_facts)
+    elif args.data == "prefill":
+        drafts = [tokenizer.encode(t, add_special_tokens=False) for t in passages]
+        got = jacobi_generate(model_dir, prompts, drafts, aux_ids, args.jacobi_iters, args.gen_tokens,
+                              log=partial(print, flush=True))  # fmt: skip
+        served = Served(got.examples, got.embed, got.final_norm)
+        data_facts |= {"jacobi_iters": args.jacobi_iters, "jacobi_changed": got.changed,
+                       "greedy_prefix_share": got.on_path}  # fmt: skip
     else:
         served = generate(model_dir, prompts, args.gen_tokens, aux_ids)
         if args.data_cache:
             args.data_cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"key": key, "served": served}, args.data_cache)
+            torch.save({"key": key, "served": served, "facts": data_facts}, args.data_cache)
     t1 = time.perf_counter()
     num_val = len(served.examples) // 10  # kept out of training: the offline agreement's check
     examples, val = served.examples[num_val:], served.examples[:num_val]
@@ -311,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     lr = args.lr or (3e-3 if args.tiny else 2e-3)
-    losses = train(head, served.embed, examples, draft_of, epochs=args.epochs, steps=args.steps, lr=lr, seed=args.seed)
+    losses = train(head, served.embed, examples, draft_of, epochs=args.epochs, steps=args.steps, lr=lr, seed=args.seed,
+                   bf16=args.bf16)  # fmt: skip
     t2 = time.perf_counter()
     fit = {"train": agreement(head, served.embed, examples[: max(1, num_val)], draft_of, args.steps),
            "held_out": agreement(head, served.embed, val, draft_of, args.steps) if val else []}  # fmt: skip
@@ -320,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{name} {[round(a, 2) for a in acc]}" for name, acc in fit.items()), flush=True)
     training = {"losses": losses, "offline_agreement": fit, "data_seconds": t1 - t0, "train_seconds": t2 - t1,
                 "num_sequences": len(examples), "epochs": args.epochs, "draft_vocab": draft_vocab,
-                "draft_vocab_coverage": covered}  # fmt: skip
+                "draft_vocab_coverage": covered, "bf16": args.bf16, **data_facts}  # fmt: skip
     (args.out / "training.json").write_text(json.dumps(training, indent=2))
     if args.no_measure:
         return 0
