@@ -231,3 +231,40 @@ def test_a_draft_model_proposes_under_the_same_penalties_and_bias(model_factory)
     stats = engine.stats()
     assert stats.spec_num_draft_tokens > 20
     assert stats.spec_num_accepted_tokens >= 0.9 * stats.spec_num_draft_tokens, stats
+
+
+def test_a_steps_chunks_verified_together_equal_each_alone_with_one_host_read() -> None:
+    """verify_chunks over a step's speculating chunks (greedy with penalties and logprobs, plain
+    greedy, seeded sampling) gives each chunk's tokens and entries as verify_chunk alone does, and
+    its greedy chunks cost one host read together, not one each."""
+    from inflight.runtime.spec_decode.verify import verify_chunks
+    from tests.runtime.test_sampler_batched import _SyncCounter
+
+    torch.manual_seed(5)
+    vocab = 12
+    shaped = SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.8, logit_bias=((5, 1.5),),
+                            logprobs=2)  # fmt: skip
+    plain = SamplingParams(temperature=0.0, max_tokens=20)
+    seeded = SamplingParams(temperature=0.8, max_tokens=20, seed=4, top_k=6)
+    cases = [(shaped, (3, 5, 3)), (plain, (1, 2)), (seeded, (7,)), (plain, (4, 4, 4, 4))]
+    logits = [torch.randn(len(d) + 1, vocab) for _, d in cases]
+    for i, (_, drafts) in enumerate(cases):  # plain greedy chunks keep some drafts, then miss
+        if i in (1, 3):
+            logits[i][0, drafts[0]] += 10.0
+    alone = [verify_chunk(block.clone(), _chunk(drafts), _row(p, [4, 7], torch.Generator().manual_seed(9)))
+             for block, (p, drafts) in zip(logits, cases, strict=True)]  # fmt: skip
+    rows = [_row(p, [4, 7], torch.Generator().manual_seed(9)) for p, _ in cases]
+    together = verify_chunks(torch.cat(logits), [_chunk(d) for _, d in cases], rows, [None] * len(cases))
+    assert [t for t, _ in together] == [t for t, _ in alone]
+    assert [len(t) for t, _ in together][1] >= 2 and [len(t) for t, _ in together][3] >= 2  # drafts kept
+    for (_, a), (_, b) in zip(together, alone, strict=True):
+        _same_logprobs(list(a) if a[0] is not None else None, list(b) if b[0] is not None else None)
+    greedy = [(p, d) for p, d in cases if p.greedy and p.logprobs is None]
+    with _SyncCounter() as counter:
+        verify_chunks(torch.cat([torch.randn(len(d) + 1, vocab) for _, d in greedy]), [_chunk(d) for _, d in greedy],
+                      [_row(p, [4, 7]) for p, _ in greedy], [None] * len(greedy))  # fmt: skip
+    assert counter.count == 1
+    with _SyncCounter() as counter:  # the counter is not blind: chunk by chunk, one read each
+        for p, d in greedy:
+            verify_chunk(torch.randn(len(d) + 1, vocab), _chunk(d), _row(p, [4, 7]))
+    assert counter.count == len(greedy)

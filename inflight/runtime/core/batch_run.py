@@ -19,7 +19,7 @@ import torch
 
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.sched_output import ScheduledChunk
-from inflight.runtime.spec_decode.verify import verify_chunk
+from inflight.runtime.spec_decode.verify import verify_chunks
 from inflight.runtime.worker.logit_rows import split_logits
 
 if TYPE_CHECKING:
@@ -63,14 +63,18 @@ def run_batch(engine: LLMEngine, chunks: tuple[ScheduledChunk, ...]) -> list[Sam
     out: list[SampledTokens] = []
     accepted: dict[str, int] = {}  # req_id -> drafts kept, for a hybrid model's states
     plain_out = iter(enumerate(zip(sampled.token_ids, sampled.logprobs, strict=True)))
-    for i, chunk in enumerate(batch.sampled_chunks):
+    spec = [i for i, c in enumerate(batch.sampled_chunks) if c.draft_token_ids]
+    picked = [r for i in spec for r in range(starts[i], starts[i + 1])]
+    spec_logits = logits[torch.tensor(picked, dtype=torch.long, device=logits.device)]
+    verified = iter(verify_chunks(spec_logits, [batch.sampled_chunks[i] for i in spec], [rows[i] for i in spec],
+                                  [proposal.probs_of(batch.sampled_chunks[i]) if proposal else None for i in spec]))  # fmt: skip
+    for chunk in batch.sampled_chunks:
         if not chunk.draft_token_ids:
             j, (token_id, logprob) = next(plain_out)
             out.append(SampledTokens(chunk, (token_id,), (logprob,)) if j not in sampled.deferred
                        else SampledTokens(chunk, (), ()))
             continue
-        block = logits[starts[i] : starts[i + 1]]
-        tokens, logprobs = verify_chunk(block, chunk, rows[i], proposal.probs_of(chunk) if proposal else None)
+        tokens, logprobs = next(verified)
         engine.spec_stats.record(len(chunk.draft_token_ids), len(tokens) - 1)
         accepted[chunk.req_id] = len(tokens) - 1
         if chunk.num_model_drafts and len(tokens) > len(chunk.draft_token_ids):

@@ -44,7 +44,11 @@ if TYPE_CHECKING:
 
 def verify_greedy(logits: torch.Tensor, drafts: tuple[int, ...]) -> list[int]:
     """``logits`` ``[1 + k, vocab]``: the accepted drafts plus one token."""
-    best = logits.argmax(dim=-1).tolist()
+    return accept_greedy(logits.argmax(dim=-1).tolist(), drafts)
+
+
+def accept_greedy(best: Sequence[int], drafts: tuple[int, ...]) -> list[int]:
+    """The accepted drafts plus one token, from each row's argmax ``best`` (``1 + k`` of them)."""
     out = []
     for i, draft in enumerate(drafts):
         if best[i] != draft:
@@ -111,10 +115,57 @@ def row_after(row: SamplingRow, drafts: Sequence[int]) -> SamplingRow:
     return dataclasses.replace(row, output_token_ids=[*row.output_token_ids, *drafts])
 
 
+Verified = tuple[tuple[int, ...], tuple[TokenLogprob | None, ...]]
+
+
+@torch.inference_mode()
+def verify_chunks(
+    logits: torch.Tensor,
+    chunks: Sequence[ScheduledChunk],
+    rows: Sequence[SamplingRow],
+    draft_probs: Sequence[torch.Tensor | None],
+) -> list[Verified]:
+    """:func:`verify_chunk` for a step's speculating chunks at once. ``logits`` ``[sum(1 + k_i),
+    vocab]`` float32 holds each chunk's rows in turn and is shaped in place. Every row is shaped
+    in one batched pass, the greedy chunks' argmaxes come to the host in one read (one device sync
+    for all of them, where a chunk at a time cost one each), and the logprob entries of every chunk
+    that asks for them are fetched in one call. A sampled chunk draws with its own generator, one
+    chunk after another (its draws are the same as alone). The same tokens and entries as
+    :func:`verify_chunk` chunk by chunk."""
+    all_rows: list[SamplingRow] = []
+    spans: list[tuple[int, int]] = []
+    for chunk, row in zip(chunks, rows, strict=True):
+        spans.append((len(all_rows), len(chunk.draft_token_ids) + 1))
+        all_rows += position_rows(row, chunk.draft_token_ids)
+    if logits.shape[0] != len(all_rows):
+        raise ValueError(f"{logits.shape[0]} logits rows for {len(all_rows)} verification rows")
+    shape_logits(logits, all_rows)
+    for chunk, row, (first, n) in zip(chunks, rows, spans, strict=True):
+        if row.matcher is not None:  # a grammar: each row's mask is the one of its own position (the rows
+            masks = draft_masks(row.matcher, chunk.draft_token_ids, logits.shape[-1])  # up to a draft it refuses)
+            apply_bitmask(logits, range(first, first + masks.shape[0]), masks)
+    greedy = any(row.params.greedy for row in rows)
+    best = logits.argmax(dim=-1).tolist() if greedy else []
+    tokens: list[list[int]] = []
+    for chunk, row, probs, (first, n) in zip(chunks, rows, draft_probs, spans, strict=True):
+        if row.params.greedy:
+            tokens.append(accept_greedy(best[first : first + n], chunk.draft_token_ids))
+        else:
+            tokens.append(verify_sampled(logits[first : first + n], chunk.draft_token_ids, row, probs))
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    entries: dict[int, list[TokenLogprob | None]] = {}
+    if wanted:
+        picked = [spans[i][0] + j for i in wanted for j in range(len(tokens[i]))]
+        index = torch.tensor(picked, dtype=torch.long, device=logits.device)
+        got = iter(token_logprobs(logits[index], [all_rows[r] for r in picked], [t for i in wanted for t in tokens[i]]))
+        entries = {i: [next(got) for _ in tokens[i]] for i in wanted}
+    return [(tuple(t), tuple(entries[i]) if i in entries else (None,) * len(t)) for i, t in enumerate(tokens)]
+
+
 @torch.inference_mode()
 def verify_chunk(
     logits: torch.Tensor, chunk: ScheduledChunk, row: SamplingRow, draft_probs: torch.Tensor | None = None
-) -> tuple[tuple[int, ...], tuple[TokenLogprob | None, ...]]:
+) -> Verified:
     """The tokens a speculating ``chunk`` emits (its accepted drafts plus one) and their
     logprob entries (None each unless the request asks for logprobs). ``logits`` ``[1 + k,
     vocab]`` float32 is shaped in place.
@@ -122,17 +173,4 @@ def verify_chunk(
     A draft model's chunk whose drafts are all kept (``len(tokens) > k``) leaves the draft
     model's KV one position behind the target's (its last draft was never fed to it): the
     engine records that lag on the request (core/batch_run.py); nothing here writes a request."""
-    drafts = chunk.draft_token_ids
-    rows = position_rows(row, drafts)
-    shape_logits(logits, rows)
-    if row.matcher is not None:  # a grammar: each row's mask is the one of its own position
-        masks = draft_masks(row.matcher, drafts, logits.shape[-1])
-        apply_bitmask(logits, range(masks.shape[0]), masks)
-    if row.params.greedy:
-        tokens = verify_greedy(logits, drafts)
-    else:
-        tokens = verify_sampled(logits, drafts, row, draft_probs)
-    n = len(tokens)
-    if row.params.logprobs is None:
-        return tuple(tokens), (None,) * n
-    return tuple(tokens), tuple(token_logprobs(logits[:n], rows[:n], tokens))
+    return verify_chunks(logits, [chunk], [row], [draft_probs])[0]
