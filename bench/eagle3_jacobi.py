@@ -83,10 +83,11 @@ class _Prefiller:
         """Aux states ``[n, 3 * hidden]`` (bf16) and greedy next tokens ``[n]`` of each sequence."""
         self.caught.clear()
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        for i, ids in enumerate(seqs):
-            self.engine.add_request(str(i), ids, params)
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
+        for first in range(0, len(seqs), 512):  # under the engine's waiting-queue bound
+            for i in range(first, min(first + 512, len(seqs))):
+                self.engine.add_request(str(i), seqs[i], params)
+            while self.engine.has_unfinished_requests():
+                self.engine.step()
         return [self.caught.pop(str(i)) for i in range(len(seqs))]
 
     def close(self) -> tuple[torch.Tensor, torch.Tensor]:
