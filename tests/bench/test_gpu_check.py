@@ -107,17 +107,6 @@ def _ctx(tmp_path: Path) -> gpu_check.CheckContext:
     return gpu_check.CheckContext(out_dir=tmp_path / "out", work_dir=tmp_path, dry_run=True, quick=True)
 
 
-def test_a_failing_step_is_reported_and_the_rest_run(tmp_path: Path) -> None:
-    ctx = _ctx(tmp_path)
-    steps = [gpu_check.Step("broken", broken_step, 60), gpu_check.Step("fine", fine_step, 60)]
-    results = gpu_check.run_steps(ctx, steps)
-    assert [(r.name, r.status) for r in results] == [("broken", "fail"), ("fine", "pass")]
-    assert "fell off the bus" in results[0].summary and "Traceback" in results[0].data["traceback"]
-    assert results[1].data["timeout_s"] == 60  # the step knows its own limit
-    md, _ = gpu_check.write_report(ctx, results)
-    assert "| broken | fail |" in md.read_text()
-
-
 def test_a_hanging_step_is_killed_recorded_and_the_next_runs(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
     steps = [gpu_check.Step("hangs", hanging_step, 20), gpu_check.Step("fine", fine_step, 60)]
@@ -136,7 +125,10 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def test_the_report_is_rewritten_after_every_step(tmp_path: Path) -> None:
+def test_a_failing_step_is_reported_the_rest_run_and_the_report_is_rewritten_after_every_step(
+    tmp_path: Path,
+) -> None:
+    """One run of three steps (each a child process) for both: the failing one in the middle."""
     ctx = _ctx(tmp_path)
     seen: list[tuple[list[tuple[str, str]], str | None, str]] = []
 
@@ -148,7 +140,7 @@ def test_the_report_is_rewritten_after_every_step(tmp_path: Path) -> None:
 
     steps = [gpu_check.Step("first", fine_step, 60), gpu_check.Step("second", broken_step, 60),
              gpu_check.Step("third", fine_step, 60)]  # fmt: skip
-    gpu_check.run_steps(ctx, steps, on_progress=progress)
+    results = gpu_check.run_steps(ctx, steps, on_progress=progress)
     assert [(names, running) for names, running, _ in seen] == [
         ([("first", "pass")], "second"),
         ([("first", "pass"), ("second", "fail")], "third"),
@@ -156,6 +148,11 @@ def test_the_report_is_rewritten_after_every_step(tmp_path: Path) -> None:
     ]
     assert "`second` step is running" in seen[0][2] and "is running" not in seen[-1][2]
     assert sorted(p.name for p in ctx.out_dir.iterdir()) == ["cpu-dry-run-kernels.json", "cpu-dry-run-kernels.md"]
+    # the failure is recorded with its reason and traceback, and the step after it ran
+    assert "fell off the bus" in results[1].summary and "Traceback" in results[1].data["traceback"]
+    assert results[2].data["timeout_s"] == 60  # the step knows its own limit
+    md, _ = gpu_check.write_report(ctx, results)
+    assert "| second | fail |" in md.read_text()
 
 
 def test_one_kernel_failing_leaves_the_rest_of_the_kernel_bench(monkeypatch: pytest.MonkeyPatch) -> None:

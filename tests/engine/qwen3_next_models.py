@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.demo.model import SIZES, train_tokenizer
+from inflight.runtime.demo.model import SIZES
+from tests.runtime.family_models import demo_tokenizer
 
 TINY = SIZES["tiny"]
 # hidden 128, 4 layers (linear, full, linear, full), 4 attention heads of 32 over 2 KV heads,
@@ -46,7 +47,7 @@ def make_qwen3_next(out_dir: Path, seed: int = 7, overrides: dict[str, Any] | No
     import transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(TINY.vocab_size, "llama")
+    tokenizer = demo_tokenizer()
     config = transformers.Qwen3NextConfig(
         **{**SHAPE, **(overrides or {})},
         vocab_size=len(tokenizer),

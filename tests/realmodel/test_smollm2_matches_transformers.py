@@ -24,7 +24,7 @@ import torch
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.model.loader import checkpoint_tensors
 from inflight.runtime.tokenizer import load_tokenizer
-from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids, hf_greedy
+from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids
 
 MAX_TOKENS = 24
 BF16_MAX_TOKENS = 16  # bfloat16 matmuls are slow on the CPU; keep the suite's time modest
@@ -72,11 +72,11 @@ def test_tokenizer_and_chat_template_match_transformers(smollm2_dir: Path, hf_gg
     assert (ours.bos_token_id, ours.eos_token_id) == (1, 2)
 
 
-def test_greedy_float32_is_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_model) -> None:
+def test_greedy_float32_is_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_greedy) -> None:
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS]
     ours = _engine_greedy(smollm2_dir, prompts, "float32", MAX_TOKENS)
-    theirs = hf_greedy(hf_gguf_model, prompts, MAX_TOKENS)
+    theirs = hf_gguf_greedy(prompts, MAX_TOKENS)
     exact = sum(a == b for a, b in zip(ours, theirs, strict=True))
     print(f"float32 greedy: {exact}/{len(prompts)} token-exact")
     for q, a, b in zip(CHAT_PROMPTS, ours, theirs, strict=True):
@@ -85,23 +85,25 @@ def test_greedy_float32_is_token_exact_with_transformers(smollm2_dir: Path, hf_g
 
 
 @pytest.mark.slow
-def test_greedy_bfloat16_diverges_only_at_near_ties(smollm2_dir: Path, hf_gguf_model) -> None:
+def test_greedy_bfloat16_diverges_only_at_near_ties(smollm2_dir: Path, hf_gguf_model, hf_gguf_greedy) -> None:
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS]
     ours = _engine_greedy(smollm2_dir, prompts, "bfloat16", BF16_MAX_TOKENS)
-    # A copy: casting the session's float32 model to bfloat16 and back would round its weights
-    # for every later test that compares with it.
-    model = copy.deepcopy(hf_gguf_model).to(torch.bfloat16)
+    model = None  # transformers in bfloat16, made at the first divergence that needs its logits
     try:
         exact = 0
-        for q, prompt, mine, theirs in zip(CHAT_PROMPTS, prompts, ours, hf_greedy(model, prompts, BF16_MAX_TOKENS),
-                                           strict=True):
+        for q, prompt, mine, theirs in zip(CHAT_PROMPTS, prompts, ours,
+                                           hf_gguf_greedy(prompts, BF16_MAX_TOKENS, torch.bfloat16), strict=True):
             if mine == theirs:
                 exact += 1
                 continue
             common = min(len(mine), len(theirs))  # one may have stopped at EOS
             k = next((i for i in range(common) if mine[i] != theirs[i]), common)
             assert k < len(mine), f"{q!r}: ours stopped early, at a prefix of transformers' output"
+            if model is None:
+                # A copy: casting the session's float32 model to bfloat16 and back would round its
+                # weights for every later test that compares with it.
+                model = copy.deepcopy(hf_gguf_model).to(torch.bfloat16)
             with torch.no_grad():
                 logits = model(torch.tensor([prompt + theirs[:k]])).logits[0, -1].float()
             top2 = torch.topk(logits, 2).indices.tolist()

@@ -15,13 +15,13 @@ import pytest
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.model.quantized import resident_weight_bytes
 from inflight.runtime.tokenizer import load_tokenizer
-from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids, hf_greedy
+from tests.realmodel.helpers import CHAT_PROMPTS, chat_ids
 
 MAX_TOKENS = 16
 ENGINE = dict(max_model_len=1024, num_kv_blocks=256, max_num_sequences=8, device="cpu", dtype="float32")
 
 
-def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_model) -> None:
+def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir: Path, hf_gguf_greedy) -> None:
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_ids(tokenizer, q) for q in CHAT_PROMPTS[:6]]
     llm = LLM(str(smollm2_dir), **ENGINE)  # quantization=auto: the directory links to its GGUF file
@@ -32,7 +32,7 @@ def test_served_packed_by_default_and_token_exact_with_transformers(smollm2_dir:
     assert dense.engine.runner.quantization.method == "none"
     assert resident_weight_bytes(runner.model) < resident_weight_bytes(dense.engine.runner.model) / 4
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))]
-    theirs = hf_greedy(hf_gguf_model, prompts, MAX_TOKENS)
+    theirs = hf_gguf_greedy(prompts, MAX_TOKENS)
     for q, a, b in zip(CHAT_PROMPTS, ours, theirs, strict=False):
         assert a == b, f"{q!r}: ours {tokenizer.decode(a)!r} vs transformers {tokenizer.decode(b)!r}"
     assert "Paris" in tokenizer.decode(ours[0])
