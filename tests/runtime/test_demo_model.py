@@ -32,3 +32,17 @@ def test_cli_rejects_unknown_arch(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--arch", "gpt2"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_demo_bpe_is_trained_once_and_each_call_gets_its_own_tokenizer() -> None:
+    """train_tokenizer keeps the trained BPE per process (training is deterministic: a retrain is
+    the same tokenizer), but hands every caller a tokenizer object of its own."""
+    from inflight.runtime.demo.model import _trained_bpe, train_tokenizer
+
+    first, other = train_tokenizer(512, "llama"), train_tokenizer(512, "qwen3")
+    assert first is not other and first.backend_tokenizer is not other.backend_tokenizer
+    assert first.chat_template != other.chat_template  # the family's template, per call
+    first.add_tokens(["<only-in-first>"])  # a caller changing its tokenizer changes no other
+    assert "<only-in-first>" not in train_tokenizer(512, "llama").get_vocab()
+    _trained_bpe.cache_clear()
+    assert train_tokenizer(512, "llama").backend_tokenizer.to_str() == other.backend_tokenizer.to_str()

@@ -21,6 +21,7 @@ than a trained model's init so that greedy decoding stays varied. Nothing is dow
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -77,9 +78,24 @@ def _corpus_files(max_bytes: int = 3_000_000) -> list[str]:
 
 def train_tokenizer(vocab_size: int, arch: str | None = None) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad and a chat template
-    (``arch``'s family template with tools; plain ChatML when ``arch`` is None)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    (``arch``'s family template with tools; plain ChatML when ``arch`` is None). The BPE is
+    trained once per process and vocabulary size (:func:`_trained_bpe`, deterministic); each call
+    returns a tokenizer of its own."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_bpe(vocab_size)), bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        additional_special_tokens=list(CHAT_TOKENS),
+        chat_template=CHAT_TEMPLATE if arch is None else chat_template_for(arch),
+        clean_up_tokenization_spaces=False,
+    )
+
+
+@functools.cache
+def _trained_bpe(vocab_size: int) -> str:
+    """The demo BPE of ``vocab_size`` trained on the demo corpus, serialized (~1-2 s to train)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -94,12 +110,7 @@ def train_tokenizer(vocab_size: int, arch: str | None = None) -> Any:
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        additional_special_tokens=list(CHAT_TOKENS),
-        chat_template=CHAT_TEMPLATE if arch is None else chat_template_for(arch),
-        clean_up_tokenization_spaces=False,
-    )
+    return tok.to_str()
 
 
 def _hf_config(arch: str, size: SizePreset, vocab_size: int, ids: dict[str, int]) -> Any:
