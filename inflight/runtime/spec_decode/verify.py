@@ -140,7 +140,7 @@ def verify_chunks(
     if logits.shape[0] != len(all_rows):
         raise ValueError(f"{logits.shape[0]} logits rows for {len(all_rows)} verification rows")
     shape_logits(logits, all_rows)
-    for chunk, row, (first, n) in zip(chunks, rows, spans, strict=True):
+    for chunk, row, (first, _) in zip(chunks, rows, spans, strict=True):
         if row.matcher is not None:  # a grammar: each row's mask is the one of its own position (the rows
             masks = draft_masks(row.matcher, chunk.draft_token_ids, logits.shape[-1])  # up to a draft it refuses)
             apply_bitmask(logits, range(first, first + masks.shape[0]), masks)
