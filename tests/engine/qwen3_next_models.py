@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.demo.model import SIZES
-from tests.runtime.family_models import demo_tokenizer
+from inflight.runtime.demo.model import SIZES, train_tokenizer
 
 TINY = SIZES["tiny"]
 # hidden 128, 4 layers (linear, full, linear, full), 4 attention heads of 32 over 2 KV heads,
@@ -47,7 +46,7 @@ def make_qwen3_next(out_dir: Path, seed: int = 7, overrides: dict[str, Any] | No
     import transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = demo_tokenizer()
+    tokenizer = train_tokenizer(TINY.vocab_size, "llama")
     config = transformers.Qwen3NextConfig(
         **{**SHAPE, **(overrides or {})},
         vocab_size=len(tokenizer),

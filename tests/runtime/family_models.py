@@ -4,7 +4,6 @@ Nothing is downloaded."""
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 import sys
@@ -16,13 +15,6 @@ import torch
 from inflight.runtime.demo.model import SIZES, train_tokenizer
 
 TINY = SIZES["tiny"]
-
-
-@functools.cache
-def demo_tokenizer() -> Any:
-    """The demo tokenizer every family model here is written with (the llama chat template),
-    trained once per process (~2 s a time): the models only read its ids and save it."""
-    return train_tokenizer(TINY.vocab_size, "llama")
 
 
 def _config(arch: str, vocab_size: int, ids: dict[str, Any], overrides: dict[str, Any]) -> Any:
@@ -83,7 +75,7 @@ def make_family_model(out_dir: Path, arch: str, seed: int = 3, overrides: dict[s
     import transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = demo_tokenizer()
+    tokenizer = train_tokenizer(TINY.vocab_size, "llama")
     ids = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
            "eos_token_id": tokenizer.eos_token_id}
     config = _config(arch, len(tokenizer), ids, overrides or {})

@@ -9,9 +9,7 @@ from typing import Any
 
 import torch
 
-from inflight.runtime.demo.model import SIZES
-
-from .family_models import demo_tokenizer
+from inflight.runtime.demo.model import SIZES, train_tokenizer
 
 TINY = SIZES["tiny"]
 # hidden 64, 4 layers (mamba, attention, mamba, mamba) as Granite 4.0-H mixes them, NoPE
@@ -51,7 +49,7 @@ def make_granite_hybrid(out_dir: Path, seed: int = 11, overrides: dict[str, Any]
     import transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = demo_tokenizer()
+    tokenizer = train_tokenizer(TINY.vocab_size, "llama")
     shape = {**SHAPE, **(overrides or {})}
     # transformers 5 names the layer kinds linear_attention / full_attention (config.json may say either)
     shape["layer_types"] = [{"mamba": "linear_attention", "attention": "full_attention"}.get(k, k)

@@ -8,7 +8,8 @@ next forward, ``k - 1`` chained one-token passes for the rest of the drafts (eac
 layer's own pre-norm output in place of the target's: the one MTP layer reused recursively, as
 vLLM does), the same draft choice and rejection sampling. What differs is what it reads and
 holds: the target's last-layer output (``AuxHidden`` id ``num_layers``), through the served
-model's final norm as the layer reads it (vLLM and SGLang hand it the model's normed output), no ``fc``, the full vocabulary, and its KV in the target's format (the latent and roped key of
+model's final norm as the layer reads it (vLLM and SGLang hand it the model's normed output), no
+``fc``, the full vocabulary, and its KV in the target's format (the latent and roped key of
 latent attention for DeepSeek-V3, K/V for GLM-4.5). Under tensor parallelism the layer is whole
 on rank 0, with whole embedding and LM-head tables (its own copies from the checkpoint, or the
 served model's read from it). Qwen3-Next's MTP layer (:mod:`.qwen3_next_mtp`) is driven the same way;
