@@ -14,7 +14,8 @@ the first ``m`` answer tokens are the model's greedy answer, and in practice mos
 Jacobi decoding; where the sequence still departs from it, the labels are still the model's own
 greedy next token after that prefix, which is what verification checks. The examples are those of
 the last iteration: every label is the served model's argmax, so the head learns exactly what it
-is accepted for. Knows nothing about the head.
+is accepted for. Also holds the execute-hook pieces both data modes use (:func:`forward_catching`,
+:func:`served_tables`). Knows nothing about the head.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bench.eagle3_fit import Example
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker.batch_inputs import BatchInputs, packed_order
@@ -62,21 +65,13 @@ class _Prefiller:
 
     def _hook(self, batch: BatchInputs) -> torch.Tensor:
         runner = self.engine.runner
-        aux = AuxHidden(self.aux_ids)
-        hidden = runner.model(batch.input_ids, batch.positions, runner.cos_sin, runner.kv_caches, batch.meta,
-                              runner.ops, aux=aux)  # fmt: skip
-        states = torch.cat(aux.hidden, -1).to(torch.bfloat16)
+        hidden, states, spans = forward_catching(runner, batch, self.aux_ids)
         logits = runner.model.compute_logits(hidden, runner.ops)
         greedy = logits.argmax(-1)
-        row = 0
-        for chunk in packed_order(batch.sampled_chunks):
+        for chunk, rows in spans:
             if chunk.start != 0:
                 raise RuntimeError("a sequence was prefilled in pieces; raise max_num_tokens")
-            end = row + chunk.num_tokens
-            self.caught[chunk.req_id] = (states[row:end].clone(), greedy[row:end].clone())
-            row = end
-        if row != states.shape[0]:
-            raise RuntimeError(f"{row} rows of sampling chunks in a {states.shape[0]}-token step")
+            self.caught[chunk.req_id] = (states[rows].clone(), greedy[rows].clone())
         return logits[batch.sample_indices]
 
     def run(self, seqs: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -91,13 +86,36 @@ class _Prefiller:
         return [self.caught.pop(str(i)) for i in range(len(seqs))]
 
     def close(self) -> tuple[torch.Tensor, torch.Tensor]:
-        runner = self.engine.runner
-        runner.execute_hook = None
-        with torch.inference_mode():
-            embed = runner.model.embed(torch.arange(runner.spec.vocab_size)).float().clone()
-            final_norm = runner.model.norm.weight.detach().float().clone()
+        self.engine.runner.execute_hook = None
+        tables = served_tables(self.engine.runner)
         self.engine.close()
-        return embed, final_norm
+        return tables
+
+
+def forward_catching(runner: Any, batch: BatchInputs, aux_ids: tuple[int, ...]
+                     ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[ScheduledChunk, slice]]]:  # fmt: skip
+    """The runner's forward of ``batch`` (an execute hook's work) catching the hidden states
+    entering layers ``aux_ids``: its hidden states, the aux states ``[num_tokens, 3 * hidden]``
+    (bf16) and each chunk's rows in them (every chunk samples: prompts are never chunked)."""
+    aux = AuxHidden(aux_ids)
+    hidden = runner.model(batch.input_ids, batch.positions, runner.cos_sin, runner.kv_caches, batch.meta,
+                          runner.ops, aux=aux)  # fmt: skip
+    states = torch.cat(aux.hidden, -1).to(torch.bfloat16)
+    spans, row = [], 0
+    for chunk in packed_order(batch.sampled_chunks):
+        spans.append((chunk, slice(row, row + chunk.num_tokens)))
+        row += chunk.num_tokens
+    if row != states.shape[0]:
+        raise RuntimeError(f"{row} rows of sampling chunks in a {states.shape[0]}-token step")
+    return hidden, states, spans
+
+
+def served_tables(runner: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The served model's embedding table ``[vocab, hidden]`` and final norm weight ``[hidden]``
+    (float32 copies: the head's lm_head and norm start there)."""
+    with torch.inference_mode():
+        embed = runner.model.embed(torch.arange(runner.spec.vocab_size)).float().clone()
+        return embed, runner.model.norm.weight.detach().float().clone()
 
 
 def _cut_at_eos(answer: list[int], eos: set[int]) -> list[int]:

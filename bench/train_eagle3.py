@@ -45,14 +45,13 @@ import torch
 
 from bench.eagle3_data import held_out_prompts, training_pairs
 from bench.eagle3_fit import Example, HeadShape, TrainHead, agreement, save_head, train
-from bench.eagle3_jacobi import jacobi_generate
+from bench.eagle3_jacobi import forward_catching, jacobi_generate, served_tables
 from bench.studies.spec_draft import _tpot_ms
 from bench.studies.speculative import GROUNDED
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.model.aux_hidden import AuxHidden
 from inflight.runtime.sampling_params import SamplingParams
-from inflight.runtime.worker.batch_inputs import BatchInputs, packed_order
+from inflight.runtime.worker.batch_inputs import BatchInputs
 
 TEXTS = (
     "The river rose for three days before the town council agreed to open the old flood gates. By then the "
@@ -123,16 +122,9 @@ def generate(model_dir: Path, prompts: list[list[int]], max_tokens: int, aux_ids
     caught: dict[str, list[tuple[int, torch.Tensor]]] = {str(i): [] for i in range(len(prompts))}
 
     def hook(batch: BatchInputs) -> torch.Tensor:
-        aux = AuxHidden(aux_ids)
-        hidden = runner.model(batch.input_ids, batch.positions, runner.cos_sin, runner.kv_caches, batch.meta,
-                              runner.ops, aux=aux)  # fmt: skip
-        states = torch.cat(aux.hidden, -1).to(torch.bfloat16)  # [num_tokens, 3 * hidden]
-        row = 0
-        for chunk in packed_order(batch.sampled_chunks):
-            caught[chunk.req_id].append((chunk.start, states[row : row + chunk.num_tokens].clone()))
-            row += chunk.num_tokens
-        if row != states.shape[0]:
-            raise RuntimeError(f"{row} rows of sampling chunks in a {states.shape[0]}-token step")
+        hidden, states, spans = forward_catching(runner, batch, aux_ids)
+        for chunk, rows in spans:
+            caught[chunk.req_id].append((chunk.start, states[rows].clone()))
         return runner.model.compute_logits(hidden[batch.sample_indices], runner.ops)
 
     runner.execute_hook = hook
@@ -144,9 +136,7 @@ def generate(model_dir: Path, prompts: list[list[int]], max_tokens: int, aux_ids
         for out in engine.step():
             answers[out.req_id].extend(out.new_token_ids)
     runner.execute_hook = None
-    with torch.inference_mode():
-        embed = runner.model.embed(torch.arange(runner.spec.vocab_size)).float().clone()
-        final_norm = runner.model.norm.weight.detach().float().clone()
+    embed, final_norm = served_tables(runner)
     engine.close()
     examples = []
     for i, prompt in enumerate(prompts):
