@@ -9,10 +9,11 @@ execute (the simulated forward and its sampling) / process (stop rules and outpu
 Times are CPU time (the engine thread's, ``time.thread_time``), so other load on a shared
 machine inflates them less than wall time would. ``--async`` measures the same engine under
 async scheduling: the whole process's CPU time (the step worker thread's included), total only.
-``--freeze-gc`` moves everything alive after the warm-up out of the garbage collector's reach
-(``gc.freeze()``, as a long-lived engine-core process could): without it a full collection,
+``--freeze-gc`` settles the garbage collector after the warm-up as the engine-core process of
+``inflight serve`` does (:func:`~inflight.runtime.engine_core.process_gc.settle_for_serving`: what is alive
+frozen, a young-generation threshold above a step's temporaries): without it a full collection,
 which scans every object of torch and transformers (~0.5 s on a 2-core machine), lands in some
-runs' steps and not others'. Repetitions of a size run back to back on one engine after its warm-up; the table gives the
+runs' steps and not others', and young-generation passes run mid-step. Repetitions of a size run back to back on one engine after its warm-up; the table gives the
 median. No server, no HTTP, no clients: what is left is the core's own per-step work.
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.demo.model import make_demo_model
+from inflight.runtime.engine_core.process_gc import settle_for_serving
 from inflight.runtime.sampling_params import SamplingParams
 
 WORK = Path("bench/.work/core-step")
@@ -95,9 +97,9 @@ def run(sizes: list[int], num_tokens: int, reps: int, async_scheduling: bool, fr
                               async_scheduling=async_scheduling)  # fmt: skip
         engine = LLMEngine.from_model_dir(model_dir, config)
         engine.warmup()
+        thresholds = gc.get_threshold()
         if freeze_gc:
-            gc.collect()
-            gc.freeze()
+            settle_for_serving()
         totals: dict[str, float] = defaultdict(float)
         if not async_scheduling:
             _instrument(engine, totals)
@@ -111,6 +113,7 @@ def run(sizes: list[int], num_tokens: int, reps: int, async_scheduling: bool, fr
         engine.close()
         if freeze_gc:
             gc.unfreeze()
+            gc.set_threshold(*thresholds)
         cells = [statistics.median(per_row[k]) for k in ("total", *PARTS, "other")]
         if async_scheduling:
             lines.append(f"| {num_rows} | {cells[0]:.1f} |" + " - |" * (len(PARTS) + 1))

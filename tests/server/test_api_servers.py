@@ -1,7 +1,8 @@
 """``inflight serve --api-server-count 2``: two front-end processes on one port and one engine core
 (the simulated device, a zero-time profile). Many streams over fresh connections each get their
 tokens exactly once and in order, and both front ends serve some; /metrics on either front end
-counts the whole server's requests; an admin retune through one shows on the other; SIGTERM
+counts the whole server's requests; both run on uvloop (``--event-loop auto``), and each process settles its garbage collector
+once ready; an admin retune through one shows on the other; SIGTERM
 drains both and exits 0. Killing the engine core mid-burst answers every stream on both and the
 server exits 1; a front end that dies takes the server down. No test knows how fast anything is:
 every wait is for an event, bounded only by patience."""
@@ -133,6 +134,8 @@ def test_many_streams_over_fresh_connections_each_get_every_token_once_in_order(
     assert [reason for _, _, reason in streams] == ["length"] * num
     assert [text for _, text, _ in streams] == whole  # every token once, in order, greedy: the prompt decides
     assert {front_end for front_end, _, _ in streams} == {"0", "1"}, "one front end served every stream"
+    assert two.log().count("event loop: uvloop") == 2, two.log()  # the default, on the spawned front end too
+    assert two.log().count("garbage collector settled for serving") == 3, two.log()  # the core and each front end
 
 
 def test_metrics_on_either_front_end_count_the_whole_server(two: ServeProcess) -> None:

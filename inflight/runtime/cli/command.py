@@ -25,7 +25,6 @@ Knows nothing about HTTP handling: it builds ``EngineConfig`` and ``ServerSettin
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import sys
@@ -146,6 +145,7 @@ def server_settings_from_args(args: argparse.Namespace) -> ServerSettings:
         stream_write_timeout_s=args.stream_write_timeout,
         stream_interval=args.stream_interval,
         api_server_count=args.api_server_count,
+        event_loop=args.event_loop,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         max_logprobs=args.max_logprobs,
@@ -195,6 +195,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
         parser.error(str(exc))
     if settings.lora_modules and not config.enable_lora:
         parser.error("--lora-modules needs --enable-lora")
+    from inflight.runtime.server.event_loop import EventLoopUnavailableError, loop_factory
+
+    try:
+        loop_factory(settings.event_loop)  # --event-loop uvloop without uvloop: refused before anything starts
+    except EventLoopUnavailableError as exc:
+        parser.error(str(exc))
     if args.headless:  # another node's ranks of a multi-node group: no front end (distributed/headless.py)
         from inflight.runtime.distributed.headless import run_headless
 
@@ -259,12 +265,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
             start_stats_log(engine.stats)
         return engine
 
+    from inflight.runtime.server import event_loop
     from inflight.runtime.server.serve import serve
 
     source: Any = load if core is None else core
     try:
-        return asyncio.run(serve(settings, source, args.host, args.port, access_log_from_args(args),
-                                 ready_checks=ready_checks))
+        return event_loop.run(serve(settings, source, args.host, args.port, access_log_from_args(args),
+                                    ready_checks=ready_checks, own_process=True), settings.event_loop)
     finally:
         if core is not None:
             core.kill()  # a server that stopped before its engine started leaves no waiting core

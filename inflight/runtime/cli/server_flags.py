@@ -14,6 +14,7 @@ from inflight import env_vars
 from inflight.runtime.cli import preflight
 from inflight.runtime.cli import vllm_aliases as cli_vllm
 from inflight.runtime.generation_defaults import AUTO, SAMPLING_FIELDS, parse_override
+from inflight.runtime.server.event_loop import EVENT_LOOPS
 from inflight.runtime.server.lora import LoRAModule, parse_lora_module
 from inflight.runtime.server.openai.tool_calls import TOOL_CALL_PARSERS, tool_parser_choices
 from inflight.runtime.server.responses_api.store import DEFAULT_MAX_ENTRIES
@@ -150,6 +151,9 @@ def add_server_flags(server: argparse._ArgumentGroup) -> None:
     server.add_argument(*flag_names("--api-server-count"), type=int, default=_server_default("api_server_count"),
                         metavar="N", help="Front-end processes (HTTP, tokenizing, detokenizing, streaming) "
                                           "sharing the port over one engine core.")
+    server.add_argument("--event-loop", default=_server_default("event_loop"), choices=EVENT_LOOPS,
+                        help="Each front end's event loop: auto (uvloop where installed, else asyncio), uvloop "
+                             "(an error at start without it) or asyncio. The start-up log names the one used.")
     server.add_argument(*flag_names("--drain-timeout"), type=float, default=_server_default("drain_timeout_s"),
                         help="Seconds to let requests in flight finish after SIGTERM or the first Ctrl-C.")
     server.add_argument(*flag_names("--log-level"), default="info", choices=LOG_LEVELS,

@@ -29,7 +29,6 @@ pipe per front end, :mod:`.routing`: until the last front end has left); it dies
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import logging
 import os
 import signal
@@ -45,6 +44,7 @@ from inflight import env_vars
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.engine_core import lora_calls
 from inflight.runtime.engine_core import protocol as p
+from inflight.runtime.engine_core.process_gc import settle_for_serving
 from inflight.runtime.engine_core.process_setup import die_with_parent, name_process
 from inflight.runtime.engine_core.routing import Conn, FrontEnds
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
@@ -118,9 +118,9 @@ def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepC
         engine.warmup()
         # This process holds one engine for its life: move what loading made (torch,
         # transformers, the model) out of the collector's reach, so that a full collection in
-        # the step loop scans only what serving allocates (~0.5 s a full one otherwise).
-        gc.collect()
-        gc.freeze()
+        # the step loop scans only what serving allocates (~0.5 s a full one otherwise), and
+        # let a step's temporaries die before the young generation is scanned (engine_core/process_gc.py).
+        settle_for_serving()
         if launch.stats_log:
             from inflight.runtime.core.stats_log import start_stats_log
 

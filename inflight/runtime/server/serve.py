@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from inflight.runtime.engine_core.core import CoreLaunch
+from inflight.runtime.engine_core.process_gc import settle_for_serving
 from inflight.runtime.logs import AccessLog
+from inflight.runtime.server import event_loop
 from inflight.runtime.server.app import CUT_GRACE_S, FRONT_ENDS_READY, create_app, drain
 from inflight.runtime.server.core_client import CoreClient
 from inflight.runtime.server.engine_process import CoreLink, CoreProcess
@@ -66,7 +68,7 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 async def serve(
     settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
     port: int, access_log: AccessLog = AccessLog(), spawned: Spawned | None = None,
-    ready_checks: Sequence[ReadyCheck] = (),
+    ready_checks: Sequence[ReadyCheck] = (), own_process: bool = False,
 ) -> int:
     """Serve until SIGTERM / SIGINT / SIGHUP; return the process exit code. ``source`` and
     ``access_log``: see :func:`~.app.create_app`. ``settings.api_server_count`` > 1: this is front
@@ -74,14 +76,16 @@ async def serve(
     binds ``host:port`` and spawns the others (:mod:`.front_ends`), and says ready once they all
     are. ``spawned``: this is one of those (``source`` its :class:`CoreLink`). ``ready_checks``:
     each is given the loaded engine and returns a warning to log (or ``None``), e.g. a flag that
-    has no effect on the device the engine chose."""
+    has no effect on the device the engine chose. ``own_process``: this process serves and
+    nothing else (the CLI, a spawned front end), so once ready its garbage collector is settled
+    for serving (:func:`~inflight.runtime.engine_core.process_gc.settle_for_serving`)."""
     linked = isinstance(source, CoreLink)
     several = settings.api_server_count > 1 and not linked
     if several and not isinstance(source, CoreProcess):
         raise ValueError("--api-server-count > 1 needs the engine-core process (it cannot run with --single-process)")
     peers = FrontEndGroup(settings.api_server_count if several else 1)
     try:
-        return await _serve(settings, source, host, port, access_log, spawned, peers, ready_checks)
+        return await _serve(settings, source, host, port, access_log, spawned, peers, ready_checks, own_process)
     finally:
         peers.remove_metrics_dir()
 
@@ -89,7 +93,7 @@ async def serve(
 async def _serve(
     settings: ServerSettings, source: Callable[[], LLMEngine] | CoreLaunch | CoreProcess | CoreLink, host: str,
     port: int, access_log: AccessLog, spawned: Spawned | None, peers: FrontEndGroup,
-    ready_checks: Sequence[ReadyCheck] = (),
+    ready_checks: Sequence[ReadyCheck] = (), own_process: bool = False,
 ) -> int:
     linked = isinstance(source, CoreLink)
     several = peers.count > 1
@@ -124,7 +128,8 @@ async def _serve(
             assert isinstance(source, CoreProcess) and sockets is not None
             _spawn_front_ends(peers, source, settings, access_log, addresses_of(sockets))
             watch = loop.create_task(peers.watch(lambda why: _front_end_exited(app, why)))
-        code = await _until_stopped(app, stop, spawned.on_ready if spawned is not None else None, ready_checks)
+        code = await _until_stopped(app, stop, spawned.on_ready if spawned is not None else None, ready_checks,
+                                    own_process)
         if app[STATE].dead.is_set():
             await app[STATE].wait_idle(DEATH_ANSWER_S)
             await _flush_writes(runner, DEATH_ANSWER_S)
@@ -169,7 +174,8 @@ def _spawn_front_ends(peers: FrontEndGroup, core: CoreProcess, settings: ServerS
 def run_front_end(launch: FrontEndLaunch) -> None:
     """A spawned front end's entry point: serve until drained (exit 0) or the engine died (1)."""
     spawned = start_front_end(launch)
-    exit_front_end(asyncio.run(serve(launch.settings, launch.link, "", 0, launch.access_log, spawned)))
+    exit_front_end(event_loop.run(serve(launch.settings, launch.link, "", 0, launch.access_log, spawned,
+                                        own_process=True), launch.settings.event_loop))
 
 
 def _front_end_exited(app: web.Application, why: str) -> None:
@@ -259,7 +265,7 @@ async def _flush_writes(runner: web.AppRunner, timeout_s: float) -> None:
 
 
 async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Callable[[], None] | None,
-                         ready_checks: Sequence[ReadyCheck] = ()) -> int:
+                         ready_checks: Sequence[ReadyCheck] = (), own_process: bool = False) -> int:
     state = app[STATE]
     loaded = asyncio.ensure_future(state.engine.wait_ready())
     stopped = asyncio.ensure_future(stop.wait())
@@ -275,6 +281,8 @@ async def _until_stopped(app: web.Application, stop: asyncio.Event, on_ready: Ca
                 line = check(state.engine.engine)
                 if line:
                     logger.warning("%s", line)
+            if own_process:
+                settle_for_serving()
             if on_ready is not None:
                 on_ready()
             await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)

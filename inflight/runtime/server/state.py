@@ -25,6 +25,7 @@ from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.multimodal.media import MediaLimits
 from inflight.runtime.server.compile_budget import CompileBudget
 from inflight.runtime.server.engine_client import DEFAULT_MAX_BACKLOG, EngineClient
+from inflight.runtime.server.event_loop import EVENT_LOOPS
 from inflight.runtime.server.lora import LoRAModule, check_unique
 from inflight.runtime.server.metrics import ServerMetrics
 from inflight.runtime.server.openai.protocol import DEFAULT_MAX_LOGPROBS, RequestPolicy
@@ -55,7 +56,8 @@ class ServerSettings:
     new tokens (its first token and its last chunk go at once), vLLM's ``--stream-interval``; a
     stream whose client or event loop falls behind sends whatever piled up in one chunk whatever
     the interval. ``api_server_count``: front-end processes serving the one port over one
-    engine core (vLLM's ``--api-server-count``). ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
+    engine core (vLLM's ``--api-server-count``). ``event_loop``: each front end's event loop, ``auto``
+    (uvloop where installed), ``uvloop`` or ``asyncio`` (:mod:`.event_loop`). ``tokenizer_workers`` / ``max_pending_tokenizations``: the pool
     that tokenizes prompts off the event loop and how many may wait for it (429 beyond).
     ``enable_auto_tool_choice``: ``None`` (the flag not given) and ``True`` serve ``tool_choice:
     auto``; ``False`` refuses it as vLLM does by default. ``tool_call_parser``: vLLM's name of the
@@ -94,6 +96,7 @@ class ServerSettings:
     max_stream_backlog: int = DEFAULT_MAX_BACKLOG
     stream_interval: int = 1
     api_server_count: int = 1
+    event_loop: str = "auto"
     tokenizer_workers: int = 2
     max_pending_tokenizations: int = 64
     enable_auto_tool_choice: bool | None = None
@@ -127,6 +130,8 @@ class ServerSettings:
                      "api_server_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)}).")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop {self.event_loop!r}: choose one of {', '.join(EVENT_LOOPS)}.")
         if self.admin_api_key is not None and self.admin_api_key == self.api_key:
             raise ValueError("the admin API key must differ from the inference --api-key.")
         if self.priority_api_key is not None and self.priority_api_key in (self.api_key, self.admin_api_key):
