@@ -49,7 +49,7 @@ help:
 	@echo "                (first time), serve it on $(HOST):$(PORT) as $(SERVED_NAME)"
 	@echo "                SPEC=1: with n-gram speculative decoding (SPEC_CONFIG; figures in docs/tuning.md)"
 	@echo "make run-demo - serve the small random demo model instead (what the tests use)"
-	@echo "make test     - install the test extra too, run the whole test suite (about 16 min on 2 cores)"
+	@echo "make test     - install the test extra too, run the whole test suite (about 20 min on 2 cores)"
 	@echo "make test-fast - the pure unit tests only (no model, no server; well under a minute)"
 	@echo "make lint     - ruff"
 	@echo "make crds     - copy crds/ into the Helm chart"
