@@ -50,3 +50,10 @@ def test_capture_leaves_the_collector_as_it_found_it(llama_dir) -> None:
     engine = LLMEngine.from_model_dir(llama_dir, config, graph_backend=RecordingGraphBackend())
     assert gc.isenabled() and gc.get_freeze_count() == 0
     engine.close()
+    gc.freeze()  # a process settled for serving (engine_core/process_gc.py) before a capture
+    try:
+        engine = LLMEngine.from_model_dir(llama_dir, config, graph_backend=RecordingGraphBackend())
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # still frozen: the capture did not unfreeze it all
+        engine.close()
+    finally:
+        gc.unfreeze()

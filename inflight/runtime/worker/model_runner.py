@@ -220,7 +220,11 @@ class ModelRunner:
         )  # fmt: skip
         # Collect what is garbage now, then keep the collector out of the capture: what is alive
         # is frozen (no pass scans it) and automatic passes are off until the capture ends (a
-        # finalizer run inside a capture could free or sync a tensor and break it).
+        # finalizer run inside a capture could free or sync a tensor and break it). A process
+        # that had frozen objects already (settled for serving, engine_core/process_gc.py; a
+        # capture can come mid-serving, once fp8 KV scales are set) stays frozen: unfreezing
+        # is all or nothing.
+        was_frozen = gc.get_freeze_count() > 0
         gc.collect()
         gc.freeze()
         gc_was_enabled = gc.isenabled()
@@ -231,7 +235,8 @@ class ModelRunner:
         finally:
             if gc_was_enabled:
                 gc.enable()
-            gc.unfreeze()
+            if not was_frozen:
+                gc.unfreeze()
         if progress:
             progress(f"decode graphs ({backend.name}) for batch sizes up to {graphs.max_size}: "
                      f"{len(stats.sizes)} captured in {stats.capture_seconds:.1f} s, "
