@@ -3,7 +3,8 @@
 ``python -m bench.studies.core_step [--rows 64 256 512] [--tokens 64] [--reps 2] [--async]``
 builds an offline :class:`LLMEngine` on the tiny demo model with ``device="sim"`` and a zero
 step-time profile (the device costs nothing, so every microsecond measured is the host's),
-adds N greedy requests that decode M tokens each, and prints the host microseconds per row
+adds N greedy requests that decode M tokens each (``--tokens`` up to ~990: the context, and
+so each row's block table, grows with it), and prints the host microseconds per row
 per step over the decode steps, split coarsely into schedule / prepare (packing the batch) /
 execute (the simulated forward and its sampling) / process (stop rules and outputs) / other.
 Times are CPU time (the engine thread's, ``time.thread_time``), so other load on a shared
@@ -93,7 +94,7 @@ def run(sizes: list[int], num_tokens: int, reps: int, async_scheduling: bool, fr
              "| rows | total | " + " | ".join(PARTS) + " | other |", "|---:|---:|" + "---:|" * (len(PARTS) + 1)]
     for num_rows in sizes:
         config = EngineConfig(device="sim", sim_profile=str(profile), max_num_sequences=num_rows,
-                              max_num_tokens=max(2048, 16 * num_rows), max_model_len=256,
+                              max_num_tokens=max(2048, 16 * num_rows), max_model_len=max(256, num_tokens + 32),
                               async_scheduling=async_scheduling)  # fmt: skip
         engine = LLMEngine.from_model_dir(model_dir, config)
         engine.warmup()

@@ -24,6 +24,7 @@ commas). Knows nothing about HTTP routing or the OpenAI API.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ from prometheus_client.registry import Collector
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.outputs import EngineStats, RequestOutput, RequestTimes, TenantStats
 from inflight.runtime.server.process_metrics import add_process_collectors
-from inflight.runtime.server.request_metrics import Choice, RequestHistograms
+from inflight.runtime.server.request_metrics import Choice, RequestHistograms, observe_many
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 logger = logging.getLogger("inflight.server.metrics")
@@ -294,6 +295,7 @@ class ServerMetrics:
         self.success = Counter("inflight:request_success_total",
                                "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=own)
+        self._token_gaps: list[float] = []  # observed in bulk: observe_token_gap
         self.rejected = Counter("inflight:request_rejected_total",
                                 "Requests refused before running, by reason.",
                                 ["model_name", "reason"], registry=own)
@@ -303,7 +305,21 @@ class ServerMetrics:
         self.requests.iteration_tokens.observe(num_tokens)
 
     def observe_token_gap(self, seconds: float) -> None:
-        self.requests.itl.observe(seconds)
+        """One gap between two deliveries of a request. Gaps are observed in bulk: the first of a
+        batch asks the running event loop to observe them all once the callbacks it already has
+        ready (the other streams of the same step) have run; without a running loop at once."""
+        pending = self._token_gaps
+        pending.append(seconds)
+        if len(pending) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush_token_gaps)
+            except RuntimeError:  # no loop in this thread
+                self.flush_token_gaps()
+
+    def flush_token_gaps(self) -> None:
+        """Observe the gaps not observed yet (a scrape calls it first)."""
+        gaps, self._token_gaps = self._token_gaps, []
+        observe_many(self.requests.itl, gaps)
 
     def observe_finished(self, out: RequestOutput, times: RequestTimes, max_tokens: int | None = None,
                          siblings: Sequence[Choice] = ()) -> None:
@@ -322,4 +338,5 @@ class ServerMetrics:
         self.rejected.labels(self.model_name, reason).inc()
 
     def render(self) -> bytes:
+        self.flush_token_gaps()
         return generate_latest(self.registry)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import torch
 
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.model.batch import AttentionMetadata
+from inflight.runtime.worker.block_table_rows import BlockTableRows, stack_tables
 from inflight.runtime.worker.logit_rows import PromptLogprobSpan, logit_row_order
 
 
@@ -105,10 +105,11 @@ class _HostBatch:
     logit_rows: np.ndarray  # [num_logit_rows] int64
 
 
-def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: Sequence[Sequence[int]],
+def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: tuple[np.ndarray, np.ndarray],
                logit_counts: list[int], num_decode_segments: int, block_size: int) -> _HostBatch:
-    """Pack segments given as columns (the first ``num_decode_segments`` are decode rows): one
-    numpy op per field over the whole batch, no Python loop over tokens."""
+    """Pack segments given as columns (the first ``num_decode_segments`` are decode rows; ``tables``:
+    their block tables as :func:`~.block_table_rows.stack_tables` stacks them): one numpy op per
+    field over the whole batch, no Python loop over tokens."""
     num_segments = len(starts)
     starts_a = np.array(starts, dtype=np.int64)  # [num_segments]
     counts_a = np.array(counts, dtype=np.int64)
@@ -117,11 +118,7 @@ def _pack_host(ids: list[int], starts: list[int], counts: list[int], tables: Seq
     num_tokens = int(ends[-1]) if num_segments else 0
     seg_of = np.repeat(np.arange(num_segments), counts_a)  # [num_tokens] the segment of each row
     positions = np.arange(num_tokens, dtype=np.int64) - row_starts[seg_of] + starts_a[seg_of]
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_segments)
-    width = max(1, int(lens.max())) if num_segments else 1
-    table = np.zeros((num_segments, width), dtype=np.int32)  # [num_segments, width], padded with block 0
-    table[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(tables), dtype=np.int32,
-                                                          count=int(lens.sum()))  # fmt: skip
+    table, lens = tables  # [num_segments, width] padded with block 0; [num_segments]
     slots = table[seg_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
     nds = num_decode_segments
     num_decode = int(ends[nds - 1]) if nds else 0
@@ -150,8 +147,8 @@ def _group_arrays(ids: list[int], starts: list[int], counts: list[int],
     (``group_tables[i][g]``: segment i's table in group g; every group's tables have one width,
     since each group's table has an entry, placeholder or held, for every block of the sequence)."""
     num_groups = len(group_tables[0])
-    packed = [_pack_host(ids, starts, counts, [t[g] for t in group_tables], logit_counts, num_decode_segments,
-                         block_size) for g in range(num_groups)]  # fmt: skip
+    packed = [_pack_host(ids, starts, counts, stack_tables([t[g] for t in group_tables]), logit_counts,
+                         num_decode_segments, block_size) for g in range(num_groups)]  # fmt: skip
     return [np.stack([p.arrays[k] for p in packed]) for k in (2, 3, 5)]
 
 
@@ -176,7 +173,8 @@ def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.de
         ids.extend(seg.token_ids)
     starts, counts = [s.start for s in segments], [len(s.token_ids) for s in segments]
     logit_counts = [s.num_logit_rows for s in segments]
-    host = _pack_host(ids, starts, counts, [s.block_table for s in segments], logit_counts, num_decode, block_size)
+    host = _pack_host(ids, starts, counts, stack_tables([s.block_table for s in segments]), logit_counts,
+                      num_decode, block_size)  # fmt: skip
     grouped = bool(segments) and segments[0].group_tables is not None
     groups = (_group_arrays(ids, starts, counts, [s.group_tables for s in segments], logit_counts, num_decode,  # type: ignore[misc]
                             block_size) if grouped else [])  # fmt: skip
@@ -215,11 +213,14 @@ def _split(chunks: Sequence[ScheduledChunk]) -> tuple[list[ScheduledChunk], list
 
 
 def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
-                  lora_slots: Mapping[int, int] | None = None) -> BatchInputs:  # fmt: skip
+                  lora_slots: Mapping[int, int] | None = None,
+                  table_rows: BlockTableRows | None = None) -> BatchInputs:  # fmt: skip
     """Pack the scheduled chunks: one-token rows and speculating chunks first (decode path),
     then prompt chunks; logits for each sampling chunk's last row (every row of a speculating
     chunk) and for the prompt-logprob rows. One upload for the whole batch. ``lora_slots``
-    (a LoRA adapter's load id -> its device slot): each row's slot goes in ``meta.token_slots``."""
+    (a LoRA adapter's load id -> its device slot): each row's slot goes in ``meta.token_slots``.
+    ``table_rows``: the runner's block tables kept from its last batch (without, copied from
+    scratch)."""
     decodes, prompts = _split(chunks)
     ordered = decodes + prompts
     num_decodes = len(decodes)
@@ -236,7 +237,9 @@ def prepare_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: tor
     sampled = [c for c in ordered if c.sample]
     sample_counts = [k for k in logit_counts if k]
     logprob_chunks = any(c.facts.prompt_logprobs is not None for c in ordered)
-    host = _pack_host(ids, starts, counts, tables, logit_counts, num_decodes, block_size)
+    stacked = (stack_tables(tables) if table_rows is None
+               else table_rows.stack([c.req_id for c in ordered], tables))  # fmt: skip
+    host = _pack_host(ids, starts, counts, stacked, logit_counts, num_decodes, block_size)
     spans: list[PromptLogprobSpan] = []
     prompt_rows: list[int] = []
     if logprob_chunks:

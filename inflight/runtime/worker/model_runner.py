@@ -47,6 +47,7 @@ from inflight.runtime.model.quantized import num_weights
 from inflight.runtime.model.rope import build_rope_tables
 from inflight.runtime.worker import kv_sizing
 from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
+from inflight.runtime.worker.block_table_rows import BlockTableRows
 from inflight.runtime.worker.cpu.allocator import keep_freed_memory
 from inflight.runtime.worker.cpu.device_setup import (
     BIG_STEP_PARAM_TOKENS,
@@ -121,6 +122,7 @@ class ModelRunner:
         self._num_params = num_weights(self.model)  # packed weights count as the float ones would
         self.num_local_kv_heads = self.model.layout.num_kv_heads
         self.block_size = config.block_size
+        self.table_rows = BlockTableRows()  # the last batch's block tables (worker/block_table_rows.py)
         check_chunk_size(self.spec, self.block_size)  # Llama 4's chunks must start on block boundaries
         check_mla_engine(self.spec, config.kv_cache_dtype, config.enable_lora)  # DeepSeek-V3's latent cache
         self.kv_groups = kv_groups_of(self.model, config)  # per-group KV tables (worker/kv_layout.py); None: one
@@ -281,7 +283,7 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------
     def prepare(self, chunks: tuple[ScheduledChunk, ...], lora_slots: dict[int, int] | None = None) -> BatchInputs:
         """Pack the scheduled chunks (see :func:`inflight.runtime.worker.batch_inputs.prepare_batch`)."""
-        batch = prepare_batch(chunks, self.block_size, self.device, lora_slots)
+        batch = prepare_batch(chunks, self.block_size, self.device, lora_slots, self.table_rows)
         if self.vision is not None:  # M-RoPE positions and image rows (worker/vision_step.py)
             return self.vision.plan(batch, chunks, self.device)
         if not self.state_caches:

@@ -40,6 +40,7 @@ from inflight.runtime.model.loader import Progress, load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
+from inflight.runtime.worker.block_table_rows import BlockTableRows
 from inflight.runtime.worker.kv_copies import SimHostKV, num_host_slots
 from inflight.runtime.worker.sampler import (
     PendingMasks,
@@ -127,6 +128,7 @@ class SimRunner:
         self.ops = _Label("sim")
         self.quantization = _Label("sim")
         self.block_size = config.block_size
+        self.table_rows = BlockTableRows()  # the last batch's block tables (worker/block_table_rows.py)
         limit = self.spec.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what the model supports ({limit}).")
@@ -170,7 +172,7 @@ class SimRunner:
         return SimSampler(self.device, self.spec.vocab_size)
 
     def prepare(self, chunks: tuple[ScheduledChunk, ...]) -> BatchInputs:
-        return prepare_batch(chunks, self.block_size, self.device)
+        return prepare_batch(chunks, self.block_size, self.device, table_rows=self.table_rows)
 
     def execute(self, batch: BatchInputs) -> torch.Tensor:
         """Hold the thread for the modelled step time; logits ``[num_rows, vocab]`` of zeros (a view)."""
