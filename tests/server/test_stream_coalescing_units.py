@@ -27,10 +27,13 @@ def out(req_id: str, text: str, ids: tuple[int, ...], finished: bool = False, lo
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("obj", ["text_completion", "chat.completion.chunk"])
 def test_chunk_format_gives_the_bytes_of_the_whole_chunk(obj: str, include_usage: bool) -> None:
-    choice = {"index": 1, "delta": {"content": "é\n\"x\""}, "logprobs": None, "finish_reason": None}
-    whole = {**META, "object": obj, "choices": [choice], **({"usage": None} if include_usage else {})}
-    assert streaming.ChunkFormat(META, obj, include_usage).event(choice) == streaming.sse_event(whole)
-    assert json.loads(streaming.sse_event(whole)[6:]) == whole
+    logprobs = {"tokens": ["é", "\x00"], "token_logprobs": [-0.1, float("-inf")], "top_logprobs": [{"a": -1e-300}],
+                "text_offset": [0, 2]}  # fmt: skip
+    for choice in ({"index": 1, "delta": {"content": "é\n\"x\""}, "logprobs": None, "finish_reason": None},
+                   {"index": 0, "text": "😀 \\", "logprobs": logprobs, "finish_reason": "length"}):  # fmt: skip
+        whole = {**META, "object": obj, "choices": [choice], **({"usage": None} if include_usage else {})}
+        assert streaming.ChunkFormat(META, obj, include_usage).event(choice) == streaming.sse_event(whole)
+        assert json.loads(streaming.sse_event(whole)[6:]) == whole
 
 
 def test_held_outputs_merge_in_order_with_the_last_finish() -> None:

@@ -39,10 +39,14 @@ class IncrementalDetokenizer:
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.skip_token_ids = skip_token_ids  # EOS / stop tokens: never part of the text
         self.token_ids: list[int] = []
-        self.text = ""
+        # The text is the deltas handed out, then the tail not handed out yet: appending a token
+        # touches only the tail (``self.text += new`` copied the whole output every token: its
+        # cost grew with the output, quadratic over a long answer).
+        self._sent: list[str] = []
+        self._tail = ""
         self.prefix_offset = 0
         self.read_offset = 0
-        self.emitted = 0
+        self.emitted = 0  # characters handed out
         self.stopped = False
         self.stop_hit: str | None = None  # the stop string that ended the text (the earliest in it)
         self.skip_special_tokens = skip_special_tokens
@@ -64,8 +68,8 @@ class IncrementalDetokenizer:
             new_text = self._step_window()
         if new_text is None:
             return False  # an incomplete character: wait for more bytes
-        old_len = len(self.text)
-        self.text += new_text
+        old_len = len(self._tail)
+        self._tail += new_text
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
         return self._find_stop(old_len) if self.stop else False
@@ -83,15 +87,23 @@ class IncrementalDetokenizer:
         self._stream = None
         return self._step_window()
 
+    @property
+    def text(self) -> str:
+        """The whole text so far (stop strings cut)."""
+        return "".join(self._sent) + self._tail
+
     def _find_stop(self, old_len: int) -> bool:
+        """Look for a stop string ending in the tail's new text (``old_len``: the tail's length
+        before it). The tail holds every character a stop string could start at: a delta never
+        hands out the last ``max_stop_len - 1`` characters of an unfinished text."""
         if not self.stop:
             return False
         start = max(0, old_len - self.max_stop_len + 1)
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, s) for s in self.stop if (i := self._tail.find(s, start)) >= 0]
         if not hits:
             return False
         cut, self.stop_hit = min(hits)
-        self.text = self.text[:cut]
+        self._tail = self._tail[:cut]
         self.stopped = True
         return True
 
@@ -100,16 +112,20 @@ class IncrementalDetokenizer:
         if self.stopped or self.read_offset == len(self.token_ids):
             return
         prefix, full = self._decode_window()
-        self.text += full[len(prefix) :]
+        self._tail += full[len(prefix) :]
         self.read_offset = len(self.token_ids)
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out, minus a tail that may still become a stop string."""
-        end = len(self.text)
+        tail = self._tail
+        end = len(tail)
         if not finished and self.max_stop_len > 1:
-            end = max(self.emitted, end - (self.max_stop_len - 1))
-        delta = self.text[self.emitted : end]
-        self.emitted = end
+            end = max(0, end - (self.max_stop_len - 1))
+        if not end:
+            return ""
+        delta, self._tail = tail[:end], tail[end:]
+        self._sent.append(delta)
+        self.emitted += end
         return delta
 
     def _decode_window(self) -> tuple[str, str]:

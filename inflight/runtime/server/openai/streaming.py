@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -25,6 +25,21 @@ from inflight.runtime.server.openai.responses import ChoiceState, chat_delta, us
 
 DONE = b"data: [DONE]\n\n"
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps(separators=...) builds one per call
+
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """``_COMPACT.encode``, minus the C encoder it builds on every call (half its cost for a
+    streamed choice: 1.7 against 3.3 us here, once per streamed token). The same C function and
+    arguments ``JSONEncoder.iterencode`` passes, but no circular-reference check (a choice is
+    plain data); ``_COMPACT.encode`` where the C accelerator is missing."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _COMPACT.encode
+    iterencode = make(None, _COMPACT.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda value: "".join(iterencode(value, 0))
+
+
+_encode = _compact_encoder()
 _CHUNK_FRAMING_BYTES = 32  # aiohttp's chunked transfer encoding: hex length and two CRLFs
 
 
@@ -45,7 +60,7 @@ class ChunkFormat:
 
     def event(self, choice: dict[str, Any]) -> bytes:
         """One chunk carrying ``choice`` (index, delta or text, logprobs, finish_reason)."""
-        return self._head + _COMPACT.encode(choice).encode("utf-8") + self._tail
+        return self._head + _encode(choice).encode("utf-8") + self._tail
 
 
 class StreamFormat(Protocol):
