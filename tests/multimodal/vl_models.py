@@ -47,6 +47,8 @@ def make_qwen2_5_vl_model(out_dir: Path, seed: int = 5) -> Path:
                 param.normal_(0.0, 0.1)
             elif name.endswith("norm.weight") or name.endswith("ln_q.weight") or ".norm" in name:
                 param.normal_(1.0, 0.1)
+            elif name.startswith("model.visual.") and name.endswith("attn.qkv.weight"):
+                param.normal_(0.0, 0.25)  # peaked attention, so each patch's position (its rotary) shows
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))

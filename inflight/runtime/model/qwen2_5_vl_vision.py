@@ -124,10 +124,10 @@ class VisionTower(nn.Module):
         self.window_size = int(config.window_size)
         self.full_blocks = frozenset(int(i) for i in config.fullatt_block_indexes)
         head_dim = config.hidden_size // config.num_heads
-        theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
-        spatial = head_dim // 2
-        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial),
-                             persistent=False)  # fmt: skip
+        # Plain numbers, not a buffer: the loader builds the model on the meta device and then
+        # allocates it empty, which leaves a non-persistent buffer (in no checkpoint) as garbage.
+        self.rope_theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+        self.rope_dim = head_dim // 2
         self.patch_embed = _PatchEmbed(config.in_channels, config.temporal_patch_size, config.patch_size,
                                        config.hidden_size)  # fmt: skip
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.depth))
@@ -162,7 +162,8 @@ class VisionTower(nn.Module):
             wpos = wpos.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
             rows.append(torch.stack([hpos, wpos], dim=-1).repeat(t, 1))
         pos = torch.cat(rows).to(device)  # [num_patches, 2]
-        inv = self.inv_freq.to(device)
+        spatial = self.rope_dim
+        inv = 1.0 / self.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float, device=device) / spatial)
         return torch.cat((pos[:, 0, None].float() * inv, pos[:, 1, None].float() * inv), dim=-1)
 
     def _windows(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
