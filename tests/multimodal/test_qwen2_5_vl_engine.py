@@ -201,3 +201,15 @@ def test_images_for_a_model_without_vision_or_another_prompt_are_refused(vl_dir:
     with pytest.raises(RequestRejectedError, match="do not fit this prompt"):
         engine.add_request("b", ids[:-1], params, mm_inputs=mm)
     assert not engine.has_unfinished_requests()
+
+
+def test_a_model_with_a_buffer_is_refused_before_it_is_allocated_empty() -> None:
+    """A buffer built on the meta device would serve garbage after the empty allocation: refused."""
+    from inflight.runtime.model.loader import refuse_buffers
+
+    with torch.device("meta"):
+        module = torch.nn.Module()
+        module.register_buffer("inv_freq", torch.arange(4.0), persistent=False)
+    with pytest.raises(RuntimeError, match="inv_freq"):
+        refuse_buffers(module)
+    refuse_buffers(torch.nn.Linear(2, 2))  # parameters only: fine

@@ -218,6 +218,7 @@ def load_model(
     if packed and spec.mla is not None:  # W_UK / W_UV are sliced out of a float kv_b_proj (model/mla.py)
         raise ValueError("packed (GGUF / compressed-tensors) DeepSeek-V3 checkpoints are not served: latent "
                          "attention's absorbed decode needs a float kv_b_proj; serve a bf16 checkpoint.")
+    refuse_buffers(model)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_word_embeddings and model.lm_head is not None:
         model.lm_head.weight = model.embed_tokens.weight
@@ -317,6 +318,16 @@ def _load_expert_piece(
             raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}.")
         dest.copy_(tensor.to(dtype))
     return piece.key
+
+
+def refuse_buffers(model: torch.nn.Module) -> None:
+    """The model is built on the meta device and then allocated empty, and a buffer is in no
+    checkpoint this loader reads: it would serve whatever the memory held (Qwen2.5-VL's vision
+    rotary frequencies once did, NaN now and then). Modules compute such tensors instead."""
+    names = [name for name, _ in model.named_buffers()]
+    if names:
+        raise RuntimeError(f"model buffers would be left uninitialized by the empty allocation: {', '.join(names[:5])}"
+                           "; compute them in the module instead of registering them")  # fmt: skip
 
 
 def _check_complete(model: CausalLM, spec: ModelSpec, loaded: set[str]) -> None:
