@@ -46,7 +46,6 @@ class IncrementalDetokenizer:
         self._tail = ""
         self.prefix_offset = 0
         self.read_offset = 0
-        self.emitted = 0  # characters handed out
         self.stopped = False
         self.stop_hit: str | None = None  # the stop string that ended the text (the earliest in it)
         self.skip_special_tokens = skip_special_tokens
@@ -125,7 +124,6 @@ class IncrementalDetokenizer:
             return ""
         delta, self._tail = tail[:end], tail[end:]
         self._sent.append(delta)
-        self.emitted += end
         return delta
 
     def _decode_window(self) -> tuple[str, str]:

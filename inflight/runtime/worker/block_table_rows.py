@@ -30,13 +30,17 @@ def stack_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
     """``tables`` as ``[num_tables, width]`` int32 rows padded with block 0 (a valid block: the
     kernels' torch references gather padding too, then mask it out), width at least 1; and each
     table's length (``[num_tables]`` int64)."""
-    num_tables = len(tables)
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_tables)
-    width = max(1, int(lens.max())) if num_tables else 1
-    table = np.zeros((num_tables, width), dtype=np.int32)
+    lens, width = _lens(tables)
+    table = np.zeros((len(tables), width), dtype=np.int32)
     table[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(tables), dtype=np.int32,
                                                           count=int(lens.sum()))  # fmt: skip
     return table, lens
+
+
+def _lens(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:
+    """Each table's length (``[num_tables]`` int64) and the stacked width (at least 1)."""
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    return lens, max(1, int(lens.max())) if len(tables) else 1
 
 
 class BlockTableRows:
@@ -57,9 +61,7 @@ class BlockTableRows:
         """:func:`stack_tables` of ``tables`` (``tables[i]``: request ``req_ids[i]``'s table),
         copying only the tables not copied before as the same object. Requests of the last batch
         missing from this one give their rows back."""
-        num_tables = len(tables)
-        lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_tables)
-        width = max(1, int(lens.max())) if num_tables else 1
+        lens, width = _lens(tables)
         if width > self._array.shape[1]:
             self._widen(width)
         previous, current = self._rows, {}

@@ -17,9 +17,11 @@ scheduling or sampling; the capture mechanics live in :mod:`inflight.runtime.wor
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,27 @@ from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.worker.graph_backend import GraphBackend
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def collector_kept_out() -> Iterator[None]:
+    """Collect what is garbage now, then keep the garbage collector out of a capture: what is
+    alive is frozen (no pass scans it) and automatic passes are off until the block ends (a
+    finalizer run inside a capture could free or sync a tensor and break it). A process that
+    had frozen objects already (settled for serving, engine_core/process_gc.py; a capture can
+    come mid-serving, once fp8 KV scales are set) stays frozen: unfreezing is all or nothing."""
+    was_frozen = gc.get_freeze_count() > 0
+    gc.collect()
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if not was_frozen:
+            gc.unfreeze()
 
 MAX_CAPTURE_SIZE = 512
 # The model: (input_ids, positions, metadata) -> float32 logits [num_tokens, vocab].

@@ -21,7 +21,6 @@ scheduler's one block table is valid on every rank.
 
 from __future__ import annotations
 
-import gc
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +56,7 @@ from inflight.runtime.worker.cpu.device_setup import (
     resolve_dtype,
 )
 from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
-from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes
+from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes, collector_kept_out
 from inflight.runtime.worker.graph_backend import CudaGraphBackend, GraphBackend
 from inflight.runtime.worker.hybrid_cache import allocate_states, draft_scratch, keep_accepted_states, with_state_slots
 from inflight.runtime.worker.kv_copies import HostKV, num_host_slots
@@ -220,25 +219,8 @@ class ModelRunner:
             -(-self.max_model_len // self.block_size), self.device,
             self.kv_groups.num_groups if self.kv_groups is not None else 0,  # per-group KV tables: each group's
         )  # fmt: skip
-        # Collect what is garbage now, then keep the collector out of the capture: what is alive
-        # is frozen (no pass scans it) and automatic passes are off until the capture ends (a
-        # finalizer run inside a capture could free or sync a tensor and break it). A process
-        # that had frozen objects already (settled for serving, engine_core/process_gc.py; a
-        # capture can come mid-serving, once fp8 KV scales are set) stays frozen: unfreezing
-        # is all or nothing.
-        was_frozen = gc.get_freeze_count() > 0
-        gc.collect()
-        gc.freeze()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.inference_mode():
-                stats = graphs.capture()
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-            if not was_frozen:
-                gc.unfreeze()
+        with collector_kept_out(), torch.inference_mode():
+            stats = graphs.capture()
         if progress:
             progress(f"decode graphs ({backend.name}) for batch sizes up to {graphs.max_size}: "
                      f"{len(stats.sizes)} captured in {stats.capture_seconds:.1f} s, "

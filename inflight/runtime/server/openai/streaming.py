@@ -45,7 +45,7 @@ _CHUNK_FRAMING_BYTES = 32  # aiohttp's chunked transfer encoding: hex length and
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One SSE event carrying ``payload`` as compact JSON."""
-    return b"data: " + _COMPACT.encode(payload).encode("utf-8") + b"\n\n"
+    return b"data: " + _encode(payload).encode("utf-8") + b"\n\n"
 
 
 class ChunkFormat:
@@ -54,7 +54,7 @@ class ChunkFormat:
     that dict, with the constant head (id, created, model, object) rendered once."""
 
     def __init__(self, meta: dict[str, Any], obj: str, include_usage: bool) -> None:
-        head = _COMPACT.encode({**meta, "object": obj, "choices": None})
+        head = _encode({**meta, "object": obj, "choices": None})
         self._head = b"data: " + head[: -len("null}")].encode("utf-8") + b"["
         self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
