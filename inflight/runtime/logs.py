@@ -7,20 +7,25 @@ log pipeline gets flat fields; a record may also bring them as ``extra={"fields"
 beside a readable message (the access log does). Owns the access log's settings and its line
 (:func:`access_record`): method, path without the query, status, latency, the request id when
 there is one; never a body or a header's value besides that id. Start-up errors printed before
-logging is set up take the same format (:func:`startup_error_line`). Knows nothing about the
+logging is set up take the same format (:func:`startup_error_line`). Every server process writes
+each thread's Python stack to stderr on ``SIGUSR1`` (:func:`dump_stacks_on_signal`): ``kill -USR1
+PID`` shows where a stuck process waits, and it goes on. Knows nothing about the
 server itself: it sits beside the engine, not in ``server/``, because the engine core and the
 tensor-parallel workers set up their logging with it too (and must not import the server).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
 ACCESS_LOGGER = "inflight.access"
+STACKS_SIGNAL = signal.SIGUSR1  # ``kill -USR1 PID``: every thread's Python stack to stderr
 MAX_LOGGED_PATH = 200
 MAX_LOGGED_ID = 128
 
@@ -101,3 +106,10 @@ def configure_logging(level: str, fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def dump_stacks_on_signal() -> None:
+    """Write every thread's Python stack to stderr when :data:`STACKS_SIGNAL` arrives; the process
+    goes on. :mod:`faulthandler` does it in C, so it answers while Python is stuck (a thread
+    blocked in a collective or a lock)."""
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)

@@ -189,7 +189,7 @@ def test_killed_worker_fails_every_waiting_client_and_the_server_exits(model_fac
             os.kill(worker, signal.SIGKILL)
             killed = time.monotonic()
             assert wait_until(lambda: _health(server) != 200 and _health(server, "/ready") != 200, PATIENCE_S), \
-                "/health or /ready still 200 after the worker died"
+                f"/health or /ready still 200 after the worker died; the server's stacks and log:\n{server.stacks()}"
             code = server.proc.wait(PATIENCE_S)
             elapsed = time.monotonic() - killed
             answers = [f.result(timeout=PATIENCE_S) for f in futures]

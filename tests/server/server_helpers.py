@@ -169,6 +169,13 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
     return bool(predicate())
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
 class ServeProcess:
     """A real ``python -m inflight.runtime serve`` subprocess on an ephemeral port."""
 
@@ -218,6 +225,35 @@ class ServeProcess:
 
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
+
+    def server_pids(self) -> list[int]:
+        """The front end and every inflight process under it (engine core, extra front ends,
+        tensor-parallel workers), found by name: not multiprocessing's resource tracker."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            stat = _read(f"{entry}/stat") if entry.name.isdigit() else ""
+            if stat:
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+        pids, frontier = [self.proc.pid], [self.proc.pid]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                frontier.append(child)
+                if _read(f"/proc/{child}/comm").startswith("inflight") or \
+                        "inflight.runtime.distributed.worker" in _read(f"/proc/{child}/cmdline"):
+                    pids.append(child)
+        return pids
+
+    def stacks(self, settle_s: float = 2.0) -> str:
+        """Every server process's Python stacks (``SIGUSR1``: written to stderr, the log) and the
+        log's tail after them: what a test reports when the server did not do what it waited for."""
+        size = len(self.log())
+        for pid in self.server_pids():
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                continue
+        wait_until(lambda: False, settle_s)  # faulthandler writes at once; give each process a moment
+        return self.log()[max(0, size - 4000):]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,6 +1,6 @@
 """Real ``python -m inflight.runtime serve`` processes: the `make run` command line answers the
 README's curl, and SIGTERM (and SIGHUP) drains (streams in flight complete, new requests get 503, exit 0
-within the drain timeout)."""
+within the drain timeout); SIGUSR1 writes every server process's stacks and changes nothing."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def test_make_run_command_line_answers_the_readme_curl(demo_model_dir: Path) -> 
         assert reply["object"] == "text_completion" and reply["model"] == "demo"
         assert reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] <= 32
         assert "loading weights" in server.log() or "model loaded" in server.log()  # progress lines
+        # SIGUSR1: each server process writes its threads' stacks to the log and goes on serving.
+        (front_end, core) = server.server_pids()
+        dumped = server.stacks()
+        assert dumped.count("(most recent call first):") >= 2, dumped  # at least a thread of each process
+        assert "inflight/runtime/engine_core/core.py" in dumped and "inflight/runtime/server/" in dumped, dumped
+        assert http("POST", url, README_BODY).json()["choices"][0]["text"]
+        assert server.proc.poll() is None and core in server.server_pids()
         server.terminate()
         assert server.proc.wait(30) == 0
     finally:

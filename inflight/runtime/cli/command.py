@@ -265,9 +265,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser, notices: l
             start_stats_log(engine.stats)
         return engine
 
+    from inflight.runtime.logs import dump_stacks_on_signal
     from inflight.runtime.server import event_loop
     from inflight.runtime.server.serve import serve
 
+    dump_stacks_on_signal()
     source: Any = load if core is None else core
     try:
         return event_loop.run(serve(settings, source, args.host, args.port, access_log_from_args(args),

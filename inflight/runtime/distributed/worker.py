@@ -34,7 +34,7 @@ from inflight.runtime.distributed.launcher import (
 )
 from inflight.runtime.distributed.lora_wire import decode_adapter
 from inflight.runtime.distributed.pipeline import join_stages
-from inflight.runtime.logs import configure_logging
+from inflight.runtime.logs import configure_logging, dump_stacks_on_signal
 from inflight.runtime.model.loader import load_hf_config
 from inflight.runtime.model.spec import spec_from_hf_config
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = _configure_logging(args.rank, args.log_format, args.log_level)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    dump_stacks_on_signal()
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     store = dist.TCPStore(args.master_addr, args.port, args.world_size, is_master=False,
                           timeout=timedelta(seconds=START_TIMEOUT_S))

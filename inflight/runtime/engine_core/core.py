@@ -48,7 +48,7 @@ from inflight.runtime.engine_core.process_gc import settle_for_serving
 from inflight.runtime.engine_core.process_setup import die_with_parent, name_process
 from inflight.runtime.engine_core.routing import Conn, FrontEnds
 from inflight.runtime.engine_faults import FAULT_ENV, parse_fault
-from inflight.runtime.logs import configure_logging
+from inflight.runtime.logs import configure_logging, dump_stacks_on_signal
 from inflight.runtime.lora.types import UnknownLoRA
 from inflight.runtime.outputs import EngineFatalError, FailedSteps, RequestRejectedError
 
@@ -93,6 +93,7 @@ def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepC
     LoadFailed goes to all. ``step_clock``: a shared double."""
     die_with_parent()
     name_process(PROCESS_NAME)
+    dump_stacks_on_signal()
     # The front end decides when to stop: Ctrl-C, and a SIGTERM sent to the whole process group
     # (systemd's KillMode=control-group, `timeout`), reach it too and start its drain, after which
     # it sends Shutdown; if it dies instead, PR_SET_PDEATHSIG ends this process.

@@ -35,7 +35,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from inflight.runtime.engine_core.process_setup import die_with_parent, name_process
-from inflight.runtime.logs import AccessLog, configure_logging
+from inflight.runtime.logs import AccessLog, configure_logging, dump_stacks_on_signal
 from inflight.runtime.server.engine_process import CoreLink, CoreProcess
 from inflight.runtime.server.metrics import enable_multiprocess
 from inflight.runtime.server.state import ServerSettings
@@ -130,6 +130,7 @@ def start_front_end(launch: FrontEndLaunch) -> Spawned:
     end 0, leave SIGINT and SIGHUP to it, log as it does, share its metrics, bind the sockets."""
     die_with_parent()
     name_process(f"inflight-api-{launch.link.index}".encode())
+    dump_stacks_on_signal()
     for sig in (signal.SIGINT, signal.SIGHUP):  # front end 0 decides when to stop
         signal.signal(sig, signal.SIG_IGN)
     configure_logging(launch.log_level, launch.log_format)
