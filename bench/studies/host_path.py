@@ -6,7 +6,8 @@ of N streams x M tokens with the bench client, and prints per burst: device busy
 of ``inflight:device_busy_seconds_total`` over the burst's wall time, NVML's definition),
 delivered output tok/s against the ideal (rows / step time, rows = min(N, the batch)), TTFT
 and TPOT p50/p99, and the CPU seconds per streamed token of each server process (psutil over
-the server's process tree; the client's own, on the same machine, is printed apart and not counted). The server runs with its defaults but
+the server's process tree; the client's own, on the same machine, is printed apart and not
+counted; it runs on uvloop where installed, ``--client-loop asyncio`` not). The server runs with its defaults but
 ``--max-num-sequences N`` (the batch a deployment would choose for N streams). Knows nothing
 about the server's internals.
 """
@@ -61,7 +62,7 @@ def _cpu_by_process(server: RunningServer) -> dict[str, float]:
 
 
 def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float, log_dir: Path,
-              extra_flags: tuple[str, ...] = ()) -> dict:
+              extra_flags: tuple[str, ...] = (), client_loop: str = "auto") -> dict:
     """One server, one burst: the figures as a dict."""
     profile = log_dir / f"sim-{step_ms:g}ms.json"
     profile.write_text(json.dumps({"base_ms": step_ms, "decode_row_ms": 0, "prefill_token_ms": 0,
@@ -72,7 +73,7 @@ def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float
     with RunningServer(spec, model_dir, log_dir / f"host_path.{num_streams}x{num_tokens}.{step_ms:g}ms.log") as server:
         cpu_before, busy_before = _cpu_by_process(server), _busy_seconds(server.url)
         client_cpu = time.process_time()
-        run = run_workload(server.url, server.model_name, specs, 600.0)
+        run = run_workload(server.url, server.model_name, specs, 600.0, client_loop)
         client_cpu = time.process_time() - client_cpu
         busy = _busy_seconds(server.url) - busy_before
         cpu_after = _cpu_by_process(server)
@@ -87,7 +88,7 @@ def run_burst(model_dir: Path, num_streams: int, num_tokens: int, step_ms: float
         "ttft_p50_ms": 1e3 * summary.ttft_p50_s, "ttft_p99_ms": 1e3 * summary.ttft_p99_s,
         "tpot_p50_ms": 1e3 * summary.tpot_p50_s, "tpot_p99_ms": 1e3 * summary.tpot_p99_s,
         "cpu_us_per_token": {role: 1e6 * s / max(tokens, 1) for role, s in sorted(cpu.items())},
-        "client_cpu_us_per_token": 1e6 * client_cpu / max(tokens, 1),
+        "client_cpu_us_per_token": 1e6 * client_cpu / max(tokens, 1), "client_loop": client_loop,
     }
 
 
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="small", help="demo model size (only its config and tokenizer are used)")
     parser.add_argument("--server-flags", default="", help="more flags for inflight serve, in one string "
                         "(the figures are the defaults' without them)")
+    parser.add_argument("--client-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+                        help="the bench client's event loop (auto: uvloop where installed)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     for step_ms in args.step_ms:
         for streams in args.streams:
             started = time.monotonic()
-            rows.append(run_burst(model_dir, streams, args.tokens, step_ms, work, tuple(args.server_flags.split())))
+            rows.append(run_burst(model_dir, streams, args.tokens, step_ms, work, tuple(args.server_flags.split()),
+                                  args.client_loop))
             logging.info("%d streams at %g ms: done in %.0f s", streams, step_ms, time.monotonic() - started)
     print("\n| burst | step ms | device busy | out tok/s / ideal | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
           "| server CPU us per streamed token | client CPU us per token (not counted) | errors |\n"

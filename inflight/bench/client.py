@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -138,9 +139,29 @@ async def _run(url: str, model: str, specs: list[RequestSpec], timeout_s: float)
         return RunResult(tuple(results), time.perf_counter() - start)
 
 
-def run_workload(url: str, model: str, specs: list[RequestSpec], timeout_s: float = 600.0) -> RunResult:
-    """Send ``specs`` to the server at ``url`` (each at its arrival offset) and wait for all."""
-    return asyncio.run(_run(url, model, specs, timeout_s))
+def run_workload(url: str, model: str, specs: list[RequestSpec], timeout_s: float = 600.0,
+                 loop: str = "auto") -> RunResult:
+    """Send ``specs`` to the server at ``url`` (each at its arrival offset) and wait for all.
+    ``loop``: the client's event loop, chosen as the server's ``--event-loop`` is (``auto``:
+    uvloop where installed). The client shares the machine with the server it measures, so
+    its own CPU per token is kept low; ``asyncio`` runs it on the standard library's loop."""
+    with asyncio.Runner(loop_factory=_loop_factory(loop)) as runner:
+        return runner.run(_run(url, model, specs, timeout_s))
+
+
+def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's factory (``auto`` where it is installed, or ``uvloop``), else None: asyncio's."""
+    if loop not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"client event loop {loop!r}: auto, uvloop or asyncio")
+    if loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise
+        return None
+    return uvloop.new_event_loop
 
 
 def greedy_text(url: str, model: str, spec: RequestSpec, timeout_s: float = 120.0) -> str:
