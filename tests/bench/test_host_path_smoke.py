@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.studies import host_path, host_path_peer
+from inflight.bench import client
 
 
 def test_a_simulated_burst_reports_busy_tokens_and_cpu(tmp_path: Path) -> None:
@@ -20,6 +21,15 @@ def test_a_simulated_burst_reports_busy_tokens_and_cpu(tmp_path: Path) -> None:
     assert row["errors"] == 0 and row["tokens"] > 0
     assert 0 < row["device_busy"] <= 1
     assert {"front end", "engine core"} <= set(row["cpu_us_per_token"])
+    assert row["client_loop"] == "auto"
+
+
+def test_the_client_loop_is_uvloop_where_installed_and_asyncio_on_request() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    assert client._loop_factory("auto") is uvloop.new_event_loop is client._loop_factory("uvloop")
+    assert client._loop_factory("asyncio") is None
+    with pytest.raises(ValueError, match="auto, uvloop or asyncio"):
+        client._loop_factory("trio")
 
 
 def test_the_real_model_study_runs_without_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
