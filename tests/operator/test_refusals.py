@@ -30,7 +30,11 @@ from tests.operator.kmock_harness import (
 NAME = "llama-minimal"
 DEPLOY = f"/apis/apps/v1/namespaces/default/deployments/{NAME}"
 EVENTS = "/api/v1/namespaces/default/events"
-FAST = {"retry_base_seconds": 0.2, "retry_max_seconds": 0.5, "api_timeout_seconds": 1.0}
+# Fast retries. The API timeout is long enough that a loaded machine's slow answer is never
+# taken for a timeout (which would turn a refusal's ApplyRefused into ApplyFailed mid-test);
+# the test of a request that never gets an answer sets its own short one (HANG_TIMEOUT_S).
+FAST = {"retry_base_seconds": 0.2, "retry_max_seconds": 0.5, "api_timeout_seconds": 10.0}
+HANG_TIMEOUT_S = 1.0
 WEBHOOK = ('admission webhook "validate.kyverno.svc-fail" denied the request: policy Deployment/default/'
            f'{NAME} for resource violation: disallow-annotations: the team annotation "refused" is not allowed')
 QUOTA = ('persistentvolumeclaims "qwen-hf-model-cache" is forbidden: exceeded quota: storage, requested: '
@@ -65,8 +69,9 @@ async def _applied(cluster: Cluster, generation: int, name: str = NAME) -> dict[
     return cr if ok else None
 
 
-async def _refused_edit(fault: Fault, reason: str, words: list[str], permanent: bool) -> None:
-    async with running_operator(**FAST) as cluster:
+async def _refused_edit(fault: Fault, reason: str, words: list[str], permanent: bool,
+                        api_timeout_s: float = FAST["api_timeout_seconds"]) -> None:
+    async with running_operator(**{**FAST, "api_timeout_seconds": api_timeout_s}) as cluster:
         await cluster.create_cr(_minimal())
         await wait_for(lambda: _applied(cluster, 1), what="generation 1 applied")
         cluster.api.faults.append(fault)
@@ -130,7 +135,8 @@ def test_a_5xx_is_degraded_as_apply_failed_and_retried(code: int, reason: str) -
 
 def test_a_request_that_never_gets_an_answer_is_degraded_as_apply_failed() -> None:
     fault = Fault("PATCH", DEPLOY, hang=True, body_part="refused")
-    _run(_refused_edit(fault, "ApplyFailed", ["Timeout", "no answer within 1 s"], permanent=False))
+    _run(_refused_edit(fault, "ApplyFailed", ["Timeout", f"no answer within {HANG_TIMEOUT_S:g} s"], permanent=False,
+                       api_timeout_s=HANG_TIMEOUT_S))
 
 
 def test_a_quota_refusal_on_first_create_is_degraded_until_the_quota_allows_it() -> None:
