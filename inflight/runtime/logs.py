@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 ACCESS_LOGGER = "inflight.access"
-STACKS_SIGNAL = signal.SIGUSR1  # ``kill -USR1 PID``: every thread's Python stack to stderr
+# ``kill -USR1 PID``: every thread's Python stack to stderr (None where there is no SIGUSR1: Windows)
+STACKS_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
 MAX_LOGGED_PATH = 200
 MAX_LOGGED_ID = 128
 
@@ -109,7 +110,8 @@ def configure_logging(level: str, fmt: str = "json") -> None:
 
 
 def dump_stacks_on_signal() -> None:
-    """Write every thread's Python stack to stderr when :data:`STACKS_SIGNAL` arrives; the process
-    goes on. :mod:`faulthandler` does it in C, so it answers while Python is stuck (a thread
-    blocked in a collective or a lock)."""
-    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+    """Write every thread's Python stack to stderr when :data:`STACKS_SIGNAL` arrives, as plain
+    text (not log lines); the process goes on. :mod:`faulthandler` does it in C, so it answers
+    while Python is stuck (a thread blocked in a collective or a lock)."""
+    if STACKS_SIGNAL is not None:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
