@@ -272,6 +272,14 @@ class OutputProcessor:
         has finished."""
         req, finished = state.request, times is not None
         params = req.params
+        if not finished and params.logprobs is None and params.prompt_logprobs is None:
+            # A running request's delta without logprobs: the row most steps make, built from
+            # positional fields (keywords cost ~0.4 us a row more).
+            if state.pending_logprobs:
+                state.pending_logprobs.clear()
+            num_prompt = len(req.prompt_token_ids)
+            return RequestOutput(req.req_id, new_ids, "", False, None, num_prompt, len(req.token_ids) - num_prompt,
+                                 req.num_cached_tokens)  # fmt: skip
         logprobs = None
         if params.logprobs is not None:
             logprobs = tuple(state.pending_logprobs)
