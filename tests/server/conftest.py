@@ -13,12 +13,7 @@ import pytest
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
-from tests.server.server_helpers import MODEL_NAME, LiveServer
-
-API_KEY = "test-key-123"
-ADMIN_KEY = "admin-key-456"
-ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
-MAIN_CONFIG = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max_model_len=512)
+from tests.server.server_helpers import ADMIN_KEY, API_KEY, MAIN_CONFIG, MODEL_NAME, LiveServer
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,13 @@ if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
 
 MODEL_NAME = "demo"
+# The keys and engine of the server tests' shared servers (tests/server/conftest.py); test
+# files import them from here, never from a bare ``conftest`` (which names whichever
+# directory's conftest was imported first when several directories run together).
+API_KEY = "test-key-123"
+ADMIN_KEY = "admin-key-456"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+MAIN_CONFIG = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max_model_len=512)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 
@@ -353,3 +360,10 @@ def stream_error_code(raw: bytes) -> str | None:
         return None
     error = json.loads(line[6:]).get("error")
     return error["code"] if isinstance(error, dict) else None
+
+
+def client_for(server: LiveServer):  # noqa: ANN201 - openai is imported here only (absent on a bare GPU machine)
+    """An official ``openai`` client for ``server``."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.state import STATE
-from tests.server.server_helpers import LiveServer, burst, http, metrics
+from tests.server.server_helpers import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME, LiveServer, burst, http, metrics
 
 AUTH = ADMIN_AUTH
 INFERENCE_AUTH = {"Authorization": f"Bearer {API_KEY}"}

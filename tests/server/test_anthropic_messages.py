@@ -18,14 +18,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import API_KEY, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.generation_defaults import SamplingDefaults
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.anthropic.render import MessagesRenderer
 from inflight.runtime.server.errors import APIError
-from tests.server.server_helpers import LiveServer, http, is_idle, wait_until
+from tests.server.server_helpers import API_KEY, MODEL_NAME, LiveServer, http, is_idle, wait_until
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import ADMIN_KEY, API_KEY, MODEL_NAME
 
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import ADMIN_KEY, API_KEY, MODEL_NAME, LiveServer, http
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TOKENIZE = {"model": MODEL_NAME, "prompt": "hello"}

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime.server.errors import APIError
 from inflight.runtime.server.openai.protocol import parse_chat_request, parse_completion_request
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

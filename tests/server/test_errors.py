@@ -4,9 +4,8 @@ error body (``{"error": {"message", "type", "param", "code"}}``) and never a tra
 from __future__ import annotations
 
 import pytest
-from conftest import ADMIN_AUTH, API_KEY, MODEL_NAME
 
-from tests.server.server_helpers import LiveServer, Reply, http
+from tests.server.server_helpers import ADMIN_AUTH, API_KEY, MODEL_NAME, LiveServer, Reply, http
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 OK_MSG = [{"role": "user", "content": "hi"}]

@@ -13,11 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
-from tests.server.server_helpers import LiveServer, http, is_idle, metrics, post_bytes, raw_http, wait_until
+from tests.server.server_helpers import (
+    API_KEY,
+    MODEL_NAME,
+    LiveServer,
+    http,
+    is_idle,
+    metrics,
+    post_bytes,
+    raw_http,
+    wait_until,
+)
 
 C = "/v1/completions"
 PATIENCE_S = 60.0  # a hang guard, never a claim about speed

@@ -13,11 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import MAIN_CONFIG, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
-from tests.server.server_helpers import LiveServer, burst, http, is_idle, metrics, wait_until
+from tests.server.server_helpers import MAIN_CONFIG, MODEL_NAME, LiveServer, burst, http, is_idle, metrics, wait_until
 
 RUNNING = f'inflight:num_requests_running{{model_name="{MODEL_NAME}"}}'
 WAITING = f'inflight:num_requests_waiting{{model_name="{MODEL_NAME}"}}'

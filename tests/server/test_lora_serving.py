@@ -17,7 +17,6 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import ADMIN_AUTH, ADMIN_KEY, API_KEY
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.llm import LLM
@@ -27,7 +26,17 @@ from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.lora import LoRAModule
 from inflight.runtime.server.state import STATE
 from tests.server.lora_adapters import ATTENTION, MLP, make_adapter
-from tests.server.server_helpers import MODEL_NAME, LiveServer, http, metrics, parse_metrics, wait_until
+from tests.server.server_helpers import (
+    ADMIN_AUTH,
+    ADMIN_KEY,
+    API_KEY,
+    MODEL_NAME,
+    LiveServer,
+    http,
+    metrics,
+    parse_metrics,
+    wait_until,
+)
 
 ENGINE = dict(max_num_sequences=4, num_kv_blocks=128, max_queue_len=64, max_model_len=512, enable_lora=True,
               max_loras=2, max_lora_rank=16)

@@ -10,12 +10,11 @@ import types
 from typing import Any
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime import json_text
 from inflight.runtime.server.openai import api as openai_api
 from inflight.runtime.server.openai import tool_calls
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -7,10 +7,9 @@ import json
 import logging
 
 import pytest
-from conftest import MAIN_CONFIG, MODEL_NAME
 
 from inflight.runtime.sampling_params import SamplingParams
-from tests.server.server_helpers import LiveServer, http, parse_metrics
+from tests.server.server_helpers import MAIN_CONFIG, MODEL_NAME, LiveServer, http, parse_metrics
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

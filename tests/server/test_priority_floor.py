@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import ADMIN_AUTH, ADMIN_KEY, API_KEY, MODEL_NAME, LiveServer, http
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PRIORITY_KEY = "priority-key-789"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MODEL_NAME
 
 from inflight.runtime.core.prompt_logprobs import span_logprobs
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 TOLERANCE = 1e-4  # our kernels against transformers' float32 forward

@@ -17,13 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.responses_api.render import ResponsesRenderer
 from inflight.runtime.server.responses_api.store import ResponseStore
-from tests.server.server_helpers import LiveServer, http, is_idle, wait_until
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http, is_idle, wait_until
 
 openai = pytest.importorskip("openai")
 

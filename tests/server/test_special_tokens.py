@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import MODEL_NAME
 from transformers import AutoTokenizer
 
 from inflight.runtime.engine_core.detokenizer import IncrementalDetokenizer, stream_decoding
 from inflight.runtime.server.openai.chat_output import ChatOutputPlan
 from inflight.runtime.server.openai.chat_support import keeps_special_tokens
-from tests.server.server_helpers import http
+from tests.server.server_helpers import MODEL_NAME, http
 
 IM_START = 3
 

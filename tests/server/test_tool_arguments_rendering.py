@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime import chat_templates
 from inflight.runtime.cli.serving_dir import read_chat_template, serving_dir
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.openai.tool_calls import parse_tool_calls
-from tests.server.server_helpers import LiveServer
+from tests.server.server_helpers import MODEL_NAME, LiveServer
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime import chat_templates
 from inflight.runtime.cli.command import build_parser, server_settings_from_args
@@ -32,7 +31,7 @@ from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.errors import APIError
 from inflight.runtime.server.openai.chat_support import AUTO_OFF, output_plan
 from inflight.runtime.server.openai.protocol import parse_chat_request
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

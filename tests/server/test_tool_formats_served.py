@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime.cli.serving_dir import serving_dir
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.server import ServerSettings
 from inflight.runtime.server.openai.chat_support import output_plan
 from inflight.runtime.server.openai.protocol import parse_chat_request
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

@@ -8,9 +8,8 @@ whose worst case holds more tokens and logprob alternatives than one response ma
 from __future__ import annotations
 
 import pytest
-from conftest import MODEL_NAME
 
-from tests.server.server_helpers import LiveServer, http
+from tests.server.server_helpers import MODEL_NAME, LiveServer, http
 
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"

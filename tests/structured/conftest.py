@@ -44,9 +44,3 @@ def mistral_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
 @pytest.fixture(scope="session", params=["llama", "qwen3"])
 def any_server(request: pytest.FixtureRequest) -> LiveServer:
     return request.getfixturevalue(f"{request.param}_server")
-
-
-def client_for(server: LiveServer):  # noqa: ANN201
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

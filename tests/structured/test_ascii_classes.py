@@ -12,8 +12,7 @@ import pytest
 
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.ascii_classes import ascii_classes, schema_ascii_classes
-from tests.server.server_helpers import MODEL_NAME, LiveServer
-from tests.structured.conftest import client_for
+from tests.server.server_helpers import MODEL_NAME, LiveServer, client_for
 
 ODD_DIGIT = "\U0001fbf8"  # SEGMENTED DIGIT EIGHT: Unicode category Nd
 # ECMA-262's WhiteSpace and LineTerminator code points

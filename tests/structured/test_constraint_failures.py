@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import MODEL_NAME
 
 from inflight.runtime import LLM, SamplingParams
 from inflight.runtime.structured import StructuredOutputsParams
 from inflight.runtime.structured.params import MAX_CHOICES
+from tests.server.server_helpers import MODEL_NAME
 
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
 

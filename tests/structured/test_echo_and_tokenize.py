@@ -8,7 +8,8 @@ import json
 import urllib.request
 
 import pytest
-from conftest import MODEL_NAME, client_for
+
+from tests.server.server_helpers import MODEL_NAME, client_for
 
 PROMPT = "import os\nimport sys\n\ndef main():"
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import MODEL_NAME, client_for
 from schemas import SCHEMAS
+
+from tests.server.server_helpers import MODEL_NAME, client_for
 
 jsonschema = pytest.importorskip("jsonschema")  # absent on a bare GPU machine (docs/gpu.md)
 

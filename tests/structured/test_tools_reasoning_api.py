@@ -7,7 +7,8 @@ import json
 
 import pydantic
 import pytest
-from conftest import MODEL_NAME, client_for
+
+from tests.server.server_helpers import MODEL_NAME, client_for
 
 jsonschema = pytest.importorskip("jsonschema")  # absent on a bare GPU machine (docs/gpu.md)
 openai = pytest.importorskip("openai")  # absent on a bare GPU machine (docs/gpu.md)
