@@ -112,6 +112,28 @@ def test_prefix_caching_shared_prefix(glm_models) -> None:
     check_prefix_caching(glm_models("glm45"))
 
 
+def test_param2_moe_config_is_served_as_glm4_moe(glm_models, tmp_path: Path) -> None:
+    """Param2-MoE (``model_type`` ``param2moe``, transformers 5.25+) is GLM-4.5's model under
+    another config class whose defaults differ: rotary over the whole head and a rope theta of
+    500k. Its checkpoints say ``Glm4MoeForCausalLM``; served as that, with transformers' tokens."""
+    import json
+    import shutil
+
+    from transformers.models.auto import configuration_auto
+
+    if "param2moe" not in configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip("this transformers has no param2moe")
+    for f in glm_models("glm45").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(model_type="param2moe", rope_parameters={"rope_type": "default"})  # its defaults decide
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = spec_from_hf_config(load_hf_config(tmp_path))
+    assert spec.arch == "glm4_moe" and spec.rotary_dim is None  # the whole head, not GLM-4.5's half
+    config = cpu_config(num_kv_blocks=256, max_num_tokens=512)
+    assert_engine_matches_hf(tmp_path, config, prompts_for(tmp_path, LENGTHS), MAX_TOKENS)
+
+
 def test_mtp_layer_is_skipped(glm_models, tmp_path: Path) -> None:
     """GLM-4.5 checkpoints carry a multi-token-prediction layer past the last decoder layer: it loads
     (ignored), and the model's weights are the same as without it."""

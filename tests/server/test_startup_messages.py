@@ -50,8 +50,9 @@ def test_known_alias_is_served_with_a_warning() -> None:
 
 def test_alias_table_is_transformers_own() -> None:
     """Each architecture we serve is listed by transformers' auto mappings under its own
-    model_type and exactly the aliases :data:`MODEL_TYPE_ALIASES` names."""
-    from transformers.models.auto import modeling_auto
+    model_type and exactly the aliases :data:`MODEL_TYPE_ALIASES` names (an alias this
+    transformers does not know yet, a newer release's, is left out of the comparison)."""
+    from transformers.models.auto import configuration_auto, modeling_auto
 
     listed: dict[str, set[str]] = {}
     for name in dir(modeling_auto):
@@ -61,7 +62,8 @@ def test_alias_table_is_transformers_own() -> None:
                     listed.setdefault(cls, set()).add(model_type)
     ours = {**SUPPORTED_ARCHITECTURES, **{a: arch for a, (arch, _) in POOLING_ARCHITECTURES.items()}}
     for cls, arch in ours.items():
-        assert listed[cls] == {arch, *MODEL_TYPE_ALIASES.get(cls, ())}, cls
+        known = {a for a in MODEL_TYPE_ALIASES.get(cls, ()) if a in configuration_auto.CONFIG_MAPPING_NAMES}
+        assert listed[cls] == {arch, *known}, cls
 
 
 def test_memory_fraction_on_the_cpu_says_what_sizes_the_cache() -> None:

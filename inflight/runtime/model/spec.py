@@ -68,7 +68,7 @@ ENCODER_ARCHITECTURES = {
 # table to transformers' mappings).
 _LLAMA_ALIASES = ("exaone", "internlm3", "iquestcoder")
 MODEL_TYPE_ALIASES = {"LlamaForCausalLM": _LLAMA_ALIASES, "LlamaModel": _LLAMA_ALIASES,
-                      "Glm4MoeForCausalLM": ("sarvam_moe",),
+                      "Glm4MoeForCausalLM": ("sarvam_moe", "param2moe"),
                       "Llama4ForCausalLM": ("llama4",),  # the multimodal config: family_specs refuses it
                       "DeepseekV3ForCausalLM": ("sarvam_mla",)}
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
