@@ -42,13 +42,36 @@ from inflight.runtime.server.state import ServerSettings
 
 logger = logging.getLogger("inflight.server")
 
-LISTEN_BACKLOG = 1024
+LISTEN_BACKLOG = 1024  # the least listen backlog: --max-connections' default
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
 WATCH_INTERVAL_S = 0.2  # how often front end 0 looks for a front end that exited
 
 Address = tuple[int, tuple]  # (address family, socket address)
 
 
-def bind_listeners(host: str, port: int) -> list[socket.socket]:
+def listen_backlog(max_connections: int) -> int:
+    """The listen backlog for a server that takes ``max_connections`` at once: a burst of that
+    many new connections waits in the kernel's accept queue, not for SYN retries (aiohttp's
+    default of 128 dropped the rest of a 512-connection burst, which then waited 1 s and more)."""
+    return max(LISTEN_BACKLOG, max_connections)
+
+
+def backlog_capped_note(backlog: int, somaxconn_path: str = SOMAXCONN) -> str | None:
+    """A warning when the kernel caps the listen backlog below ``backlog`` (``net.core.somaxconn``);
+    None when it does not, or where it cannot be read."""
+    try:
+        with open(somaxconn_path) as f:
+            cap = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    if cap >= backlog:
+        return None
+    return (f"the kernel caps the listen backlog at {cap} (net.core.somaxconn), below the {backlog} asked for: "
+            f"a burst of more than {cap} new connections waits for SYN retries (1 s and more); raise the sysctl "
+            "(a pod's securityContext.sysctls) to serve such bursts without that wait")
+
+
+def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> list[socket.socket]:
     """Listening sockets on every address ``host`` resolves to, ``SO_REUSEPORT`` set (so that the
     other front ends can bind the same address); port 0 picks one free port for all."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -62,7 +85,7 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
             address = (address[0], sockets[0].getsockname()[1], *address[2:])
         try:
             address = _claim(family, address)
-            sockets.append(listen(family, address))
+            sockets.append(listen(family, address, backlog))
         except OSError:
             for sock in sockets:
                 sock.close()
@@ -82,7 +105,7 @@ def _claim(family: int, address: tuple) -> tuple:
         return probe.getsockname()[:2] + tuple(address[2:])
 
 
-def listen(family: int, address: tuple) -> socket.socket:
+def listen(family: int, address: tuple, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """One non-blocking listening socket on ``address``, sharing it (``SO_REUSEPORT``)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -91,7 +114,7 @@ def listen(family: int, address: tuple) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -135,7 +158,8 @@ def start_front_end(launch: FrontEndLaunch) -> Spawned:
         signal.signal(sig, signal.SIG_IGN)
     configure_logging(launch.log_level, launch.log_format)
     enable_multiprocess(launch.metrics_dir)
-    sockets = [listen(family, address) for family, address in launch.addresses]
+    backlog = listen_backlog(launch.settings.connection_limits.max_connections)
+    sockets = [listen(family, address, backlog) for family, address in launch.addresses]
     logger.info("front end %d (pid %d) listening on the shared port; loading its tokenizer", launch.link.index,
                 os.getpid())
     return Spawned(sockets, launch.ready.set)

@@ -44,8 +44,10 @@ from inflight.runtime.server.front_ends import (
     FrontEndLaunch,
     Spawned,
     addresses_of,
+    backlog_capped_note,
     bind_listeners,
     exit_front_end,
+    listen_backlog,
     start_front_end,
 )
 from inflight.runtime.server.state import STATE, ServerSettings
@@ -111,13 +113,17 @@ async def _serve(
     for sig in signals:
         loop.add_signal_handler(sig, _on_signal, sig, stop, app, peers, linked)
     watch: asyncio.Task[None] | None = None
+    backlog = listen_backlog(settings.connection_limits.max_connections)
     try:
-        sockets = bind_listeners(host, port) if several else spawned.sockets if spawned is not None else None
+        sockets = bind_listeners(host, port, backlog) if several else spawned.sockets if spawned is not None else None
         if sockets is not None:
             for sock in sockets:
-                await web.SockSite(runner, sock).start()
+                await web.SockSite(runner, sock, backlog=backlog).start()
         else:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, backlog=backlog).start()
+        capped = None if linked else backlog_capped_note(backlog)
+        if capped is not None:
+            logger.warning(capped)
         if not linked:
             for address in runner.addresses:
                 bound_host, bound_port = address[0], address[1]
