@@ -60,25 +60,24 @@ def test_a_burst_of_connections_to_a_stopped_server_all_complete(demo_model_dir:
     """With the front end(s) stopped (SIGSTOP: nothing accepts), every connection of a burst of
     400 still completes its handshake into the accept queue; with a backlog of 128 the rest
     would have their SYNs dropped and wait for retries. Continued, the server serves them."""
-    server = ServeProcess(["--model", str(demo_model_dir), "--served-model-name", "demo", "--host", "127.0.0.1", "--port", "0",
-                           "--api-server-count", str(front_ends), "--max-num-sequences", "4"])
-    socks: list[socket.socket] = []
-    front = []
+    server = ServeProcess(["--model", str(demo_model_dir), "--served-model-name", "demo", "--host", "127.0.0.1",
+                           "--port", "0", "--api-server-count", str(front_ends), "--max-num-sequences", "4"])
     try:
         server.wait_ready()
         front = [pid for pid in server.server_pids()
                  if pid == server.proc.pid or Path(f"/proc/{pid}/comm").read_text().startswith("inflight-api")]
         assert len(front) == front_ends, server.log()
-        for pid in front:
-            os.kill(pid, signal.SIGSTOP)
-        socks, connected = _connect_all(server.port, BURST, CONNECT_PATIENCE_S)
-        assert connected == BURST, f"{connected} of {BURST} connections completed while nothing accepted"
-    finally:
-        for pid in front:
-            os.kill(pid, signal.SIGCONT)
-        for sock in socks:
-            sock.close()
-    try:
+        socks: list[socket.socket] = []
+        try:
+            for pid in front:
+                os.kill(pid, signal.SIGSTOP)
+            socks, connected = _connect_all(server.port, BURST, CONNECT_PATIENCE_S)
+            assert connected == BURST, f"{connected} of {BURST} connections completed while nothing accepted"
+        finally:
+            for pid in front:
+                os.kill(pid, signal.SIGCONT)
+            for sock in socks:
+                sock.close()
         body = {"model": "demo", "prompt": "hi", "max_tokens": 2}
         assert http("POST", f"{server.url}/v1/completions", body).json()["usage"]["completion_tokens"] == 2
     finally:

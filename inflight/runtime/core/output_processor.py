@@ -272,24 +272,21 @@ class OutputProcessor:
         has finished."""
         req, finished = state.request, times is not None
         params = req.params
-        if not finished and params.logprobs is None and params.prompt_logprobs is None:
-            # A running request's delta without logprobs: the row most steps make, built from
-            # positional fields (keywords cost ~0.4 us a row more).
-            if state.pending_logprobs:
-                state.pending_logprobs.clear()
-            num_prompt = len(req.prompt_token_ids)
-            return RequestOutput(req.req_id, new_ids, "", False, None, num_prompt, len(req.token_ids) - num_prompt,
-                                 req.num_cached_tokens)  # fmt: skip
+        num_prompt = len(req.prompt_token_ids)
         logprobs = None
         if params.logprobs is not None:
             logprobs = tuple(state.pending_logprobs)
             state.pending_logprobs.clear()
         elif state.pending_logprobs:
             state.pending_logprobs.clear()
+        if not finished and logprobs is None and params.prompt_logprobs is None:
+            # A running request's delta without logprobs: the row most steps make, built from
+            # positional fields (keywords cost ~0.4 us a row more).
+            return RequestOutput(req.req_id, new_ids, "", False, None, num_prompt, len(req.token_ids) - num_prompt,
+                                 req.num_cached_tokens)  # fmt: skip
         prompt_logprobs = None
         if params.prompt_logprobs is not None and not state.prompt_logprobs_sent and (new_ids or finished):
             prompt_logprobs, state.prompt_logprobs_sent = tuple(state.prompt_logprobs), True
-        num_prompt = len(req.prompt_token_ids)
         return RequestOutput(
             req_id=req.req_id, new_token_ids=new_ids, new_text="", finished=finished,
             finish_reason=req.finish_reason if finished else None, num_prompt_tokens=num_prompt,
