@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from inflight.runtime.config import EngineConfig
+from inflight.runtime.core import async_steps
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.structured.params import StructuredOutputsParams
@@ -171,6 +172,62 @@ def test_work_runs_on_the_worker_and_the_next_step_is_submitted_while_one_runs(l
     third_submitted = [i for i, e in enumerate(events) if e == "submit forward"][2]
     second_ended = [i for i, e in enumerate(events) if e == "forward end"][1]
     assert third_submitted < second_ended, events
+
+
+@pytest.mark.parametrize("issued_on_return", [False, True], ids=["in-place", "cuda-rule"])
+def test_the_next_step_is_issued_before_the_host_turns_tokens_into_outputs(llama_dir, monkeypatch,
+                                                                            issued_on_return: bool) -> None:
+    """Each torch call on the worker releases the GIL: an engine thread that ran its outputs then
+    would hold the device's next step back. A stalled start of step 3 must hold the outputs of
+    step 2 until step 3 is issued: as its forward is called (the CPU, the simulated device), or
+    once it returns (CUDA's rule, where ``execute`` only queues kernels; forced here on the CPU).
+    Without the wait they are processed during the stall."""
+    monkeypatch.setattr(async_steps, "issued_on_return", lambda device: issued_on_return)
+    engine = _engine(llama_dir, True)
+    pipeline = engine.pipeline
+    assert pipeline is not None
+    submit, process, execute = pipeline.worker.submit, engine.output_processor.process, engine.runner.execute
+    forwards, executes, third_issued, processed_before = 0, 0, threading.Event(), []
+
+    def stall() -> None:
+        threading.Event().wait(0.3)  # a slow start of step 3 (the GIL taken, a long launch)
+        third_issued.set()
+
+    def spy_submit(fn, *args):
+        nonlocal forwards
+        if fn != pipeline._forward_job:
+            return submit(fn, *args)
+        forwards += 1
+        if forwards != 3 or issued_on_return:
+            return submit(fn, *args)
+
+        def stalled(*job_args):
+            stall()
+            return fn(*job_args)
+
+        return submit(stalled, *args)
+
+    def spy_execute(batch):
+        nonlocal executes
+        executes += 1
+        logits = execute(batch)
+        if executes == 3 and issued_on_return:
+            stall()  # after the pass: it counts as issued only on return
+        return logits
+
+    def spy_process(*args, **kwargs):
+        if forwards >= 3 and not third_issued.is_set():
+            processed_before.append(forwards)
+        return process(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.worker, "submit", spy_submit)
+    monkeypatch.setattr(engine.runner, "execute", spy_execute)
+    monkeypatch.setattr(engine.output_processor, "process", spy_process)
+    engine.add_request("r", engine.encode_prompt("hello"), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    out = _drain(engine)
+    engine.close()
+    assert len(out["r"][0]) == 6 and forwards >= 4 and third_issued.is_set()
+    assert processed_before == [], "outputs were processed while the step after them waited to be issued"
 
 
 def test_an_abort_while_a_step_is_in_flight(sync_engine: LLMEngine, async_engine: LLMEngine) -> None:

@@ -10,8 +10,10 @@ host idles while the device runs. Here the device work runs on a :class:`StepWor
    row of N's sampled tokens), so a decode of N+1 costs one token as usual;
 2. pack N+1 and submit its forward pass; on the worker, placeholders in its input ids are
    replaced from N's sampled token tensor (a gather on the device, no host sync);
-3. wait for N's tokens, put them in place of the placeholders and process them (stop rules,
-   grammars, finished requests free their blocks): these are the call's outputs;
+3. wait for N's tokens and for the worker to issue N+1 (the device's next step goes before
+   the host's long Python stretch: ``_ISSUE_WAIT_S``), put the tokens in place of the
+   placeholders and process them (stop rules, grammars, finished requests free their blocks):
+   these are the call's outputs;
 4. register N's full blocks in the prefix cache (only what has run: never a block the step
    in flight still writes);
 5. decide N+1's sampling on the host (its requests' penalties and grammar masks now see N's
@@ -61,20 +63,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from inflight.runtime.core.async_launched import (
+    Launched,
+    Sampled,
+    bind_placeholder,
+    drop_placeholder,
+    issued_on_return,
+    no_sampling_row,
+    placeholder,
+    requests_of,
+    resolved,
+    roll_back,
+    undo,
+)
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus
-from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.outputs import EngineFatalError, RequestOutput
 from inflight.runtime.worker.batch_inputs import BatchInputs
 from inflight.runtime.worker.batched_sampling import row_index
-from inflight.runtime.worker.sampler import PendingSample, SamplingRow
+from inflight.runtime.worker.sampler import SamplingRow
 from inflight.runtime.worker.step_worker import StepWorker
 
 if TYPE_CHECKING:
@@ -82,36 +97,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("inflight.engine")
 
-
-def placeholder(row: int) -> int:
-    """The token id standing for row ``row`` of the step in flight's sampled tokens."""
-    return -1 - row
-
-
-@dataclass(frozen=True, slots=True)
-class Sampled:
-    """A step's sampled tokens: per batch row (``-1`` for a row not sampled), and on the device
-    for the next step's placeholders."""
-
-    output: PendingSample  # for the rows in ``rows``, in that order; .result() waits for the host copy
-    rows: tuple[int, ...]  # batch rows sampled
-    token_ids: torch.Tensor  # [num_sampled_chunks] int64 on the device
-
-
-@dataclass(slots=True)
-class Launched:
-    """One step submitted to the worker, and what the host needs to finish it."""
-
-    chunks: tuple[ScheduledChunk, ...]
-    requests: tuple[Request, ...]  # chunk i's request (as launched: an aborted one's id may be reused)
-    sampled_chunks: tuple[ScheduledChunk, ...]  # one logits row each, in this order
-    sampled_requests: tuple[Request, ...]  # sampled chunk i's request
-    forward: Future[torch.Tensor]  # [num_sampled_chunks, vocab] float32 logits
-    launched_at: float
-    sample: Future[Sampled] | None = None
-    rows: tuple[int, ...] = ()  # batch rows sampled (their requests get a placeholder)
-    deferred: tuple[int, ...] = ()  # batch rows whose grammar mask was late: no token
-    kv_lags: dict[str, int] = dataclasses.field(default_factory=dict)  # a model drafter's, after the forward
+# How long the engine thread waits, once step N's tokens are in, for the worker to issue step
+# N+1 before it turns N's tokens into outputs. Each torch call releases the GIL; an engine thread
+# that takes it then for its long Python stretch (N's outputs, N+2's schedule) holds the worker,
+# and the device's next step, for up to the interpreter's switch interval (5 ms) a call. The
+# bound only guards against a worker that never gets there (its jobs before it are queued).
+_ISSUE_WAIT_S = 1.0
 
 
 class StepPipeline:
@@ -147,7 +138,7 @@ class StepPipeline:
         if sched.kv_copies is not None:  # on the worker, after the step in flight, before this one
             self._copies = self.worker.submit(eng.host_kv.run, sched.kv_copies)  # type: ignore[union-attr]
         previous = self.inflight
-        requests = _requests_of(sched, eng.scheduler.requests)
+        requests = requests_of(sched, eng.scheduler.requests)
         if sched.chunks and not self._pipelinable(sched.chunks):
             self.inflight = None
             outputs, ok = self._resolve(previous, None) if previous else ([], True)
@@ -206,37 +197,48 @@ class StepPipeline:
             raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
         lags: dict[str, int] = {}  # a model drafter's KV lags, filled on the worker
         mirrored = chunks if eng.drafter is not None else None
-        forward = self.worker.submit(self._forward_job, batch, previous, self._copies, mirrored, lags)
+        issued = threading.Event()
+        forward = self.worker.submit(self._forward_job, batch, previous, self._copies, mirrored, lags, issued)
         for chunk, req in zip(chunks, requests, strict=True):
             req.num_computed_tokens += chunk.num_tokens
-        return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic(), kv_lags=lags)
+        return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic(),
+                        kv_lags=lags, issued=issued)  # fmt: skip
 
     def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None, copies: Future[None] | None,
                      mirrored: tuple[ScheduledChunk, ...] | None = None,
-                     lags: dict[str, int] | None = None) -> torch.Tensor:  # fmt: skip
+                     lags: dict[str, int] | None = None,
+                     issued: threading.Event | None = None) -> torch.Tensor:  # fmt: skip
         """On the worker: put the previous step's tokens in place of placeholders, run the pass
         (after checking that the host tier's copies before it succeeded: they ran already).
         ``mirrored``: the step's chunks, for a model drafter to run over first (none drafts in
-        an async step); its KV lags go into ``lags``."""
-        if copies is not None:
-            copies.result()
-        if previous is not None:
-            ids = batch.input_ids  # [num_tokens] int64
-            prev = previous.result().token_ids
-            ids.copy_(torch.where(ids < 0, prev[(-1 - ids).clamp(min=0)], ids))
-        if batch.prompt_logprob_spans or any(n != 1 for n in batch.sample_counts):
-            raise RuntimeError("an async step has prompt logprobs or speculation")
-        drafter = self.engine.drafter
-        if mirrored is None or drafter is None:
-            return self.engine.runner.execute(batch)
-        if previous is not None and any(c.token_ids[-1] < 0 for c in mirrored):  # the drafter reads host ids
-            tokens = previous.result().token_ids.tolist()  # waits for the step before's sampling
-            mirrored = tuple([_bind(c, tokens) for c in mirrored])
-        drafter.propose(mirrored, _no_sampling_row)
-        logits = self.engine.runner.execute(batch)
-        if lags is not None:
-            lags.update(drafter.take_kv_lags())
-        return logits
+        an async step); its KV lags go into ``lags``. ``issued`` is set once the pass is issued
+        (:func:`issued_on_return`), or has failed (see :meth:`_resolve`)."""
+        issued = issued or threading.Event()
+        on_return = issued_on_return(self.engine.runner.device)
+        try:
+            if copies is not None:
+                copies.result()
+            if previous is not None:
+                ids = batch.input_ids  # [num_tokens] int64
+                prev = previous.result().token_ids
+                ids.copy_(torch.where(ids < 0, prev[(-1 - ids).clamp(min=0)], ids))
+            if batch.prompt_logprob_spans or any(n != 1 for n in batch.sample_counts):
+                raise RuntimeError("an async step has prompt logprobs or speculation")
+            if not on_return:
+                issued.set()
+            drafter = self.engine.drafter
+            if mirrored is None or drafter is None:
+                return self.engine.runner.execute(batch)
+            if previous is not None and any(c.token_ids[-1] < 0 for c in mirrored):  # the drafter reads host ids
+                tokens = previous.result().token_ids.tolist()  # waits for the step before's sampling
+                mirrored = tuple([bind_placeholder(c, tokens) for c in mirrored])
+            drafter.propose(mirrored, no_sampling_row)
+            logits = self.engine.runner.execute(batch)
+            if lags is not None:
+                lags.update(drafter.take_kv_lags())
+            return logits
+        finally:
+            issued.set()
 
     def _start_sampling(self, launched: Launched) -> None:
         """Decide the step's sampling on the host and submit it; placeholders for its tokens.
@@ -270,7 +272,7 @@ class StepPipeline:
         """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
         engine's retry fails only the requests that cause it."""
         logger.exception("deciding an async step's sampling failed; running it again synchronously")
-        _undo(launched)
+        undo(launched)
         return self._run_sync(launched.chunks, launched.requests)
 
     def _run_sync(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...]) -> list[RequestOutput]:
@@ -279,7 +281,7 @@ class StepPipeline:
         self.num_drains += 1
         if self._copies is not None:
             self._copies.result()  # the host tier's copies run before any forward that may read them
-        live = tuple(_resolved(c, r) for c, r in zip(chunks, requests, strict=True)
+        live = tuple(resolved(c, r) for c, r in zip(chunks, requests, strict=True)
                      if r.status is RequestStatus.RUNNING)  # fmt: skip
         return self.engine.run_scheduled(live) if live else []
 
@@ -305,6 +307,8 @@ class StepPipeline:
         try:
             sampled = launched.sample.result()
             output = sampled.output.result()  # waits for the tokens' copy to the host
+            if after is not None:  # the worker issues it first: see _ISSUE_WAIT_S
+                after.issued.wait(_ISSUE_WAIT_S)
         except EngineFatalError:  # a tensor-parallel rank died or left a step half-way: never run again
             raise
         except Exception:
@@ -323,7 +327,7 @@ class StepPipeline:
             if i in deferred:
                 continue
             chunk, req = launched.sampled_chunks[i], launched.sampled_requests[i]
-            _drop_placeholder(req, i)
+            drop_placeholder(req, i)
             if req.status is not RequestStatus.FINISHED:  # else aborted after its sampling started
                 items.append(SampledTokens(chunk, (output.token_ids[j],), (output.logprobs[j],)))
         outputs = eng.output_processor.process(items, [], eng.advance)
@@ -334,62 +338,10 @@ class StepPipeline:
         """``failed`` raised on the worker: undo ``after`` and ``failed``, then run ``failed``'s
         chunks synchronously (the engine's retry fails only the requests that cause it)."""
         if after is not None:
-            _undo(after)
+            undo(after)
         for i in failed.rows:
-            _drop_placeholder(failed.sampled_requests[i], i)
+            drop_placeholder(failed.sampled_requests[i], i)
         for i in failed.deferred:
             self.engine.parked.discard(failed.sampled_chunks[i].req_id)
-        _roll_back(failed)
+        roll_back(failed)
         return self._run_sync(failed.chunks, failed.requests)
-
-
-def _requests_of(sched: SchedulerOutput, live: dict[str, Request]) -> tuple[Request, ...]:
-    """Each chunk's request: as the scheduler handed them over, else looked up by id."""
-    if len(sched.requests) == len(sched.chunks):
-        return sched.requests
-    return tuple([live[c.req_id] for c in sched.chunks])
-
-
-def _roll_back(launched: Launched) -> None:
-    """Put each still-running chunk's computed count back to where it was scheduled."""
-    for chunk, req in zip(launched.chunks, launched.requests, strict=True):
-        if req.status is RequestStatus.RUNNING:
-            req.num_computed_tokens = chunk.start
-
-
-def _undo(launched: Launched) -> None:
-    """Wait for ``launched``'s forward pass (its failure is expected: it may have read a failed
-    step's tokens) and roll its chunks back."""
-    try:
-        launched.forward.result()
-    except Exception:  # noqa: BLE001 - it is run again, or its requests fail, in the retry
-        pass
-    _roll_back(launched)
-
-
-def _resolved(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
-    """``chunk`` with ``req``'s tokens as they are now, if it was scheduled with a placeholder
-    (only a request's last token can be one, so only a chunk's last)."""
-    if chunk.token_ids[-1] >= 0:
-        return chunk
-    return chunk._replace(token_ids=req.token_ids[chunk.start : chunk.start + len(chunk.token_ids)])
-
-
-def _bind(chunk: ScheduledChunk, tokens: list[int]) -> ScheduledChunk:
-    """``chunk`` with the token its placeholder stands for (``tokens``: the step before's, per
-    row), as a drafter on the worker reads it (only a chunk's last token can be one)."""
-    ids = chunk.token_ids
-    if ids[-1] >= 0:
-        return chunk
-    return chunk._replace(token_ids=(*ids[:-1], tokens[-1 - ids[-1]]))
-
-
-def _no_sampling_row(req_id: str) -> SamplingRow:
-    """The sampling rows a drafter asks for in an async step: none, as no chunk there drafts."""
-    raise RuntimeError(f"request {req_id!r} drafts in an async step")
-
-
-def _drop_placeholder(req: Request, row: int) -> None:
-    """Take back the placeholder ``req`` carries for ``row``'s token, if it still does."""
-    if req.token_ids and req.token_ids[-1] == placeholder(row):
-        req.token_ids.pop()
