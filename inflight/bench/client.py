@@ -27,6 +27,7 @@ class RequestSpec:
     max_tokens: int
     arrival_s: float = 0.0
     user: str | None = None  # OpenAI's end-user id (the fair scheduler's tenant)
+    ignore_eos: bool = False  # exactly max_tokens (vLLM's and inflight's extension; sent only when set)
 
 
 @dataclass(slots=True)
@@ -55,13 +56,16 @@ class RunResult:
 
 
 def completion_body(model: str, spec: RequestSpec) -> dict[str, object]:
-    """The request body: only standard OpenAI fields (peers reject unknown ones)."""
+    """The request body: only standard OpenAI fields (peers reject unknown ones), and
+    ``ignore_eos`` where the spec asks for it."""
     body: dict[str, object] = {
         "model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0,
         "stream": True, "stream_options": {"include_usage": True},
     }
     if spec.user is not None:
         body["user"] = spec.user
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
     return body
 
 

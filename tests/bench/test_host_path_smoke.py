@@ -18,10 +18,15 @@ def test_a_simulated_burst_reports_busy_tokens_and_cpu(tmp_path: Path) -> None:
     assert host_path.main(["--streams", "4", "--tokens", "6", "--step-ms", "1", "--size", "tiny",
                            "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
-    assert row["errors"] == 0 and row["tokens"] > 0
+    assert row["errors"] == 0 and row["tokens"] == 4 * 6  # every stream exactly its tokens (ignore_eos)
     assert 0 < row["device_busy"] <= 1
     assert {"front end", "engine core"} <= set(row["cpu_us_per_token"])
     assert row["client_loop"] == "auto"
+
+
+def test_ignore_eos_is_sent_only_when_a_spec_asks() -> None:
+    assert "ignore_eos" not in client.completion_body("m", client.RequestSpec("x", 3))  # peers reject it
+    assert client.completion_body("m", client.RequestSpec("x", 3, ignore_eos=True))["ignore_eos"] is True
 
 
 def test_the_client_loop_is_uvloop_where_installed_and_asyncio_on_request() -> None:
