@@ -39,6 +39,15 @@ def _drain(engine: LLMEngine, results: Results | None = None, max_steps: int = 4
     return results
 
 
+def _one_request(engine: LLMEngine) -> Results:
+    """Run one greedy request of six tokens to its end, then close the engine."""
+    engine.add_request("r", engine.encode_prompt("hello"), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    try:
+        return _drain(engine)
+    finally:
+        engine.close()
+
+
 def _workload(engine: LLMEngine, stop_id: int | None = None) -> None:
     enc = engine.encode_prompt
     engine.add_request("greedy", enc("def f(x):"), SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True))
@@ -165,9 +174,7 @@ def test_work_runs_on_the_worker_and_the_next_step_is_submitted_while_one_runs(l
     monkeypatch.setattr(pipeline.worker, "submit", spy_submit)
     monkeypatch.setattr(engine.runner, "execute", spy_execute)
     monkeypatch.setattr(engine.sampler, "sample", spy_sample)
-    engine.add_request("r", engine.encode_prompt("hello"), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    out = _drain(engine)
-    engine.close()
+    out = _one_request(engine)
     assert len(out["r"][0]) == 6
     third_submitted = [i for i, e in enumerate(events) if e == "submit forward"][2]
     second_ended = [i for i, e in enumerate(events) if e == "forward end"][1]
@@ -223,9 +230,7 @@ def test_the_next_step_is_issued_before_the_host_turns_tokens_into_outputs(llama
     monkeypatch.setattr(pipeline.worker, "submit", spy_submit)
     monkeypatch.setattr(engine.runner, "execute", spy_execute)
     monkeypatch.setattr(engine.output_processor, "process", spy_process)
-    engine.add_request("r", engine.encode_prompt("hello"), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    out = _drain(engine)
-    engine.close()
+    out = _one_request(engine)
     assert len(out["r"][0]) == 6 and forwards >= 4 and third_issued.is_set()
     assert processed_before == [], "outputs were processed while the step after them waited to be issued"
 
