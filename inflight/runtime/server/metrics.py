@@ -296,6 +296,9 @@ class ServerMetrics:
                                "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=own)
         self._token_gaps: list[float] = []  # observed in bulk: observe_token_gap
+        # one labelled child per finish reason, made once: .labels() per request costs a lock,
+        # label checks and a lookup (as the histograms' children, request_metrics.py)
+        self._finished: dict[str, Counter] = {}
         self.rejected = Counter("inflight:request_rejected_total",
                                 "Requests refused before running, by reason.",
                                 ["model_name", "reason"], registry=own)
@@ -327,12 +330,18 @@ class ServerMetrics:
         max_tokens parameter, ``siblings`` the choices of its prompt when it asked for ``n`` > 1
         (this one included, already marked finished): the per-prompt figures are observed with
         the last of them."""
-        self.success.labels(self.model_name, out.finish_reason or "abort").inc()
+        self._count_finished(out.finish_reason or "abort")
         self.requests.observe(out, times, max_tokens, siblings)
 
     def observe_aborted(self) -> None:
         """One engine request (one choice) aborted before it finished (client gone, cut)."""
-        self.success.labels(self.model_name, "abort").inc()
+        self._count_finished("abort")
+
+    def _count_finished(self, reason: str) -> None:
+        child = self._finished.get(reason)
+        if child is None:
+            child = self._finished[reason] = self.success.labels(self.model_name, reason)
+        child.inc()
 
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

@@ -169,7 +169,9 @@ async def _checked(request: web.Request, state: ServerState,
                    parse: Callable[[object, RequestPolicy], GenerationRequest], body: Any, size: int) -> GenerationRequest:
     req = await _off_loop(state, size, lambda: parse(body, state.settings.request_policy))
     record_ignored(request, req.ignored_fields)  # named in a response header, logged once per name
-    req = dataclasses.replace(req, cache_salt=engine_salt(request, state.settings, req.cache_salt))
+    salt = engine_salt(request, state.settings, req.cache_salt)
+    if salt != req.cache_salt:  # a copy only when isolation salts it (frozen: each copy sets every field)
+        req = dataclasses.replace(req, cache_salt=salt)
     lora_name = resolve_model(req.model, state.settings.model_name, state.engine.loras)
     _check_priority(request, state, req.priority)
     return dataclasses.replace(req, lora_name=lora_name) if lora_name is not None else req
