@@ -113,6 +113,7 @@ class StepPipeline:
         self.worker = StepWorker(engine.runner.device)
         self.inflight: Launched | None = None
         self._copies: Future[None] | None = None  # the host tier's copies last submitted
+        self._issued_on_return = issued_on_return(engine.runner.device)  # see _forward_job
         self.num_drains = 0  # steps run synchronously (prompt logprobs, speculation, recovery)
         self.num_spec_waits = 0  # steps in flight waited for before scheduling (speculation may follow)
 
@@ -205,16 +206,13 @@ class StepPipeline:
                         kv_lags=lags, issued=issued)  # fmt: skip
 
     def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None, copies: Future[None] | None,
-                     mirrored: tuple[ScheduledChunk, ...] | None = None,
-                     lags: dict[str, int] | None = None,
-                     issued: threading.Event | None = None) -> torch.Tensor:  # fmt: skip
+                     mirrored: tuple[ScheduledChunk, ...] | None, lags: dict[str, int],
+                     issued: threading.Event) -> torch.Tensor:  # fmt: skip
         """On the worker: put the previous step's tokens in place of placeholders, run the pass
         (after checking that the host tier's copies before it succeeded: they ran already).
         ``mirrored``: the step's chunks, for a model drafter to run over first (none drafts in
         an async step); its KV lags go into ``lags``. ``issued`` is set once the pass is issued
         (:func:`issued_on_return`), or has failed (see :meth:`_resolve`)."""
-        issued = issued or threading.Event()
-        on_return = issued_on_return(self.engine.runner.device)
         try:
             if copies is not None:
                 copies.result()
@@ -224,7 +222,7 @@ class StepPipeline:
                 ids.copy_(torch.where(ids < 0, prev[(-1 - ids).clamp(min=0)], ids))
             if batch.prompt_logprob_spans or any(n != 1 for n in batch.sample_counts):
                 raise RuntimeError("an async step has prompt logprobs or speculation")
-            if not on_return:
+            if not self._issued_on_return:
                 issued.set()
             drafter = self.engine.drafter
             if mirrored is None or drafter is None:
@@ -234,8 +232,7 @@ class StepPipeline:
                 mirrored = tuple([bind_placeholder(c, tokens) for c in mirrored])
             drafter.propose(mirrored, no_sampling_row)
             logits = self.engine.runner.execute(batch)
-            if lags is not None:
-                lags.update(drafter.take_kv_lags())
+            lags.update(drafter.take_kv_lags())
             return logits
         finally:
             issued.set()
