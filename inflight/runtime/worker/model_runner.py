@@ -49,7 +49,7 @@ from inflight.runtime.worker.batch_inputs import BatchInputs, prepare_batch
 from inflight.runtime.worker.block_table_rows import BlockTableRows
 from inflight.runtime.worker.cpu.allocator import keep_freed_memory
 from inflight.runtime.worker.cpu.device_setup import (
-    BIG_STEP_PARAM_TOKENS,
+    big_step,
     cpu_lanes,
     cpu_thread_counts,
     resolve_device,
@@ -125,12 +125,13 @@ class ModelRunner:
         check_chunk_size(self.spec, self.block_size)  # Llama 4's chunks must start on block boundaries
         check_mla_engine(self.spec, config.kv_cache_dtype, config.enable_lora)  # DeepSeek-V3's latent cache
         self.kv_groups = kv_groups_of(self.model, config)  # per-group KV tables (worker/kv_layout.py); None: one
+        self._kv_bytes_per_token = self.bytes_per_block // self.block_size  # what attention reads a context token
         num_lanes = (cpu_lanes(self._cpu_threads[1], has_column_blocks(self.model))
                      if self._cpu_threads is not None and world == 1 and not self.spec.state_layers
                      else 0)  # lanes split rows, not a hybrid model's per-sequence states
         if num_lanes >= 2:  # steps the few-row kernel runs on every thread stay whole (measured: cpu_packed)
             self._lanes = DecodeLanes(num_lanes, FLOAT_COPY_MAX_ROWS + 1 if has_float_copies(self.model) else 0,
-                                      row_cost_tokens(self._num_params, self.bytes_per_block // self.block_size))
+                                      row_cost_tokens(self._num_params, self._kv_bytes_per_token))
         self.max_model_len = kv_sizing.max_model_len(self.spec, config)
         # LoRA: the adapters' device slots, allocated before the KV cache is sized (issue 49)
         self.lora_slots = (LoRASlots(self.spec, self.model.layout, config.max_loras, config.max_lora_rank,
@@ -349,13 +350,15 @@ class ModelRunner:
         if self._lanes is not None:
             self._lanes.close()
 
-    def _set_cpu_threads(self, num_tokens: int) -> None:
-        """Every core for a big step, one kept for the event loop otherwise (see cpu_thread_counts).
+    def _set_cpu_threads(self, num_tokens: int, meta: AttentionMetadata | None = None,
+                         num_streamed: int | None = None) -> None:
+        """Every core for a big step, one kept for the host otherwise (see device_setup.big_step).
 
         Compared with what torch has now, not with what this runner set last: lanes and
         another runner in the process (a draft model's) set it too."""
         small, big = self._cpu_threads  # type: ignore[misc]
-        want = big if num_tokens * self._num_params >= BIG_STEP_PARAM_TOKENS else small
+        contexts = None if meta is None else meta.decode_context_lens
+        want = big if big_step(num_tokens, self._num_params, num_streamed, contexts, self._kv_bytes_per_token) else small
         if want != torch.get_num_threads():
             torch.set_num_threads(want)
 
@@ -367,7 +370,7 @@ class ModelRunner:
             if lanes_ok and self._lanes is not None and meta.token_slots is None and self._lanes.takes(
                     meta, self._num_params):  # LoRA steps run whole: lanes split rows, not their slots
                 return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
-            self._set_cpu_threads(input_ids.shape[0])
+            self._set_cpu_threads(input_ids.shape[0], meta, sample_indices.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
         return self.model.compute_logits(hidden[sample_indices], self.ops)
 

@@ -31,7 +31,7 @@ def stage_forward(runner: ModelRunner, input_ids: torch.Tensor, positions: torch
     pp, model = runner.pp, runner.model
     assert pp is not None
     if runner._cpu_threads is not None:
-        runner._set_cpu_threads(input_ids.shape[0])
+        runner._set_cpu_threads(input_ids.shape[0], meta, sample_indices.shape[0])
     carried = None
     if not pp.stage.is_first:
         carried = pp.recv_carried(input_ids.shape[0], runner.spec.hidden_size, runner.dtype, runner.device)
@@ -72,7 +72,7 @@ def launch(runner: ModelRunner, batch: BatchInputs) -> PendingLogits:
     @torch.inference_mode()
     def forward() -> PendingLogits:
         if runner._cpu_threads is not None:
-            runner._set_cpu_threads(batch.input_ids.shape[0])
+            runner._set_cpu_threads(batch.input_ids.shape[0], batch.meta, batch.sample_indices.shape[0])
         out = run_stage(runner.model, batch.input_ids, batch.positions, runner.cos_sin, runner.kv_caches, batch.meta,
                         runner.ops)  # fmt: skip
         send = pp.isend_carried(out)  # [2, num_tokens, hidden]

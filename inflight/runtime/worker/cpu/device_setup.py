@@ -1,8 +1,8 @@
 """Where a model runner runs: its device and dtype, and the CPU's thread policy.
 
 ``resolve_device`` / ``resolve_dtype`` turn the config's ``auto`` into a device and a dtype;
-``cpu_thread_counts`` says how many intra-op threads a small and a big CPU step use, and
-``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path splits a
+``cpu_thread_counts`` says how many intra-op threads a small and a big CPU step use,
+``big_step`` which steps are big, and ``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path splits a
 pure-decode step into. Pure functions of the environment; knows nothing about models.
 """
 
@@ -13,6 +13,7 @@ import os
 import torch
 
 from inflight import env_vars
+from inflight.runtime.worker.cpu.lanes import FLOPS_PER_KV_BYTE
 from inflight.runtime.worker.cuda_driver import cuda_problem, read_cuda_host
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -21,6 +22,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # GFLOP) runs on every core; tinier steps (a few decodes of a tiny model) keep one core for
 # the event loop, since waking a second OpenMP thread per op costs about what it saves.
 BIG_STEP_PARAM_TOKENS = 50_000_000
+# ... unless the step's work per streamed row (two FLOPs a weight and token, FLOPS_PER_KV_BYTE a
+# byte of cache its decode rows' attention reads) is below this: a row whose forward costs about
+# what the host spends streaming its token (~40 us of front end and core on one core) is served
+# faster with a core left to the host than with the forward split over every core. Measured on
+# a 2-core Xeon, served bursts, one thread against two (bench/results/host_path.md): the host
+# model (1M weights, ~5M FLOPs a row at 270-token contexts) 256 streams x 256 tokens +16-19%
+# tok/s with one; the small model (7M weights, ~17-23M a row) 256 x 128 -13% and the medium
+# (61M) 64 x 64 -30% with one.
+ROW_FLOPS_FOR_EVERY_CORE = 10_000_000
 
 
 def resolve_device(name: str, rank: int = 0, world_size: int = 1) -> torch.device:
@@ -71,6 +81,24 @@ def cpu_thread_counts() -> tuple[int, int]:
     small = max(1, usable - 1)
     passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
     return small, usable if passive else small
+
+
+def big_step(num_tokens: int, num_params: int, num_streamed: int | None = None,
+             decode_context_lens: torch.Tensor | None = None, kv_bytes_per_token: int = 0) -> bool:
+    """Whether a CPU step of ``num_tokens`` runs on every core (see ``BIG_STEP_PARAM_TOKENS`` and
+    ``ROW_FLOPS_FOR_EVERY_CORE``). ``num_streamed``: the rows whose tokens the step samples
+    (None: a step whose outputs are not streamed token by token, e.g. a pooling pass; its size
+    alone decides); the decode rows' contexts are read only when the weights alone fall short."""
+    products = num_tokens * num_params
+    if products < BIG_STEP_PARAM_TOKENS:
+        return False
+    if not num_streamed:
+        return True
+    floor = ROW_FLOPS_FOR_EVERY_CORE * num_streamed
+    flops = 2.0 * products
+    if flops >= floor or decode_context_lens is None or decode_context_lens.numel() == 0:
+        return flops >= floor
+    return flops + FLOPS_PER_KV_BYTE * kv_bytes_per_token * int(decode_context_lens.sum()) >= floor
 
 
 def cpu_lanes(big_step_threads: int, products_split: bool = False) -> int:
