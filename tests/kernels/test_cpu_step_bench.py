@@ -56,10 +56,12 @@ def test_split_attn_runs_the_attention_block_op_by_op(tiny_model_dir) -> None:
 
 
 def test_one_lane_replays_alone_with_its_ops_and_calls_counted(tiny_model_dir, monkeypatch) -> None:
+    from inflight.runtime.worker.cpu import device_setup
     from inflight.runtime.worker.cpu import lanes as cpu_lanes
 
     monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
     monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)  # a tiny model's step is worth lanes here
+    monkeypatch.setattr(device_setup, "ROW_FLOPS_FOR_EVERY_CORE", 0)  # and its rows' work too
     # 20 rows: lanes take the step with or without the float copies (whose floor is 17 rows)
     engine = cpu_step.load_engine(tiny_model_dir, frozenset(), batch=20, max_len=64, alt=None)
     try:

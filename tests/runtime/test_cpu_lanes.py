@@ -13,6 +13,7 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.model.batch import AttentionMetadata
 from inflight.runtime.sampling_params import SamplingParams
+from inflight.runtime.worker.cpu import device_setup
 from inflight.runtime.worker.cpu import lanes as cpu_lanes
 from inflight.runtime.worker.cpu.lanes import DecodeLanes
 
@@ -89,6 +90,7 @@ def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch,
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
     monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
     monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
+    monkeypatch.setattr(device_setup, "ROW_FLOPS_FOR_EVERY_CORE", 0)  # the test models' rows are tiny
     model_dir = model_factory(arch)
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
                                                               max_num_tokens=512))  # fmt: skip
@@ -146,6 +148,34 @@ def test_products_in_column_blocks_run_without_lanes_and_match_transformers(mode
     assert len(gate_up.packed) == 2 and cpu_packed.has_column_blocks(engine.runner.model)
     assert engine.runner._lanes is None
     _assert_staggered_greedy_matches_transformers(engine, model_dir)
+    engine.close()
+
+
+def test_a_tiny_models_decodes_skip_the_lanes_and_leave_a_core_to_the_host(model_factory, monkeypatch) -> None:
+    """Lanes on and every step big enough for them, but the test model's rows are far below
+    ``ROW_FLOPS_FOR_EVERY_CORE``: its decodes run whole, on the small step's thread count."""
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
+    monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
+    monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
+    model_dir = model_factory("llama")
+    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
+                                                              max_num_tokens=512))  # fmt: skip
+    lanes = engine.runner._lanes
+    assert lanes is not None
+    lanes.min_rows = 2
+    calls, threads = [], []
+    original, set_threads = lanes.forward, engine.runner._set_cpu_threads
+    monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def record(*args, **kwargs):
+        set_threads(*args, **kwargs)
+        threads.append(torch.get_num_threads())
+
+    monkeypatch.setattr(engine.runner, "_set_cpu_threads", record)
+    monkeypatch.setattr(device_setup, "BIG_STEP_PARAM_TOKENS", 0)  # only the rows' work decides
+    _assert_staggered_greedy_matches_transformers(engine, model_dir)
+    assert calls == [] and len(threads) > 5
+    assert set(threads) == {engine.runner._cpu_threads[0]}
     engine.close()
 
 

@@ -54,6 +54,7 @@ from inflight.runtime.worker.cpu.device_setup import (
     cpu_thread_counts,
     resolve_device,
     resolve_dtype,
+    rows_outweigh_host,
 )
 from inflight.runtime.worker.cpu.lanes import DecodeLanes, row_cost_tokens
 from inflight.runtime.worker.decode_graphs import DecodeGraphs, capture_sizes, collector_kept_out
@@ -367,8 +368,10 @@ class ModelRunner:
         if self.pp is not None:  # this rank's stage; logits on rank 0 only (worker/pipeline_step.py)
             return stage_forward(self, input_ids, positions, meta, sample_indices)
         if self._cpu_threads is not None:
-            if lanes_ok and self._lanes is not None and meta.token_slots is None and self._lanes.takes(
-                    meta, self._num_params):  # LoRA steps run whole: lanes split rows, not their slots
+            if (lanes_ok and self._lanes is not None and meta.token_slots is None  # LoRA steps run whole
+                    and self._lanes.takes(meta, self._num_params)  # (lanes split rows, not their slots)
+                    and rows_outweigh_host(input_ids.shape[0], self._num_params, sample_indices.shape[0],
+                                           meta.decode_context_lens, self._kv_bytes_per_token)):
                 return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
             self._set_cpu_threads(input_ids.shape[0], meta, sample_indices.shape[0])
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)

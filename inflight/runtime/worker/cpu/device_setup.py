@@ -2,7 +2,7 @@
 
 ``resolve_device`` / ``resolve_dtype`` turn the config's ``auto`` into a device and a dtype;
 ``cpu_thread_counts`` says how many intra-op threads a small and a big CPU step use,
-``big_step`` which steps are big, and ``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path splits a
+``big_step`` which steps are big (``rows_outweigh_host`` also gates the decode lanes), and ``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path splits a
 pure-decode step into. Pure functions of the environment; knows nothing about models.
 """
 
@@ -85,17 +85,24 @@ def cpu_thread_counts() -> tuple[int, int]:
 
 def big_step(num_tokens: int, num_params: int, num_streamed: int | None = None,
              decode_context_lens: torch.Tensor | None = None, kv_bytes_per_token: int = 0) -> bool:
-    """Whether a CPU step of ``num_tokens`` runs on every core (see ``BIG_STEP_PARAM_TOKENS`` and
-    ``ROW_FLOPS_FOR_EVERY_CORE``). ``num_streamed``: the rows whose tokens the step samples
-    (None: a step whose outputs are not streamed token by token, e.g. a pooling pass; its size
-    alone decides); the decode rows' contexts are read only when the weights alone fall short."""
-    products = num_tokens * num_params
-    if products < BIG_STEP_PARAM_TOKENS:
-        return False
+    """Whether a CPU step of ``num_tokens`` runs on every core: big enough
+    (``BIG_STEP_PARAM_TOKENS``) and with rows that outweigh the host's work for them
+    (:func:`rows_outweigh_host`)."""
+    return num_tokens * num_params >= BIG_STEP_PARAM_TOKENS and rows_outweigh_host(
+        num_tokens, num_params, num_streamed, decode_context_lens, kv_bytes_per_token)
+
+
+def rows_outweigh_host(num_tokens: int, num_params: int, num_streamed: int | None,
+                       decode_context_lens: torch.Tensor | None, kv_bytes_per_token: int) -> bool:
+    """Whether a step's work per streamed row reaches ``ROW_FLOPS_FOR_EVERY_CORE``, so that every
+    core (whole, or in decode lanes) serves it better than a core left to the host.
+    ``num_streamed``: the rows whose tokens the step samples (None or 0: a step whose outputs are
+    not streamed token by token, e.g. a pooling pass: True); the decode rows' contexts are read
+    only when the weights alone fall short."""
     if not num_streamed:
         return True
     floor = ROW_FLOPS_FOR_EVERY_CORE * num_streamed
-    flops = 2.0 * products
+    flops = 2.0 * num_tokens * num_params
     if flops >= floor or decode_context_lens is None or decode_context_lens.numel() == 0:
         return flops >= floor
     return flops + FLOPS_PER_KV_BYTE * kv_bytes_per_token * int(decode_context_lens.sum()) >= floor
