@@ -47,6 +47,20 @@ def test_every_registered_name_is_used() -> None:
     assert not unused, f"registered but never read: {unused}"
 
 
+def test_every_reader_is_a_module_that_names_the_variable() -> None:
+    """``readers`` are dotted module paths (or the Makefile) that mention the name: a module that
+    moved leaves no stale path in docs/environment.md."""
+    wrong = []
+    for var in env_vars.VARIABLES:
+        for reader in var.readers:
+            path = ROOT / reader if reader == "Makefile" else ROOT.joinpath(*reader.split(".")).with_suffix(".py")
+            if not path.exists():
+                path = ROOT.joinpath(*reader.split("."), "__init__.py")
+            if not path.exists() or var.name.partition("<")[0] not in path.read_text(errors="replace"):
+                wrong.append((var.name, reader))
+    assert not wrong, f"readers that are not modules reading the variable: {wrong}"
+
+
 def test_the_doc_table_is_current() -> None:
     doc = (ROOT / "docs" / "environment.md").read_text()
     assert doc == env_vars.with_table(doc), "docs/environment.md is stale: python -m inflight.env_vars"
