@@ -31,11 +31,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.spec_decode.grammar import draft_masks
+from inflight.runtime.spec_decode.rejection import draw_chunks
 from inflight.runtime.structured.bitmask import apply_bitmask
+from inflight.runtime.worker.batched_sampling import upload
 from inflight.runtime.worker.sampler import SamplingRow, filter_logits, shape_logits, token_logprobs
 
 if TYPE_CHECKING:
@@ -62,7 +65,7 @@ def accept_greedy(best: Sequence[int], drafts: tuple[int, ...]) -> list[int]:
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """``[n, vocab]`` float32: row ``i``'s sampling distribution under ``rows[i]``'s temperature
     and top-k / top-p / min-p filters."""
-    temperature = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+    temperature = upload(np.asarray([r.params.temperature or 1.0 for r in rows], dtype=np.float32), logits.device)
     return torch.softmax(filter_logits(logits.float() / temperature[:, None], rows), dim=-1)
 
 
@@ -74,32 +77,12 @@ def target_probs(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
 def verify_sampled(
     logits: torch.Tensor, drafts: tuple[int, ...], row: SamplingRow, draft_probs: torch.Tensor | None = None
 ) -> list[int]:
-    """Rejection sampling of ``drafts`` (see module docstring): accepted drafts plus one token.
+    """Rejection sampling of ``drafts`` (see module docstring): accepted drafts plus one token
+    (:mod:`inflight.runtime.spec_decode.rejection`, on the device, one host read).
 
     ``draft_probs`` ``[k, vocab]``: the distribution each draft was drawn from; None for
     deterministic proposals (n-gram)."""
-    probs = target_probs(logits, row)
-    gen = row.generator
-    accept = torch.rand(len(drafts), generator=gen, device=probs.device).tolist() if drafts else []
-    out: list[int] = []
-    for i, draft in enumerate(drafts):
-        q_draft = 1.0 if draft_probs is None else float(draft_probs[i, draft])
-        if accept[i] * q_draft < float(probs[i, draft]):  # u < p(d) / q(d), without dividing by q
-            out.append(draft)
-            continue
-        if draft_probs is None:
-            residual = probs[i].clone()
-            residual[draft] = 0.0
-        else:
-            residual = (probs[i] - draft_probs[i].to(probs.device, torch.float32)).clamp_(min=0.0)
-        total = float(residual.sum())
-        if total <= 0.0:  # p <= q everywhere, so p == q: the draft cannot be rejected
-            out.append(draft)
-            continue
-        out.append(int(torch.multinomial(residual / total, 1, generator=gen)))
-        return out
-    out.append(int(torch.multinomial(probs[len(drafts)], 1, generator=gen)))
-    return out
+    return draw_chunks([target_probs(logits, row)], [drafts], [draft_probs], [row.generator])[0]
 
 
 def position_rows(row: SamplingRow, drafts: tuple[int, ...]) -> list[SamplingRow]:
@@ -130,7 +113,8 @@ def verify_chunks(
     in one batched pass, the greedy chunks' argmaxes come to the host in one read (one device sync
     for all of them, where a chunk at a time cost one each), and the logprob entries of every chunk
     that asks for them are fetched in one call. A sampled chunk draws with its own generator, one
-    chunk after another (its draws are the same as alone). The same tokens and entries as
+    chunk after another (its draws are the same as alone), on the device, every sampled chunk's
+    result read in one more host read (:mod:`.rejection`). The same tokens and entries as
     :func:`verify_chunk` chunk by chunk."""
     all_rows: list[SamplingRow] = []
     spans: list[tuple[int, int]] = []
@@ -146,12 +130,13 @@ def verify_chunks(
             apply_bitmask(logits, range(first, first + masks.shape[0]), masks)
     greedy = any(row.params.greedy for row in rows)
     best = logits.argmax(dim=-1).tolist() if greedy else []
-    tokens: list[list[int]] = []
-    for chunk, row, probs, (first, n) in zip(chunks, rows, draft_probs, spans, strict=True):
-        if row.params.greedy:
-            tokens.append(accept_greedy(best[first : first + n], chunk.draft_token_ids))
-        else:
-            tokens.append(verify_sampled(logits[first : first + n], chunk.draft_token_ids, row, probs))
+    sampled = [i for i, row in enumerate(rows) if not row.params.greedy]  # drawn together, one host read
+    drawn = dict(zip(sampled, draw_chunks(
+        [target_probs(logits[spans[i][0] : spans[i][0] + spans[i][1]], rows[i]) for i in sampled],
+        [chunks[i].draft_token_ids for i in sampled], [draft_probs[i] for i in sampled],
+        [rows[i].generator for i in sampled]), strict=True))  # fmt: skip
+    tokens = [drawn[i] if i in drawn else accept_greedy(best[first : first + n], chunk.draft_token_ids)
+              for i, (chunk, (first, n)) in enumerate(zip(chunks, spans, strict=True))]  # fmt: skip
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
     entries: dict[int, list[TokenLogprob | None]] = {}
     if wanted:
