@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inflight.runtime.spec_decode.rejection import draw_chunk, draw_chunk_host, draw_chunks
+from inflight.runtime.spec_decode.rejection import draw_chunk, draw_chunk_host, draw_chunks, exponential_race
 
 VOCAB = 50
 
@@ -87,3 +87,12 @@ def test_on_cuda_a_steps_draws_sync_once() -> None:
     refs = [torch.Generator(dev).manual_seed(i) for i in range(len(cases))]
     expected = [draw_chunk_host(p, d, q, g) for p, d, q, g in zip(probs, drafts, qs, refs, strict=True)]
     assert [[*d[:kept], token] for d, (kept, token) in zip(drafts, stacked.tolist(), strict=True)] == expected
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_the_exponential_race_is_multinomials_draw(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    dist = torch.softmax(torch.randn(VOCAB, generator=g) * float(torch.rand(1, generator=g)) * 8, dim=-1)
+    ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    assert exponential_race(dist, ours).tolist() == torch.multinomial(dist, 1, generator=theirs).tolist()
+    assert torch.equal(ours.get_state(), theirs.get_state())

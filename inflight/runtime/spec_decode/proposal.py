@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.spec_decode.rejection import exponential_race
 from inflight.runtime.spec_decode.verify import sampling_probs
 from inflight.runtime.worker.sampler import SamplingRow
 
@@ -52,7 +53,8 @@ def choose_drafts(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[i
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         probs = sampling_probs(logits[sampled], [rows[i] for i in sampled])
-        for j, i in enumerate(sampled):
-            tokens[i] = int(torch.multinomial(probs[j], 1, generator=rows[i].generator))
+        drawn = torch.cat([exponential_race(probs[j], rows[i].generator) for j, i in enumerate(sampled)])
+        for j, (i, token) in enumerate(zip(sampled, drawn.tolist(), strict=True)):  # one host read for them all
+            tokens[i] = token
             dists[i] = probs[j]
     return tokens, dists

@@ -35,7 +35,7 @@ def draw_chunk(probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Ten
     k = drafts.shape[0]
     device = probs.device
     if k == 0:
-        token = _race(probs[0], generator)
+        token = exponential_race(probs[0], generator)
         return torch.cat([token.new_zeros(1), token])
     u = torch.rand(k, generator=generator, device=device)
     rows = torch.arange(k, device=device)
@@ -60,11 +60,11 @@ def draw_chunk(probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Ten
         q_row = q.index_select(0, kept.clamp(max=k - 1))[0]
         residual = torch.where(rejected, (row - q_row).clamp_(min=0.0), row)
     norm = torch.where(rejected, residual.sum(), residual.new_ones(()))
-    token = _race(residual / norm, generator)
+    token = exponential_race(residual / norm, generator)
     return torch.cat([kept, token])
 
 
-def _race(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def exponential_race(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """``[1]`` int64: ``torch.multinomial(dist, 1, generator=generator)``'s draw, computed as it
     computes it (``argmax(dist / E)``, ``E ~ Exp(1)`` from the generator), without its check of
     ``dist``, which reads the device's min and max on the host."""
