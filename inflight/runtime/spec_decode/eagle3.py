@@ -57,6 +57,7 @@ from inflight.runtime.spec_decode.proposal import Proposal, choose_drafts, known
 from inflight.runtime.spec_decode.speculative import draft_states, parse_speculative_config
 from inflight.runtime.spec_decode.verify import row_after
 from inflight.runtime.worker.batch_inputs import BatchInputs, Segment, pack_segments, packed_order
+from inflight.runtime.worker.batched_sampling import row_index
 from inflight.runtime.worker.graph_backend import GraphBackend
 from inflight.runtime.worker.model_runner import ModelRunner
 from inflight.runtime.worker.sampler import SamplingRow, shape_logits
@@ -272,7 +273,7 @@ class Eagle3Proposer:
         hidden = torch.cat(step.hidden).to(embeds.dtype)
         normed, prenorm = self.head(embeds, hidden, packed.positions, self.cos_sin, self.kv_caches[0], packed.meta,
                                     target.ops)  # fmt: skip
-        rows = torch.tensor(packed.logit_rows, dtype=torch.long, device=normed.device)
+        rows = row_index(packed.logit_rows, normed.device)  # pinned, non-blocking: no wait on the head's kernels
         return normed[rows], prenorm[rows]
 
 

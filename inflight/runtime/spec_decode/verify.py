@@ -38,7 +38,7 @@ from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.spec_decode.grammar import draft_masks
 from inflight.runtime.spec_decode.rejection import draw_chunks
 from inflight.runtime.structured.bitmask import apply_bitmask
-from inflight.runtime.worker.batched_sampling import upload
+from inflight.runtime.worker.batched_sampling import row_index, upload
 from inflight.runtime.worker.sampler import SamplingRow, filter_logits, shape_logits, token_logprobs
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def verify_chunks(
     entries: dict[int, list[TokenLogprob | None]] = {}
     if wanted:
         picked = [spans[i][0] + j for i in wanted for j in range(len(tokens[i]))]
-        index = torch.tensor(picked, dtype=torch.long, device=logits.device)
+        index = row_index(picked, logits.device)
         got = iter(token_logprobs(logits[index], [all_rows[r] for r in picked], [t for i in wanted for t in tokens[i]]))
         entries = {i: [next(got) for _ in tokens[i]] for i in wanted}
     return [(tuple(t), tuple(entries[i]) if i in entries else (None,) * len(t)) for i, t in enumerate(tokens)]
