@@ -352,14 +352,16 @@ class ModelRunner:
             self._lanes.close()
 
     def _set_cpu_threads(self, num_tokens: int, meta: AttentionMetadata | None = None,
-                         num_streamed: int | None = None) -> None:
-        """Every core for a big step, one kept for the host otherwise (see device_setup.big_step).
+                         num_streamed: int | None = None, light_rows: bool = False) -> None:
+        """Every core for a big step, one kept for the host otherwise (see device_setup.big_step);
+        ``light_rows``: the step's rows are already known to fall short of the rows' work floor.
 
         Compared with what torch has now, not with what this runner set last: lanes and
         another runner in the process (a draft model's) set it too."""
         small, big = self._cpu_threads  # type: ignore[misc]
         contexts = None if meta is None else meta.decode_context_lens
-        want = big if big_step(num_tokens, self._num_params, num_streamed, contexts, self._kv_bytes_per_token) else small
+        want = small if light_rows or not big_step(num_tokens, self._num_params, num_streamed, contexts,
+                                                    self._kv_bytes_per_token) else big  # fmt: skip
         if want != torch.get_num_threads():
             torch.set_num_threads(want)
 
@@ -368,12 +370,14 @@ class ModelRunner:
         if self.pp is not None:  # this rank's stage; logits on rank 0 only (worker/pipeline_step.py)
             return stage_forward(self, input_ids, positions, meta, sample_indices)
         if self._cpu_threads is not None:
+            light_rows = False
             if (lanes_ok and self._lanes is not None and meta.token_slots is None  # LoRA steps run whole
-                    and self._lanes.takes(meta, self._num_params)  # (lanes split rows, not their slots)
-                    and rows_outweigh_host(input_ids.shape[0], self._num_params, sample_indices.shape[0],
-                                           meta.decode_context_lens, self._kv_bytes_per_token)):
-                return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
-            self._set_cpu_threads(input_ids.shape[0], meta, sample_indices.shape[0])
+                    and self._lanes.takes(meta, self._num_params)):  # (lanes split rows, not their slots)
+                if rows_outweigh_host(input_ids.shape[0], self._num_params, sample_indices.shape[0],
+                                      meta.decode_context_lens, self._kv_bytes_per_token):
+                    return self._lanes.forward(input_ids, positions, meta, sample_indices, self._logits)
+                light_rows = True  # decided once: the step runs whole on the small count
+            self._set_cpu_threads(input_ids.shape[0], meta, sample_indices.shape[0], light_rows)
         hidden = self.model(input_ids, positions, self.cos_sin, self.kv_caches, meta, self.ops)
         return self.model.compute_logits(hidden[sample_indices], self.ops)
 

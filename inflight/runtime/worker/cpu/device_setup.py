@@ -2,8 +2,9 @@
 
 ``resolve_device`` / ``resolve_dtype`` turn the config's ``auto`` into a device and a dtype;
 ``cpu_thread_counts`` says how many intra-op threads a small and a big CPU step use,
-``big_step`` which steps are big (``rows_outweigh_host`` also gates the decode lanes), and ``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path splits a
-pure-decode step into. Pure functions of the environment; knows nothing about models.
+``big_step`` which steps are big (``rows_outweigh_host`` also gates the decode lanes), and
+``cpu_lanes`` how many decode lanes (:mod:`inflight.runtime.worker.cpu.lanes`) the CPU path
+splits a pure-decode step into. Pure functions of the environment; knows nothing about models.
 """
 
 from __future__ import annotations
