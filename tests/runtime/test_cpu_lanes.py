@@ -86,20 +86,11 @@ def test_which_steps_the_lanes_take(rows: int, prefills: int, params: int, taken
 @pytest.mark.parametrize("float_copy", ["0", "1"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_tokens_with_lanes_forced_match_transformers(model_factory, arch, float_copy, monkeypatch) -> None:
-    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", float_copy)
-    monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
-    monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
     monkeypatch.setattr(device_setup, "ROW_FLOPS_FOR_EVERY_CORE", 0)  # the test models' rows are tiny
     model_dir = model_factory(arch)
-    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
-                                                              max_num_tokens=512))  # fmt: skip
-    lanes = engine.runner._lanes
-    assert lanes is not None and lanes.min_rows == (17 if float_copy == "1" else 2)
-    lanes.min_rows = 2  # few-row steps too, even on float copies
-    calls = []
-    original = lanes.forward
-    monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    engine, calls, floor = _forced_lanes_engine(model_dir, monkeypatch)
+    assert floor == (17 if float_copy == "1" else 2)
     _assert_staggered_greedy_matches_transformers(engine, model_dir)
     assert len(calls) > 5  # most steps went through the lanes
     engine.close()
@@ -154,18 +145,10 @@ def test_products_in_column_blocks_run_without_lanes_and_match_transformers(mode
 def test_a_tiny_models_decodes_skip_the_lanes_and_leave_a_core_to_the_host(model_factory, monkeypatch) -> None:
     """Lanes on and every step big enough for them, but the test model's rows are far below
     ``ROW_FLOPS_FOR_EVERY_CORE``: its decodes run whole, on the small step's thread count."""
-    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
-    monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
-    monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
     model_dir = model_factory("llama")
-    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
-                                                              max_num_tokens=512))  # fmt: skip
-    lanes = engine.runner._lanes
-    assert lanes is not None
-    lanes.min_rows = 2
-    calls, threads = [], []
-    original, set_threads = lanes.forward, engine.runner._set_cpu_threads
-    monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    engine, calls, _ = _forced_lanes_engine(model_dir, monkeypatch)
+    threads: list[int] = []
+    set_threads = engine.runner._set_cpu_threads
 
     def record(*args, **kwargs):
         set_threads(*args, **kwargs)
@@ -177,6 +160,23 @@ def test_a_tiny_models_decodes_skip_the_lanes_and_leave_a_core_to_the_host(model
     assert calls == [] and len(threads) > 5
     assert set(threads) == {engine.runner._cpu_threads[0]}
     engine.close()
+
+
+def _forced_lanes_engine(model_dir, monkeypatch) -> tuple[LLMEngine, list[int], int]:
+    """An engine whose runner keeps two decode lanes and would split any step of two rows or more
+    (whatever its size); the lanes' calls are counted in the list. Also the lanes' own row floor."""
+    monkeypatch.setenv("INFLIGHT_CPU_LANES", "2")
+    monkeypatch.setattr(cpu_lanes, "MIN_PARAM_TOKENS", 0)
+    monkeypatch.setattr(cpu_lanes, "MIN_ROWS_PER_LANE", 1)
+    engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256,
+                                                              max_num_tokens=512))  # fmt: skip
+    lanes = engine.runner._lanes
+    assert lanes is not None
+    floor, lanes.min_rows = lanes.min_rows, 2  # few-row steps too, even on float copies
+    calls: list[int] = []
+    original = lanes.forward
+    monkeypatch.setattr(lanes, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return engine, calls, floor
 
 
 def _assert_staggered_greedy_matches_transformers(engine: LLMEngine, model_dir) -> None:

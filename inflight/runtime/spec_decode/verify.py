@@ -78,7 +78,8 @@ def verify_sampled(
     logits: torch.Tensor, drafts: tuple[int, ...], row: SamplingRow, draft_probs: torch.Tensor | None = None
 ) -> list[int]:
     """Rejection sampling of ``drafts`` (see module docstring): accepted drafts plus one token
-    (:mod:`inflight.runtime.spec_decode.rejection`, on the device, one host read).
+    (:mod:`inflight.runtime.spec_decode.rejection`: on a GPU on the device with one host read,
+    on the CPU draft by draft).
 
     ``draft_probs`` ``[k, vocab]``: the distribution each draft was drawn from; None for
     deterministic proposals (n-gram)."""
@@ -113,8 +114,8 @@ def verify_chunks(
     in one batched pass, the greedy chunks' argmaxes come to the host in one read (one device sync
     for all of them, where a chunk at a time cost one each), and the logprob entries of every chunk
     that asks for them are fetched in one call. A sampled chunk draws with its own generator, one
-    chunk after another (its draws are the same as alone), on the device, every sampled chunk's
-    result read in one more host read (:mod:`.rejection`). The same tokens and entries as
+    chunk after another (its draws are the same as alone); on a GPU on the device, every sampled
+    chunk's result read in one more host read (:mod:`.rejection`). The same tokens and entries as
     :func:`verify_chunk` chunk by chunk."""
     all_rows: list[SamplingRow] = []
     spans: list[tuple[int, int]] = []
