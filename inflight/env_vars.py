@@ -72,6 +72,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_CPU_MALLOC_TUNING", int, 1, (f"{_R}.worker.cpu.allocator",),
            "0: leave glibc's malloc as it is (else a CPU engine keeps the memory a step frees for the next step "
            "instead of returning it to the kernel and faulting it in again)"),
+    EnvVar("INFLIGHT_CPU_HUGE_PAGES", int, 1, ("inflight.kernels.cpu_huge_pages",),
+           "0: leave the CPU KV cache on the kernel's default pages (else it asks for transparent huge pages, "
+           "madvise, so a decode step's scattered block reads miss the TLB less)"),
     EnvVar("INFLIGHT_CACHE_DIR", str, None, ("inflight.cache",),
            "where built kernels and converted models are kept (else $XDG_CACHE_HOME/inflight)"),
     EnvVar("INFLIGHT_TP_START_TIMEOUT_S", float, 1800.0, (f"{_TP}.launcher", f"{_TP}.headless"),

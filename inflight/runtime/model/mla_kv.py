@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from inflight.kernels.cpu_huge_pages import cache_zeros
 from inflight.runtime.model.spec_types import ModelSpec
 
 
@@ -46,7 +47,7 @@ def allocate_mla_caches(
     block_size)``; ``say`` gets :func:`kv_size_sentence` (the start-up log)."""
     latent, pe = mla_cache_shapes(spec, *blocks)
     say(kv_size_sentence(spec, num_local_heads, dtype.itemsize, num_layers))
-    return [(torch.zeros(latent, dtype=dtype, device=device), torch.zeros(pe, dtype=dtype, device=device))
+    return [(cache_zeros(latent, dtype, device), cache_zeros(pe, dtype, device))
             for _ in range(num_layers)]  # fmt: skip
 
 

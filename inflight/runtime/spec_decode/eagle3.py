@@ -46,6 +46,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from inflight.kernels.cpu_huge_pages import cache_zeros
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.sched_output import RequestFacts, ScheduledChunk
 from inflight.runtime.model.aux_hidden import AuxHidden
@@ -125,8 +126,8 @@ class Eagle3Proposer:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         spec = self.head.spec
         shape = (num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.target.dtype, device=self.target.device),
-                           torch.zeros(shape, dtype=self.target.dtype, device=self.target.device))]  # fmt: skip
+        dtype, device = self.target.dtype, self.target.device
+        self.kv_caches = [(cache_zeros(shape, dtype, device), cache_zeros(shape, dtype, device))]
 
     def close(self) -> None:
         self.target.execute_hook = None

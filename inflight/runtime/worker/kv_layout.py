@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inflight import env_vars
+from inflight.kernels.cpu_huge_pages import cache_zeros
 
 if TYPE_CHECKING:
     from inflight.runtime.config import EngineConfig
@@ -146,6 +147,6 @@ def grouped_caches(layout: KVGroupLayout, shape: tuple[int, ...], dtype: torch.d
                    device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's (K, V) cache: ``layout.num_slots`` tensor pairs of ``shape`` (``[pool blocks,
     block_size, kv_heads, head_dim]``), layer ``i`` given pair ``layer_slot[i]``."""
-    pairs = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    pairs = [(cache_zeros(shape, dtype, device), cache_zeros(shape, dtype, device))
              for _ in range(layout.num_slots)]
     return [pairs[slot] for slot in layout.layer_slot]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from inflight.kernels import fp8_kv
+from inflight.kernels.cpu_huge_pages import cache_zeros, huge_pages_sentence
 from inflight.kernels.cpu_packed import FLOAT_COPY_MAX_ROWS, has_column_blocks, has_float_copies
 from inflight.kernels.dispatch import get_kernel_ops
 from inflight.runtime.config import EngineConfig
@@ -182,13 +183,13 @@ class ModelRunner:
         else:
             self.kv_caches = [
                 self.state_caches[i] if i in self.state_caches else  # a hybrid model's linear layer: its states
-                (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+                (cache_zeros(shape, self.kv_dtype, self.device), cache_zeros(shape, self.kv_dtype, self.device))
                 for i in range(len(self.model.layers))  # a pipeline stage's own layers only
             ]
         if progress:
             progress(f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens "
-                     f"({self.kv_cache_bytes / 2**20:.0f} MiB, {str(self.kv_dtype).removeprefix('torch.')}), "
+                     f"({self.kv_cache_bytes / 2**20:.0f} MiB, {str(self.kv_dtype).removeprefix('torch.')}"
+                     f"{', ' + huge_pages_sentence() if self.device.type == 'cpu' else ''}), "
                      f"kernels: {self.ops.name}")  # fmt: skip
         if kv_scales.pending(self.model):
             self._graphs_after_scales = (config, graph_backend)
