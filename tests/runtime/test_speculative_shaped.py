@@ -268,3 +268,39 @@ def test_a_steps_chunks_verified_together_equal_each_alone_with_one_host_read() 
         for p, d in greedy:
             verify_chunk(torch.randn(len(d) + 1, vocab), _chunk(d), _row(p, [4, 7]))
     assert counter.count == len(greedy)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_mixed_step_reads_its_argmaxes_and_draws_together_on_the_device(seed: int) -> None:
+    """With the draws on the device (forced on the CPU), a step of greedy and sampled chunks reads
+    the greedy chunks' argmaxes and every sampled chunk's result in one host read, and gives the
+    tokens, and leaves each generator, as the host's draft-by-draft path does."""
+    from inflight.runtime.spec_decode.verify import verify_chunks
+    from tests.runtime.test_sampler_batched import _SyncCounter
+
+    torch.manual_seed(seed)
+    vocab = 16
+    plain = SamplingParams(temperature=0.0, max_tokens=20)
+    hot = SamplingParams(temperature=0.9, max_tokens=20, seed=3)
+    cases = [(plain, (3, 5)), (hot, (7, 2, 9)), (plain, (1,)), (hot, ()), (plain, (4, 4, 4)), (hot, (6,))]
+    logits = torch.randn(sum(len(d) + 1 for _, d in cases), vocab) * 2.0
+    first = 0
+    for p, drafts in cases:  # some drafts are the target's pick, so chunks keep some of them
+        for j, d in enumerate(drafts[:2]):
+            logits[first + j, d] += 10.0 if p.greedy else 3.0
+        first += len(drafts) + 1
+
+    def run(on_device: bool) -> tuple[list, list]:
+        gens = [torch.Generator().manual_seed(100 + i) for i in range(len(cases))]
+        rows = [_row(p, [4, 7], gens[i] if not p.greedy else None) for i, (p, _) in enumerate(cases)]
+        got = verify_chunks(logits.clone(), [_chunk(d) for _, d in cases], rows, [None] * len(cases),
+                            on_device=on_device)  # fmt: skip
+        return [t for t, _ in got], [g.get_state() for g in gens]
+
+    host_tokens, host_states = run(False)
+    with _SyncCounter() as counter:
+        device_tokens, device_states = run(True)
+    assert device_tokens == host_tokens
+    assert all(torch.equal(a, b) for a, b in zip(device_states, host_states, strict=True))
+    assert counter.count == 1
+    assert any(len(t) > 1 for t in host_tokens)  # drafts were kept somewhere: the accept paths ran

@@ -106,15 +106,30 @@ def draw_chunks(probs: Sequence[torch.Tensor], drafts: Sequence[tuple[int, ...]]
     or on the CPU (``on_device`` None) by :func:`draw_chunk_host`."""
     if not probs:
         return []
-    device = probs[0].device
-    if not (device.type != "cpu" if on_device is None else on_device):
+    if not draws_on_device(probs[0].device, on_device):
         return [draw_chunk_host(p, d, q, gen) for p, d, q, gen in zip(probs, drafts, draft_probs, generators,
                                                                         strict=True)]  # fmt: skip
+    return emitted(drafts, draw_stacked(probs, drafts, draft_probs, generators).tolist())
+
+
+def draws_on_device(device: torch.device, on_device: bool | None = None) -> bool:
+    """Whether a step's drafts on ``device`` are drawn by :func:`draw_stacked` (``on_device`` None:
+    everywhere but the CPU) rather than draft by draft on the host."""
+    return device.type != "cpu" if on_device is None else on_device
+
+
+def draw_stacked(probs: Sequence[torch.Tensor], drafts: Sequence[tuple[int, ...]],
+                 draft_probs: Sequence[torch.Tensor | None],
+                 generators: Sequence[torch.Generator | None]) -> torch.Tensor:  # fmt: skip
+    """``[n, 2]`` int64 on the device, not read: each chunk's :func:`draw_chunk` (its kept count and
+    drawn token), one chunk after another, the drafts uploaded in one copy."""
+    device = probs[0].device
     flat = upload(np.asarray([d for chunk in drafts for d in chunk], dtype=np.int64), device)
     starts = np.cumsum([0, *(len(chunk) for chunk in drafts)])
-    drawn = [draw_chunk(p, flat[int(starts[i]) : int(starts[i + 1])], q, gen)
-             for i, (p, q, gen) in enumerate(zip(probs, draft_probs, generators, strict=True))]  # fmt: skip
-    out: list[list[int]] = []
-    for chunk, (kept, token) in zip(drafts, torch.stack(drawn).tolist(), strict=True):
-        out.append([*chunk[:kept], token])
-    return out
+    return torch.stack([draw_chunk(p, flat[int(starts[i]) : int(starts[i + 1])], q, gen)
+                        for i, (p, q, gen) in enumerate(zip(probs, draft_probs, generators, strict=True))])  # fmt: skip
+
+
+def emitted(drafts: Sequence[tuple[int, ...]], drawn: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Each chunk's emitted tokens from its ``(kept, token)`` pair (a row of :func:`draw_stacked`)."""
+    return [[*chunk[:kept], token] for chunk, (kept, token) in zip(drafts, drawn, strict=True)]

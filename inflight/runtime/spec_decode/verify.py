@@ -36,7 +36,7 @@ import torch
 
 from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.spec_decode.grammar import draft_masks
-from inflight.runtime.spec_decode.rejection import draw_chunks
+from inflight.runtime.spec_decode.rejection import draw_chunks, draw_stacked, draws_on_device, emitted
 from inflight.runtime.structured.bitmask import apply_bitmask
 from inflight.runtime.worker.batched_sampling import row_index, upload
 from inflight.runtime.worker.sampler import SamplingRow, filter_logits, shape_logits, token_logprobs
@@ -108,14 +108,17 @@ def verify_chunks(
     chunks: Sequence[ScheduledChunk],
     rows: Sequence[SamplingRow],
     draft_probs: Sequence[torch.Tensor | None],
+    *,
+    on_device: bool | None = None,
 ) -> list[Verified]:
     """:func:`verify_chunk` for a step's speculating chunks at once. ``logits`` ``[sum(1 + k_i),
     vocab]`` float32 holds each chunk's rows in turn and is shaped in place. Every row is shaped
-    in one batched pass, the greedy chunks' argmaxes come to the host in one read (one device sync
-    for all of them, where a chunk at a time cost one each), and the logprob entries of every chunk
-    that asks for them are fetched in one call. A sampled chunk draws with its own generator, one
-    chunk after another (its draws are the same as alone); on a GPU on the device, every sampled
-    chunk's result read in one more host read (:mod:`.rejection`). The same tokens and entries as
+    in one batched pass and the logprob entries of every chunk that asks for them are fetched in one
+    call. A sampled chunk draws with its own generator, one chunk after another (its draws are the
+    same as alone): on a GPU on the device (:mod:`.rejection`; ``on_device`` True forces that path
+    on the CPU), where the greedy chunks' argmaxes and every sampled chunk's result come to the host
+    in one read together (one device sync a step, where a chunk at a time cost one each); on the
+    CPU draft by draft, after one read of the argmaxes. The same tokens and entries as
     :func:`verify_chunk` chunk by chunk."""
     all_rows: list[SamplingRow] = []
     spans: list[tuple[int, int]] = []
@@ -129,15 +132,7 @@ def verify_chunks(
         if row.matcher is not None:  # a grammar: each row's mask is the one of its own position (the rows
             masks = draft_masks(row.matcher, chunk.draft_token_ids, logits.shape[-1])  # up to a draft it refuses)
             apply_bitmask(logits, range(first, first + masks.shape[0]), masks)
-    greedy = any(row.params.greedy for row in rows)
-    best = logits.argmax(dim=-1).tolist() if greedy else []
-    sampled = [i for i, row in enumerate(rows) if not row.params.greedy]  # drawn together, one host read
-    drawn = dict(zip(sampled, draw_chunks(
-        [target_probs(logits[spans[i][0] : spans[i][0] + spans[i][1]], rows[i]) for i in sampled],
-        [chunks[i].draft_token_ids for i in sampled], [draft_probs[i] for i in sampled],
-        [rows[i].generator for i in sampled]), strict=True))  # fmt: skip
-    tokens = [drawn[i] if i in drawn else accept_greedy(best[first : first + n], chunk.draft_token_ids)
-              for i, (chunk, (first, n)) in enumerate(zip(chunks, spans, strict=True))]  # fmt: skip
+    tokens = _accepted(logits, chunks, rows, draft_probs, spans, on_device)
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
     entries: dict[int, list[TokenLogprob | None]] = {}
     if wanted:
@@ -146,6 +141,41 @@ def verify_chunks(
         got = iter(token_logprobs(logits[index], [all_rows[r] for r in picked], [t for i in wanted for t in tokens[i]]))
         entries = {i: [next(got) for _ in tokens[i]] for i in wanted}
     return [(tuple(t), tuple(entries[i]) if i in entries else (None,) * len(t)) for i, t in enumerate(tokens)]
+
+
+def _accepted(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], rows: Sequence[SamplingRow],
+    draft_probs: Sequence[torch.Tensor | None], spans: Sequence[tuple[int, int]], on_device: bool | None,
+) -> list[list[int]]:  # fmt: skip
+    """Each chunk's emitted tokens (see :func:`verify_chunks`): the argmax of the greedy chunks'
+    rows only, read with the sampled chunks' draws where those stay on the device."""
+    greedy = [i for i, row in enumerate(rows) if row.params.greedy]
+    sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+    picked = [spans[i][0] + j for i in greedy for j in range(spans[i][1])]
+    best = None
+    if greedy:
+        best = (logits if len(picked) == logits.shape[0] else logits[row_index(picked, logits.device)]).argmax(dim=-1)
+    drafts = [chunks[i].draft_token_ids for i in sampled]
+    probs = [target_probs(logits[spans[i][0] : spans[i][0] + spans[i][1]], rows[i]) for i in sampled]
+    dists, gens = [draft_probs[i] for i in sampled], [rows[i].generator for i in sampled]
+    if sampled and draws_on_device(logits.device, on_device):
+        stacked = draw_stacked(probs, drafts, dists, gens).flatten()
+        read = (stacked if best is None else torch.cat([best, stacked])).tolist()  # the step's one host read
+        best_ids, pairs = read[: len(picked)], read[len(picked) :]
+        draws = emitted(drafts, list(zip(pairs[::2], pairs[1::2], strict=True)))
+    else:
+        best_ids = [] if best is None else best.tolist()
+        draws = draw_chunks(probs, drafts, dists, gens, on_device=False)
+    drawn = dict(zip(sampled, draws, strict=True))
+    tokens: list[list[int]] = []
+    offset = 0
+    for i, (chunk, (_, n)) in enumerate(zip(chunks, spans, strict=True)):
+        if i in drawn:
+            tokens.append(drawn[i])
+            continue
+        tokens.append(accept_greedy(best_ids[offset : offset + n], chunk.draft_token_ids))
+        offset += n
+    return tokens
 
 
 @torch.inference_mode()
