@@ -1,7 +1,8 @@
 """Float32 linear weights prepacked once, at load, for MKL's or oneDNN's GEMM on the CPU.
 
-Two packed formats, both stock torch ops; which one a model gets is :func:`pack_format`'s
-choice (MKL's on Intel CPUs, oneDNN's elsewhere; ``INFLIGHT_CPU_PACK_FORMAT`` overrides it).
+Two packed formats (and an opt-in third with bfloat16 products, at the end), both stock torch
+ops; which one a model gets is :func:`pack_format`'s choice (MKL's on Intel CPUs, oneDNN's
+elsewhere; ``INFLIGHT_CPU_PACK_FORMAT`` overrides it).
 
 MKL's: the op is stock torch: ``torch.ops.mkl._mkl_reorder_linear_weight`` packs a weight
 (``cblas_sgemm_pack``) and ``torch.ops.mkl._mkl_linear`` multiplies by it
@@ -73,6 +74,20 @@ against 37.4 and 77.2 split in two lanes (at 32 decodes the lanes win: 97.3 agai
 Panels (for those float copies) and column blocks (for MKL's packed weights): see
 :mod:`.cpu_weight_layout`.
 
+bfloat16 products (``INFLIGHT_CPU_PACK_FORMAT=onednn-bf16``, never the default): each weight
+rounded to bfloat16 once and packed in oneDNN's layout; each product rounds its float32 input rows
+to bfloat16, multiplies on AMX's tiles where the CPU has them (AVX-512-BF16 or converted lanes
+elsewhere, where torch says oneDNN runs bfloat16 at all; else the engine refuses to start), and
+returns the product rounded to bfloat16 (oneDNN's output takes its input's type) as float32 rows,
+the bias added in float32. Everything else stays float32: the residual
+stream, norms, attention and the KV cache. So a product is as close to F.linear as bfloat16's 8
+significant bits allow (the probe's tolerance: :data:`PROBE_TOLERANCE`), the rest as exact as the
+float32 engine, and greedy tokens may differ from it where two logits are that close. On the
+2-core Xeon (AMX) the packed bfloat16 products ran the bench-medium shapes at 1.3-2.8 TFLOP/s at
+64-256 rows against MKL's float32 packed GEMM's ~0.4 (``F.linear`` in bfloat16, unpacked: ~1.1-2.1);
+at 8 rows ~0.5 against ~0.3. No float copies are kept (every product is bfloat16) and the one-call
+decode stack, which calls MKL from C, stays off.
+
 Knows nothing about the model beyond ``nn.Linear``; :func:`prepack_linears` is called by the
 weight loader for float32 models on the native CPU kernels (``INFLIGHT_CPU_PREPACK=0`` keeps
 the weights unpacked).
@@ -101,8 +116,17 @@ logger = logging.getLogger(__name__)
 PACK_ROWS = 512
 # Row counts every packed weight is checked at (one row, a few, more than a vector's width).
 PROBE_ROWS = (1, 3, 37)
-# The packed formats (see the module docstring): MKL's cblas_sgemm_pack, oneDNN's blocked layout.
-PACK_FORMATS = ("mkl", "onednn")
+# The packed formats (see the module docstring): MKL's cblas_sgemm_pack, oneDNN's blocked layout,
+# and oneDNN's blocked layout of the weight rounded to bfloat16 (opt-in only, "bfloat16 products").
+FLOAT32_FORMATS = ("mkl", "onednn")
+PACK_FORMATS = (*FLOAT32_FORMATS, "onednn-bf16")
+# The formats whose products are bfloat16: each weight rounded once, each input row rounded per
+# product, accumulated in float32 (AMX's tile products where the CPU has them).
+BF16_FORMATS = ("onednn-bf16",)
+# How far a packed product may be from F.linear's: float32 formats round like F.linear (relative
+# to the largest product); bfloat16 ones round the weight, the input and the product to 8
+# significant bits (relative to the largest sum of the terms' magnitudes: ~3 x 2^-9 at most).
+PROBE_TOLERANCE = {"mkl": 1e-4, "onednn": 1e-4, "onednn-bf16": 1e-2}
 # Products of at most this many rows take the few-row kernel on a packed weight's float copy,
 # when it has one. On the AMD EPYC of the module docstring, one thread: the few-row kernel 27 /
 # 45 / 67 ms at 4 / 8 / 16 rows against 59 / 68 / 86 packed, even at 24 (112 / 104), behind at
@@ -150,10 +174,11 @@ class PackedLinearWeight:
 
     @property
     def nbytes(self) -> int:
-        """Resident bytes: the packed buffer is the float weight's size (see module docstring),
-        twice that with the float copy."""
+        """Resident bytes: the packed buffer is the weight's size in its format (see module
+        docstring), plus the float copy if kept."""
         copy = self.panels.numel() * 4 if self.panels is not None else 0
-        return self.shape[0] * self.shape[1] * 4 * (1 if self.float_rows is None else 2) + copy
+        packed = self.shape[0] * self.shape[1] * (2 if self.fmt in BF16_FORMATS else 4)
+        return packed + (0 if self.float_rows is None else self.float_rows.numel() * 4) + copy
 
     @property
     def has_float_copy(self) -> bool:
@@ -198,7 +223,7 @@ class PackSummary:
         kept = (f"float weights kept for few-row products (in panels up to {PANEL_MAX_ROWS} rows; a shared "
                 f"weight row-major up to {FLOAT_COPY_MAX_ROWS})" if self.float_copies
                 else "float copies freed")
-        name = {"mkl": "MKL", "onednn": "oneDNN"}.get(self.fmt, self.fmt)
+        name = {"mkl": "MKL", "onednn": "oneDNN", "onednn-bf16": "oneDNN, bfloat16 products"}.get(self.fmt, self.fmt)
         why = f" [{self.fmt_reason}]" if self.fmt_reason else ""
         blocks = f" in up to {self.num_blocks} column blocks" if self.num_blocks > 1 else ""
         text = (f"{self.num_packed} linears prepacked for {name}{why}{blocks} ({self.packed_bytes / 2**20:.0f} MiB, "
@@ -223,8 +248,13 @@ def onednn_packing_available() -> bool:
 
 
 def packing_available(fmt: str) -> bool:
-    """torch has the ops of packed format ``fmt``."""
-    return mkl_packing_available() if fmt == "mkl" else fmt == "onednn" and onednn_packing_available()
+    """torch has the ops of packed format ``fmt`` (for bfloat16 products: and oneDNN runs them
+    natively on this CPU)."""
+    if fmt == "mkl":
+        return mkl_packing_available()
+    if fmt == "onednn-bf16":
+        return onednn_packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return fmt == "onednn" and onednn_packing_available()
 
 
 def packed_linear(
@@ -240,6 +270,9 @@ def packed_linear(
         bias = bias.float()
     if weight.fmt == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, weight.packed[0], bias, "none", [], "")
+    if weight.fmt == "onednn-bf16":  # float32 in and out; the bias added in float32
+        out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight.packed[0], None, "none", [], "").float()
+        return out if bias is None else out.add_(bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if len(weight.packed) == 1:
         return torch.ops.mkl._mkl_linear(x, weight.packed[0], weight.stand_in, bias, rows)
@@ -322,7 +355,8 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str 
                            for start, end in zip(starts, ends, strict=True))
             table = mkl_table(packed, starts)
         else:
-            starts, packed, table = (0,), (torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),), None
+            rounded = w.bfloat16() if fmt in BF16_FORMATS else w
+            starts, packed, table = (0,), (torch.ops.mkldnn._reorder_linear_weight(rounded, PACK_ROWS),), None
         result = PackedLinearWeight(packed, torch.zeros(1).expand(out_features, in_features),
                                     w if keep_float and shared else None, fmt,
                                     to_panels(w) if keep_float and not shared else None, starts, table)
@@ -330,8 +364,9 @@ def pack_linear_weight(weight: torch.Tensor, keep_float: bool = False, fmt: str 
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, generator=gen)
             want = F.linear(x, w)
-            scale = float(want.abs().max()) + 1e-30
-            if float((packed_linear(x, result) - want).abs().max()) > 1e-4 * scale:
+            # bfloat16's error scales with the terms of each sum, not with a sum that cancels
+            scale = float((x.abs() @ w.abs().T if fmt in BF16_FORMATS else want.abs()).max()) + 1e-30
+            if float((packed_linear(x, result) - want).abs().max()) > PROBE_TOLERANCE[fmt] * scale:
                 return None
     return result
 
@@ -347,12 +382,16 @@ def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype:
     if (env_vars.read_int("INFLIGHT_CPU_PREPACK") or 0) == 0:
         return "; linear weights unpacked (INFLIGHT_CPU_PREPACK=0)"
     fmt, why = pack_format()
+    if not packing_available(fmt) and fmt in BF16_FORMATS:  # asked for by name: never silently float32
+        raise ValueError(f"INFLIGHT_CPU_PACK_FORMAT={fmt}: this torch or CPU cannot run oneDNN's bfloat16 "
+                         "products (torch.ops.mkldnn._is_mkldnn_bf16_supported() is false)")
     if not packing_available(fmt):
-        other = next(f for f in PACK_FORMATS if f != fmt)
+        other = next(f for f in FLOAT32_FORMATS if f != fmt)
         if not packing_available(other):
             return "; linear weights unpacked (torch has neither MKL's nor oneDNN's packed GEMM)"
         fmt, why = other, f"torch has no {fmt} packed GEMM"
-    return "; " + prepack_linears(model, float_copies_wanted(), fmt, why, num_blocks).describe()
+    keep_float = float_copies_wanted() and fmt not in BF16_FORMATS  # bfloat16 products at every row count
+    return "; " + prepack_linears(model, keep_float, fmt, why, num_blocks).describe()
 
 
 def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl", fmt_reason: str = "",
