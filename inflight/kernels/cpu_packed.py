@@ -402,7 +402,8 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
     tied to the token embedding) is packed only with ``keep_float``: its float weight stays for
     the other module anyway and is then the packed weight's float copy, so packing it costs what
     packing any other weight costs; without float copies it would be a second copy, and it stays
-    float."""
+    float, except in a bfloat16 format, where the copy is half the float weight's size and its
+    products take AMX."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for param in module._parameters.values():  # noqa: SLF001 - who else holds each tensor
@@ -416,8 +417,8 @@ def prepack_linears(model: nn.Module, keep_float: bool = False, fmt: str = "mkl"
         if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
                 and weight.device.type == "cpu" and weight.dim() == 2):
             continue
-        if holders.get(id(weight), 0) > 1 and not keep_float:
-            shared.append(name)
+        if holders.get(id(weight), 0) > 1 and not keep_float and fmt not in BF16_FORMATS:
+            shared.append(name)  # a second float32 copy; a bfloat16 one costs half and speeds every product
             continue
         packed = pack_linear_weight(weight, keep_float, fmt, shared=holders.get(id(weight), 0) > 1,
                                     num_blocks=num_blocks)

@@ -110,3 +110,23 @@ def test_an_engine_on_bfloat16_products_answers_near_the_float32_engine(tiny_mod
     shared = set(logprobs["mkl"]) & set(logprobs[FMT])
     assert len(shared) >= 6  # the same top tokens, nearly all
     assert max(abs(logprobs["mkl"][t] - logprobs[FMT][t]) for t in shared) < 0.1
+
+
+@needs_bf16
+def test_a_tied_head_is_packed_and_the_embedding_keeps_its_float_table() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    table = model.embed.weight.detach().clone()
+    summary = cpu_packed.prepack_linears(model, keep_float=False, fmt=FMT)
+    assert summary.num_packed == 1 and not summary.shared
+    assert isinstance(model.head.weight, PackedLinearWeight) and model.head.weight.fmt == FMT
+    assert isinstance(model.embed.weight, nn.Parameter) and torch.equal(model.embed.weight, table)
+    x = torch.randn(5, 16)
+    exact = x.double() @ table.double().T
+    assert _relative_error(packed_linear(x, model.head.weight), exact) < 3e-2
