@@ -29,6 +29,7 @@ typedef struct {
     float *k_cache, *v_cache;
     int64_t num_heads, num_kv_heads, head_dim, rot_dim, block_size, window, intermediate;
     float input_eps, post_eps, qk_eps, scale;
+    int64_t kv_bf16;  /* 1: k_cache/v_cache hold bfloat16 (cpu_bf16_kv.h), else float32 */
 } inflight_stack_layer;
 
 /* out[m, n] = a[m, k] . W^T (+ bias) on a W packed in column blocks (table: cpu_packed.mkl_table),
@@ -134,10 +135,16 @@ int inflight_decode_stack_f32(
                                   num_threads);
         stack_linear(gemm, x, L->qkv_w, L->qkv_f, L->qkv_p, L->qkv_b, w, m, qkv, hidden, few_rows, panel_rows,
                      num_threads);
-        status = inflight_decode_attention_block_f32(
-            w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->k_cache, L->v_cache,
-            slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads, L->num_kv_heads, L->head_dim,
-            L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
+        if (L->kv_bf16)
+            status = inflight_decode_attention_block_bf16(
+                w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, (uint16_t *)L->k_cache,
+                (uint16_t *)L->v_cache, slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads,
+                L->num_kv_heads, L->head_dim, L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
+        else
+            status = inflight_decode_attention_block_f32(
+                w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->k_cache, L->v_cache,
+                slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads, L->num_kv_heads, L->head_dim,
+                L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
         stack_linear(gemm, nw, L->o_w, L->o_f, L->o_p, L->o_b, h, m, hidden, q, few_rows, panel_rows, num_threads);
         inflight_rms_norm_f32(h, hidden, res, hidden, L->post_norm, x, res, num_seqs, hidden, L->post_eps,
                               num_threads);

@@ -6,7 +6,7 @@ times the layer's scale, exact, then the float kernel's code). Prefill attention
 blocks the step reads into a compact float32 cache once (``inflight_dequantize_fp8_blocks``) and
 runs the float prefill kernel on it with the block tables renumbered: a prompt chunk reads
 each block many times, so decoding once is cheaper than decoding per query tile. The store
-kernel (``inflight_store_kv_cache_fp8``) is bound in :mod:`.cpu_native`. Both follow
+(:func:`store`: ``inflight_store_kv_cache_fp8``) encodes as the reference quantizes. Both follow
 :mod:`inflight.kernels.fp8_kv` (``stored * scale``) and take float32 queries with heads packed;
 anything else takes the torch reference. Knows nothing about the model or the engine.
 """
@@ -90,3 +90,20 @@ def dequantized_blocks(
                                            lut.data_ptr(), out.data_ptr(), torch.get_num_threads())  # fmt: skip
         caches.append(out)
     return caches[0], caches[1], renumbered.to(torch.int32)
+
+
+def store(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+          slot_mapping: torch.Tensor, kv_scales: tuple[Scale, Scale]) -> bool:  # fmt: skip
+    """Store float32 ``key``/``value`` rows (heads packed, any row stride) into fp8 caches of one
+    format, encoded as the reference quantizes; False (nothing written) for any other cache."""
+    if not (fp8_kv.is_fp8(k_cache.dtype) and k_cache.dtype == v_cache.dtype):
+        return False
+    fmt = fp8_kv.FORMATS[k_cache.dtype]
+    slots = slot_mapping.to(torch.int64).contiguous()
+    lib.inflight_store_kv_cache_fp8(
+        key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2], 1.0 / fp8_kv.scale_value(kv_scales[0]),
+        1.0 / fp8_kv.scale_value(kv_scales[1]), fmt.mantissa_bits, fmt.bias, fmt.max_value, torch.get_num_threads(),
+    )
+    return True
+

@@ -150,16 +150,25 @@ static inline __attribute__((always_inline)) float softmax_normalizer(float m, f
 /* An fp8 cache (kv8.k NULL: float caches): bytes in the layout of the float caches, decoded
  * through 256-entry tables that already hold byte value * the layer's scale; each block's
  * rows are decoded into the float scratch kf/vf [block_size, num_kv_heads, head_dim] and read
- * from there by the float code, so both paths share every line of the softmax. */
+ * from there by the float code, so both paths share every line of the softmax. A bfloat16
+ * cache (h16k/h16v set, k NULL; cpu_bf16_kv.h) is widened into the same scratch: a bfloat16
+ * value is the top half of the float's bits. */
 typedef struct {
     const uint8_t *k, *v;
     const float *k_lut, *v_lut;
     float *kf, *vf;
+    const uint16_t *h16k, *h16v;
 } kv8_t;
 
 static inline __attribute__((always_inline)) void kv8_decode_rows(const uint8_t *src, const float *lut, float *dst,
                                                                   int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) dst[i] = lut[src[i]];
+}
+
+static inline __attribute__((always_inline)) void bf16_widen_rows(const uint16_t *src, float *dst, int64_t begin,
+                                                                  int64_t end) {
+    uint32_t *bits = (uint32_t *)dst;
+    for (int64_t i = begin; i < end; ++i) bits[i] = (uint32_t)src[i] << 16;
 }
 
 /* One sequence (see above). Scratch: acc [num_heads, head_dim], m, l and mb [num_heads],
@@ -189,6 +198,11 @@ static inline __attribute__((always_inline)) void decode_sequence(
             const int64_t off = (int64_t)table[b] * blk_stride;
             kv8_decode_rows(kv8.k + off, kv8.k_lut, kv8.kf, t0 * tok_stride, n * tok_stride);
             kv8_decode_rows(kv8.v + off, kv8.v_lut, kv8.vf, t0 * tok_stride, n * tok_stride);
+            kb = kv8.kf, vb = kv8.vf, nk = NULL;
+        } else if (kv8.h16k != NULL) {  /* bfloat16: this block's rows widened into the scratch */
+            const int64_t off = (int64_t)table[b] * blk_stride;
+            bf16_widen_rows(kv8.h16k + off, kv8.kf, t0 * tok_stride, n * tok_stride);
+            bf16_widen_rows(kv8.h16v + off, kv8.vf, t0 * tok_stride, n * tok_stride);
             kb = kv8.kf, vb = kv8.vf, nk = NULL;
         } else {
             kb = k_cache + (int64_t)table[b] * blk_stride;
@@ -425,6 +439,7 @@ void inflight_small_m_linear_f32(
 
 #include "cpu_panel_linear.h"  /* few-row products on a weight kept in column panels */
 #include "cpu_decode_block.h"  /* composes the kernels above: kept in its own file */
+#include "cpu_bf16_kv.h"  /* bfloat16 KV caches of a float32 engine: store, decode attention and block, prefill */
 #include "cpu_prefill_attention.h"  /* prompt chunks: tiled online softmax, softmax_normalizer above */
 #include "cpu_decode_stack.h"  /* a pure-decode step's whole layer stack: composes the block above */
 #include "cpu_fp8_kv.h"  /* fp8 KV caches: store, decode attention over them, block decoding for prefill */

@@ -39,6 +39,7 @@ import torch
 
 from inflight.cache import cache_root
 from inflight.kernels import (
+    cpu_bf16_kv,
     cpu_fp8_kv,
     cpu_linear,
     cpu_mla,
@@ -68,12 +69,19 @@ _SIGNATURES = {
     "inflight_store_kv_cache_fp8": (
         None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _f32, _int, _int, _f32, _int]),
     "inflight_dequantize_fp8_blocks": (None, [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _int]),
+    "inflight_paged_decode_attention_bf16": (
+        ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _int, _i64, _ptr]),
+    "inflight_store_kv_cache_bf16": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int]),
+    "inflight_widen_bf16_blocks": (None, [_ptr, _ptr, _i64, _i64, _ptr, _int]),
     "inflight_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "inflight_rotary_embedding_f32": (None, [_ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
     "inflight_small_m_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_panel_linear_f32": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inflight_silu_and_mul_f32": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
     "inflight_decode_attention_block_f32": (
+        ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
+        + [_f32, _int, _i64, _ptr]),
+    "inflight_decode_attention_block_bf16": (
         ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _f32] + [_ptr] * 6 + [_i64] * 6
         + [_f32, _int, _i64, _ptr]),
     **cpu_stack.SIGNATURES,
@@ -173,6 +181,9 @@ def paged_decode_attention(
     if fp8_kv.is_fp8(k_cache.dtype) or fp8_kv.is_fp8(v_cache.dtype):
         return cpu_fp8_kv.decode_attention(_lib(), query, k_cache, v_cache, block_tables, context_lens, scale,
                                              sliding_window, sinks, (k_scale, v_scale))  # fmt: skip
+    if cpu_bf16_kv.is_bf16_of_float(k_cache.dtype, query.dtype):
+        return cpu_bf16_kv.decode_attention(_lib(), query, k_cache, v_cache, block_tables, context_lens, scale,
+                                            sliding_window, sinks)  # fmt: skip
     return _decode_attention(_lib().inflight_paged_decode_attention_f32, query, k_cache, v_cache, block_tables,
                              context_lens, scale, sliding_window, sinks)
 
@@ -234,8 +245,10 @@ def decode_attention_block(
     q_size, kv_size = num_heads * head_dim, layer.num_kv_heads * head_dim
     rot_dim = cos_sin_cache.shape[-1]
     q_norm, k_norm = layer.q_norm, layer.k_norm
+    bf16_cache = cpu_bf16_kv.is_bf16_of_float(k_cache.dtype, qkv.dtype) and v_cache.dtype == k_cache.dtype
     if not (qkv.dim() == 2 and qkv.shape[1] == q_size + 2 * kv_size and qkv.stride(1) == 1
-            and qkv.dtype == k_cache.dtype == v_cache.dtype == cos_sin_cache.dtype == torch.float32
+            and qkv.dtype == cos_sin_cache.dtype == torch.float32
+            and (bf16_cache or k_cache.dtype == v_cache.dtype == torch.float32)
             and qkv.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
             and cos_sin_cache.is_contiguous() and rot_dim % 2 == 0 and rot_dim <= head_dim
             and (q_norm is None) == (k_norm is None)
@@ -250,7 +263,8 @@ def decode_attention_block(
     if num_seqs == 0:
         return out
     tables = rows.block_tables
-    status = _lib().inflight_decode_attention_block_f32(
+    kernel = _lib().inflight_decode_attention_block_bf16 if bf16_cache else _lib().inflight_decode_attention_block_f32
+    status = kernel(
         qkv.data_ptr(), qkv.stride(0), rows.positions.data_ptr(), cos_sin_cache.data_ptr(), rot_dim,
         None if q_norm is None else q_norm.data_ptr(), None if k_norm is None else k_norm.data_ptr(),
         layer.norm_eps, k_cache.data_ptr(), v_cache.data_ptr(), rows.slot_mapping.data_ptr(), tables.data_ptr(),
@@ -284,15 +298,10 @@ def store_kv_cache(
     k_scale: Scale = None,
     v_scale: Scale = None,
 ) -> None:
-    if fp8_kv.is_fp8(k_cache.dtype) and _rows_ok(key) and _rows_ok(value) and k_cache.dtype == v_cache.dtype \
-            and k_cache.is_contiguous() and v_cache.is_contiguous():
-        fmt = fp8_kv.FORMATS[k_cache.dtype]
-        slots = slot_mapping.to(torch.int64).contiguous()
-        _lib().inflight_store_kv_cache_fp8(
-            key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-            slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2], 1.0 / fp8_kv.scale_value(k_scale),
-            1.0 / fp8_kv.scale_value(v_scale), fmt.mantissa_bits, fmt.bias, fmt.max_value, torch.get_num_threads(),
-        )
+    narrow = _rows_ok(key) and _rows_ok(value) and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if narrow and cpu_fp8_kv.store(_lib(), key, value, k_cache, v_cache, slot_mapping, (k_scale, v_scale)):
+        return
+    if narrow and cpu_bf16_kv.store(_lib(), key, value, k_cache, v_cache, slot_mapping):  # a float32 engine's
         return
     if not (_rows_ok(key) and _rows_ok(value) and k_cache.dtype == v_cache.dtype == torch.float32
             and k_cache.is_contiguous() and v_cache.is_contiguous()):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from inflight.kernels import cpu_fp8_kv, reference
+from inflight.kernels import cpu_bf16_kv, cpu_fp8_kv, reference
 from inflight.kernels.fp8_kv import Scale, is_fp8
 
 _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -59,7 +59,12 @@ def bound_to(library: Callable[[], ctypes.CDLL]) -> Callable[..., torch.Tensor]:
             k_cache, v_cache, block_tables = cpu_fp8_kv.dequantized_blocks(
                 library(), k_cache, v_cache, block_tables, context_lens, (k_scale, v_scale))
             key = value = None  # the float copies hold what attention must see (rounded through fp8)
-        elif is_fp8(k_cache.dtype) or is_fp8(v_cache.dtype):
+        elif cpu_bf16_kv.native_ok(query, k_cache, v_cache):  # the same, widened from bfloat16
+            k_cache, v_cache, block_tables = cpu_bf16_kv.widened_blocks(library(), k_cache, v_cache, block_tables,
+                                                                        context_lens)  # fmt: skip
+            key = value = None
+        elif is_fp8(k_cache.dtype) or is_fp8(v_cache.dtype) or cpu_bf16_kv.is_bf16_of_float(k_cache.dtype,
+                                                                                              query.dtype):
             return reference.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc,
                                                      context_lens, scale, key, value, sliding_window, sinks,
                                                      k_scale=k_scale, v_scale=v_scale)  # fmt: skip

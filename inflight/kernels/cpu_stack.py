@@ -56,6 +56,7 @@ class StackLayerC(ctypes.Structure):
         + [(name, _i64) for name in ("num_heads", "num_kv_heads", "head_dim", "rot_dim", "block_size", "window",
                                      "intermediate")]
         + [(name, _f32) for name in ("input_eps", "post_eps", "qk_eps", "scale")]
+        + [("kv_bf16", _i64)]
     )  # fmt: skip
 
 
@@ -123,6 +124,7 @@ def _table(stack: decode_stack.DecodeStack) -> ctypes.Array[StackLayerC]:
         entry.intermediate = layer.down.shape[1]
         entry.input_eps, entry.post_eps, entry.qk_eps, entry.scale = (layer.input_eps, layer.post_eps, a.norm_eps,
                                                                        a.scale)  # fmt: skip
+        entry.kv_bf16 = int(k_cache.dtype == torch.bfloat16)
     return table
 
 

@@ -108,7 +108,8 @@ def _layer_ok(layer: StackLayer, hidden: int) -> bool:
             and (a.q_norm is None) == (a.k_norm is None)
             and (a.q_norm is None or _vector_ok(a.q_norm, a.head_dim) and _vector_ok(a.k_norm, a.head_dim))
             and (a.sinks is None or _vector_ok(a.sinks, a.num_heads))
-            and k_cache.dtype == v_cache.dtype == torch.float32 and k_cache.device.type == "cpu"
+            and k_cache.dtype == v_cache.dtype and k_cache.dtype in (torch.float32, torch.bfloat16)
+            and k_cache.device.type == "cpu"
             and k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dim() == 4
             and k_cache.shape == v_cache.shape and tuple(k_cache.shape[2:]) == (a.num_kv_heads, a.head_dim)
             and cs.dtype == torch.float32 and cs.device.type == "cpu" and cs.dim() == 2 and cs.is_contiguous()

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-# vLLM's --kv-cache-dtype names of the fp8 formats ("auto" is the serving dtype).
+# vLLM's --kv-cache-dtype names of the narrow formats ("auto" is the serving dtype): the fp8 ones,
+# and bfloat16, a float32 engine's cache at half the bytes (cpu_bf16_kv.py; no scale).
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
+    "bfloat16": torch.bfloat16,
 }
 
 Scale = float | torch.Tensor | None  # a per-tensor scale: python float, 0-d tensor, or None (1.0)
@@ -42,13 +44,24 @@ FORMATS: dict[torch.dtype, Fp8Format] = {
 }
 
 
-def cache_dtype(kv_cache_dtype: str, serving_dtype: torch.dtype) -> torch.dtype:
-    """The torch dtype of the KV cache for an engine's ``kv_cache_dtype`` setting."""
+def cache_dtype(kv_cache_dtype: str, serving_dtype: torch.dtype, device_type: str = "cpu") -> torch.dtype:
+    """The torch dtype of the KV cache for an engine's ``kv_cache_dtype`` setting on a device of
+    ``device_type``. bfloat16 is the serving dtype of a bfloat16 engine (as auto) or a float32
+    engine's narrower cache on the CPU (whose kernels widen it as they read it); anything else
+    is refused with the reason."""
     if kv_cache_dtype == "auto":
         return serving_dtype
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)} (got {kv_cache_dtype!r}).")
-    return KV_CACHE_DTYPES[kv_cache_dtype]
+    dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+    if dtype == torch.bfloat16 and serving_dtype != torch.bfloat16:
+        if serving_dtype != torch.float32:
+            raise ValueError(f"kv_cache_dtype bfloat16 takes a float32 or bfloat16 engine (this one serves "
+                             f"{str(serving_dtype).removeprefix('torch.')}); use auto or an fp8 format")
+        if device_type != "cpu":
+            raise ValueError("kv_cache_dtype bfloat16 with a float32 engine runs on the CPU only (its kernels widen "
+                             "the cache as they read it); on a GPU serve --dtype bfloat16 instead")
+    return dtype
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

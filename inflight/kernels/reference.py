@@ -251,10 +251,9 @@ def paged_prefill_attention(
 
 
 def _as_cached(x: torch.Tensor, cache_dtype: torch.dtype, scale: Scale) -> torch.Tensor:
-    """float32 ``x`` as a cache of ``cache_dtype`` reads it back (rounded through fp8 when it is)."""
-    if not fp8_kv.is_fp8(cache_dtype):
-        return x.float()
-    return fp8_kv.dequantize(fp8_kv.quantize(x, cache_dtype, scale), scale)
+    """float32 ``x`` as a cache of ``cache_dtype`` reads it back (rounded through fp8, or through
+    bfloat16 for a float32 engine's bfloat16 cache)."""
+    return fp8_kv.dequantize(fp8_kv.store_value(x, cache_dtype, scale), scale)
 
 
 def attention_with_sinks(

@@ -153,10 +153,12 @@ class EngineConfig:
     kv_cache_dtype: str = field(
         default="auto",
         metadata=_help(
-            "auto | fp8 | fp8_e4m3 | fp8_e5m2 (vLLM's names): how the paged KV cache stores K and V. "
-            "auto: the serving dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per value with a "
+            "auto | fp8 | fp8_e4m3 | fp8_e5m2 | bfloat16 (vLLM's names): how the paged KV cache stores K "
+            "and V. auto: the serving dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per value with a "
             "per-layer K and V scale (from the checkpoint, else --calculate-kv-scales, else 1.0), "
-            "so the same memory holds 2x the blocks of bf16. Not token-exact (docs/kv-cache-dtype.md)."
+            "so the same memory holds 2x the blocks of bf16; bfloat16: a float32 engine's cache on the "
+            "CPU at half its bytes (a bfloat16 engine's is bfloat16 already). Not token-exact "
+            "(docs/kv-cache-dtype.md)."
         ),
     )
     calculate_kv_scales: bool = field(

@@ -15,7 +15,7 @@ SCHEDULER_POLICIES = ("fcfs", "priority", "fair", "static")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "sim")
 QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors")  # vLLM's --quantization names
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype names
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")  # vLLM's --kv-cache-dtype names
 
 # Knobs the running engine can change without a restart (the admin endpoint, the operator).
 LIVE_TUNABLE_FIELDS = ("max_num_sequences", "max_num_tokens", "max_queue_len")

@@ -281,7 +281,7 @@ CACHE: tuple[VllmFlag, ...] = (
           "Not quite the same: vLLM's is the share of the whole GPU; ours the share of the memory "
           "still free after the weights load that becomes KV cache."),
     refused("--kv-cache-memory-bytes", "size the KV cache with --num-kv-blocks or --max-tokens-in-paged-kv-cache"),
-    alias("--kv-cache-dtype", "--kv-cache-dtype", "auto, fp8, fp8_e4m3, fp8_e5m2 (docs/kv-cache-dtype.md)."),
+    alias("--kv-cache-dtype", "--kv-cache-dtype", "auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16 (docs/kv-cache-dtype.md)."),
     alias("--num-gpu-blocks-override", "--num-kv-blocks", "Replaces the memory-based sizing."),
     alias("--enable-prefix-caching", "--enable-prefix-caching", "On by default, as in vLLM V1.", 0, negatable=True),
     notice("--prefix-caching-hash-algo", "prefix blocks are keyed by a chained SHA-256 of their token ids"),

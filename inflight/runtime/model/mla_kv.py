@@ -24,10 +24,11 @@ def check_mla_engine(spec: ModelSpec, kv_cache_dtype: str, enable_lora: bool) ->
     """``ValueError`` with the reason for an engine setting latent attention does not support."""
     if spec.mla is None:
         return
-    if kv_cache_dtype != "auto":  # every other value is an fp8 format
+    if kv_cache_dtype != "auto":  # an fp8 format, or bfloat16 under a float32 engine
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported with multi-head latent attention "
                          "(DeepSeek-V2/V3): the latent cache is stored in the serving dtype (its fp8 format with "
-                         "per-layer scales is not implemented); use kv_cache_dtype auto.")  # fmt: skip
+                         "per-layer scales, and a narrower float one, are not implemented); use kv_cache_dtype "
+                         "auto.")  # fmt: skip
     if enable_lora:
         raise ValueError("enable_lora is not supported for DeepSeek-V3 or V2 (latent attention has no q/k/v/o "
                          "adapter slots); serve it without LoRA.")  # fmt: skip

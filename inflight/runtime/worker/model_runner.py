@@ -116,7 +116,7 @@ class ModelRunner:
                                                                                progress)  # fmt: skip
         self.spec = self.model.spec
         # the KV cache's dtype: the serving dtype, or fp8 (one byte a value) with per-layer scales
-        self.kv_dtype = fp8_kv.cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.kv_dtype = fp8_kv.cache_dtype(config.kv_cache_dtype, self.dtype, self.device.type)
         scales_said = kv_scales.configure(self.model, self.kv_dtype, config.calculate_kv_scales)
         if scales_said is not None and rank == 0:
             logger.log(logging.WARNING if "scales 1.0" in scales_said else logging.INFO, "%s", scales_said)
