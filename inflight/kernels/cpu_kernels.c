@@ -201,6 +201,11 @@ static inline __attribute__((always_inline)) void decode_sequence(
             kb = kv8.kf, vb = kv8.vf, nk = NULL;
         } else if (kv8.h16k != NULL) {  /* bfloat16: this block's rows widened into the scratch */
             const int64_t off = (int64_t)table[b] * blk_stride;
+            if ((b + 1) * block_size < ctx) {  /* the next block's K and V on their way while this one runs */
+                const int64_t next = (int64_t)table[b + 1] * blk_stride;
+                prefetch_row((const float *)(kv8.h16k + next), blk_stride / 2);
+                prefetch_row((const float *)(kv8.h16v + next), blk_stride / 2);
+            }
             bf16_widen_rows(kv8.h16k + off, kv8.kf, t0 * tok_stride, n * tok_stride);
             bf16_widen_rows(kv8.h16v + off, kv8.vf, t0 * tok_stride, n * tok_stride);
             kb = kv8.kf, vb = kv8.vf, nk = NULL;
