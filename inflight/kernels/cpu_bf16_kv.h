@@ -1,8 +1,9 @@
 /* bfloat16 KV caches of a float32 engine in inflight's CPU kernels (inflight/kernels/cpu_bf16_kv.py
  * is the Python side), included by cpu_kernels.c after cpu_decode_block.h (it runs that file's
  * decode attention on the kv8_t path, and the block's norm_rotate_heads; the one-call decode stack
- * after it calls the block here); not a header to include anywhere else. A stored value is the float32 value rounded to nearest-even to bfloat16, as
- * torch's cast rounds it; a read widens it back exactly (the top half of the float's bits). */
+ * after it calls the block here); not a header to include anywhere else. A stored value is the
+ * float32 value rounded to nearest-even to bfloat16 (bf16_round, cpu_kernels.c), as torch's cast
+ * rounds it; a read widens it back exactly (the top half of the float's bits). */
 
 /* inflight_paged_decode_attention_f32 over bfloat16 caches (same layout, two bytes a value):
  * each thread widens a block's rows into its scratch and runs the float code on them. */
@@ -11,40 +12,9 @@ int inflight_paged_decode_attention_bf16(
     const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int num_threads, int64_t window,
     const float *sinks) {
-    int failed = 0;
-    const int64_t blk = block_size * num_kv_heads * head_dim;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
-        float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
-        float *kvf = malloc(sizeof(float) * 2 * blk);
-        failed = !acc || !m || !p || !kvf;
-        const kv8_t wide = {NULL, NULL, NULL, NULL, kvf, kvf + blk, k_cache, v_cache};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (failed) continue;
-            attend_sequence(q + s * num_heads * head_dim, NULL, NULL, block_tables + s * max_blocks,
-                            context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
-                            head_dim, block_size, scale, sinks, acc, m, p, wide);
-        }
-        free(acc);
-        free(m);
-        free(p);
-        free(kvf);
-    }
-    return failed ? -1 : 0;
-}
-
-/* float -> bfloat16 bits, rounded to nearest-even as torch's cast rounds (a carry into the
- * exponent is the next binade; the largest finite values round to infinity); NaN stays a quiet
- * NaN with its sign. */
-static inline uint16_t bf16_round(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof(bits));
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
+    const kv8_t wide = {NULL, NULL, NULL, NULL, NULL, NULL, k_cache, v_cache};
+    return paged_attention(q, NULL, NULL, wide, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                           head_dim, block_size, max_blocks, scale, num_threads, window, sinks);
 }
 
 /* inflight_store_kv_cache_f32 into bfloat16 caches: each value rounded by bf16_round. */
@@ -75,56 +45,15 @@ void inflight_widen_bf16_blocks(const uint16_t *src, const int64_t *src_blocks, 
 }
 
 /* inflight_decode_attention_block_f32 (cpu_decode_block.h) over bfloat16 caches: the rotated k
- * and the v of each row rounded into the token's slot, then each q attending over the widened
- * rows. Every row's K/V is stored before any row attends, as there. */
+ * and the v of each row rounded into the token's slot (bf16_round), then each q attending over the
+ * widened rows. Every row's K/V is stored before any row attends, as there. */
 int inflight_decode_attention_block_bf16(
     const float *qkv, int64_t qkv_stride, const int64_t *positions, const float *cos_sin, int64_t rot_dim,
     const float *q_norm, const float *k_norm, float norm_eps, uint16_t *k_cache, uint16_t *v_cache,
     const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens, float *out,
     int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
     int64_t max_blocks, float scale, int num_threads, int64_t window, const float *sinks) {
-    const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-    const int64_t blk = block_size * kv_size;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
-        float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
-        float *tmp = malloc(sizeof(float) * head_dim);
-        float *krow = malloc(sizeof(float) * kv_size);
-        float *kvf = malloc(sizeof(float) * 2 * blk);
-        failed = !acc || !m || !p || !tmp || !krow || !kvf;
-        const kv8_t wide = {NULL, NULL, NULL, NULL, kvf, kvf + blk, k_cache, v_cache};
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (failed) continue;
-            const float *row = qkv + s * qkv_stride;
-            const float *cs = cos_sin + positions[s] * rot_dim;
-            norm_rotate_heads(row, num_heads, head_dim, q_norm, norm_eps, cs, rot_dim, out + s * q_size, tmp);
-            const int64_t slot = slot_mapping[s];
-            if (slot < 0) continue;
-            norm_rotate_heads(row + q_size, num_kv_heads, head_dim, k_norm, norm_eps, cs, rot_dim, krow, tmp);
-            const float *vrow = row + q_size + kv_size;
-            uint16_t *kd = k_cache + slot * kv_size, *vd = v_cache + slot * kv_size;
-            for (int64_t i = 0; i < kv_size; ++i) {
-                kd[i] = bf16_round(krow[i]);
-                vd[i] = bf16_round(vrow[i]);
-            }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (failed) continue;
-            attend_sequence(out + s * q_size, NULL, NULL, block_tables + s * max_blocks, context_lens[s], window,
-                            out + s * q_size, num_heads, num_kv_heads, head_dim, block_size, scale, sinks, acc, m,
-                            p, wide);
-        }
-        free(acc);
-        free(m);
-        free(p);
-        free(tmp);
-        free(krow);
-        free(kvf);
-    }
-    return failed ? -1 : 0;
+    return decode_block(qkv, qkv_stride, positions, cos_sin, rot_dim, q_norm, k_norm, norm_eps, NULL, NULL, k_cache,
+                        v_cache, slot_mapping, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                        head_dim, block_size, max_blocks, scale, num_threads, window, sinks);
 }

@@ -4,8 +4,9 @@ bfloat16``): the ctypes side of ``cpu_bf16_kv.h``.
 A stored value is the float32 K or V rounded to nearest-even to bfloat16 (torch's cast; the
 reference stores ``x.to(torch.bfloat16)``), and a read widens it back exactly, so the cache holds
 what the reference holds and every kernel reads what the reference reads. Decode attention reads
-the cache in place (``inflight_paged_decode_attention_bf16``: each block's rows widened into a
-per-thread float scratch, then the float kernel's code), half the bytes of a float32 cache.
+the cache in place (``inflight_paged_decode_attention_bf16``, bound in :mod:`.cpu_native` as the
+float one is: each block's rows widened into a per-thread float scratch, then the float kernel's
+code), half the bytes of a float32 cache.
 Prefill attention widens the blocks the step reads into a compact float32 cache once
 (``inflight_widen_bf16_blocks``) and runs the float prefill kernel on it with the block tables
 renumbered, as the fp8 caches do (:mod:`.cpu_fp8_kv`). The store (:func:`store`:
@@ -19,8 +20,6 @@ import ctypes
 
 import torch
 
-from inflight.kernels import reference
-
 
 def is_bf16_of_float(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool:
     """A bfloat16 cache read by float32 queries (a float32 engine with ``kv_cache_dtype bfloat16``)."""
@@ -33,35 +32,6 @@ def native_ok(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
             and query.device.type == "cpu" and query.dim() == 3 and query.stride(2) == 1
             and query.stride(1) == query.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
             and query.shape[1] % k_cache.shape[2] == 0)  # fmt: skip
-
-
-def decode_attention(
-    lib: ctypes.CDLL, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, sliding_window: int | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """:func:`inflight.kernels.reference.paged_decode_attention` over bfloat16 caches."""
-    if not (native_ok(query, k_cache, v_cache) and query.is_contiguous()):
-        return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
-                                                sliding_window, sinks)  # fmt: skip
-    num_seqs, num_heads, head_dim = query.shape
-    if sinks is not None:
-        sinks = sinks.to(torch.float32).contiguous()
-        if sinks.shape != (num_heads,):
-            raise ValueError(f"sinks must be [num_heads] = [{num_heads}] (got {tuple(sinks.shape)}).")
-    out = torch.empty_like(query)
-    if num_seqs == 0:
-        return out
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    status = lib.inflight_paged_decode_attention_bf16(
-        query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-        out.data_ptr(), num_seqs, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], tables.shape[1],
-        scale, torch.get_num_threads(), sliding_window or 0, None if sinks is None else sinks.data_ptr(),
-    )
-    if status != 0:
-        raise MemoryError("paged_decode_attention (bfloat16 cache): no memory for the per-thread scratch")
-    return out
 
 
 def widened_blocks(

@@ -38,13 +38,16 @@ static void norm_rotate_heads(const float *x, int64_t num_heads, int64_t head_di
     }
 }
 
-int inflight_decode_attention_block_f32(
+/* The block over float caches (k_cache/v_cache) or a float32 engine's bfloat16 ones (h16k/h16v
+ * set, k_cache/v_cache NULL: k and v rounded into the slot, rows widened to attend; cpu_bf16_kv.h). */
+static int decode_block(
     const float *qkv, int64_t qkv_stride, const int64_t *positions, const float *cos_sin, int64_t rot_dim,
-    const float *q_norm, const float *k_norm, float norm_eps, float *k_cache, float *v_cache,
-    const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens, float *out,
-    int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+    const float *q_norm, const float *k_norm, float norm_eps, float *k_cache, float *v_cache, uint16_t *h16k,
+    uint16_t *h16v, const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens,
+    float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
     int64_t max_blocks, float scale, int num_threads, int64_t window, const float *sinks) {
     const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+    const int64_t blk = block_size * kv_size;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -52,7 +55,10 @@ int inflight_decode_attention_block_f32(
         float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
         float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
         float *tmp = malloc(sizeof(float) * head_dim);
-        failed = !acc || !m || !p || !tmp;
+        float *krow = h16k != NULL ? malloc(sizeof(float) * (kv_size + 2 * blk)) : NULL;  /* + the scratch */
+        failed = !acc || !m || !p || !tmp || (h16k != NULL && !krow);
+        const kv8_t kv = {NULL, NULL, NULL, NULL, krow == NULL ? NULL : krow + kv_size,
+                          krow == NULL ? NULL : krow + kv_size + blk, h16k, h16v};
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (failed) continue;
@@ -61,21 +67,43 @@ int inflight_decode_attention_block_f32(
             norm_rotate_heads(row, num_heads, head_dim, q_norm, norm_eps, cs, rot_dim, out + s * q_size, tmp);
             const int64_t slot = slot_mapping[s];
             if (slot < 0) continue;
-            norm_rotate_heads(row + q_size, num_kv_heads, head_dim, k_norm, norm_eps, cs, rot_dim,
-                              k_cache + slot * kv_size, tmp);
-            memcpy(v_cache + slot * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+            const float *vrow = row + q_size + kv_size;
+            if (h16k == NULL) {
+                norm_rotate_heads(row + q_size, num_kv_heads, head_dim, k_norm, norm_eps, cs, rot_dim,
+                                  k_cache + slot * kv_size, tmp);
+                memcpy(v_cache + slot * kv_size, vrow, sizeof(float) * kv_size);
+                continue;
+            }
+            norm_rotate_heads(row + q_size, num_kv_heads, head_dim, k_norm, norm_eps, cs, rot_dim, krow, tmp);
+            uint16_t *kd = h16k + slot * kv_size, *vd = h16v + slot * kv_size;
+            for (int64_t i = 0; i < kv_size; ++i) {
+                kd[i] = bf16_round(krow[i]);
+                vd[i] = bf16_round(vrow[i]);
+            }
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (failed) continue;
             attend_sequence(out + s * q_size, k_cache, v_cache, block_tables + s * max_blocks, context_lens[s],
                             window, out + s * q_size, num_heads, num_kv_heads, head_dim, block_size, scale, sinks,
-                            acc, m, p, (kv8_t){0});
+                            acc, m, p, kv);
         }
         free(acc);
         free(m);
         free(p);
         free(tmp);
+        free(krow);
     }
     return failed ? -1 : 0;
+}
+
+int inflight_decode_attention_block_f32(
+    const float *qkv, int64_t qkv_stride, const int64_t *positions, const float *cos_sin, int64_t rot_dim,
+    const float *q_norm, const float *k_norm, float norm_eps, float *k_cache, float *v_cache,
+    const int64_t *slot_mapping, const int32_t *block_tables, const int32_t *context_lens, float *out,
+    int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+    int64_t max_blocks, float scale, int num_threads, int64_t window, const float *sinks) {
+    return decode_block(qkv, qkv_stride, positions, cos_sin, rot_dim, q_norm, k_norm, norm_eps, k_cache, v_cache,
+                        NULL, NULL, slot_mapping, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                        head_dim, block_size, max_blocks, scale, num_threads, window, sinks);
 }

@@ -10,29 +10,9 @@ int inflight_paged_decode_attention_fp8(
     const int32_t *block_tables, const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale,
     int num_threads, int64_t window, const float *sinks) {
-    int failed = 0;
-    const int64_t blk = block_size * num_kv_heads * head_dim;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
-        float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
-        float *kvf = malloc(sizeof(float) * 2 * blk);
-        failed = !acc || !m || !p || !kvf;
-        const kv8_t kv8 = {k_cache, v_cache, k_lut, v_lut, kvf, kvf + blk};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (failed) continue;
-            attend_sequence(q + s * num_heads * head_dim, NULL, NULL, block_tables + s * max_blocks,
-                            context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
-                            head_dim, block_size, scale, sinks, acc, m, p, kv8);
-        }
-        free(acc);
-        free(m);
-        free(p);
-        free(kvf);
-    }
-    return failed ? -1 : 0;
+    const kv8_t fp8 = {k_cache, v_cache, k_lut, v_lut, NULL, NULL, NULL, NULL};
+    return paged_attention(q, NULL, NULL, fp8, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                           head_dim, block_size, max_blocks, scale, num_threads, window, sinks);
 }
 
 /* float -> fp8 byte: x already multiplied by 1 / scale; saturated to +-max_value, rounded to

@@ -171,6 +171,20 @@ static inline __attribute__((always_inline)) void bf16_widen_rows(const uint16_t
     for (int64_t i = begin; i < end; ++i) bits[i] = (uint32_t)src[i] << 16;
 }
 
+/* float -> bfloat16 bits, rounded to nearest-even as torch's cast rounds (a carry into the
+ * exponent is the next binade; the largest finite values round to infinity); NaN stays a quiet
+ * NaN with its sign. */
+static inline uint16_t bf16_round(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Whether kv reads a narrow cache (fp8 or bfloat16) through the per-thread scratch. */
+static inline int kv_is_narrow(kv8_t kv) { return kv.k != NULL || kv.h16k != NULL; }
+
 /* One sequence (see above). Scratch: acc [num_heads, head_dim], m, l and mb [num_heads],
  * p [num_heads, block_size + TILE]. */
 static inline __attribute__((always_inline)) void decode_sequence(
@@ -263,6 +277,40 @@ static inline __attribute__((always_inline)) void attend_sequence(
 #undef SEQ
 }
 
+/* Every sequence's decode attention, one sequence per work item, over float caches (narrow's
+ * pointers NULL) or a narrow cache (narrow: an fp8 or bfloat16 cache; each thread gets the float
+ * scratch its blocks are decoded into). Returns 0, or -1 when the per-thread scratch cannot be
+ * allocated. */
+static int paged_attention(const float *q, const float *k_cache, const float *v_cache, kv8_t narrow,
+                           const int32_t *block_tables, const int32_t *context_lens, float *out, int64_t num_seqs,
+                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                           int64_t max_blocks, float scale, int num_threads, int64_t window, const float *sinks) {
+    const int64_t blk = block_size * num_kv_heads * head_dim;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        float *acc = malloc(sizeof(float) * num_heads * head_dim);
+        float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
+        float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
+        float *kvf = kv_is_narrow(narrow) ? malloc(sizeof(float) * 2 * blk) : NULL;
+        failed = !acc || !m || !p || (kv_is_narrow(narrow) && !kvf);
+        kv8_t kv = narrow;
+        kv.kf = kvf, kv.vf = kvf == NULL ? NULL : kvf + blk;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < num_seqs; ++s) {
+            if (failed) continue;
+            attend_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks,
+                            context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
+                            head_dim, block_size, scale, sinks, acc, m, p, kv);
+        }
+        free(acc);
+        free(m);
+        free(p);
+        free(kvf);
+    }
+    return failed ? -1 : 0;
+}
+
 /* q [num_seqs, num_heads, head_dim] contiguous; caches [num_blocks, block_size,
  * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks] int32;
  * context_lens [num_seqs] int32; out like q; window > 0: each query sees only the last
@@ -275,25 +323,8 @@ int inflight_paged_decode_attention_f32(
     const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale,
     int num_threads, int64_t window, const float *sinks) {
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        float *m = malloc(sizeof(float) * num_heads * 3);  /* m, l, mb */
-        float *p = malloc(sizeof(float) * num_heads * (block_size + TILE));
-        failed = !acc || !m || !p;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (failed) continue;
-            attend_sequence(q + s * num_heads * head_dim, k_cache, v_cache, block_tables + s * max_blocks,
-                            context_lens[s], window, out + s * num_heads * head_dim, num_heads, num_kv_heads,
-                            head_dim, block_size, scale, sinks, acc, m, p, (kv8_t){0});
-        }
-        free(acc);
-        free(m);
-        free(p);
-    }
-    return failed ? -1 : 0;
+    return paged_attention(q, k_cache, v_cache, (kv8_t){0}, block_tables, context_lens, out, num_seqs, num_heads,
+                           num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads, window, sinks);
 }
 
 /* Rows of key/value (token stride *_stride, heads then head_dim contiguous) into their

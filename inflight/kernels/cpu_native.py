@@ -181,9 +181,9 @@ def paged_decode_attention(
     if fp8_kv.is_fp8(k_cache.dtype) or fp8_kv.is_fp8(v_cache.dtype):
         return cpu_fp8_kv.decode_attention(_lib(), query, k_cache, v_cache, block_tables, context_lens, scale,
                                              sliding_window, sinks, (k_scale, v_scale))  # fmt: skip
-    if cpu_bf16_kv.is_bf16_of_float(k_cache.dtype, query.dtype):
-        return cpu_bf16_kv.decode_attention(_lib(), query, k_cache, v_cache, block_tables, context_lens, scale,
-                                            sliding_window, sinks)  # fmt: skip
+    if cpu_bf16_kv.is_bf16_of_float(k_cache.dtype, query.dtype):  # a float32 engine's bfloat16 cache
+        return _decode_attention(_lib().inflight_paged_decode_attention_bf16, query, k_cache, v_cache, block_tables,
+                                 context_lens, scale, sliding_window, sinks, cache_dtype=torch.bfloat16)  # fmt: skip
     return _decode_attention(_lib().inflight_paged_decode_attention_f32, query, k_cache, v_cache, block_tables,
                              context_lens, scale, sliding_window, sinks)
 
@@ -202,11 +202,11 @@ def decode_attention_from(source: Path, extra_flags: tuple[str, ...] = ()) -> Ca
 def _decode_attention(
     kernel: Callable[..., int], query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, *, cache_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if not (query.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+    if not (query.dtype == torch.float32 and k_cache.dtype == v_cache.dtype == cache_dtype
             and query.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
             and query.device.type == "cpu"):
         return reference.paged_decode_attention(
