@@ -377,6 +377,11 @@ def prepack_detail(model: nn.Module, ops_name: str, device: torch.device, dtype:
     ``INFLIGHT_CPU_PREPACK`` is not 0), in :func:`pack_format`'s format (the other one where
     torch lacks its ops; MKL's in up to ``num_blocks`` column blocks, one per thread a step
     may use); what was done, for the load log line ("" if nothing)."""
+    if ops_name.startswith("cpu-native") and device.type == "cpu" and dtype != torch.float32:
+        name = str(dtype).removeprefix("torch.")
+        return (f"; linear weights unpacked, and attention, norms and rotary on the torch reference kernels "
+                f"(the native CPU kernels take float32; this engine serves {name}, slower than float32 on the CPU; "
+                "faster on AMX: float32 with INFLIGHT_CPU_PACK_FORMAT=onednn-bf16, docs/tuning.md)")
     if not (ops_name.startswith("cpu-native") and device.type == "cpu" and dtype == torch.float32):
         return ""
     if (env_vars.read_int("INFLIGHT_CPU_PREPACK") or 0) == 0:

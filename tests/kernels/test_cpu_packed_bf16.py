@@ -130,3 +130,13 @@ def test_a_tied_head_is_packed_and_the_embedding_keeps_its_float_table() -> None
     x = torch.randn(5, 16)
     exact = x.double() @ table.double().T
     assert _relative_error(packed_linear(x, model.head.weight), exact) < 3e-2
+
+
+def test_a_bfloat16_engine_on_the_cpu_says_its_kernels_are_the_references() -> None:
+    """``--dtype bfloat16`` on the CPU bypasses the native kernels (float32 only): the load line
+    says so and names the faster route, rather than leaving ``kernels: cpu-native`` to mislead."""
+    model = nn.Sequential(nn.Linear(16, 16).to(torch.bfloat16))
+    line = cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.bfloat16)
+    assert "torch reference kernels" in line and "serves bfloat16" in line and "onednn-bf16" in line
+    assert isinstance(model[0].weight, nn.Parameter)  # nothing packed
+    assert cpu_packed.prepack_detail(model, "torch", torch.device("cpu"), torch.bfloat16) == ""
