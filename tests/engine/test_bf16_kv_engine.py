@@ -1,10 +1,13 @@
 """A float32 engine's bfloat16 KV cache (``kv_cache_dtype bfloat16``, CPU), on seeded random-weight
 models: the same memory holds 2x the blocks; the engine runs end to end, agrees with the float32
-cache on nearly every greedy token, and the native kernels give the reference's
-tokens; a float16 engine, and a float32 one on CUDA, are refused at start with the reason."""
+cache on nearly every greedy token, and the native kernels give the reference's tokens; prefix
+caching, preemption, the host tier, speculation, decode graphs and tensor parallelism give the
+tokens the bfloat16 engine gives without them; a float16 engine, and a float32 one on CUDA, are
+refused at start with the reason."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import torch
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker import kv_sizing
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
@@ -25,9 +29,9 @@ def _engine(model_dir: Path, **knobs: object) -> LLMEngine:
     return LLMEngine.from_model_dir(model_dir, EngineConfig(**{**CONFIG, **knobs}))
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
+def _run(engine: LLMEngine, prompts: list[list[int]], per_step: int = 3) -> dict[str, list[int]]:
     params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True) for _ in prompts]
-    out = run_staggered(engine, prompts, params, 3)
+    out = run_staggered(engine, prompts, params, per_step)
     stats = engine.stats()
     assert stats.num_running == stats.num_waiting == stats.num_used_kv_blocks == 0, "KV blocks leaked"
     return out
@@ -88,3 +92,55 @@ def test_a_float16_engine_and_a_float32_one_on_cuda_are_refused(llama_dir) -> No
 
     with pytest.raises(ValueError, match="on the CPU only"):
         fp8_kv.cache_dtype("bfloat16", torch.float32, "cuda")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: sliding-window layers
+def test_prefix_caching_preemption_speculation_and_graphs_keep_their_tokens(model_factory, arch) -> None:
+    """Each feature runs the native bfloat16 kernels on other paths (cached prefixes read back,
+    recomputation, the host tier's copies, several rows of a sequence in one decode block, the
+    decode graphs' replays): each gives the tokens the bfloat16 engine gives without it."""
+    from inflight.runtime.worker.graph_backend import RecordingGraphBackend
+
+    model_dir = model_factory(arch)
+    plain = _engine(model_dir, kv_cache_dtype="bfloat16", enable_prefix_caching=False)
+    prompts = prompts_of_lengths(plain.tokenizer, LENGTHS)
+    shared = prompts[3][:24]
+    prompts += [shared + p[1:6] for p in prompts[:4]]  # prefix-cache hits on a shared 24-token prefix
+    want = _run(plain, prompts)
+    plain.close()
+    for knobs in (dict(enable_prefix_caching=True),
+                  dict(num_kv_blocks=14, max_num_tokens=64),  # too few blocks for all: preemptions
+                  dict(num_kv_blocks=14, max_num_tokens=64, kv_offloading_size=0.01),  # + the host tier
+                  dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'),
+                  dict(speculative_config=json.dumps({"method": "draft_model", "model": str(model_dir),
+                                                      "num_speculative_tokens": 2}))):  # fmt: skip
+        eng = _engine(model_dir, kv_cache_dtype="bfloat16", **knobs)
+        try:
+            assert _run(eng, prompts, per_step=6) == want, knobs
+            if "num_kv_blocks" in knobs:
+                assert eng.stats().num_preemptions > 0
+            if knobs.get("enable_prefix_caching"):
+                assert eng.kv.prefix_cache_hits > 0
+        finally:
+            eng.close()
+    backend = RecordingGraphBackend()
+    graphed = LLMEngine.from_model_dir(model_dir, EngineConfig(**{**CONFIG, "kv_cache_dtype": "bfloat16",
+                                                                  "enable_prefix_caching": False}),
+                                       graph_backend=backend)  # fmt: skip
+    try:
+        assert _run(graphed, prompts, per_step=6) == want and backend.num_replays > 0
+    finally:
+        graphed.close()
+
+
+def test_tensor_parallel_gives_the_single_rank_tokens(llama_dir) -> None:
+    one = _engine(llama_dir, kv_cache_dtype="bfloat16")
+    prompts = prompts_of_lengths(one.tokenizer, LENGTHS)
+    want = _run(one, prompts)
+    one.close()
+    llm = LLM(llama_dir, tensor_parallel_size=2, kv_cache_dtype="bfloat16", **CONFIG)
+    try:
+        assert llm.engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+        assert _run(llm.engine, prompts) == want
+    finally:
+        llm.close()
