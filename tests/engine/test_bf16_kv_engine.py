@@ -7,7 +7,6 @@ refused at start with the reason."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker import kv_sizing
+from tests.engine.kv_dtype_invariance import features_keep_their_tokens
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
 
 LENGTHS = [3, 17, 9, 33, 12, 25, 6, 40]
@@ -102,27 +102,7 @@ def test_prefix_caching_preemption_speculation_and_graphs_keep_their_tokens(mode
     from inflight.runtime.worker.graph_backend import RecordingGraphBackend
 
     model_dir = model_factory(arch)
-    plain = _engine(model_dir, kv_cache_dtype="bfloat16", enable_prefix_caching=False)
-    prompts = prompts_of_lengths(plain.tokenizer, LENGTHS)
-    shared = prompts[3][:24]
-    prompts += [shared + p[1:6] for p in prompts[:4]]  # prefix-cache hits on a shared 24-token prefix
-    want = _run(plain, prompts)
-    plain.close()
-    for knobs in (dict(enable_prefix_caching=True),
-                  dict(num_kv_blocks=14, max_num_tokens=64),  # too few blocks for all: preemptions
-                  dict(num_kv_blocks=14, max_num_tokens=64, kv_offloading_size=0.01),  # + the host tier
-                  dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'),
-                  dict(speculative_config=json.dumps({"method": "draft_model", "model": str(model_dir),
-                                                      "num_speculative_tokens": 2}))):  # fmt: skip
-        eng = _engine(model_dir, kv_cache_dtype="bfloat16", **knobs)
-        try:
-            assert _run(eng, prompts, per_step=6) == want, knobs
-            if "num_kv_blocks" in knobs:
-                assert eng.stats().num_preemptions > 0
-            if knobs.get("enable_prefix_caching"):
-                assert eng.kv.prefix_cache_hits > 0
-        finally:
-            eng.close()
+    prompts, want = features_keep_their_tokens(model_dir, "bfloat16", LENGTHS, _engine, _run)
     backend = RecordingGraphBackend()
     graphed = LLMEngine.from_model_dir(model_dir, EngineConfig(**{**CONFIG, "kv_cache_dtype": "bfloat16",
                                                                   "enable_prefix_caching": False}),

@@ -6,7 +6,6 @@ come from the checkpoint, from the first prompt, or are 1.0 with a notice; nothi
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker import kv_sizing
+from tests.engine.kv_dtype_invariance import features_keep_their_tokens
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
 
 LENGTHS = [3, 17, 9, 33, 12, 25, 6, 40]
@@ -101,28 +101,8 @@ def test_logprobs_stay_close_to_the_float_cache(llama_dir) -> None:
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: sliding-window layers (a 16-token window)
 def test_prefix_caching_preemption_and_speculation_keep_their_tokens(model_factory, arch) -> None:
     """Each feature gives the fp8 engine the tokens the fp8 engine gives without it."""
-    llama_dir = model_factory(arch)
-    plain = _engine(llama_dir, kv_cache_dtype="fp8", enable_prefix_caching=False)
-    prompts = prompts_of_lengths(plain.tokenizer, LENGTHS)
-    shared = prompts[3][:24]
-    prompts += [shared + p[1:6] for p in prompts[:4]]  # prefix-cache hits on a shared 24-token prefix
-    want = _run(plain, prompts)
-    plain.close()
-    for knobs in (dict(enable_prefix_caching=True),
-                  dict(num_kv_blocks=14, max_num_tokens=64),  # too few blocks for all: preemptions
-                  dict(num_kv_blocks=14, max_num_tokens=64, kv_offloading_size=0.01),  # + the host tier
-                  dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'),
-                  dict(speculative_config=json.dumps({"method": "draft_model", "model": str(llama_dir),
-                                                      "num_speculative_tokens": 2}))):  # fmt: skip
-        eng = _engine(llama_dir, kv_cache_dtype="fp8", **knobs)
-        try:
-            assert _run(eng, prompts, per_step=6) == want, knobs
-            if "num_kv_blocks" in knobs:
-                assert eng.stats().num_preemptions > 0
-            if knobs.get("enable_prefix_caching"):
-                assert eng.kv.prefix_cache_hits > 0
-        finally:
-            eng.close()
+    features_keep_their_tokens(model_factory(arch), "fp8", LENGTHS, _engine,
+                               lambda eng, prompts, per_step: _run(eng, prompts, per_step=per_step))
 
 
 def test_tensor_parallel_gives_the_single_rank_tokens(llama_dir) -> None:
