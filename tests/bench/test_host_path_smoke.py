@@ -44,3 +44,18 @@ def test_the_real_model_study_runs_without_vllm(tmp_path: Path, capsys: pytest.C
     (run,) = json.loads(out.read_text())
     assert run["system"] == host_path_peer.OURS and run["errors"] == 0 and run["tokens"] > 0
     assert "| inflight (defaults) |" in capsys.readouterr().out
+
+
+def test_the_bfloat16_study_runs_inflights_systems_without_vllm(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Every inflight system of bench.studies.cpu_bf16 serves its burst in full; the bfloat16
+    products run only where oneDNN has them, so the smoke run asks for the two that always can."""
+    from bench.studies import cpu_bf16
+
+    out = tmp_path / "runs.json"
+    assert cpu_bf16.main(["--no-vllm", "--size", "tiny", "--streams", "3", "--tokens", "4", "--repeats", "1",
+                          "--only", "inflight float32", "inflight --dtype bfloat16", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())
+    assert [r["system"] for r in runs] == ["inflight float32", "inflight --dtype bfloat16"]
+    assert all(r["errors"] == 0 and r["tokens"] == 3 * 4 for r in runs)  # ignore_eos: every token
+    assert "| inflight --dtype bfloat16 |" in capsys.readouterr().out
