@@ -26,10 +26,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from bench.studies.host_path_peer import burst
 from inflight.bench import peers
-from inflight.bench.client import RequestSpec, run_workload
-from inflight.bench.stats import summarize
-from inflight.bench.systems import RunningServer, SystemSpec
+from inflight.bench.systems import SystemSpec
 
 BF16_PRODUCTS = (("INFLIGHT_CPU_PACK_FORMAT", "onednn-bf16"),)
 VLLM_ENV = (("VLLM_CPU_KVCACHE_SPACE", "4"), ("VLLM_CPU_OMP_THREADS_BIND", "0-1"), ("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
@@ -48,20 +47,6 @@ def systems(num_streams: int, vllm_python: str) -> list[SystemSpec]:
                                                                         str(num_streams), "--dtype", dtype),
                                   exe=vllm_python, env=VLLM_ENV))  # fmt: skip
     return out
-
-
-def burst(spec: SystemSpec, model_dir: Path, num_streams: int, num_tokens: int, log: Path) -> dict:
-    specs = [RequestSpec(f"# task {i}\ndef f{i}(x):\n    return", num_tokens, ignore_eos=True)
-             for i in range(num_streams)]  # fmt: skip
-    with RunningServer(spec, model_dir, log) as server:
-        cpu_before = server.cpu_seconds()
-        run = run_workload(server.url, server.model_name, specs, 900.0)
-        cpu = server.cpu_seconds() - cpu_before
-    summary = summarize(run)
-    tokens = sum(r.num_output_tokens for r in run.results if r.error is None)
-    return {"system": spec.name, "errors": summary.errors, "tokens": tokens, "wall_s": run.wall_s,
-            "output_tok_s": summary.output_tok_s, "cpu_us_per_token": 1e6 * cpu / max(tokens, 1),
-            "ttft_p50_ms": 1e3 * summary.ttft_p50_s, "tpot_p50_ms": 1e3 * summary.tpot_p50_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     for _ in range(args.repeats):
         for spec in chosen:
-            runs.append(burst(spec, model_dir, args.streams, args.tokens, work / f"{len(runs)}.log"))
+            runs.append(burst(spec, model_dir, args.streams, args.tokens, work / f"{len(runs)}.log", ignore_eos=True))
             logging.info("%s", json.dumps(runs[-1]))
     print(f"\n{args.size}, {args.streams} streams x {args.tokens} tokens, {args.repeats} interleaved rounds "
           "(medians):\n\n| system | output tok/s | TTFT p50 ms | TPOT p50 ms | server CPU us per token | errors |\n"

@@ -41,8 +41,12 @@ def systems(num_streams: int, vllm_python: str) -> list[SystemSpec]:
     return out
 
 
-def burst(spec: SystemSpec, model_dir: Path, num_streams: int, num_tokens: int, log: Path) -> dict:
-    specs = [RequestSpec(f"# task {i}\ndef f{i}(x):\n    return", num_tokens) for i in range(num_streams)]
+def burst(spec: SystemSpec, model_dir: Path, num_streams: int, num_tokens: int, log: Path,
+          ignore_eos: bool = False) -> dict:  # fmt: skip
+    """One streaming burst of ``num_streams`` x ``num_tokens`` greedy tokens at ``spec`` serving
+    ``model_dir`` (``ignore_eos``: every stream runs to ``num_tokens``); its figures."""
+    specs = [RequestSpec(f"# task {i}\ndef f{i}(x):\n    return", num_tokens, ignore_eos=ignore_eos)
+             for i in range(num_streams)]  # fmt: skip
     with RunningServer(spec, model_dir, log) as server:
         cpu_before = server.cpu_seconds()
         run = run_workload(server.url, server.model_name, specs, 900.0)
