@@ -61,13 +61,13 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("INFLIGHT_KV_GROUPS", int, 1, (f"{_R}.worker.kv_layout",),
            "0: one KV block table for every layer of a model that mixes full and sliding-window attention "
            "(else one per group of layers, windowed groups freeing what leaves their window: docs/kv-groups.md)"),
-    EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_packed",),
+    EnvVar("INFLIGHT_CPU_PREPACK", int, 1, ("inflight.kernels.cpu_prepack",),
            "0: keep float32 linear weights unpacked on the CPU (else they are packed once at load for MKL's or oneDNN's GEMM)"),
-    EnvVar("INFLIGHT_CPU_PACK_FORMAT", str, None, ("inflight.kernels.cpu_packed",),
+    EnvVar("INFLIGHT_CPU_PACK_FORMAT", str, None, ("inflight.kernels.cpu_prepack",),
            "mkl or onednn: the layout float32 CPU linear weights are packed in (unset: MKL's on Intel CPUs, "
            "oneDNN's on others, where it is the faster GEMM); onednn-bf16: oneDNN's, with every linear's product "
            "in bfloat16 (AMX where the CPU has it) and the rest of the model float32"),
-    EnvVar("INFLIGHT_CPU_FLOAT_COPY", int, None, ("inflight.kernels.cpu_packed",),
+    EnvVar("INFLIGHT_CPU_FLOAT_COPY", int, None, ("inflight.kernels.cpu_prepack",),
            "1: packed CPU linear weights also keep their float32 weights for products of few rows (2x their "
            "memory); 0: never; unset: on every CPU but Intel's, where MKL's packed GEMM is slow at few rows"),
     EnvVar("INFLIGHT_CPU_MALLOC_TUNING", int, 1, (f"{_R}.worker.cpu.allocator",),

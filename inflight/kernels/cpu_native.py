@@ -51,7 +51,7 @@ from inflight.kernels import (
     lora_cpu,
     reference,
 )
-from inflight.kernels.cpu_packed import cpuinfo_line
+from inflight.kernels.cpu_prepack import cpuinfo_line
 from inflight.kernels.fp8_kv import Scale
 from inflight.kernels.ops import KernelOps
 

@@ -3,7 +3,7 @@ builds an AVX2 machine runs) and skip where the default build already is that on
 
 from __future__ import annotations
 
-from inflight.kernels.cpu_packed import cpuinfo_line
+from inflight.kernels.cpu_prepack import cpuinfo_line
 
 
 def has_cpu_flag(flag: str) -> bool:

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.kernels import cpu_linear, cpu_native, cpu_packed, cpu_weight_layout, reference
-from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear, prepack_linears
+from inflight.kernels import cpu_linear, cpu_native, cpu_packed, cpu_prepack, cpu_weight_layout, reference
+from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear
+from inflight.kernels.cpu_prepack import prepack_linears
 from tests.kernels.threads import with_threads
 
 pytestmark = pytest.mark.skipif(not cpu_packed.mkl_packing_available(), reason="torch built without MKL")
@@ -212,15 +213,15 @@ def test_a_kept_float_copy_takes_the_few_row_products(threads: int, fmt: str) ->
 def test_float_copies_are_kept_off_intel_cpus_unless_told(tmp_path, monkeypatch) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n")
-    assert cpu_packed.cpu_vendor(cpuinfo) == "AuthenticAMD"
-    assert cpu_packed.cpu_vendor(tmp_path / "missing") == ""
+    assert cpu_prepack.cpu_vendor(cpuinfo) == "AuthenticAMD"
+    assert cpu_prepack.cpu_vendor(tmp_path / "missing") == ""
     monkeypatch.delenv("INFLIGHT_CPU_FLOAT_COPY", raising=False)
-    assert cpu_packed.float_copies_wanted("AuthenticAMD") and cpu_packed.float_copies_wanted("")
-    assert not cpu_packed.float_copies_wanted("GenuineIntel")
+    assert cpu_prepack.float_copies_wanted("AuthenticAMD") and cpu_prepack.float_copies_wanted("")
+    assert not cpu_prepack.float_copies_wanted("GenuineIntel")
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "1")
-    assert cpu_packed.float_copies_wanted("GenuineIntel")
+    assert cpu_prepack.float_copies_wanted("GenuineIntel")
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "0")
-    assert not cpu_packed.float_copies_wanted("AuthenticAMD")
+    assert not cpu_prepack.float_copies_wanted("AuthenticAMD")
 
 
 def test_prepack_keeps_the_float_weights_when_asked() -> None:
@@ -239,14 +240,14 @@ def test_prepack_keeps_the_float_weights_when_asked() -> None:
 
 def test_the_pack_format_is_mkl_on_intel_and_onednn_elsewhere_unless_told(monkeypatch) -> None:
     monkeypatch.delenv("INFLIGHT_CPU_PACK_FORMAT", raising=False)
-    assert cpu_packed.pack_format("GenuineIntel") == ("mkl", "GenuineIntel CPU")
-    assert cpu_packed.pack_format("AuthenticAMD") == ("onednn", "AuthenticAMD CPU")
-    assert cpu_packed.pack_format("") == ("onednn", "unknown CPU")
+    assert cpu_prepack.pack_format("GenuineIntel") == ("mkl", "GenuineIntel CPU")
+    assert cpu_prepack.pack_format("AuthenticAMD") == ("onednn", "AuthenticAMD CPU")
+    assert cpu_prepack.pack_format("") == ("onednn", "unknown CPU")
     monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", " oneDNN ")
-    assert cpu_packed.pack_format("GenuineIntel") == ("onednn", "INFLIGHT_CPU_PACK_FORMAT")
+    assert cpu_prepack.pack_format("GenuineIntel") == ("onednn", "INFLIGHT_CPU_PACK_FORMAT")
     monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", "blas")
     with pytest.raises(ValueError, match="INFLIGHT_CPU_PACK_FORMAT must be one of mkl, onednn"):
-        cpu_packed.pack_format()
+        cpu_prepack.pack_format()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -254,14 +255,14 @@ def test_the_load_line_names_the_format_and_why(fmt: str, monkeypatch) -> None:
     monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", fmt)
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "0")
     model = nn.Sequential(nn.Linear(16, 32))
-    line = cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
+    line = cpu_prepack.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
     name = {"mkl": "MKL", "onednn": "oneDNN"}[fmt]
     assert f"1 linears prepacked for {name} [INFLIGHT_CPU_PACK_FORMAT]" in line
     assert model[0].weight.fmt == fmt
     monkeypatch.setattr(cpu_packed, "packing_available", lambda f: f != fmt)  # a torch without this format's ops
     other = nn.Sequential(nn.Linear(16, 32))
-    line = cpu_packed.prepack_detail(other, "cpu-native", torch.device("cpu"), torch.float32)
+    line = cpu_prepack.prepack_detail(other, "cpu-native", torch.device("cpu"), torch.float32)
     assert f"[torch has no {fmt} packed GEMM]" in line and other[0].weight.fmt != fmt
     monkeypatch.setattr(cpu_packed, "packing_available", lambda f: False)
-    assert "unpacked (torch has neither" in cpu_packed.prepack_detail(nn.Sequential(nn.Linear(4, 4)), "cpu-native",
+    assert "unpacked (torch has neither" in cpu_prepack.prepack_detail(nn.Sequential(nn.Linear(4, 4)), "cpu-native",
                                                                        torch.device("cpu"), torch.float32)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.kernels import cpu_packed
+from inflight.kernels import cpu_packed, cpu_prepack
 from inflight.kernels.cpu_packed import PackedLinearWeight, pack_linear_weight, packed_linear
 from tests.kernels.threads import with_threads
 
@@ -65,7 +65,7 @@ def test_prepack_swaps_every_float_weight_and_keeps_no_float_copies(monkeypatch)
     monkeypatch.setenv("INFLIGHT_CPU_PACK_FORMAT", FMT)
     monkeypatch.setenv("INFLIGHT_CPU_FLOAT_COPY", "1")  # bfloat16 products at every row count even so
     model = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 64, bias=False))
-    line = cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
+    line = cpu_prepack.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
     assert "2 linears prepacked for oneDNN, bfloat16 products [INFLIGHT_CPU_PACK_FORMAT]" in line
     assert "float copies freed" in line
     assert all(isinstance(m.weight, PackedLinearWeight) and m.weight.fmt == FMT and not m.weight.has_float_copy
@@ -78,7 +78,7 @@ def test_a_cpu_without_bfloat16_products_is_refused_not_run_as_float32(monkeypat
     assert not cpu_packed.packing_available(FMT)
     model = nn.Sequential(nn.Linear(16, 16))
     with pytest.raises(ValueError, match="cannot run oneDNN's bfloat16 products"):
-        cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
+        cpu_prepack.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.float32)
     assert isinstance(model[0].weight, nn.Parameter)
 
 
@@ -123,7 +123,7 @@ def test_a_tied_head_is_packed_and_the_embedding_keeps_its_float_table() -> None
 
     model = Tied()
     table = model.embed.weight.detach().clone()
-    summary = cpu_packed.prepack_linears(model, keep_float=False, fmt=FMT)
+    summary = cpu_prepack.prepack_linears(model, keep_float=False, fmt=FMT)
     assert summary.num_packed == 1 and not summary.shared
     assert isinstance(model.head.weight, PackedLinearWeight) and model.head.weight.fmt == FMT
     assert isinstance(model.embed.weight, nn.Parameter) and torch.equal(model.embed.weight, table)
@@ -136,7 +136,7 @@ def test_a_bfloat16_engine_on_the_cpu_says_its_kernels_are_the_references() -> N
     """``--dtype bfloat16`` on the CPU bypasses the native kernels (float32 only): the load line
     says so and names the faster route, rather than leaving ``kernels: cpu-native`` to mislead."""
     model = nn.Sequential(nn.Linear(16, 16).to(torch.bfloat16))
-    line = cpu_packed.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.bfloat16)
+    line = cpu_prepack.prepack_detail(model, "cpu-native", torch.device("cpu"), torch.bfloat16)
     assert "torch reference kernels" in line and "serves bfloat16" in line and "onednn-bf16" in line
     assert isinstance(model[0].weight, nn.Parameter)  # nothing packed
-    assert cpu_packed.prepack_detail(model, "torch", torch.device("cpu"), torch.bfloat16) == ""
+    assert cpu_prepack.prepack_detail(model, "torch", torch.device("cpu"), torch.bfloat16) == ""

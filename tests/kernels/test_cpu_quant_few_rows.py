@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inflight.kernels import cpu_native, cpu_quant, quant_reference
-from inflight.kernels.cpu_packed import cpuinfo_line
+from inflight.kernels.cpu_prepack import cpuinfo_line
 from inflight.kernels.quant_reference import QTYPE_IDS, QuantizedWeight
 
 gguf_quants = pytest.importorskip("gguf.quants")

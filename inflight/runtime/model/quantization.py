@@ -152,7 +152,7 @@ def load_weights(requested: str, target: LoadTarget, tp: Collectives | None = No
         detail = (f": {summary.num_quantized} linears, {summary.quantized_bytes / 2**20:.0f} MiB packed "
                   f"({summary.float32_bytes / 2**20:.0f} MiB as float32)")
     else:  # float32 on the native CPU kernels: linear weights prepacked for MKL's GEMM (cpu_packed)
-        from inflight.kernels.cpu_packed import prepack_detail
+        from inflight.kernels.cpu_prepack import prepack_detail
 
         # MKL's packed weights in one column block per thread a big step of this rank uses (as
         # the model runner sets them), so a few-row product streams each block on its own thread.
