@@ -20,6 +20,8 @@ import ctypes
 
 import torch
 
+from inflight.kernels import cpu_fp8_kv
+
 
 def is_bf16_of_float(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool:
     """A bfloat16 cache read by float32 queries (a float32 engine with ``kv_cache_dtype bfloat16``)."""
@@ -28,10 +30,7 @@ def is_bf16_of_float(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool
 
 def native_ok(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """bfloat16 caches, contiguous, and float32 CPU queries with heads and features packed."""
-    return (k_cache.dtype == v_cache.dtype == torch.bfloat16 and query.dtype == torch.float32
-            and query.device.type == "cpu" and query.dim() == 3 and query.stride(2) == 1
-            and query.stride(1) == query.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and query.shape[1] % k_cache.shape[2] == 0)  # fmt: skip
+    return k_cache.dtype == v_cache.dtype == torch.bfloat16 and cpu_fp8_kv.layout_ok(query, k_cache, v_cache)
 
 
 def widened_blocks(
@@ -42,12 +41,7 @@ def widened_blocks(
     entries), widened into compact float32 caches ``[num_used, block_size, H_kv, D]``, and the
     block tables renumbered into them (int32, same shape)."""
     block_size = k_cache.shape[1]
-    needed = torch.div(context_lens.long() + block_size - 1, block_size, rounding_mode="floor")
-    width = max(int(needed.max()) if needed.numel() else 0, 1)
-    table = block_tables[:, :width].long()
-    used = torch.arange(width)[None, :] < needed[:, None]
-    ids, renumbered = torch.unique(torch.where(used, table, 0), return_inverse=True)  # unused: block 0
-    ids = ids.contiguous()
+    ids, renumbered = cpu_fp8_kv.used_blocks(block_tables, context_lens, block_size)
     block_elems = block_size * k_cache.shape[2] * k_cache.shape[3]
     caches = []
     for cache in (k_cache, v_cache):
@@ -55,7 +49,7 @@ def widened_blocks(
         lib.inflight_widen_bf16_blocks(cache.data_ptr(), ids.data_ptr(), ids.shape[0], block_elems, out.data_ptr(),
                                        torch.get_num_threads())  # fmt: skip
         caches.append(out)
-    return caches[0], caches[1], renumbered.to(torch.int32)
+    return caches[0], caches[1], renumbered
 
 
 def store(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -28,10 +28,31 @@ def _lut(dtype: torch.dtype, scale: Scale) -> torch.Tensor:
 
 def native_ok(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """fp8 caches of one format, contiguous, and float32 CPU queries with heads and features packed."""
-    return (fp8_kv.is_fp8(k_cache.dtype) and k_cache.dtype == v_cache.dtype and query.dtype == torch.float32
-            and query.device.type == "cpu" and query.dim() == 3 and query.stride(2) == 1
-            and query.stride(1) == query.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and query.shape[1] % k_cache.shape[2] == 0)  # fmt: skip
+    return fp8_kv.is_fp8(k_cache.dtype) and k_cache.dtype == v_cache.dtype and layout_ok(query, k_cache, v_cache)
+
+
+def layout_ok(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """What the native kernels over a narrow cache (fp8 here, bfloat16 in :mod:`.cpu_bf16_kv`)
+    take besides its dtype: float32 CPU queries with heads and features packed, whole query
+    groups per KV head, contiguous caches."""
+    return (query.dtype == torch.float32 and query.device.type == "cpu" and query.dim() == 3
+            and query.stride(2) == 1 and query.stride(1) == query.shape[2] and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and query.shape[1] % k_cache.shape[2] == 0)  # fmt: skip
+
+
+def used_blocks(block_tables: torch.Tensor, context_lens: torch.Tensor,
+                block_size: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The blocks the sequences read (their first ``ceil(context_len / block_size)`` table
+    entries), as sorted distinct ids (int64, contiguous), and the block tables renumbered into
+    their positions (int32, ``[num_seqs, width]``): what a prefill step decodes into a compact
+    float cache once (fp8 here, bfloat16 in :mod:`.cpu_bf16_kv`)."""
+    lens = context_lens.tolist()
+    width = max((-(-n // block_size) for n in lens), default=0)
+    width = max(width, 1)
+    table = block_tables[:, :width].long()
+    used = torch.arange(width)[None, :] < torch.tensor([-(-n // block_size) for n in lens])[:, None]
+    ids, renumbered = torch.unique(torch.where(used, table, 0), return_inverse=True)  # unused: block 0
+    return ids.contiguous(), renumbered.to(torch.int32)
 
 
 def decode_attention(
@@ -74,13 +95,7 @@ def dequantized_blocks(
     entries), decoded into compact float32 caches ``[num_used, block_size, H_kv, D]``, and the
     block tables renumbered into them (int32, same shape)."""
     block_size = k_cache.shape[1]
-    lens = context_lens.tolist()
-    width = max((-(-n // block_size) for n in lens), default=0)
-    width = max(width, 1)
-    table = block_tables[:, :width].long()
-    used = torch.arange(width)[None, :] < torch.tensor([-(-n // block_size) for n in lens])[:, None]
-    ids, renumbered = torch.unique(torch.where(used, table, 0), return_inverse=True)  # unused: block 0
-    ids = ids.contiguous()
+    ids, renumbered = used_blocks(block_tables, context_lens, block_size)
     block_elems = block_size * k_cache.shape[2] * k_cache.shape[3]
     caches = []
     for cache, kv_scale in ((k_cache, kv_scales[0]), (v_cache, kv_scales[1])):
@@ -89,7 +104,7 @@ def dequantized_blocks(
         lib.inflight_dequantize_fp8_blocks(cache.data_ptr(), ids.data_ptr(), ids.shape[0], block_elems,
                                            lut.data_ptr(), out.data_ptr(), torch.get_num_threads())  # fmt: skip
         caches.append(out)
-    return caches[0], caches[1], renumbered.to(torch.int32)
+    return caches[0], caches[1], renumbered
 
 
 def store(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
