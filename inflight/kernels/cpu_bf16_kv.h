@@ -1,7 +1,7 @@
 /* bfloat16 KV caches of a float32 engine in inflight's CPU kernels (inflight/kernels/cpu_bf16_kv.py
  * is the Python side), included by cpu_kernels.c after cpu_decode_block.h (it runs that file's
- * decode attention on the kv8_t path, and the block's norm_rotate_heads; the one-call decode stack
- * after it calls the block here); not a header to include anywhere else. A stored value is the
+ * paged_attention and decode_block on the kv8_t path; the one-call decode stack calls decode_block
+ * itself); not a header to include anywhere else. A stored value is the
  * float32 value rounded to nearest-even to bfloat16 (bf16_round, cpu_kernels.c), as torch's cast
  * rounds it; a read widens it back exactly (the top half of the float's bits). */
 

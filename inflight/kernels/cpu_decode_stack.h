@@ -135,16 +135,12 @@ int inflight_decode_stack_f32(
                                   num_threads);
         stack_linear(gemm, x, L->qkv_w, L->qkv_f, L->qkv_p, L->qkv_b, w, m, qkv, hidden, few_rows, panel_rows,
                      num_threads);
-        if (L->kv_bf16)
-            status = inflight_decode_attention_block_bf16(
-                w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, (uint16_t *)L->k_cache,
-                (uint16_t *)L->v_cache, slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads,
-                L->num_kv_heads, L->head_dim, L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
-        else
-            status = inflight_decode_attention_block_f32(
-                w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->k_cache, L->v_cache,
-                slot_mapping, block_tables, context_lens, nw, num_seqs, L->num_heads, L->num_kv_heads, L->head_dim,
-                L->block_size, max_blocks, L->scale, num_threads, L->window, L->sinks);
+        status = decode_block(  /* cpu_decode_block.h: float caches, or bfloat16 ones (kv_bf16) */
+            w, qkv, positions, L->cos_sin, L->rot_dim, L->q_norm, L->k_norm, L->qk_eps, L->kv_bf16 ? NULL : L->k_cache,
+            L->kv_bf16 ? NULL : L->v_cache, L->kv_bf16 ? (uint16_t *)L->k_cache : NULL,
+            L->kv_bf16 ? (uint16_t *)L->v_cache : NULL, slot_mapping, block_tables, context_lens, nw, num_seqs,
+            L->num_heads, L->num_kv_heads, L->head_dim, L->block_size, max_blocks, L->scale, num_threads, L->window,
+            L->sinks);
         stack_linear(gemm, nw, L->o_w, L->o_f, L->o_p, L->o_b, h, m, hidden, q, few_rows, panel_rows, num_threads);
         inflight_rms_norm_f32(h, hidden, res, hidden, L->post_norm, x, res, num_seqs, hidden, L->post_eps,
                               num_threads);
