@@ -115,7 +115,7 @@ class ModelRunner:
         self.model, self.hf_config, self.quantization, self.ops = load_weights(config.quantization, target, model_tp,
                                                                                progress)  # fmt: skip
         self.spec = self.model.spec
-        # the KV cache's dtype: the serving dtype, or fp8 (one byte a value) with per-layer scales
+        # the KV cache's dtype: the serving dtype, fp8 (one byte a value, per-layer scales) or bfloat16 under float32
         self.kv_dtype = fp8_kv.cache_dtype(config.kv_cache_dtype, self.dtype, self.device.type)
         scales_said = kv_scales.configure(self.model, self.kv_dtype, config.calculate_kv_scales)
         if scales_said is not None and rank == 0:
