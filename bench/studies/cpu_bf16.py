@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import tempfile
 from pathlib import Path
 
-from bench.studies.host_path_peer import burst
+from bench.studies.host_path_peer import burst, medians_by_system
 from inflight.bench import peers
 from inflight.bench.systems import SystemSpec
 
@@ -75,12 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.size}, {args.streams} streams x {args.tokens} tokens, {args.repeats} interleaved rounds "
           "(medians):\n\n| system | output tok/s | TTFT p50 ms | TPOT p50 ms | server CPU us per token | errors |\n"
           "|---|---:|---:|---:|---:|---:|")  # fmt: skip
-    for name in dict.fromkeys(r["system"] for r in runs):
-        mine = [r for r in runs if r["system"] == name]
-        med = {k: statistics.median(r[k] for r in mine) for k in
-               ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "cpu_us_per_token")}  # fmt: skip
+    for name, med in medians_by_system(runs).items():
         print(f"| {name} | {med['output_tok_s']:.0f} | {med['ttft_p50_ms']:.0f} | {med['tpot_p50_ms']:.1f} | "
-              f"{med['cpu_us_per_token']:.0f} | {sum(r['errors'] for r in mine)} |")
+              f"{med['cpu_us_per_token']:.0f} | {med['errors']:.0f} |")
     if args.out is not None:
         args.out.write_text(json.dumps(runs, indent=2))
     return 0

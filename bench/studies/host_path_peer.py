@@ -58,6 +58,18 @@ def burst(spec: SystemSpec, model_dir: Path, num_streams: int, num_tokens: int, 
             "ttft_p50_ms": 1e3 * summary.ttft_p50_s, "tpot_p50_ms": 1e3 * summary.tpot_p50_s}
 
 
+def medians_by_system(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Each system's median figures over its runs (in the order systems first ran), with its
+    errors summed."""
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(r["system"] for r in runs):
+        mine = [r for r in runs if r["system"] == name]
+        out[name] = {k: statistics.median(r[k] for r in mine)
+                     for k in ("output_tok_s", "cpu_us_per_token", "ttft_p50_ms", "tpot_p50_ms")}  # fmt: skip
+        out[name]["errors"] = sum(r["errors"] for r in mine)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.host_path_peer", description=__doc__)
     parser.add_argument("--streams", type=int, default=256)
@@ -81,14 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.streams} streams x {args.tokens} tokens, {args.repeats} interleaved rounds (medians):\n")
     print("| system | output tok/s | server CPU us per streamed token | TTFT p50 ms | TPOT p50 ms | errors |\n"
           "|---|---:|---:|---:|---:|---:|")
-    medians = {}
-    for name in dict.fromkeys(r["system"] for r in runs):
-        mine = [r for r in runs if r["system"] == name]
-        med = {k: statistics.median(r[k] for r in mine) for k in
-               ("output_tok_s", "cpu_us_per_token", "ttft_p50_ms", "tpot_p50_ms")}
-        medians[name] = med
+    medians = medians_by_system(runs)
+    for name, med in medians.items():
         print(f"| {name} | {med['output_tok_s']:.0f} | {med['cpu_us_per_token']:.0f} | {med['ttft_p50_ms']:.0f} | "
-              f"{med['tpot_p50_ms']:.1f} | {sum(r['errors'] for r in mine)} |")
+              f"{med['tpot_p50_ms']:.1f} | {med['errors']:.0f} |")
     if OURS in medians and VLLM in medians:
         ours, theirs = medians[OURS], medians[VLLM]
         print(f"\ninflight / vLLM: output tok/s {ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "

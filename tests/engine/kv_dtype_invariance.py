@@ -1,7 +1,8 @@
 """What a narrow KV cache (fp8, or a float32 engine's bfloat16) must keep of every feature that
 reads or moves the cache: prefix-cache hits, preemption with and without the host tier, n-gram
-and draft-model speculation each give the tokens the same cache gives without them. Shared by
-tests/engine/test_fp8_kv_engine.py and test_bf16_kv_engine.py."""
+and draft-model speculation each give the tokens the same cache gives without them, and so does
+tensor parallelism over two ranks. Shared by tests/engine/test_fp8_kv_engine.py and
+test_bf16_kv_engine.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.llm import LLM
 from tests.runtime.hf_reference import prompts_of_lengths
 
 
@@ -42,3 +46,21 @@ def features_keep_their_tokens(
         finally:
             eng.close()
     return prompts, want
+
+
+def tensor_parallel_keeps_tokens(
+    model_dir: Path, kv_cache_dtype: str, cache_dtype: torch.dtype, lengths: list[int], config: dict[str, Any],
+    make: Callable[..., LLMEngine], run: Callable[[LLMEngine, list[list[int]]], Any],
+) -> None:  # fmt: skip
+    """Assert that two tensor-parallel ranks with ``kv_cache_dtype`` (rank 0's cache in
+    ``cache_dtype``) give the single rank's tokens."""
+    one = make(model_dir, kv_cache_dtype=kv_cache_dtype)
+    prompts = prompts_of_lengths(one.tokenizer, lengths)
+    want = run(one, prompts)
+    one.close()
+    llm = LLM(model_dir, tensor_parallel_size=2, kv_cache_dtype=kv_cache_dtype, **config)
+    try:
+        assert llm.engine.runner.kv_caches[0][0].dtype == cache_dtype
+        assert run(llm.engine, prompts) == want
+    finally:
+        llm.close()

@@ -14,10 +14,9 @@ import torch
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker import kv_sizing
-from tests.engine.kv_dtype_invariance import features_keep_their_tokens
+from tests.engine.kv_dtype_invariance import features_keep_their_tokens, tensor_parallel_keeps_tokens
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
 
 LENGTHS = [3, 17, 9, 33, 12, 25, 6, 40]
@@ -114,13 +113,4 @@ def test_prefix_caching_preemption_speculation_and_graphs_keep_their_tokens(mode
 
 
 def test_tensor_parallel_gives_the_single_rank_tokens(llama_dir) -> None:
-    one = _engine(llama_dir, kv_cache_dtype="bfloat16")
-    prompts = prompts_of_lengths(one.tokenizer, LENGTHS)
-    want = _run(one, prompts)
-    one.close()
-    llm = LLM(llama_dir, tensor_parallel_size=2, kv_cache_dtype="bfloat16", **CONFIG)
-    try:
-        assert llm.engine.runner.kv_caches[0][0].dtype == torch.bfloat16
-        assert _run(llm.engine, prompts) == want
-    finally:
-        llm.close()
+    tensor_parallel_keeps_tokens(llama_dir, "bfloat16", torch.bfloat16, LENGTHS, CONFIG, _engine, _run)

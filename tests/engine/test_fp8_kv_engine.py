@@ -15,10 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.engine import LLMEngine
-from inflight.runtime.llm import LLM
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.worker import kv_sizing
-from tests.engine.kv_dtype_invariance import features_keep_their_tokens
+from tests.engine.kv_dtype_invariance import features_keep_their_tokens, tensor_parallel_keeps_tokens
 from tests.runtime.hf_reference import prompts_of_lengths, run_staggered
 
 LENGTHS = [3, 17, 9, 33, 12, 25, 6, 40]
@@ -106,16 +105,7 @@ def test_prefix_caching_preemption_and_speculation_keep_their_tokens(model_facto
 
 
 def test_tensor_parallel_gives_the_single_rank_tokens(llama_dir) -> None:
-    one = _engine(llama_dir, kv_cache_dtype="fp8")
-    prompts = prompts_of_lengths(one.tokenizer, LENGTHS)
-    want = _run(one, prompts)
-    one.close()
-    llm = LLM(llama_dir, tensor_parallel_size=2, kv_cache_dtype="fp8", **CONFIG)
-    try:
-        assert llm.engine.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
-        assert _run(llm.engine, prompts) == want
-    finally:
-        llm.close()
+    tensor_parallel_keeps_tokens(llama_dir, "fp8", torch.float8_e4m3fn, LENGTHS, CONFIG, _engine, _run)
 
 
 def test_scales_from_the_checkpoint_the_first_prompt_or_one(llama_dir, tmp_path, caplog) -> None:
