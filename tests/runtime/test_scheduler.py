@@ -120,3 +120,24 @@ def test_priority_preempts_the_lowest_priority():
     victims = [r.req_id for rec in records for r in rec.output.preempted]
     assert victims and victims[0] == "batch"
     assert "vip" not in victims
+
+
+def test_a_request_preempted_while_its_step_in_flight_speculates_boards_once_that_step_is_read():
+    """Async scheduling with pipelined speculation (core/spec_pipeline.py): a request whose step in
+    flight speculates carries a placeholder per position that step computes, standing for tokens of
+    a number not known yet, which no prompt chunk can feed. Preempted then, it waits, and the
+    requests behind it board; once the step is read (its placeholders become tokens) it boards."""
+    eng = FakeEngine(max_num_sequences=4, max_num_tokens=256, num_kv_blocks=16, block_size=4,
+                     enable_prefix_caching=False)  # fmt: skip
+    spec = eng.add("spec", 6, 12, token=1)
+    eng.step()
+    spec.token_ids.extend([-1, -1, -1])  # its step in flight computes three positions (two drafts)
+    assert spec.awaits_drafts
+    eng.scheduler._preempt(spec)
+    eng.add("later", 5, 12, token=2)
+    record = eng.step()
+    assert record.admitted == ["later"] and "spec" not in record.tokens
+    del spec.token_ids[-3:]
+    spec.token_ids.extend([8, 9])  # the step kept one draft
+    record = eng.step()
+    assert record.admitted == ["spec"] and record.tokens["spec"] == 9  # prompt, first token and the two, recomputed

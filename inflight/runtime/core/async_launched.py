@@ -1,7 +1,8 @@
 """One step launched under async scheduling, as the engine thread keeps it
 (:mod:`inflight.runtime.core.async_steps`): the :class:`Launched` record and its sampled tokens
-(:class:`Sampled`), the placeholders that stand for tokens not sampled yet, and what binds,
-rolls back or undoes a launched step's chunks; and when a device's forward pass counts as issued
+(:class:`Sampled`, and a speculating path step's :class:`RowOutcome` per row), the
+placeholders that stand for tokens not sampled yet, and what binds, rolls back or undoes a
+launched step's chunks; and when a device's forward pass counts as issued
 (:func:`issued_on_return`). Knows nothing about scheduling or the model.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
+from inflight.runtime.outputs import TokenLogprob
 from inflight.runtime.worker.sampler import PendingSample, SamplingRow
 
 
@@ -33,13 +35,33 @@ def placeholder(row: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class RowOutcome:
+    """What one sampled row of a step emitted, as the worker knows it once the step is verified."""
+
+    tokens: tuple[int, ...]  # its accepted drafts and one more token; (-1,) for a row not sampled
+    num_drafts: int = 0  # the drafts it verified (0: a plain row)
+    # the speculating path's rows: the tokens just before the next chunk's start (its drafter
+    # context, as far back as the chunk that ran knew), and the drafter's KV lag after the step
+    known: tuple[int, ...] | None = None
+    lag: int = 0
+
+    @property
+    def rejected(self) -> int:
+        """The drafts the target did not keep: how far the optimistic schedule ran ahead."""
+        return self.num_drafts - (len(self.tokens) - 1) if self.num_drafts else 0
+
+
+@dataclass(frozen=True, slots=True)
 class Sampled:
     """A step's sampled tokens: per batch row (``-1`` for a row not sampled), and on the device
     for the next step's placeholders."""
 
     output: PendingSample  # for the rows in ``rows``, in that order; .result() waits for the host copy
     rows: tuple[int, ...]  # batch rows sampled
-    token_ids: torch.Tensor  # [num_sampled_chunks] int64 on the device
+    token_ids: torch.Tensor  # [num_sampled_chunks] int64 on the device (a speculating row's last token)
+    # a step run through the speculating path (spec_pipeline.py): each batch row's outcome and logprob entries
+    outcomes: tuple[RowOutcome, ...] | None = None
+    logprobs: tuple[tuple[TokenLogprob | None, ...], ...] = ()
 
 
 @dataclass(slots=True)
@@ -56,6 +78,11 @@ class Launched:
     rows: tuple[int, ...] = ()  # batch rows sampled (their requests get a placeholder)
     deferred: tuple[int, ...] = ()  # batch rows whose grammar mask was late: no token
     kv_lags: dict[str, int] = dataclasses.field(default_factory=dict)  # a model drafter's, after the forward
+    # the speculating path (spec_pipeline.py): chunks rebound and proposed on the worker, verified there
+    spec_path: bool = False
+    speculating: bool = False  # some chunk carries drafts (its request's next start moves back by its rejects)
+    ran: tuple[ScheduledChunk, ...] = ()  # on the worker: the sampled chunks as they ran (drafts filled in)
+    draft_probs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # a sampled draft's q
     # set on the worker once the step's forward pass is issued (issued_on_return), or has failed
     issued: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -84,14 +111,6 @@ def undo(launched: Launched) -> None:
     roll_back(launched)
 
 
-def resolved(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
-    """``chunk`` with ``req``'s tokens as they are now, if it was scheduled with a placeholder
-    (only a request's last token can be one, so only a chunk's last)."""
-    if chunk.token_ids[-1] >= 0:
-        return chunk
-    return chunk._replace(token_ids=req.token_ids[chunk.start : chunk.start + len(chunk.token_ids)])
-
-
 def bind_placeholder(chunk: ScheduledChunk, tokens: list[int]) -> ScheduledChunk:
     """``chunk`` with the token its placeholder stands for (``tokens``: the step before's, per
     row), as a drafter on the worker reads it (only a chunk's last token can be one)."""
@@ -107,6 +126,8 @@ def no_sampling_row(req_id: str) -> SamplingRow:
 
 
 def drop_placeholder(req: Request, row: int) -> None:
-    """Take back the placeholder ``req`` carries for ``row``'s token, if it still does."""
-    if req.token_ids and req.token_ids[-1] == placeholder(row):
-        req.token_ids.pop()
+    """Take back the placeholders ``req`` carries for ``row``'s tokens (one; a speculating row's
+    one per position it computed), if it still does."""
+    ids, mark = req.token_ids, placeholder(row)
+    while ids and ids[-1] == mark:
+        ids.pop()

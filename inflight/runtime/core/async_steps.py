@@ -44,19 +44,23 @@ engine's retry finds the request that made it fail (:meth:`LLMEngine.run_schedul
 Under tensor parallelism rank 0's worker thread broadcasts each step to the other ranks as the
 engine thread would (the input ids fixed up first), so every collective runs on that one thread.
 
-**Speculative decoding** (any method) drains per speculating step: a speculating row's next
-position depends on how many drafts the target keeps, so no step after it can be planned before
-its tokens are read. While speculation is on for the batch (fewer than ``disable_by_batch_size``
-running) and a running request that may draft awaits the step in flight's token, :meth:`step`
-reads that step first, then schedules: the requests draft, and the step runs as the synchronous
-engine runs it (:meth:`LLMEngine.run_scheduled`), at the synchronous cost, with its tokens (greedy;
-seeded too while the batch stays below the cut-off, where no one-step lag moves the step at which
-speculation switches). A request whose last token is a placeholder never drafts (the scheduler), so from
+**Speculative decoding.** A model drafter's greedy requests (a draft model, an EAGLE-3 head or an
+MTP layer; no penalties, ``min_tokens`` or grammar) speculate in pipelined steps
+(:mod:`.spec_pipeline`): N+1 is scheduled as if N kept every draft, its chunks are rebound to
+N's accepted counts, proposed and packed on the worker once N is verified there, and reading N
+takes each row's rejected drafts off its request and off N+1's chunk. Every other speculating
+request drains per speculating step: its next position depends on how many drafts the target
+keeps, so no step after it can be planned before its tokens are read. While speculation is on
+for the batch (fewer than ``disable_by_batch_size`` running) and such a request awaits the step
+in flight's token, :meth:`step` reads that step first, then schedules: the requests draft, and
+the step runs as the synchronous engine runs it (:meth:`LLMEngine.run_scheduled`), at the
+synchronous cost, with its tokens (greedy; seeded too while the batch stays below the cut-off,
+where no one-step lag moves the step at which speculation switches). A request whose last token
+is a placeholder drafts only in the pipelined path (the scheduler), so from
 ``disable_by_batch_size`` on steps overlap as without speculation. A model drafter follows every
 pipelined step on the worker, before its forward, once the step before's tokens are in
 (:meth:`_forward_job`); its KV lag reaches the request when the step is read, before the prefix
-cache. (vLLM also pipelines speculating steps, fixing N+1's positions up on the device from N's
-accepted count: not built here.) Knows nothing about the model or kernels.
+cache. Knows nothing about the model or kernels.
 """
 
 from __future__ import annotations
@@ -79,13 +83,20 @@ from inflight.runtime.core.async_launched import (
     no_sampling_row,
     placeholder,
     requests_of,
-    resolved,
     roll_back,
     undo,
 )
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.spec_pipeline import (
+    current,
+    pipelines_speculation,
+    resolve_speculating,
+    sampled_in_packed_order,
+    spec_forward,
+    verify_job,
+)
 from inflight.runtime.outputs import EngineFatalError, RequestOutput
 from inflight.runtime.worker.batch_inputs import BatchInputs
 from inflight.runtime.worker.batched_sampling import row_index
@@ -116,6 +127,8 @@ class StepPipeline:
         self._issued_on_return = issued_on_return(engine.runner.device)  # see _forward_job
         self.num_drains = 0  # steps run synchronously (prompt logprobs, speculation, recovery)
         self.num_spec_waits = 0  # steps in flight waited for before scheduling (speculation may follow)
+        self.pipelines_speculation = pipelines_speculation(engine)  # drafts in pipelined steps (spec_pipeline.py)
+        self.num_spec_pipelined = 0  # steps with drafts launched while the step before was in flight, or could be
 
     @property
     def busy(self) -> bool:
@@ -140,7 +153,7 @@ class StepPipeline:
             self._copies = self.worker.submit(eng.host_kv.run, sched.kv_copies)  # type: ignore[union-attr]
         previous = self.inflight
         requests = requests_of(sched, eng.scheduler.requests)
-        if sched.chunks and not self._pipelinable(sched.chunks):
+        if sched.chunks and not self._pipelinable(sched.chunks, requests):
             self.inflight = None
             outputs, ok = self._resolve(previous, None) if previous else ([], True)
             if not ok:  # the step before failed and ran again: this one is scheduled anew
@@ -165,15 +178,21 @@ class StepPipeline:
 
     def _waits_for_speculation(self) -> bool:
         """Whether the step in flight must be read before the next is scheduled: speculation is on
-        for this batch and a running request awaits its token (it drafts once the token is known)."""
-        scheduler = self.engine.scheduler
-        return scheduler.speculates() and any(r.token_ids[-1] < 0 and scheduler.may_draft(r) for r in scheduler.running)
+        for this batch and a running request awaits its token (it drafts once the token is known),
+        unless it drafts in pipelined steps and the step in flight ran the speculating path
+        (:mod:`.spec_pipeline`)."""
+        scheduler, inflight = self.engine.scheduler, self.inflight
+        if not scheduler.speculates():
+            return False
+        path = inflight is not None and inflight.spec_path
+        return any(r.token_ids[-1] < 0 and scheduler.may_draft(r) and not (path and r.spec_pipelined)
+                   for r in scheduler.running)  # fmt: skip
 
-    def _pipelinable(self, chunks: tuple[ScheduledChunk, ...]) -> bool:
+    def _pipelinable(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...]) -> bool:
         """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs,
-        no drafts)."""
-        for chunk in chunks:
-            if chunk.draft_token_ids or chunk.num_model_drafts:
+        no drafts but a model drafter's for a request that drafts in pipelined steps)."""
+        for chunk, req in zip(chunks, requests, strict=True):
+            if chunk.draft_token_ids or (chunk.num_model_drafts and not req.spec_pipelined):
                 return False
             facts = chunk.facts
             if facts.prompt_logprobs is not None and chunk.start < facts.num_prompt_tokens - 1:
@@ -185,6 +204,9 @@ class StepPipeline:
         """Pack ``chunks`` (chunk i is ``requests[i]``'s), submit their forward pass and advance
         them (optimistically)."""
         eng = self.engine
+        speculating = any(c.num_model_drafts for c in chunks)
+        if speculating or (self.inflight is not None and self.inflight.speculating):
+            return self._launch_speculating(chunks, requests, speculating)
         batch = eng.runner.prepare(chunks)
         sampled_chunks = batch.sampled_chunks
         if sampled_chunks == chunks:  # every row samples, in the scheduler's order (a decode step)
@@ -192,10 +214,7 @@ class StepPipeline:
         else:
             live = eng.scheduler.requests
             sampled = tuple([live[c.req_id] for c in sampled_chunks])
-        waits = any(c.token_ids[-1] < 0 for c in chunks)  # a placeholder can only be a request's last token
-        previous = self.inflight.sample if waits and self.inflight is not None else None
-        if waits and previous is None:
-            raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
+        previous = self._previous(chunks)
         lags: dict[str, int] = {}  # a model drafter's KV lags, filled on the worker
         mirrored = chunks if eng.drafter is not None else None
         issued = threading.Event()
@@ -204,6 +223,32 @@ class StepPipeline:
             req.num_computed_tokens += chunk.num_tokens
         return Launched(chunks, requests, batch.sampled_chunks, sampled, forward, time.monotonic(),
                         kv_lags=lags, issued=issued)  # fmt: skip
+
+    def _previous(self, chunks: tuple[ScheduledChunk, ...]) -> Future[Sampled] | None:
+        """The step in flight's sampling, if ``chunks`` read a placeholder for one of its tokens."""
+        waits = any(c.token_ids[-1] < 0 for c in chunks)  # a placeholder can only be a request's last token
+        previous = self.inflight.sample if waits and self.inflight is not None else None
+        if waits and previous is None:
+            raise RuntimeError("a scheduled chunk reads a placeholder token with no step in flight")
+        return previous
+
+    def _launch_speculating(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...],
+                            speculating: bool) -> Launched:  # fmt: skip
+        """:meth:`_launch` through the speculating path (:mod:`.spec_pipeline`): the chunks are
+        rebound, proposed and packed on the worker, after the step before is verified there."""
+        eng = self.engine
+        sampled_chunks = sampled_in_packed_order(chunks)
+        live = eng.scheduler.requests
+        sampled = tuple([live[c.req_id] for c in sampled_chunks])
+        rows = {c.req_id: eng.output_processor.sampling_row(c.req_id) for c in chunks if c.num_model_drafts}
+        launched = Launched(chunks, requests, sampled_chunks, sampled, Future(), time.monotonic(), spec_path=True,
+                            speculating=speculating)  # fmt: skip
+        self.num_spec_pipelined += speculating
+        launched.forward = self.worker.submit(spec_forward, eng, launched, self._previous(chunks), rows, self._copies,
+                                              self._issued_on_return)  # fmt: skip
+        for chunk, req in zip(chunks, requests, strict=True):
+            req.num_computed_tokens += chunk.num_tokens  # optimistic: every draft kept (spec_pipeline.py)
+        return launched
 
     def _forward_job(self, batch: BatchInputs, previous: Future[Sampled] | None, copies: Future[None] | None,
                      mirrored: tuple[ScheduledChunk, ...] | None, lags: dict[str, int],
@@ -260,10 +305,17 @@ class StepPipeline:
             req.num_computed_tokens -= 1  # its last position is recomputed once the mask is ready
             eng.parked.park(req, eng.output_processor.matcher_of(req.req_id))
         launched.rows, launched.deferred = tuple(live), deferred
-        launched.sample = self.worker.submit(self._sample_job, launched, rows, settled)
+        if launched.spec_path:
+            launched.sample = self.worker.submit(verify_job, eng, launched, rows, settled, Sampled)
+        else:
+            launched.sample = self.worker.submit(self._sample_job, launched, rows, settled)
+        chunks = launched.sampled_chunks
         for i in live:
             if i not in deferred:
-                requests[i].token_ids.append(placeholder(i))
+                ids = requests[i].token_ids
+                ids.append(placeholder(i))
+                if launched.speculating and chunks[i].num_model_drafts:  # one per position it computes
+                    ids.extend([placeholder(i)] * (chunks[i].num_tokens - 1))  # (spec_pipeline.py)
 
     def _run_now(self, launched: Launched) -> list[RequestOutput]:
         """Deciding ``launched``'s sampling raised: undo it and run it synchronously, where the
@@ -278,7 +330,7 @@ class StepPipeline:
         self.num_drains += 1
         if self._copies is not None:
             self._copies.result()  # the host tier's copies run before any forward that may read them
-        live = tuple(resolved(c, r) for c, r in zip(chunks, requests, strict=True)
+        live = tuple(current(c, r) for c, r in zip(chunks, requests, strict=True)
                      if r.status is RequestStatus.RUNNING)  # fmt: skip
         return self.engine.run_scheduled(live) if live else []
 
@@ -312,6 +364,10 @@ class StepPipeline:
             logger.exception("an async engine step failed; running it again synchronously")
             return self._recover(launched, after), False
         eng = self.engine
+        if sampled.outcomes is not None:  # the speculating path (spec_pipeline.py)
+            outputs = resolve_speculating(eng, launched, sampled, after)
+            eng.parked.park_slow_grammars(c.req_id for c in launched.sampled_chunks)
+            return outputs, True
         deferred = set(launched.deferred)
         lags = launched.kv_lags  # a model drafter's (empty without one): before the prefix cache reads them
         for chunk, req in zip(launched.chunks, launched.requests, strict=True):

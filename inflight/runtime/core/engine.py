@@ -50,6 +50,7 @@ from inflight.runtime.core.prefill_backlog import PrefillBacklog
 from inflight.runtime.core.request import Request
 from inflight.runtime.core.sched_output import ScheduledChunk, SchedulerOutput
 from inflight.runtime.core.scheduler import Scheduler
+from inflight.runtime.core.spec_pipeline import pipelined_params
 from inflight.runtime.core.state_pool import StatePool, hybrid_config
 from inflight.runtime.core.step_failures import run_batch_or_each
 from inflight.runtime.core.tenant_stats import parse_metrics_tenants
@@ -234,6 +235,9 @@ class LLMEngine(LoRAMethods):
                 matcher = self.structured.new_matcher(params.structured)
             except ValueError as exc:
                 raise RequestRejectedError(str(exc), "invalid_request", "response_format") from None
+        pipeline = self.pipeline
+        req.spec_pipelined = (isinstance(pipeline, StepPipeline) and pipeline.pipelines_speculation
+                              and pipelined_params(params))  # fmt: skip
         self.output_processor.add(req, generator, matcher)
         self.scheduler.add(req)
         self.prefill.added(req)

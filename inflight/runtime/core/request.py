@@ -79,7 +79,7 @@ class Request:
                  "cache_salt", "lora", "mm_inputs", "token_ids", "status", "num_computed_tokens", "num_cached_tokens",
                  "block_ids", "num_released_blocks", "block_hashes", "num_cached_blocks", "num_preemptions",
                  "admitted_seq", "finish_reason", "first_scheduled_time", "first_token_time", "ngram", "draft_kv_lag",
-                 "parked", "in_flight", "pooled_part", "facts", "_table", "_table_of", "group_block_ids",
+                 "parked", "in_flight", "spec_pipelined", "pooled_part", "facts", "_table", "_table_of", "group_block_ids",
                  "group_released", "_groups_table", "__weakref__")
 
     def __init__(
@@ -125,6 +125,7 @@ class Request:
         self.draft_kv_lag = 0
         self.parked = False  # waiting for its grammar's token mask: not scheduled (see runtime/parked.py)
         self.in_flight = False  # in a pipeline step not yet back: not scheduled, never preempted (engine_batch_queue)
+        self.spec_pipelined = False  # async scheduling: it drafts in pipelined steps (core/spec_pipeline.py)
         self.pooled_part: object = None  # a pooling engine's partial result (core/pooling_step.py)
         self.facts = self.new_facts()  # what its chunks tell the device side: made again at each admission
         self._table: tuple[int, ...] = ()  # block_ids as a tuple, for the chunks (see block_table)
@@ -173,6 +174,14 @@ class Request:
     def awaits_token(self) -> bool:
         """Async scheduling: its last token is a placeholder for one the step in flight samples."""
         return bool(self.token_ids) and self.token_ids[-1] < 0
+
+    @property
+    def awaits_drafts(self) -> bool:
+        """Async scheduling: the step in flight speculates for it (its last two tokens are
+        placeholders), so how many tokens it emits is unknown until that step is read
+        (core/spec_pipeline.py): preempted, it boards again only then."""
+        ids = self.token_ids
+        return len(ids) >= 2 and ids[-2] < 0
 
     @property
     def num_held_blocks(self) -> int:

@@ -305,6 +305,9 @@ class Scheduler:
             if budget == 0 and not static:
                 break
             req = self.waiting[i]
+            if req.awaits_drafts:  # preempted while its step in flight speculates: how many tokens its
+                i += 1  # placeholders stand for is known once that step is read (core/spec_pipeline.py)
+                continue
             if gate is not None and not gate.allows(req):
                 gate.refuse(req)
                 i += 1

@@ -9,7 +9,9 @@ proposed here; a draft model's or an EAGLE-3 / MTP head's are proposed by the en
 forward (the chunk says how many, and carries the drafter's context).
 
 Under async scheduling a request's last token may be a placeholder (negative: the step in flight
-samples it). Such a request never speculates (its drafts need the token), and one whose placeholder
+samples it). Such a request never speculates (its drafts need the token) unless it drafts in
+pipelined steps (:mod:`inflight.runtime.core.spec_pipeline`: a model drafter proposes on the
+worker once the token is known there; its counts here are optimistic), and one whose placeholder
 is its last token of all (``max_tokens`` or the context length) sits the step out and finishes
 when the step in flight is read. The pipeline asks :meth:`SpecPlanner.speculates` and
 :meth:`SpecPlanner.may_draft` whether to let the step in flight finish first
@@ -71,8 +73,8 @@ class SpecPlanner:
         accepted drafts plus one token) or fit its context; None when it does not speculate this step
         (speculation off, a placeholder last token, below ``min_tokens``, no room, no n-gram match)."""
         spec = self.spec
-        if spec is None or req.token_ids[-1] < 0:  # never on a placeholder (async): drafts need the token
-            return None
+        if spec is None or (req.token_ids[-1] < 0 and not req.spec_pipelined):  # drafts need the token, but
+            return None  # a model drafter's for a pipelined request: proposed on the worker (core/spec_pipeline.py)
         p = req.params
         if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
             return None
