@@ -24,8 +24,9 @@ real ones). The fix-ups:
 
 **Which requests.** The engine pipelines speculation when it speculates with a model drafter
 (a draft model, an EAGLE-3 head or an MTP layer: n-gram drafts are proposed by the scheduler
-from host tokens), on one rank, for a model without recurrent state, images or a sliding window
-(:func:`pipelines_speculation`). A request takes part when nothing in its sampling row depends on
+from host tokens), for a model without recurrent state, images or a sliding window
+(:func:`pipelines_speculation`); under tensor parallelism rank 0's worker proposes and broadcasts
+each rebound step as the synchronous engine does. A request takes part when nothing in its sampling row depends on
 tokens the engine thread does not have yet: greedy, no penalties, no ``min_tokens``, no grammar
 (:func:`pipelined_params`). Any other request that may draft makes the pipeline wait for the step
 in flight, as before (the synchronous cost). A request preempted while its step in flight
@@ -61,10 +62,10 @@ if TYPE_CHECKING:
 
 def pipelines_speculation(engine: LLMEngine) -> bool:
     """Whether ``engine``'s speculating steps may be pipelined (see module docstring): a model
-    drafter, one rank, no recurrent state, no images, no sliding window (the scheduler releases a
+    drafter, no recurrent state, no images, no sliding window (the scheduler releases a
     windowed request's blocks by its computed count, which runs ahead here)."""
     runner = engine.runner
-    return (engine.drafter is not None and runner.workers is None and not runner.spec.state_layers
+    return (engine.drafter is not None and not runner.spec.state_layers
             and getattr(runner, "vision", None) is None and engine.kv.sliding_window is None)  # fmt: skip
 
 
