@@ -26,7 +26,16 @@ COMPILE_DTYPES = ("bf16",)  # what the engine runs on a GPU; --compile-dtypes bf
 GPU_TESTS = ["-m", "gpu", "tests/kernels", "tests/runtime/test_engine_matches_transformers.py",
              "tests/runtime/test_decode_graphs.py", "tests/engine/test_host_tier_engine.py",
              "tests/runtime/test_sampler_batched.py", "tests/runtime/test_sampler_async.py",
-             "tests/runtime/test_decode_graphs_logits.py"]  # fmt: skip
+             "tests/runtime/test_decode_graphs_logits.py", "tests/runtime/test_spec_rejection.py",
+             "tests/runtime/test_penalty_state.py", "tests/runtime/test_async_speculative.py"]  # fmt: skip
+# gpu-marked tests the loan's step leaves out, and why (tests/bench/test_gpu_check.py holds every
+# gpu-marked file to GPU_TESTS or here)
+GPU_TESTS_LEFT_OUT = {
+    "tests/engine/test_deepseek_v2.py": "MLA and MoE kernels compile for minutes: past the step's 150 s",
+    "tests/engine/test_deepseek_v3.py": "MLA and MoE kernels compile for minutes: past the step's 150 s",
+    "tests/runtime/test_moe_matches_transformers.py": "the fused MoE kernel's compiles: past the step's 150 s",
+    "tests/lora/test_lora_matches_peft.py": "peft is not on the GPU machine (it would travel as a wheel)",
+}
 
 
 @dataclass(frozen=True, slots=True)

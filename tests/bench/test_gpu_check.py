@@ -227,3 +227,20 @@ def test_a_missed_target_reads_missed_though_its_step_ran() -> None:
     assert "| decode step at batch 1 with CUDA graphs, x roofline | <= 2.0x | 3.10x | MISSED |" in md
     assert "| decode step at batch 64 with CUDA graphs, x roofline | <= 1.5x | 1.20x | met |" in md
     assert "| GPU busy in the served burst | >= 85% | 11% | MISSED |" in md
+
+
+def test_every_gpu_marked_test_file_is_run_or_left_out_with_a_reason() -> None:
+    """A test marked ``gpu`` (or parametrized over ``on_devices(..., "cuda")``) that the loan's
+    pytest step does not name never runs anywhere: each such file is in ``GPU_TESTS`` or in
+    ``GPU_TESTS_LEFT_OUT`` with its reason."""
+    from bench.gpu.steps import GPU_TESTS, GPU_TESTS_LEFT_OUT
+
+    root = Path(__file__).resolve().parents[2]
+    named = [p for p in GPU_TESTS if p.startswith("tests/")]
+    marked = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py") if p != Path(__file__)
+                    and ("mark.gpu" in (text := p.read_text()) or 'on_devices("cpu", "cuda")' in text))  # fmt: skip
+    assert marked
+    missing = [p for p in marked if not any(p == n or p.startswith(n.rstrip("/") + "/") for n in named)
+               and p not in GPU_TESTS_LEFT_OUT]  # fmt: skip
+    assert not missing, f"gpu-marked tests that make gpu-check never runs: {missing}"
+    assert all(reason for reason in GPU_TESTS_LEFT_OUT.values())

@@ -40,6 +40,7 @@ class RowOutcome:
 
     tokens: tuple[int, ...]  # its accepted drafts and one more token; (-1,) for a row not sampled
     num_drafts: int = 0  # the drafts it verified (0: a plain row)
+    scheduled: int = 0  # the drafts the host scheduled room for (the worker may have trimmed them)
     # the speculating path's rows: the tokens just before the next chunk's start (its drafter
     # context, as far back as the chunk that ran knew), and the drafter's KV lag after the step
     known: tuple[int, ...] | None = None
@@ -47,8 +48,9 @@ class RowOutcome:
 
     @property
     def rejected(self) -> int:
-        """The drafts the target did not keep: how far the optimistic schedule ran ahead."""
-        return self.num_drafts - (len(self.tokens) - 1) if self.num_drafts else 0
+        """The drafts scheduled but not kept (trimmed on the worker, or rejected): how far the
+        optimistic schedule ran ahead."""
+        return self.scheduled - (len(self.tokens) - 1) if self.scheduled else 0
 
 
 @dataclass(frozen=True, slots=True)

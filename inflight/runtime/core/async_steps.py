@@ -44,8 +44,8 @@ engine's retry finds the request that made it fail (:meth:`LLMEngine.run_schedul
 Under tensor parallelism rank 0's worker thread broadcasts each step to the other ranks as the
 engine thread would (the input ids fixed up first), so every collective runs on that one thread.
 
-**Speculative decoding.** A model drafter's greedy requests (a draft model, an EAGLE-3 head or an
-MTP layer; no penalties, ``min_tokens`` or grammar) speculate in pipelined steps
+**Speculative decoding.** A model drafter's requests (a draft model, an EAGLE-3 head or an MTP
+layer; no penalties, ``min_tokens`` or grammar) speculate in pipelined steps
 (:mod:`.spec_pipeline`): N+1 is scheduled as if N kept every draft, its chunks are rebound to
 N's accepted counts, proposed and packed on the worker once N is verified there, and reading N
 takes each row's rejected drafts off its request and off N+1's chunk. Every other speculating

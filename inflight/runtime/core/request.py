@@ -140,7 +140,7 @@ class Request:
         """The device side's facts of this request for a new stay in the running set."""
         lora = self.lora
         return RequestFacts(self.req_id, len(self.prompt_token_ids), self.params.prompt_logprobs,
-                            None if lora is None else lora.load_id, self.mm_inputs)  # fmt: skip
+                            None if lora is None else lora.load_id, self.mm_inputs, self.params.max_tokens)  # fmt: skip
 
     def block_table(self) -> tuple[int, ...]:
         """``block_ids`` as a tuple, copied again only when it changed: the table is append-only

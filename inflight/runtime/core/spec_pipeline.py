@@ -12,29 +12,35 @@ real ones). The fix-ups:
 - **On the worker**, where N's verification has already run (the worker's own host read, not
   the engine thread's), :func:`rebind` makes N+1's chunks the ones the synchronous scheduler would
   have made: each chunk whose last token is a placeholder of a row of N starts ``k - a`` earlier,
-  feeds N's last emitted token, and carries the draft context the synchronous engine gives it
-  (one lagging token after a row that kept every draft: its last draft was never fed to the
-  drafter). The drafter proposes over those chunks, they are packed there, and the forward runs;
-  the verification job (:func:`verify_job`) then verifies N+1's drafts and samples its plain
-  rows, as the synchronous step does.
+  feeds N's last emitted token, carries the draft context the synchronous engine gives it (the
+  drafter's KV lag after N, one more after a row that kept every draft: its last draft was never
+  fed to the drafter), and has its drafts trimmed to the ``max_tokens`` and context caps of its
+  real count (the host capped them by ``max_tokens`` as if N's drafts were all rejected,
+  :func:`~inflight.runtime.core.spec_planning.drafts_in_flight`). The drafter proposes over those
+  chunks, they are packed there, and the forward runs; the verification job (:func:`verify_job`)
+  then verifies N+1's drafts and samples its plain rows, as the synchronous step does.
 - **On the engine thread**, reading N (:meth:`StepPipeline._resolve`) subtracts each row's
-  rejected drafts from its request's computed count and from N+1's chunk for it
-  (:func:`shifted`), so both sides agree on every position without the engine thread waiting
-  for N before scheduling N+1.
+  drafts not kept (trimmed or rejected) from its request's computed count and from N+1's chunk
+  for it (:func:`shifted`), so both sides agree on every position without the engine thread
+  waiting for N before scheduling N+1.
 
 **Which requests.** The engine pipelines speculation when it speculates with a model drafter
 (a draft model, an EAGLE-3 head or an MTP layer: n-gram drafts are proposed by the scheduler
 from host tokens), for a model without recurrent state, images or a sliding window
-(:func:`pipelines_speculation`); under tensor parallelism rank 0's worker proposes and broadcasts
-each rebound step as the synchronous engine does. A request takes part when nothing in its sampling row depends on
-tokens the engine thread does not have yet: greedy, no penalties, no ``min_tokens``, no grammar
-(:func:`pipelined_params`). Any other request that may draft makes the pipeline wait for the step
-in flight, as before (the synchronous cost). A request preempted while its step in flight
-speculates boards again only once that step is read (``Request.awaits_drafts``: its placeholders
-stand for tokens of unknown number, which a prompt chunk cannot feed).
+(:func:`pipelines_speculation`); under tensor parallelism rank 0's worker proposes and
+broadcasts each rebound step as the synchronous engine does. A request takes part when nothing
+in its sampling row depends on tokens the engine thread does not have yet: no penalties, no
+``min_tokens``, no grammar (:func:`pipelined_params`); greedy or sampled. Any other request that
+may draft makes the pipeline wait for the step in flight, as before (the synchronous cost). A
+request preempted while its step in flight speculates boards again only once that step is read
+(``Request.awaits_drafts``: its placeholders stand for tokens of unknown number, which a prompt
+chunk cannot feed).
 
-Greedy output is the synchronous engine's token for token: the worker runs the same drafter
-passes, forwards and verifications over the same chunks in the same order. Knows nothing about
+Each request drafts and draws as in the synchronous speculating engine: the worker runs the same
+drafter passes, forwards and verifications over the same chunks, and a sampled request's
+generator is drawn from only there, in the same order; so greedy and seeded tokens, and the
+speculation counters, are that engine's (unless the step's token budget or the context length
+caps a request's drafts, where the host's optimistic count may cap them lower). Knows nothing about
 the model or kernels.
 """
 
@@ -71,8 +77,10 @@ def pipelines_speculation(engine: LLMEngine) -> bool:
 
 def pipelined_params(params: SamplingParams) -> bool:
     """Whether a request with ``params`` may speculate in pipelined steps: its sampling rows read
-    no output token (greedy, no penalties, no ``min_tokens``, no grammar)."""
-    return params.greedy and not params.needs_penalties and not params.min_tokens and params.structured is None
+    no output token (no penalties, no ``min_tokens``, no grammar). A sampled request's generator
+    is only ever drawn from on the worker, in the synchronous engine's order (the drafter's draws,
+    then the verification's), so seeded requests draw the same numbers."""
+    return not params.needs_penalties and not params.min_tokens and params.structured is None
 
 
 def sampled_in_packed_order(chunks: Sequence[ScheduledChunk]) -> tuple[ScheduledChunk, ...]:
@@ -92,12 +100,14 @@ def outcomes_of(sampled: Sampled) -> tuple[RowOutcome, ...]:
     return tuple(RowOutcome((token,)) for token in sampled.token_ids.tolist())
 
 
-def rebind(chunks: Sequence[ScheduledChunk], outcomes: Sequence[RowOutcome] | None) -> tuple[ScheduledChunk, ...]:
+def rebind(chunks: Sequence[ScheduledChunk], outcomes: Sequence[RowOutcome] | None,
+           max_model_len: int) -> tuple[ScheduledChunk, ...]:  # fmt: skip
     """Step N+1's chunks as the synchronous scheduler would make them once step N's ``outcomes``
     are known: a chunk whose last token is a placeholder for row ``r`` of N starts N's rejected
-    drafts earlier and feeds the row's last token, and a model drafter's context is made again
-    from the row's known tokens and lag. A row not sampled (its request ended) feeds token 0:
-    its row is thrown away."""
+    drafts earlier and feeds the row's last token, its drafts are trimmed to the ``max_tokens``
+    and context caps of its real count (the host capped them as if N's were all rejected), and a
+    model drafter's context is made again from the row's known tokens and lag. A row not sampled
+    (its request ended) feeds token 0: its row is thrown away."""
     if outcomes is None:
         return tuple(chunks)
     out: list[ScheduledChunk] = []
@@ -111,22 +121,30 @@ def rebind(chunks: Sequence[ScheduledChunk], outcomes: Sequence[RowOutcome] | No
         if context is not None and row.known is not None:
             lagging = row.known[max(0, len(row.known) - row.lag) :] if row.lag else ()
             context = DraftContext(lagging, context.next_token_id if len(ids) > 1 else None)
-        out.append(chunk._replace(start=chunk.start - row.rejected, token_ids=(*ids[:-1], max(row.tokens[-1], 0)),
-                                  draft_context=context))  # fmt: skip
+        start = chunk.start - row.rejected
+        chunk = chunk._replace(start=start, token_ids=(*ids[:-1], max(row.tokens[-1], 0)), draft_context=context)
+        facts = chunk.facts
+        if chunk.num_model_drafts and facts.max_tokens is not None:  # as SpecPlanner.speculative_chunk caps them
+            k = min(chunk.num_model_drafts, facts.max_tokens - (start + 1 - facts.num_prompt_tokens) - 1,
+                    max_model_len - (start + 1))  # fmt: skip
+            if k < chunk.num_model_drafts:
+                chunk = chunk._replace(num_tokens=1 + max(k, 0), num_model_drafts=max(k, 0))
+        out.append(chunk)
     return tuple(out)
 
 
-def outcome(chunk: ScheduledChunk, tokens: tuple[int, ...], kv_lag: int) -> RowOutcome:
-    """The outcome of ``chunk`` (as it ran, drafts filled in) emitting ``tokens``, the drafter's
-    KV lag after its passes ``kv_lag``: one more when every draft was kept (its last draft was
-    never fed to the drafter), as the synchronous step records it."""
+def outcome(chunk: ScheduledChunk, tokens: tuple[int, ...], kv_lag: int, scheduled: int) -> RowOutcome:
+    """The outcome of ``chunk`` (as it ran, drafts filled in; the host scheduled room for
+    ``scheduled`` drafts) emitting ``tokens``, the drafter's KV lag after its passes ``kv_lag``:
+    one more when every draft was kept (its last draft was never fed to the drafter), as the
+    synchronous step records it."""
     drafts = chunk.draft_token_ids
     context = chunk.draft_context
     before = () if context is None else context.lagging_ids
     kept = len(tokens) - 1
     known = (*before, *chunk.token_ids, *drafts[:kept]) if drafts else (*before, *chunk.token_ids)
     lag = max(kv_lag, 1) if drafts and kept == len(drafts) and chunk.num_model_drafts else kv_lag
-    return RowOutcome(tokens, len(drafts), known, lag)
+    return RowOutcome(tokens, len(drafts), scheduled, known, lag)
 
 
 def shifted(chunks: tuple[ScheduledChunk, ...], shifts: Mapping[str, int]) -> tuple[ScheduledChunk, ...]:
@@ -145,6 +163,15 @@ def current(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
                     chunk.draft_context is not None)  # fmt: skip
 
 
+def masks_of(settled: SettledMasks, rows: Sequence[int]) -> SettledMasks:
+    """``settled`` (decided over a step's live rows) for the live rows ``rows`` alone, renumbered."""
+    at = {j: n for n, j in enumerate(rows)}
+    keep = [e for e, j in enumerate(settled.row_indices) if j in at]
+    bitmask = settled.bitmask[keep] if settled.bitmask is not None and keep else None
+    return SettledMasks(tuple(at[settled.row_indices[e]] for e in keep), bitmask,
+                        frozenset(at[j] for j in settled.deferred if j in at))  # fmt: skip
+
+
 def spec_forward(
     engine: LLMEngine, launched: Launched, previous: Future[Sampled] | None, rows: Mapping[str, SamplingRow],
     copies: Future[None] | None, issued_on_return: bool,
@@ -156,7 +183,8 @@ def spec_forward(
     try:
         if copies is not None:
             copies.result()  # the host tier's copies before this step succeeded
-        chunks = rebind(launched.chunks, None if previous is None else outcomes_of(previous.result()))
+        outcomes = None if previous is None else outcomes_of(previous.result())
+        chunks = rebind(launched.chunks, outcomes, engine.config.max_model_len or 0)
         drafter = engine.drafter
         assert drafter is not None  # pipelines_speculation
         proposal = drafter.propose(chunks, rows.__getitem__)
@@ -188,9 +216,13 @@ def verify_job(
     for n in counts:
         starts.append(starts[-1] + n)
     live = launched.rows
-    last = row_index([starts[i] + counts[i] - 1 for i in live], logits.device)
-    plain = engine.sampler.sample(logits.index_select(0, last), rows, settled)  # every live row: masks line up
     spec = [j for j, i in enumerate(live) if ran[i].draft_token_ids]
+    plain = [j for j, i in enumerate(live) if not ran[i].draft_token_ids]
+    sampled = SamplerOutput([], [], frozenset())
+    if plain:  # sampled as the synchronous step samples them (a speculating row draws nothing here)
+        last = row_index([starts[live[j]] + counts[live[j]] - 1 for j in plain], logits.device)
+        sampled = engine.sampler.sample(logits.index_select(0, last), [rows[j] for j in plain], masks_of(settled, plain))
+    by_plain = {j: n for n, j in enumerate(plain)}
     verified = []
     if spec:
         picked = row_index([r for j in spec for r in range(starts[live[j]], starts[live[j] + 1])], logits.device)
@@ -204,13 +236,16 @@ def verify_job(
         chunk = ran[i]
         if j in by_row:
             tokens, entries = by_row[j]
-        elif j not in plain.deferred:
-            tokens, entries = (plain.token_ids[j],), (plain.logprobs[j],)
+        elif by_plain[j] not in sampled.deferred:
+            n = by_plain[j]
+            tokens, entries = (sampled.token_ids[n],), (sampled.logprobs[n],)
         else:
             continue
-        outcomes[i], logprobs[i] = outcome(chunk, tokens, lags.get(chunk.req_id, 0)), entries
+        scheduled = launched.sampled_chunks[i].num_model_drafts
+        outcomes[i], logprobs[i] = outcome(chunk, tokens, lags.get(chunk.req_id, 0), scheduled), entries
     ids = [o.tokens[-1] for o in outcomes]
-    output = SamplerOutput([ids[i] for i in live], [None] * len(live), plain.deferred)
+    deferred = frozenset(j for j in plain if by_plain[j] in sampled.deferred)
+    output = SamplerOutput([ids[i] for i in live], [None] * len(live), deferred)
     tensor = torch.tensor(ids, dtype=torch.int64, device=logits.device)
     return make_sampled(PendingSample.ready(output, logits.device), live, tensor, tuple(outcomes), tuple(logprobs))
 

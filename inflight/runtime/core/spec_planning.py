@@ -11,7 +11,9 @@ forward (the chunk says how many, and carries the drafter's context).
 Under async scheduling a request's last token may be a placeholder (negative: the step in flight
 samples it). Such a request never speculates (its drafts need the token) unless it drafts in
 pipelined steps (:mod:`inflight.runtime.core.spec_pipeline`: a model drafter proposes on the
-worker once the token is known there; its counts here are optimistic), and one whose placeholder
+worker once the token is known there; its counts here are optimistic, so its drafts are capped
+by ``max_tokens`` as if the step in flight's were all rejected, and the worker trims them to what
+the synchronous engine would give: :func:`drafts_in_flight`), and one whose placeholder
 is its last token of all (``max_tokens`` or the context length) sits the step out and finishes
 when the step in flight is read. The pipeline asks :meth:`SpecPlanner.speculates` and
 :meth:`SpecPlanner.may_draft` whether to let the step in flight finish first
@@ -26,6 +28,21 @@ from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.request import Request, chunk_of, decode_chunk
 from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
+
+
+def drafts_in_flight(req: Request) -> int:
+    """The drafts of ``req``'s step in flight (its trailing placeholders less one; 0 when that step
+    does not speculate for it): its output count here may run ahead of the real one by up to as
+    many, so its next drafts are capped as if all were rejected and the worker trims them to the
+    real count (core/spec_pipeline.py)."""
+    ids = req.token_ids
+    last = ids[-1] if ids else 0
+    if last >= 0:
+        return 0
+    n = 1
+    while n < len(ids) and ids[-1 - n] == last:
+        n += 1
+    return n - 1
 
 
 class SpecPlanner:
@@ -79,7 +96,7 @@ class SpecPlanner:
         if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
             return None
         max_len = self.config.max_model_len or 0
-        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1,
+        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1 + drafts_in_flight(req),
                 max_len - req.num_tokens)  # fmt: skip
         if k <= 0:
             return None
