@@ -333,6 +333,44 @@ def test_on_cuda_pipelined_speculation_gives_the_synchronous_engines_tokens(mode
     engine.close()
 
 
+def test_a_step_that_drains_runs_its_chunks_from_the_real_counts(models) -> None:
+    """A prompt-logprobs request arriving while pipelined speculating steps run makes one step
+    drain: its chunks, scheduled from the optimistic counts with placeholders, are made again from
+    the requests as the step before left them (rejected drafts taken off) and run synchronously;
+    tokens and prompt logprobs equal the synchronous engine's without speculation."""
+    target, spec = _spec(models, "draft_model", disable=64)
+    requests = _requests(1000)
+    requests[5] = (requests[5][0], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, prompt_logprobs=2))
+
+    def run(engine: LLMEngine) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for step in range(500):
+            if step == 3:  # the late ones board while the first ones speculate
+                for i, (prompt, params) in enumerate(requests[4:], start=4):
+                    engine.add_request(str(i), prompt, params)
+            elif step > 3 and not engine.has_unfinished_requests():
+                break
+            for o in engine.step():
+                out.setdefault(o.req_id, []).extend(o.new_token_ids)
+                if o.prompt_logprobs:
+                    out.setdefault(f"{o.req_id}-prompt", []).extend((e.token_id, round(e.logprob, 4))
+                                                                    for e in o.prompt_logprobs)  # fmt: skip
+        assert engine.stats().num_used_kv_blocks == 0
+        return out
+
+    off = _engine(target, None)
+    for i, (prompt, params) in enumerate(requests[:4]):
+        off.add_request(str(i), prompt, params)
+    engine = _engine(target, spec, async_scheduling=True, max_num_tokens=64)
+    for i, (prompt, params) in enumerate(requests[:4]):
+        engine.add_request(str(i), prompt, params)
+    got = run(engine)
+    assert got == run(off) and got["5-prompt"]
+    pipeline = engine.pipeline
+    assert pipeline.num_drains >= 1 and pipeline.num_spec_pipelined > 5 and engine.stats().spec_num_drafts > 0
+    engine.close()
+
+
 def _logprobs_run(engine: LLMEngine, requests) -> dict[str, list]:
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
