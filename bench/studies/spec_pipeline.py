@@ -3,7 +3,8 @@
 One process, the engine stepped directly (no HTTP), greedy requests of the input-grounded prompts
 of :mod:`bench.studies.speculative` on the matched pair of :mod:`bench.studies.spec_draft` (a
 demo model whose late layers barely move the residual stream, its first two layers as the draft:
-high acceptance, real costs). Three engines with the same draft-model speculation:
+high acceptance, real costs; ``--method ngram``: the same target with n-gram drafts). Three
+engines with the same speculation:
 
 * **sync**: the synchronous step;
 * **async, drained**: ``--async-scheduling`` with every speculating step waiting for the step in
@@ -42,9 +43,11 @@ logger = logging.getLogger("bench.studies.spec_pipeline")
 SYSTEMS = ("sync", "async, drained", "async, pipelined")
 
 
-def _engine(system: str, target: Path, draft: Path, k: int, batch: int) -> LLMEngine:
-    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
-                       "disable_by_batch_size": max(8, batch + 1)})  # fmt: skip
+def _engine(system: str, target: Path, draft: Path | None, k: int, batch: int) -> LLMEngine:
+    """``draft`` None: n-gram drafts (prompt lookup of 1-4 tokens)."""
+    method = {"method": "draft_model", "model": str(draft)} if draft is not None else {
+        "method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4}  # fmt: skip
+    spec = json.dumps({**method, "num_speculative_tokens": k, "disable_by_batch_size": max(8, batch + 1)})
     engine = LLMEngine.from_model_dir(target, EngineConfig(num_kv_blocks=1024, speculative_config=spec,
                                                            async_scheduling=system != "sync"))  # fmt: skip
     if system == "async, drained":
@@ -75,7 +78,7 @@ def _burst(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tupl
     return sum(map(len, tokens.values())) / elapsed, statistics.median(tpots), tokens
 
 
-def measure(target: Path, draft: Path, prompts: list[list[int]], batches: list[int], reps: int, k: int,
+def measure(target: Path, draft: Path | None, prompts: list[list[int]], batches: list[int], reps: int, k: int,
             max_tokens: int) -> dict[str, Any]:  # fmt: skip
     results: dict[str, Any] = {}
     for batch in batches:
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
+    parser.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     target, draft = matched_pair(args.work_dir)
@@ -137,15 +141,18 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     prompts = [tokenizer.encode(t) for t in GROUNDED]
-    results = measure(target, draft, prompts, args.batches, args.reps, args.k, args.max_tokens)
+    ngram = args.method == "ngram"
+    results = measure(target, None if ngram else draft, prompts, args.batches, args.reps, args.k, args.max_tokens)
+    name = "spec_pipeline_ngram" if ngram else "spec_pipeline"
+    drafter = f"n-gram drafts (k={args.k})" if ngram else f"2-layer draft, k={args.k}"
     text = (f"# Speculating steps under async scheduling: drained against pipelined (this CPU)\n\n"
-            f"Matched pair (2-layer draft, k={args.k}), greedy, {args.max_tokens} output tokens per request, "
+            f"Matched pair's target ({drafter}), greedy, {args.max_tokens} output tokens per request, "
             f"engine stepped in process, {args.reps} interleaved repetitions.\n\n{table(results)}\n")
     print("\n" + text)
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    (args.results_dir / "spec_pipeline.md").write_text(text)
-    report.write_json(args.results_dir / "spec_pipeline.json", {"results": results, "reps": args.reps,
-                                                                "k": args.k, "max_tokens": args.max_tokens})  # fmt: skip
+    (args.results_dir / f"{name}.md").write_text(text)
+    report.write_json(args.results_dir / f"{name}.json", {"results": results, "reps": args.reps, "k": args.k,
+                                                          "method": args.method, "max_tokens": args.max_tokens})  # fmt: skip
     return 0
 
 

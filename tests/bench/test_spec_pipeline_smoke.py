@@ -19,3 +19,10 @@ def test_drained_and_pipelined_engines_give_the_synchronous_tokens(tmp_path: Pat
     assert row["async, drained"]["spec_pipelined"] == 0 and row["async, drained"]["drained"] > 0
     assert row["async, pipelined"]["spec_pipelined"] > 0 and row["async, pipelined"]["drained"] <= 2
     assert "async, pipelined" in table(results)
+
+
+def test_the_ngram_method_runs_pipelined_too(tmp_path: Path) -> None:
+    target = make_demo_model(tmp_path / "tiny", "llama", "tiny", eos=False)
+    prompt = [5, 6, 7, 8] * 6  # repetitive: n-gram matches
+    row = measure(target, None, [prompt], batches=[1], reps=1, k=2, max_tokens=12)["1"]
+    assert row["same_tokens"] is True and row["async, pipelined"]["spec_pipelined"] > 0

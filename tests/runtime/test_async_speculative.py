@@ -91,10 +91,9 @@ def test_greedy_tokens_equal_the_synchronous_engine_without_speculation(models, 
     stats, pipeline = engine.stats(), engine.pipeline
     assert stats.spec_num_drafts > 0 and sum(stats.spec_accepted_per_position) == stats.spec_num_accepted_tokens
     assert counts["launched"] > 0
-    if method == "ngram":  # the scheduler proposes from host tokens: speculating steps drain the pipeline
-        assert pipeline.num_drains > 0 and pipeline.num_spec_waits > 0
-    else:  # a model drafter proposes on the worker: its steps are pipelined (core/spec_pipeline.py)
-        assert pipeline.num_spec_pipelined > 0 and pipeline.num_drains == 0
+    # the drafts of a request whose last token is a placeholder are proposed on the worker: every
+    # speculating step is pipelined (core/spec_pipeline.py), none drains
+    assert pipeline.num_spec_pipelined > 0 and pipeline.num_drains == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no step failed and ran again
     if case == "preemption":
         assert stats.num_preemptions > 0
@@ -152,8 +151,7 @@ def test_seeded_sampling_equals_the_synchronous_speculative_engine(models, metho
     assert got == expected
     assert _spec_counts(engine) == _spec_counts(sync) and _spec_counts(sync)[0] > 0
     assert len({tokens for _, tokens, _ in got.values()}) == len(requests)
-    if method != "ngram":  # the penalized request drains while it runs, the seeded ones pipeline
-        assert engine.pipeline.num_spec_pipelined > 0
+    assert engine.pipeline.num_spec_pipelined > 0  # the penalized request drains while it runs, not the others
     engine.close()
 
 
@@ -186,10 +184,9 @@ def test_an_abort_between_speculating_steps(models, method: str) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_a_request_not_in_flight_drafts_beside_ones_that_are(models, method: str, monkeypatch, caplog) -> None:
     """A budget too small for every decode leaves requests out of the step in flight; with the
-    wait before scheduling switched off, with n-grams only they draft (a placeholder never does),
-    so their speculating step waits for the one in flight and then runs synchronously, the others'
-    last tokens filled in; a model drafter's steps run through the speculating path, placeholders
-    and all: tokens still equal the synchronous engine's without speculation."""
+    wait before scheduling switched off, the steps run through the speculating path, the drafts of
+    those not in flight proposed on the host and the others' on the worker: tokens still equal
+    the synchronous engine's without speculation."""
     target, spec = _spec(models, method, disable=64)
     requests = _requests(1000)
     engine = _engine(target, spec, async_scheduling=True, max_num_tokens=6)
@@ -197,7 +194,7 @@ def test_a_request_not_in_flight_drafts_beside_ones_that_are(models, method: str
     assert _run(engine, requests) == _run(_engine(target, None, max_num_tokens=6), requests)
     pipeline = engine.pipeline
     assert engine.stats().spec_num_drafts > 0
-    assert pipeline.num_drains > 0 if method == "ngram" else pipeline.num_spec_pipelined > 0
+    assert pipeline.num_spec_pipelined > 0
     assert engine.pipeline.num_spec_waits == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no step failed and ran again
     engine.close()
@@ -266,16 +263,18 @@ def test_pipelined_speculation_drafts_as_the_synchronous_engine(models) -> None:
     engine.close()
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("case", ["mixed", "preemption", "chunked"])
-def test_rejected_drafts_move_the_next_step_back(models, case: str) -> None:
+def test_rejected_drafts_move_the_next_step_back(models, case: str, method: str) -> None:
     """A perturbed draft has about half its drafts rejected: each pipelined step after one starts
     where the rejections put it (on the worker, and on the host once the step is read), so the
     tokens equal the synchronous engine's without speculation, under preemption and chunked
     prompts; each request drafts as it does in the synchronous speculating engine (its drafts
     capped by ``max_tokens`` from its real count, trimmed on the worker), so the speculation
     counters are that engine's (but under preemption, whose victims and their recomputed steps
-    follow the schedule's timing); and nothing is left in the pool."""
-    target, spec = _spec(models, "draft_model", disable=64)
+    follow the schedule's timing); and nothing is left in the pool. N-gram drafts of a request
+    whose step in flight is not read yet are proposed on the worker from its history."""
+    target, spec = _spec(models, method, disable=64)
     knobs = CASE_KNOBS.get(case, {})
     requests = _requests(1000)
     sync = _engine(target, spec, **knobs)
@@ -293,7 +292,7 @@ def test_rejected_drafts_move_the_next_step_back(models, case: str) -> None:
     engine.close()
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+@pytest.mark.parametrize("method", METHODS)
 def test_seeded_requests_speculate_in_pipelined_steps(models, method: str) -> None:
     """Sampled requests (temperature, top-k, top-p) draw from their generators only on the worker,
     in the synchronous engine's order (the drafter's draws, then the verification's), and each
@@ -313,7 +312,7 @@ def test_seeded_requests_speculate_in_pipelined_steps(models, method: str) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+@pytest.mark.parametrize("method", METHODS)
 def test_on_cuda_pipelined_speculation_gives_the_synchronous_engines_tokens(models, method: str) -> None:
     """On a GPU (make gpu-check): greedy and seeded requests speculating in pipelined steps give the
     synchronous speculating engine's tokens and counters (the worker's host reads, the device's
@@ -385,7 +384,7 @@ def _logprobs_run(engine: LLMEngine, requests) -> dict[str, list]:
     return entries
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+@pytest.mark.parametrize("method", METHODS)
 def test_pipelined_speculation_keeps_logprobs(models, method: str) -> None:
     """Greedy requests asking for logprobs speculate in pipelined steps too: each emitted token,
     drafts kept included, gets the entry the synchronous speculating engine gives it."""

@@ -44,20 +44,15 @@ engine's retry finds the request that made it fail (:meth:`LLMEngine.run_schedul
 Under tensor parallelism rank 0's worker thread broadcasts each step to the other ranks as the
 engine thread would (the input ids fixed up first), so every collective runs on that one thread.
 
-**Speculative decoding.** A model drafter's requests (a draft model, an EAGLE-3 head or an MTP
-layer; no penalties, ``min_tokens`` or grammar) speculate in pipelined steps
-(:mod:`.spec_pipeline`): N+1 is scheduled as if N kept every draft, its chunks are rebound to
-N's accepted counts, proposed and packed on the worker once N is verified there, and reading N
-takes each row's rejected drafts off its request and off N+1's chunk. Every other speculating
-request drains per speculating step: its next position depends on how many drafts the target
-keeps, so no step after it can be planned before its tokens are read. While speculation is on
-for the batch (fewer than ``disable_by_batch_size`` running) and such a request awaits the step
-in flight's token, :meth:`step` reads that step first, then schedules: the requests draft, and
-the step runs as the synchronous engine runs it (:meth:`LLMEngine.run_scheduled`), at the
-synchronous cost, with its tokens (greedy; seeded too while the batch stays below the cut-off,
-where no one-step lag moves the step at which speculation switches). A request whose last token
-is a placeholder drafts only in the pipelined path (the scheduler), so from
-``disable_by_batch_size`` on steps overlap as without speculation. A model drafter follows every
+**Speculative decoding.** Requests without penalties, ``min_tokens`` or a grammar speculate in
+pipelined steps with every method (:mod:`.spec_pipeline`): N+1 is scheduled as if N kept every
+draft, its chunks are rebound to N's accepted counts, proposed (a model drafter, or n-grams from
+the request's history: :mod:`.spec_ngram`) and packed on the worker once N is verified there, and
+reading N takes each row's drafts not kept off its request and off N+1's chunk. The others
+drain: while speculation is on for the batch (fewer than ``disable_by_batch_size`` running) and
+such a request awaits the step in flight's token and may draft, :meth:`step` reads that step
+first, then schedules, and the step runs as the synchronous engine runs it
+(:meth:`LLMEngine.run_scheduled`), at the synchronous cost. A model drafter follows every
 pipelined step on the worker, before its forward, once the step before's tokens are in
 (:meth:`_forward_job`); its KV lag reaches the request when the step is read, before the prefix
 cache. Knows nothing about the model or kernels.
@@ -89,8 +84,10 @@ from inflight.runtime.core.async_launched import (
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus
 from inflight.runtime.core.sched_output import ScheduledChunk
+from inflight.runtime.core.spec_ngram import WorkerNgram
 from inflight.runtime.core.spec_pipeline import (
     current,
+    drafts_of,
     pipelines_speculation,
     resolve_speculating,
     sampled_in_packed_order,
@@ -128,6 +125,7 @@ class StepPipeline:
         self.num_drains = 0  # steps run synchronously (prompt logprobs, speculation, recovery)
         self.num_spec_waits = 0  # steps in flight waited for before scheduling (speculation may follow)
         self.pipelines_speculation = pipelines_speculation(engine)  # drafts in pipelined steps (spec_pipeline.py)
+        self.ngram = WorkerNgram.of(engine) if self.pipelines_speculation else None  # n-grams on the worker
         self.num_spec_pipelined = 0  # steps with drafts launched while the step before was in flight, or could be
 
     @property
@@ -190,9 +188,9 @@ class StepPipeline:
 
     def _pipelinable(self, chunks: tuple[ScheduledChunk, ...], requests: tuple[Request, ...]) -> bool:
         """Whether ``chunks`` can run while the step before is in flight (no prompt logprobs,
-        no drafts but a model drafter's for a request that drafts in pipelined steps)."""
+        no drafts but those of a request that drafts in pipelined steps)."""
         for chunk, req in zip(chunks, requests, strict=True):
-            if chunk.draft_token_ids or (chunk.num_model_drafts and not req.spec_pipelined):
+            if (chunk.draft_token_ids or chunk.num_model_drafts) and not req.spec_pipelined:
                 return False
             facts = chunk.facts
             if facts.prompt_logprobs is not None and chunk.start < facts.num_prompt_tokens - 1:
@@ -204,7 +202,7 @@ class StepPipeline:
         """Pack ``chunks`` (chunk i is ``requests[i]``'s), submit their forward pass and advance
         them (optimistically)."""
         eng = self.engine
-        speculating = any(c.num_model_drafts for c in chunks)
+        speculating = any(c.num_model_drafts or c.draft_token_ids for c in chunks)
         if speculating or (self.inflight is not None and self.inflight.speculating):
             return self._launch_speculating(chunks, requests, speculating)
         batch = eng.runner.prepare(chunks)
@@ -238,14 +236,14 @@ class StepPipeline:
         rebound, proposed and packed on the worker, after the step before is verified there."""
         eng = self.engine
         sampled_chunks = sampled_in_packed_order(chunks)
-        live = eng.scheduler.requests
-        sampled = tuple([live[c.req_id] for c in sampled_chunks])
+        sampled = tuple([eng.scheduler.requests[c.req_id] for c in sampled_chunks])
         rows = {c.req_id: eng.output_processor.sampling_row(c.req_id) for c in chunks if c.num_model_drafts}
         launched = Launched(chunks, requests, sampled_chunks, sampled, Future(), time.monotonic(), spec_path=True,
                             speculating=speculating)  # fmt: skip
         self.num_spec_pipelined += speculating
+        histories = {c.req_id: r.token_ids for c, r in zip(chunks, requests, strict=True) if c.num_model_drafts}
         launched.forward = self.worker.submit(spec_forward, eng, launched, self._previous(chunks), rows, self._copies,
-                                              self._issued_on_return)  # fmt: skip
+                                              self._issued_on_return, self.ngram, histories)  # fmt: skip
         for chunk, req in zip(chunks, requests, strict=True):
             req.num_computed_tokens += chunk.num_tokens  # optimistic: every draft kept (spec_pipeline.py)
         return launched
@@ -314,7 +312,7 @@ class StepPipeline:
             if i not in deferred:
                 ids = requests[i].token_ids
                 ids.append(placeholder(i))
-                if launched.speculating and chunks[i].num_model_drafts:  # one per position it computes
+                if launched.speculating and drafts_of(chunks[i]):  # one per position it computes
                     ids.extend([placeholder(i)] * (chunks[i].num_tokens - 1))  # (spec_pipeline.py)
 
     def _run_now(self, launched: Launched) -> list[RequestOutput]:
@@ -330,7 +328,8 @@ class StepPipeline:
         self.num_drains += 1
         if self._copies is not None:
             self._copies.result()  # the host tier's copies run before any forward that may read them
-        live = tuple(current(c, r) for c, r in zip(chunks, requests, strict=True)
+        planner = self.engine.scheduler.planner
+        live = tuple(current(c, r, planner) for c, r in zip(chunks, requests, strict=True)
                      if r.status is RequestStatus.RUNNING)  # fmt: skip
         return self.engine.run_scheduled(live) if live else []
 

@@ -24,9 +24,10 @@ real ones). The fix-ups:
   for it (:func:`shifted`), so both sides agree on every position without the engine thread
   waiting for N before scheduling N+1.
 
-**Which requests.** The engine pipelines speculation when it speculates with a model drafter
-(a draft model, an EAGLE-3 head or an MTP layer: n-gram drafts are proposed by the scheduler
-from host tokens), for a model without recurrent state, images or a sliding window
+**Which requests.** The engine pipelines speculation with every method (a draft model, an
+EAGLE-3 head, an MTP layer, or n-grams: those of a request whose step in flight is not read yet
+are proposed on the worker from its history, :mod:`.spec_ngram`), for a model without recurrent
+state, images or a sliding window
 (:func:`pipelines_speculation`); under tensor parallelism rank 0's worker proposes and
 broadcasts each rebound step as the synchronous engine does. A request takes part when nothing
 in its sampling row depends on tokens the engine thread does not have yet: no penalties, no
@@ -56,6 +57,7 @@ from inflight.runtime.core.async_launched import Launched, RowOutcome, Sampled, 
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus, chunk_of
 from inflight.runtime.core.sched_output import DraftContext, ScheduledChunk
+from inflight.runtime.core.spec_planning import SpecPlanner
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.verify import verify_chunks
 from inflight.runtime.worker.batched_sampling import row_index
@@ -63,15 +65,16 @@ from inflight.runtime.worker.sampler import PendingSample, SamplerOutput, Sampli
 
 if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.core.spec_ngram import WorkerNgram
     from inflight.runtime.outputs import RequestOutput
 
 
 def pipelines_speculation(engine: LLMEngine) -> bool:
-    """Whether ``engine``'s speculating steps may be pipelined (see module docstring): a model
-    drafter, no recurrent state, no images, no sliding window (the scheduler releases a
+    """Whether ``engine``'s speculating steps may be pipelined (see module docstring): it
+    speculates (a model drafter, or n-grams), no recurrent state, no images, no sliding window (the scheduler releases a
     windowed request's blocks by its computed count, which runs ahead here)."""
-    runner = engine.runner
-    return (engine.drafter is not None and not runner.spec.state_layers
+    runner, spec = engine.runner, engine.scheduler.planner.spec
+    return (spec is not None and (engine.drafter is not None or spec.method == "ngram") and not runner.spec.state_layers
             and getattr(runner, "vision", None) is None and engine.kv.sliding_window is None)  # fmt: skip
 
 
@@ -152,15 +155,26 @@ def shifted(chunks: tuple[ScheduledChunk, ...], shifts: Mapping[str, int]) -> tu
     return tuple(c._replace(start=c.start - shifts[c.req_id]) if shifts.get(c.req_id) else c for c in chunks)
 
 
-def current(chunk: ScheduledChunk, req: Request) -> ScheduledChunk:
+def current(chunk: ScheduledChunk, req: Request, planner: SpecPlanner) -> ScheduledChunk:
     """``chunk`` made again from ``req`` as it is now, for a synchronous drain to run: its tokens
     known, its start its request's real count, a drafter's context from the lag the engine
     recorded (it may have been scheduled with a placeholder, ahead of a rejected draft, or
-    before the lag of the step before was known)."""
+    before the lag of the step before was known), and room for drafts capped as the synchronous
+    scheduler caps them (n-gram drafts proposed here, on the host)."""
     if chunk.token_ids[-1] >= 0 and chunk.start == req.num_computed_tokens and chunk.draft_context is None:
         return chunk
-    return chunk_of(req, chunk.num_tokens, chunk.sample, chunk.draft_token_ids, chunk.num_model_drafts,
-                    chunk.draft_context is not None)  # fmt: skip
+    context = chunk.draft_context is not None
+    if not chunk.num_model_drafts:
+        return chunk_of(req, chunk.num_tokens, chunk.sample, chunk.draft_token_ids, 0, context)
+    k = planner.drafts_cap(req, chunk.num_model_drafts)
+    if k > 0 and planner.draft_context:
+        return chunk_of(req, 1 + k, True, (), k, True)
+    return (planner.ngram_chunk(req, k) if k > 0 else None) or planner.decode(req)
+
+
+def drafts_of(chunk: ScheduledChunk) -> int:
+    """The drafts ``chunk`` was scheduled with, or room for (0: a plain chunk)."""
+    return chunk.num_model_drafts or len(chunk.draft_token_ids)
 
 
 def masks_of(settled: SettledMasks, rows: Sequence[int]) -> SettledMasks:
@@ -174,10 +188,12 @@ def masks_of(settled: SettledMasks, rows: Sequence[int]) -> SettledMasks:
 
 def spec_forward(
     engine: LLMEngine, launched: Launched, previous: Future[Sampled] | None, rows: Mapping[str, SamplingRow],
-    copies: Future[None] | None, issued_on_return: bool,
+    copies: Future[None] | None, issued_on_return: bool, ngram: WorkerNgram | None,
+    histories: Mapping[str, list[int]],
 ) -> torch.Tensor:  # fmt: skip
     """On the worker: step N+1's chunks rebound from N's outcomes (:func:`rebind`), the drafter's
-    proposal over them (``rows``: a speculating request's sampling row, decided on the host),
+    proposal over them (``rows``: a speculating request's sampling row, decided on the host;
+    without a model drafter, ``ngram`` proposes from ``histories``, the requests' token lists),
     packed and run. The chunks as they ran go into ``launched.ran``; ``launched.issued`` is set
     once the pass is issued (:func:`~inflight.runtime.core.async_launched.issued_on_return`)."""
     try:
@@ -185,8 +201,11 @@ def spec_forward(
             copies.result()  # the host tier's copies before this step succeeded
         outcomes = None if previous is None else outcomes_of(previous.result())
         chunks = rebind(launched.chunks, outcomes, engine.config.max_model_len or 0)
-        drafter = engine.drafter
+        drafter = engine.drafter or ngram
         assert drafter is not None  # pipelines_speculation
+        if ngram is not None:
+            ngram.bind(histories, {} if outcomes is None else {c.req_id: outcomes[-1 - c.token_ids[-1]]
+                                                               for c in launched.chunks if c.token_ids[-1] < 0})  # fmt: skip
         proposal = drafter.propose(chunks, rows.__getitem__)
         batch = engine.runner.prepare(proposal.chunks)
         if [c.req_id for c in batch.sampled_chunks] != [c.req_id for c in launched.sampled_chunks]:
@@ -241,7 +260,7 @@ def verify_job(
             tokens, entries = (sampled.token_ids[n],), (sampled.logprobs[n],)
         else:
             continue
-        scheduled = launched.sampled_chunks[i].num_model_drafts
+        scheduled = drafts_of(launched.sampled_chunks[i])
         outcomes[i], logprobs[i] = outcome(chunk, tokens, lags.get(chunk.req_id, 0), scheduled), entries
     ids = [o.tokens[-1] for o in outcomes]
     deferred = frozenset(j for j in plain if by_plain[j] in sampled.deferred)
@@ -274,10 +293,10 @@ def resolve_speculating(engine: LLMEngine, launched: Launched, sampled: Sampled,
         )
         if row is not None and row.num_drafts:
             engine.spec_stats.record(row.num_drafts, len(row.tokens) - 1)
-            if row.rejected:
-                req.num_computed_tokens -= row.rejected
-                shifts[chunk.req_id] = row.rejected
-        engine.kv.cache_computed_blocks(req, chunk.start + (1 if chunk.num_model_drafts else chunk.num_tokens))
+        if row is not None and row.rejected:  # drafts rejected, or trimmed on the worker (to none, maybe)
+            req.num_computed_tokens -= row.rejected
+            shifts[chunk.req_id] = row.rejected
+        engine.kv.cache_computed_blocks(req, chunk.start + (1 if drafts_of(chunk) else chunk.num_tokens))
     if after is not None and shifts:
         after.chunks, after.sampled_chunks = shifted(after.chunks, shifts), shifted(after.sampled_chunks, shifts)
     items: list[SampledTokens] = []

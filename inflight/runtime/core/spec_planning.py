@@ -102,7 +102,21 @@ class SpecPlanner:
             return None
         if spec.method in MODEL_METHODS:  # a draft model or an EAGLE-3 head fills them before the forward
             return chunk_of(req, 1 + k, True, num_model_drafts=k, draft_context=True)
+        if req.token_ids[-1] < 0:  # pipelined: the worker proposes them once the token is known there
+            return chunk_of(req, 1 + k, True, num_model_drafts=k)
+        return self.ngram_chunk(req, k)
+
+    def ngram_chunk(self, req: Request, k: int) -> ScheduledChunk | None:
+        """``req``'s last token and up to ``k`` n-gram drafts from its tokens (None: no match)."""
+        spec = self.spec
+        assert spec is not None
         if req.ngram is None:
             req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
         drafts = req.ngram.propose(req.token_ids, k)
         return chunk_of(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
+
+    def drafts_cap(self, req: Request, k: int) -> int:
+        """``k`` drafts capped as :meth:`speculative_chunk` caps them for ``req`` as it is now (its
+        tokens all known): below ``max_tokens`` and the context length."""
+        max_len = self.config.max_model_len or 0
+        return min(k, req.params.max_tokens - req.num_output_tokens - 1, max_len - req.num_tokens)
