@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.studies.spec_draft import matched_pair
-from bench.studies.speculative import GROUNDED
+from bench.studies.speculative import GROUNDED, _chat_prompt
 from inflight.bench import report
 from inflight.runtime.config import EngineConfig
 from inflight.runtime.core.async_steps import StepPipeline
 from inflight.runtime.core.engine import LLMEngine
+from inflight.runtime.model.gguf_smollm2 import ensure_smollm2
 from inflight.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger("bench.studies.spec_pipeline")
@@ -134,19 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
+    parser.add_argument("--smollm2", action="store_true",
+                        help="n-gram drafts on SmolLM2-135M-Instruct (chat prompts of the grounded texts)")
+    parser.add_argument("--models-dir", type=Path, default=Path("models"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    target, draft = matched_pair(args.work_dir)
     from transformers import AutoTokenizer
 
+    target, draft = matched_pair(args.work_dir)
+    ngram = args.method == "ngram" or args.smollm2
+    if args.smollm2:
+        target = Path(ensure_smollm2(args.models_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    prompts = [tokenizer.encode(t) for t in GROUNDED]
-    ngram = args.method == "ngram"
+    prompts = ([tokenizer.encode(_chat_prompt(tokenizer, t), add_special_tokens=False) for t in GROUNDED]
+               if args.smollm2 else [tokenizer.encode(t) for t in GROUNDED])  # fmt: skip
     results = measure(target, None if ngram else draft, prompts, args.batches, args.reps, args.k, args.max_tokens)
-    name = "spec_pipeline_ngram" if ngram else "spec_pipeline"
+    name = "spec_pipeline_smollm2" if args.smollm2 else "spec_pipeline_ngram" if ngram else "spec_pipeline"
     drafter = f"n-gram drafts (k={args.k})" if ngram else f"2-layer draft, k={args.k}"
+    model = "SmolLM2-135M-Instruct, chat prompts" if args.smollm2 else "Matched pair's target"
     text = (f"# Speculating steps under async scheduling: drained against pipelined (this CPU)\n\n"
-            f"Matched pair's target ({drafter}), greedy, {args.max_tokens} output tokens per request, "
+            f"{model} ({drafter}), greedy, {args.max_tokens} output tokens per request, "
             f"engine stepped in process, {args.reps} interleaved repetitions.\n\n{table(results)}\n")
     print("\n" + text)
     args.results_dir.mkdir(parents=True, exist_ok=True)
