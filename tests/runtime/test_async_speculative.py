@@ -379,8 +379,9 @@ def _logprobs_run(engine: LLMEngine, requests) -> dict[str, list]:
             break
         for out in engine.step():
             assert out.new_logprobs is not None and len(out.new_logprobs) == len(out.new_token_ids)
-            entries.setdefault(out.req_id, []).extend((e.token_id, round(e.logprob, 4), tuple((t, round(v, 4)) for t, v in e.top))
-                                                      for e in out.new_logprobs)  # fmt: skip
+            entries.setdefault(out.req_id, []).extend(
+                (e.token_id, round(e.logprob, 4), tuple((t, round(v, 4)) for t, v in e.top)) for e in out.new_logprobs
+            )
     return entries
 
 

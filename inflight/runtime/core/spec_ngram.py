@@ -6,8 +6,9 @@ flight has not been read yet does not have: its last token is a placeholder. For
 it schedules room for the drafts, and this proposer fills them in on the worker, once step N is
 verified there: the request's history is its token list up to the first position step N could
 change (read as it is: the engine thread only ever pops and appends past it) followed by what N
-emitted, and the drafts are the synchronous scheduler's (:class:`~inflight.runtime.spec_decode.speculative.NgramIndex` over
-the same tokens, up to the same count). A chunk left without a match runs as a plain decode.
+emitted, and the drafts are the synchronous scheduler's
+(:class:`~inflight.runtime.spec_decode.speculative.NgramIndex` over the same tokens, up to the
+same count). A chunk left without a match runs as a plain decode.
 An index is kept per request's stay in the running set (weakly, by its
 :class:`~inflight.runtime.core.sched_output.RequestFacts`); reads plain chunks and the token
 lists it is handed, and writes no request.

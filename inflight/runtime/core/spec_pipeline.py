@@ -71,8 +71,9 @@ if TYPE_CHECKING:
 
 def pipelines_speculation(engine: LLMEngine) -> bool:
     """Whether ``engine``'s speculating steps may be pipelined (see module docstring): it
-    speculates (a model drafter, or n-grams), no recurrent state, no images, no sliding window (the scheduler releases a
-    windowed request's blocks by its computed count, which runs ahead here)."""
+    speculates (a model drafter, or n-grams), with no recurrent state, no images and no sliding
+    window (the scheduler releases a windowed request's blocks by its computed count, which runs
+    ahead here)."""
     runner, spec = engine.runner, engine.scheduler.planner.spec
     return (spec is not None and (engine.drafter is not None or spec.method == "ngram") and not runner.spec.state_layers
             and getattr(runner, "vision", None) is None and engine.kv.sliding_window is None)  # fmt: skip
@@ -203,9 +204,9 @@ def spec_forward(
         chunks = rebind(launched.chunks, outcomes, engine.config.max_model_len or 0)
         drafter = engine.drafter or ngram
         assert drafter is not None  # pipelines_speculation
-        if ngram is not None:
-            ngram.bind(histories, {} if outcomes is None else {c.req_id: outcomes[-1 - c.token_ids[-1]]
-                                                               for c in launched.chunks if c.token_ids[-1] < 0})  # fmt: skip
+        if ngram is not None:  # each request's outcome of step N, by the placeholder it was scheduled with
+            awaited = [c for c in launched.chunks if c.token_ids[-1] < 0] if outcomes is not None else []
+            ngram.bind(histories, {c.req_id: outcomes[-1 - c.token_ids[-1]] for c in awaited})  # type: ignore[index]
         proposal = drafter.propose(chunks, rows.__getitem__)
         batch = engine.runner.prepare(proposal.chunks)
         if [c.req_id for c in batch.sampled_chunks] != [c.req_id for c in launched.sampled_chunks]:
@@ -240,7 +241,8 @@ def verify_job(
     sampled = SamplerOutput([], [], frozenset())
     if plain:  # sampled as the synchronous step samples them (a speculating row draws nothing here)
         last = row_index([starts[live[j]] + counts[live[j]] - 1 for j in plain], logits.device)
-        sampled = engine.sampler.sample(logits.index_select(0, last), [rows[j] for j in plain], masks_of(settled, plain))
+        plain_rows = [rows[j] for j in plain]
+        sampled = engine.sampler.sample(logits.index_select(0, last), plain_rows, masks_of(settled, plain))
     by_plain = {j: n for n, j in enumerate(plain)}
     verified = []
     if spec:
