@@ -27,7 +27,10 @@ from inflight.runtime.spec_decode.speculative import NgramIndex
 class TokenRange(Sequence[int]):
     """``token_ids[start:stop]`` without the copy: an O(1) snapshot of a request's tokens, valid
     because a request's ``token_ids`` never change below their length at the time (tokens are
-    only appended; async scheduling's placeholder is appended after, and dropped from, the end)."""
+    only appended; async scheduling's placeholder is appended after, and dropped from, the end).
+    A pipelined speculating step leaves several placeholders, which fewer tokens may replace: the
+    sampling rows taken over them are only those of requests whose rows read no output
+    (core/spec_pipeline.py, ``pipelined_params``)."""
 
     __slots__ = ("_ids", "_start", "_stop")
 
