@@ -370,6 +370,43 @@ def test_a_step_that_drains_runs_its_chunks_from_the_real_counts(models) -> None
     engine.close()
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_failing_pipelined_step_fails_only_its_request(models, method: str, monkeypatch) -> None:
+    """A forward pass that raises on the worker in a pipelined speculating step: the step after it
+    is undone, the failed one's placeholders (one per position of a speculating row) are taken back
+    and it runs again synchronously from the real counts, where only the request that causes it
+    fails; the others keep the tokens of the engine without speculation, and no block leaks."""
+    target, spec = _spec(models, method, disable=64)
+    requests = _requests(1000)[:4]
+    engine = _engine(target, spec, async_scheduling=True)
+    execute = engine.runner.execute
+
+    def failing(batch):
+        if any(c.req_id == "poison" for c in batch.sampled_chunks):
+            raise RuntimeError("injected kernel failure")
+        return execute(batch)
+
+    monkeypatch.setattr(engine.runner, "execute", failing)
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(str(i), prompt, params)
+    got: dict[str, list[int]] = {}
+    finish: dict[str, str] = {}
+    for step in range(500):
+        if step == 4:  # the others speculate in pipelined steps by now
+            engine.add_request("poison", requests[0][0], SamplingParams(max_tokens=6, temperature=0.0))
+        elif step > 4 and not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            got.setdefault(out.req_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finish[out.req_id] = out.finish_reason
+    assert finish["poison"] == "error" and engine.stats().num_used_kv_blocks == 0
+    expected = _baseline(target, "mixed", _requests(1000))
+    assert all(tuple(got[str(i)]) == expected[str(i)][1] for i in range(len(requests)))
+    assert engine.pipeline.num_spec_pipelined > 3 and engine.pipeline.num_drains >= 1
+    engine.close()
+
+
 def _logprobs_run(engine: LLMEngine, requests) -> dict[str, list]:
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
