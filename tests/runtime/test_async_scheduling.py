@@ -267,6 +267,18 @@ def test_a_grammar_request_gets_the_same_tokens(llama_dir) -> None:
     assert got[True]["g"][1] == "stop"
 
 
+def fail_forward_of(monkeypatch: pytest.MonkeyPatch, runner, req_id: str) -> None:
+    """Make ``runner``'s forward pass raise whenever request ``req_id`` samples in the batch."""
+    execute = runner.execute
+
+    def failing(batch):
+        if any(c.req_id == req_id for c in batch.sampled_chunks):
+            raise RuntimeError("injected kernel failure")
+        return execute(batch)
+
+    monkeypatch.setattr(runner, "execute", failing)
+
+
 @pytest.mark.parametrize("stage", ["forward", "sampling decision"])
 def test_a_failing_step_fails_only_its_request(llama_dir, monkeypatch, stage: str) -> None:
     """A forward pass that raises on the worker, or a sampling decision (grammar masks) that
@@ -275,14 +287,7 @@ def test_a_failing_step_fails_only_its_request(llama_dir, monkeypatch, stage: st
     engine = _engine(llama_dir, True)
     reference = _engine(llama_dir, False)
     if stage == "forward":
-        execute = engine.runner.execute
-
-        def failing(batch):
-            if any(c.req_id == "poison" for c in batch.sampled_chunks):
-                raise RuntimeError("injected kernel failure")
-            return execute(batch)
-
-        monkeypatch.setattr(engine.runner, "execute", failing)
+        fail_forward_of(monkeypatch, engine.runner, "poison")
     else:
         settle = engine.sampler.settle_masks
 

@@ -21,6 +21,7 @@ from inflight.runtime.core.async_steps import StepPipeline
 from inflight.runtime.core.engine import LLMEngine
 from inflight.runtime.demo.model import make_demo_model
 from inflight.runtime.sampling_params import SamplingParams
+from tests.runtime.test_async_scheduling import fail_forward_of
 from tests.runtime.test_speculative import CASE_KNOBS, _engine, _requests, _run
 from tests.runtime.test_speculative_draft import _assert_draft_kv_matches, perturbed_copy
 from tests.runtime.test_speculative_eagle3 import make_head
@@ -379,14 +380,7 @@ def test_a_failing_pipelined_step_fails_only_its_request(models, method: str, mo
     target, spec = _spec(models, method, disable=64)
     requests = _requests(1000)[:4]
     engine = _engine(target, spec, async_scheduling=True)
-    execute = engine.runner.execute
-
-    def failing(batch):
-        if any(c.req_id == "poison" for c in batch.sampled_chunks):
-            raise RuntimeError("injected kernel failure")
-        return execute(batch)
-
-    monkeypatch.setattr(engine.runner, "execute", failing)
+    fail_forward_of(monkeypatch, engine.runner, "poison")
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
     got: dict[str, list[int]] = {}
