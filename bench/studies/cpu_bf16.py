@@ -25,7 +25,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from bench.studies.host_path_peer import burst, medians_by_system
+from bench.studies.host_path_peer import burst, medians_by_system, medians_table
 from inflight.bench import peers
 from inflight.bench.systems import SystemSpec
 
@@ -72,11 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(burst(spec, model_dir, args.streams, args.tokens, work / f"{len(runs)}.log", ignore_eos=True))
             logging.info("%s", json.dumps(runs[-1]))
     print(f"\n{args.size}, {args.streams} streams x {args.tokens} tokens, {args.repeats} interleaved rounds "
-          "(medians):\n\n| system | output tok/s | TTFT p50 ms | TPOT p50 ms | server CPU us per token | errors |\n"
-          "|---|---:|---:|---:|---:|---:|")  # fmt: skip
-    for name, med in medians_by_system(runs).items():
-        print(f"| {name} | {med['output_tok_s']:.0f} | {med['ttft_p50_ms']:.0f} | {med['tpot_p50_ms']:.1f} | "
-              f"{med['cpu_us_per_token']:.0f} | {med['errors']:.0f} |")
+          "(medians):\n")
+    print(medians_table(medians_by_system(runs),
+                        ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "cpu_us_per_token", "errors")))  # fmt: skip
     if args.out is not None:
         args.out.write_text(json.dumps(runs, indent=2))
     return 0

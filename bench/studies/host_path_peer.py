@@ -70,6 +70,23 @@ def medians_by_system(runs: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+# a median's column: its header and format
+MEDIAN_COLUMNS = {"output_tok_s": ("output tok/s", "{:.0f}"),
+                  "cpu_us_per_token": ("server CPU us per streamed token", "{:.0f}"),
+                  "ttft_p50_ms": ("TTFT p50 ms", "{:.0f}"), "tpot_p50_ms": ("TPOT p50 ms", "{:.1f}"),
+                  "errors": ("errors", "{:.0f}")}  # fmt: skip
+
+
+def medians_table(medians: dict[str, dict[str, float]], keys: tuple[str, ...]) -> str:
+    """``medians`` (:func:`medians_by_system`) as a markdown table, a row per system, the columns
+    ``keys`` in that order."""
+    lines = ["| system | " + " | ".join(MEDIAN_COLUMNS[k][0] for k in keys) + " |",
+             "|---|" + "---:|" * len(keys)]  # fmt: skip
+    for name, med in medians.items():
+        lines.append(f"| {name} | " + " | ".join(MEDIAN_COLUMNS[k][1].format(med[k]) for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.host_path_peer", description=__doc__)
     parser.add_argument("--streams", type=int, default=256)
@@ -91,12 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(burst(spec, model_dir, args.streams, args.tokens, work / f"{spec.kind}.{repeat}.log"))
             logging.info("%s", json.dumps(runs[-1]))
     print(f"\n{args.streams} streams x {args.tokens} tokens, {args.repeats} interleaved rounds (medians):\n")
-    print("| system | output tok/s | server CPU us per streamed token | TTFT p50 ms | TPOT p50 ms | errors |\n"
-          "|---|---:|---:|---:|---:|---:|")
     medians = medians_by_system(runs)
-    for name, med in medians.items():
-        print(f"| {name} | {med['output_tok_s']:.0f} | {med['cpu_us_per_token']:.0f} | {med['ttft_p50_ms']:.0f} | "
-              f"{med['tpot_p50_ms']:.1f} | {med['errors']:.0f} |")
+    print(medians_table(medians, ("output_tok_s", "cpu_us_per_token", "ttft_p50_ms", "tpot_p50_ms", "errors")))
     if OURS in medians and VLLM in medians:
         ours, theirs = medians[OURS], medians[VLLM]
         print(f"\ninflight / vLLM: output tok/s {ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
