@@ -202,7 +202,7 @@ class StepPipeline:
         """Pack ``chunks`` (chunk i is ``requests[i]``'s), submit their forward pass and advance
         them (optimistically)."""
         eng = self.engine
-        speculating = any(c.num_model_drafts or c.draft_token_ids for c in chunks)
+        speculating = any(map(drafts_of, chunks))
         if speculating or (self.inflight is not None and self.inflight.speculating):
             return self._launch_speculating(chunks, requests, speculating)
         batch = eng.runner.prepare(chunks)
@@ -241,7 +241,7 @@ class StepPipeline:
         launched = Launched(chunks, requests, sampled_chunks, sampled, Future(), time.monotonic(), spec_path=True,
                             speculating=speculating)  # fmt: skip
         self.num_spec_pipelined += speculating
-        histories = {c.req_id: r.token_ids for c, r in zip(chunks, requests, strict=True) if c.num_model_drafts}
+        histories = self.ngram.histories(chunks, requests) if self.ngram is not None else {}
         launched.forward = self.worker.submit(spec_forward, eng, launched, self._previous(chunks), rows, self._copies,
                                               self._issued_on_return, self.ngram, histories)  # fmt: skip
         for chunk, req in zip(chunks, requests, strict=True):

@@ -82,8 +82,8 @@ class Request:
                  "cache_salt", "lora", "mm_inputs", "token_ids", "status", "num_computed_tokens", "num_cached_tokens",
                  "block_ids", "num_released_blocks", "block_hashes", "num_cached_blocks", "num_preemptions",
                  "admitted_seq", "finish_reason", "first_scheduled_time", "first_token_time", "ngram", "draft_kv_lag",
-                 "parked", "in_flight", "spec_pipelined", "pooled_part", "facts", "_table", "_table_of", "group_block_ids",
-                 "group_released", "_groups_table", "__weakref__")
+                 "parked", "in_flight", "spec_pipelined", "pooled_part", "facts", "_table", "_table_of",
+                 "group_block_ids", "group_released", "_groups_table", "__weakref__")
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ class RequestFacts:
     prompt_logprobs: int | None  # SamplingParams.prompt_logprobs
     lora_load_id: int | None = None  # its LoRA adapter's load id (None: the base model)
     mm_inputs: MultimodalInputs | None = None  # a vision-language request's images (multimodal/inputs.py)
-    max_tokens: int | None = None  # SamplingParams.max_tokens: a pipelined speculating step's draft cap (spec_pipeline.py)
+    max_tokens: int | None = None  # SamplingParams.max_tokens: the worker caps a pipelined step's drafts by it
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from inflight.runtime.worker.sampler import SamplingRow
 
 if TYPE_CHECKING:
     from inflight.runtime.core.engine import LLMEngine
+    from inflight.runtime.core.request import Request
 
 
 class WorkerNgram:
@@ -44,6 +45,11 @@ class WorkerNgram:
         """``engine``'s proposer, when it speculates with n-grams (None otherwise)."""
         spec = engine.scheduler.planner.spec
         return cls(spec) if spec is not None and spec.method == "ngram" else None
+
+    @staticmethod
+    def histories(chunks: Sequence[ScheduledChunk], requests: Sequence[Request]) -> dict[str, list[int]]:
+        """On the host, at launch: the token lists (live) of the requests whose drafts it proposes."""
+        return {c.req_id: r.token_ids for c, r in zip(chunks, requests, strict=True) if c.num_model_drafts}
 
     def bind(self, histories: Mapping[str, list[int]], rows: Mapping[str, RowOutcome]) -> None:
         """The step's token lists (a request's own, live) and each request's outcome of step N."""

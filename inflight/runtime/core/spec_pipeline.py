@@ -57,9 +57,10 @@ from inflight.runtime.core.async_launched import Launched, RowOutcome, Sampled, 
 from inflight.runtime.core.output_processor import SampledTokens
 from inflight.runtime.core.request import Request, RequestStatus, chunk_of
 from inflight.runtime.core.sched_output import DraftContext, ScheduledChunk
-from inflight.runtime.core.spec_planning import SpecPlanner
+from inflight.runtime.core.spec_planning import SpecPlanner, drafts_cap
 from inflight.runtime.sampling_params import SamplingParams
 from inflight.runtime.spec_decode.verify import verify_chunks
+from inflight.runtime.worker.batch_inputs import packed_order
 from inflight.runtime.worker.batched_sampling import row_index
 from inflight.runtime.worker.sampler import PendingSample, SamplerOutput, SamplingRow, SettledMasks
 
@@ -88,12 +89,9 @@ def pipelined_params(params: SamplingParams) -> bool:
 
 
 def sampled_in_packed_order(chunks: Sequence[ScheduledChunk]) -> tuple[ScheduledChunk, ...]:
-    """The sampling chunks in the order the batch packs them (one-token and speculating chunks
-    first, then prompt chunks: :func:`~inflight.runtime.worker.batch_inputs.packed_order`), before
-    their drafts are proposed."""
-    decodes = [c for c in chunks if c.sample and (c.num_tokens == 1 or c.num_model_drafts or c.draft_token_ids)]
-    prompts = [c for c in chunks if c.sample and not (c.num_tokens == 1 or c.num_model_drafts or c.draft_token_ids)]
-    return (*decodes, *prompts)
+    """The sampling chunks in the order the batch packs them
+    (:func:`~inflight.runtime.worker.batch_inputs.packed_order`), before their drafts are proposed."""
+    return tuple(c for c in packed_order(chunks, proposed=False) if c.sample)
 
 
 def outcomes_of(sampled: Sampled) -> tuple[RowOutcome, ...]:
@@ -128,9 +126,8 @@ def rebind(chunks: Sequence[ScheduledChunk], outcomes: Sequence[RowOutcome] | No
         start = chunk.start - row.rejected
         chunk = chunk._replace(start=start, token_ids=(*ids[:-1], max(row.tokens[-1], 0)), draft_context=context)
         facts = chunk.facts
-        if chunk.num_model_drafts and facts.max_tokens is not None:  # as SpecPlanner.speculative_chunk caps them
-            k = min(chunk.num_model_drafts, facts.max_tokens - (start + 1 - facts.num_prompt_tokens) - 1,
-                    max_model_len - (start + 1))  # fmt: skip
+        if chunk.num_model_drafts and facts.max_tokens is not None:  # its last token at start: start + 1 tokens
+            k = drafts_cap(chunk.num_model_drafts, facts.max_tokens, start + 1, facts.num_prompt_tokens, max_model_len)
             if k < chunk.num_model_drafts:
                 chunk = chunk._replace(num_tokens=1 + max(k, 0), num_model_drafts=max(k, 0))
         out.append(chunk)

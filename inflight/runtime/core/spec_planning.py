@@ -30,6 +30,13 @@ from inflight.runtime.core.sched_output import ScheduledChunk
 from inflight.runtime.spec_decode.speculative import MODEL_METHODS, NgramIndex, parse_speculative_config
 
 
+def drafts_cap(k: int, max_tokens: int, num_tokens: int, num_prompt_tokens: int, max_model_len: int) -> int:
+    """``k`` drafts capped for a request of ``num_tokens`` tokens (its last one not computed yet):
+    never more than it may still emit after one more token (``max_tokens``), nor than fit its
+    context. The one rule, for the scheduler and for the worker's trim (core/spec_pipeline.py)."""
+    return min(k, max_tokens - (num_tokens - num_prompt_tokens) - 1, max_model_len - num_tokens)
+
+
 def drafts_in_flight(req: Request) -> int:
     """The drafts of ``req``'s step in flight (its trailing placeholders less one; 0 when that step
     does not speculate for it): its output count here may run ahead of the real one by up to as
@@ -95,9 +102,9 @@ class SpecPlanner:
         p = req.params
         if req.num_output_tokens < p.min_tokens:  # every parameter speculates; this state does not
             return None
-        max_len = self.config.max_model_len or 0
-        k = min(spec.num_speculative_tokens, room, p.max_tokens - req.num_output_tokens - 1 + drafts_in_flight(req),
-                max_len - req.num_tokens)  # fmt: skip
+        # capped as if the step in flight's drafts were all rejected (a pipelined request's count runs ahead)
+        k = drafts_cap(min(spec.num_speculative_tokens, room), p.max_tokens + drafts_in_flight(req), req.num_tokens,
+                       req.num_prompt_tokens, self.config.max_model_len or 0)  # fmt: skip
         if k <= 0:
             return None
         if spec.method in MODEL_METHODS:  # a draft model or an EAGLE-3 head fills them before the forward
@@ -117,6 +124,6 @@ class SpecPlanner:
 
     def drafts_cap(self, req: Request, k: int) -> int:
         """``k`` drafts capped as :meth:`speculative_chunk` caps them for ``req`` as it is now (its
-        tokens all known): below ``max_tokens`` and the context length."""
+        tokens all known): :func:`drafts_cap`."""
         max_len = self.config.max_model_len or 0
-        return min(k, req.params.max_tokens - req.num_output_tokens - 1, max_len - req.num_tokens)
+        return drafts_cap(k, req.params.max_tokens, req.num_tokens, req.num_prompt_tokens, max_len)

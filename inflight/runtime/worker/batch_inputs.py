@@ -187,16 +187,19 @@ def pack_segments(segments: Sequence[Segment], block_size: int, device: torch.de
                           tuple(host.logit_rows.tolist()))  # fmt: skip
 
 
-def packed_order(chunks: Sequence[ScheduledChunk]) -> list[ScheduledChunk]:
+def packed_order(chunks: Sequence[ScheduledChunk], proposed: bool = True) -> list[ScheduledChunk]:
     """The chunks in the order :func:`prepare_batch` packs their rows: one-token and speculating
-    chunks first, then prompt chunks, each group in the given order."""
-    decodes, prompts = _split(chunks)
+    chunks first, then prompt chunks, each group in the given order. ``proposed`` False: before a
+    drafter fills in the drafts it has room for (such a chunk packs as a speculating or one-token
+    one, whatever it gets)."""
+    decodes, prompts = _split(chunks, proposed)
     return decodes + prompts
 
 
-def _split(chunks: Sequence[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+def _split(chunks: Sequence[ScheduledChunk],
+           proposed: bool = True) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:  # fmt: skip
     """(one-token and speculating chunks, prompt chunks), each in the given order; checks that
-    each speculating chunk has its drafts."""
+    each speculating chunk has its drafts (unless they are not ``proposed`` yet)."""
     decodes: list[ScheduledChunk] = []
     prompts: list[ScheduledChunk] = []
     for c in chunks:
@@ -206,7 +209,9 @@ def _split(chunks: Sequence[ScheduledChunk]) -> tuple[list[ScheduledChunk], list
                 raise RuntimeError(f"request {c.req_id!r}: a chunk of {c.num_tokens} tokens with {len(drafts)} drafts")
             decodes.append(c)
         elif c.num_model_drafts:
-            raise RuntimeError(f"request {c.req_id!r} is scheduled to speculate but has no drafts yet")
+            if proposed:
+                raise RuntimeError(f"request {c.req_id!r} is scheduled to speculate but has no drafts yet")
+            decodes.append(c)
         else:
             (decodes if c.num_tokens == 1 else prompts).append(c)
     return decodes, prompts
