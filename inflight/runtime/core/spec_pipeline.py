@@ -157,17 +157,15 @@ def current(chunk: ScheduledChunk, req: Request, planner: SpecPlanner) -> Schedu
     """``chunk`` made again from ``req`` as it is now, for a synchronous drain to run: its tokens
     known, its start its request's real count, a drafter's context from the lag the engine
     recorded (it may have been scheduled with a placeholder, ahead of a rejected draft, or
-    before the lag of the step before was known), and room for drafts capped as the synchronous
-    scheduler caps them (n-gram drafts proposed here, on the host)."""
+    before the lag of the step before was known), and its drafts (or room for them) as the
+    synchronous scheduler plans them (:meth:`SpecPlanner.speculative_chunk`: n-gram drafts proposed
+    here, on the host)."""
     if chunk.token_ids[-1] >= 0 and chunk.start == req.num_computed_tokens and chunk.draft_context is None:
         return chunk
     context = chunk.draft_context is not None
     if not chunk.num_model_drafts:
         return chunk_of(req, chunk.num_tokens, chunk.sample, chunk.draft_token_ids, 0, context)
-    k = planner.drafts_cap(req, chunk.num_model_drafts)
-    if k > 0 and planner.draft_context:
-        return chunk_of(req, 1 + k, True, (), k, True)
-    return (planner.ngram_chunk(req, k) if k > 0 else None) or planner.decode(req)
+    return planner.speculative_chunk(req, chunk.num_model_drafts) or planner.decode(req)
 
 
 def drafts_of(chunk: ScheduledChunk) -> int:

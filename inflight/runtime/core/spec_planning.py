@@ -121,9 +121,3 @@ class SpecPlanner:
             req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
         drafts = req.ngram.propose(req.token_ids, k)
         return chunk_of(req, 1 + len(drafts), True, tuple(drafts)) if drafts else None
-
-    def drafts_cap(self, req: Request, k: int) -> int:
-        """``k`` drafts capped as :meth:`speculative_chunk` caps them for ``req`` as it is now (its
-        tokens all known): :func:`drafts_cap`."""
-        max_len = self.config.max_model_len or 0
-        return drafts_cap(k, req.params.max_tokens, req.num_tokens, req.num_prompt_tokens, max_len)
