@@ -202,6 +202,45 @@ def test_killed_worker_fails_every_waiting_client_and_the_server_exits(model_fac
     assert "rank 1" in server.log() and "SIGKILL" in server.log()
 
 
+def test_killed_worker_ends_a_core_whose_step_never_returns(model_factory) -> None:
+    """The engine thread blocked in a step (here an injected stall; in the wild a collective with
+    the dead rank that never returns) cannot notice a dead worker: the launcher's monitor ends the
+    engine-core process after its grace, so the server goes unhealthy, answers the stream in
+    flight with engine_dead and exits non-zero, long before the stall watchdog would (an hour)."""
+    server = _serve(model_factory("llama"), *KILL_ARGS, "--engine-stall-timeout", "3600",
+                    fault="stall-after-steps:3")  # step 1 streams the first token, step 4 never returns
+    try:
+        (worker,) = _worker_pids(server.proc.pid)
+        client = _client(server)
+        first = threading.Event()
+
+        def stream() -> str:
+            try:
+                chunks = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=KILL_MAX_TOKENS,
+                                                   temperature=0.0, stream=True, extra_body={"ignore_eos": True})
+                for _ in chunks:
+                    first.set()
+                return "finished"
+            except openai.APIError as exc:
+                return f"error {exc.body.get('code') if isinstance(exc.body, dict) else type(exc).__name__}"
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(stream)
+            assert first.wait(PATIENCE_S), "the stream never got a token"
+            assert wait_until(lambda: "stalling the engine thread" in server.log(), PATIENCE_S)
+            os.kill(worker, signal.SIGKILL)
+            assert wait_until(lambda: _health(server) != 200 and _health(server, "/ready") != 200, PATIENCE_S), \
+                f"/health or /ready still 200 after the worker died; the server's stacks and log:\n{server.stacks()}"
+            code = server.proc.wait(PATIENCE_S)
+            got = answer.result(timeout=PATIENCE_S)
+    finally:
+        server.stop()
+    assert code != 0
+    assert got == "error engine_dead", got
+    log = server.log()
+    assert "rank 1" in log and "SIGKILL" in log and "still blocked in a step" in log
+
+
 def test_killed_worker_of_an_idle_server_exits_it(model_factory) -> None:
     server = _serve(model_factory("llama"))
     try:

@@ -5,6 +5,8 @@ dies during start-up fails the start at once with its message; a SIGKILLed worke
 the next step into ``EngineFatalError`` whether the engine is busy or idle, and closing the
 engine leaves no worker process behind; a step that fails (or is interrupted) half-way is
 fatal for good, since the ranks are then out of step. Steps too large for one channel message take two.
+A death the engine thread does not act on within the grace (it is blocked in a step) goes to the
+owner's ``on_stuck`` hook; one it acts on (the group closed) does not.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from inflight.runtime.distributed import comm, launcher
 from inflight.runtime.llm import LLM
@@ -129,3 +133,43 @@ def test_failure_inside_a_step_is_fatal_for_good(model_factory, error: BaseExcep
             engine.step()
         assert engine.has_unfinished_requests()
     assert all(p.poll() is not None for p in procs)
+
+
+def _group_with_a_dead_worker(grace_s: float) -> launcher.WorkerGroup:
+    """A worker group (no collectives joined) whose one worker has already exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    group = launcher.WorkerGroup(dist.HashStore(), {1: proc}, 2)
+    group.stuck_grace_s = grace_s
+    return group
+
+
+def test_a_dead_worker_with_the_group_still_open_calls_the_owners_hook() -> None:
+    """The engine thread did not close the group within the grace (blocked in a collective with
+    the dead rank): the monitor hands the failure to ``on_stuck``."""
+    group = _group_with_a_dead_worker(0.05)
+    called = threading.Event()
+    failures: list[str] = []
+    group.on_stuck = lambda failure: (failures.append(failure), called.set())
+    group._monitor.start()
+    try:
+        assert called.wait(60.0)
+        assert failures == [f"tensor-parallel worker rank 1 (pid {group._procs[1].pid}) exited with code 0"]
+    finally:
+        group.close()
+
+
+def test_an_engine_that_closes_the_group_after_a_death_is_left_alone() -> None:
+    """The engine thread failed its step and closed the group (the usual way) within the grace:
+    the monitor ends without calling ``on_stuck``."""
+    group = _group_with_a_dead_worker(3600.0)  # only a close ends the monitor's wait
+    calls: list[str] = []
+    group.on_stuck = calls.append
+    group._monitor.start()
+    deadline = time.monotonic() + 60.0
+    while group.failure is None and time.monotonic() < deadline:  # a hang guard, not a speed claim
+        time.sleep(0.01)
+    assert group.failure is not None
+    group.close()
+    group._monitor.join(60.0)
+    assert not group._monitor.is_alive() and calls == []

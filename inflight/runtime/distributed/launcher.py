@@ -7,7 +7,12 @@ waits for them with their processes in view: a worker that exits, or reports an 
 during start-up fails the start at once with that worker's message (never a wait for a
 rendezvous timeout). Then a monitor thread polls the workers; a dead one turns the next
 :meth:`check` or step into :class:`EngineFatalError`, and so does any error raised while
-the ranks are inside a step (they are then out of step for good). :meth:`close` stops the
+the ranks are inside a step (they are then out of step for good). A step may instead block
+for good in a collective with the dead rank (the step channel's broadcasts wait without a
+timeout, for idle workers, and gloo does not always see a killed peer's connection close):
+if the group is not closed within ``STUCK_GRACE_S`` of the death, the monitor calls the
+owner's :attr:`WorkerGroup.on_stuck` (the engine-core process exits, so its front end answers
+every client; none: the front end's stall watchdog ends it later). :meth:`close` stops the
 workers (and kills what does not stop), also at interpreter exit; workers exit by themselves
 when the engine process disappears (:mod:`.worker`). Knows nothing about the model.
 """
@@ -55,6 +60,9 @@ MONITOR_S = 0.2
 START_TIMEOUT_S: float = env_vars.read_float("INFLIGHT_TP_START_TIMEOUT_S")  # type: ignore[assignment]
 COLLECTIVE_TIMEOUT_S: float = env_vars.read_float("INFLIGHT_TP_COLLECTIVE_TIMEOUT_S")  # type: ignore[assignment]
 IDLE_TIMEOUT = timedelta(days=3650)  # the control group: idle workers wait here
+# After a worker died: how long the engine thread has to fail its step and close the group
+# before the monitor takes it for blocked in a collective with the dead rank (WorkerGroup.on_stuck).
+STUCK_GRACE_S = 5.0
 
 
 def backend_for(device: str) -> str:
@@ -94,6 +102,10 @@ class WorkerGroup:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._monitor = threading.Thread(target=self._watch, name="inflight-tp-monitor", daemon=True)
+        # called on the monitor thread with the failure when a worker died and the group is still
+        # open STUCK_GRACE_S later: the engine thread is blocked (see module docstring)
+        self.on_stuck: Callable[[str], None] | None = None
+        self.stuck_grace_s = STUCK_GRACE_S
         atexit.register(self.close)
 
     @classmethod
@@ -167,6 +179,8 @@ class WorkerGroup:
             for rank, proc in self._procs.items():
                 if proc.poll() is not None and not self._closed.is_set():
                     self._fail(describe_exit(rank, proc))
+                    if not self._closed.wait(self.stuck_grace_s) and self.on_stuck is not None:
+                        self.on_stuck(self._failure or describe_exit(rank, proc))
                     return
 
     def _fail(self, message: str) -> None:

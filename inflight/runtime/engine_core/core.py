@@ -129,6 +129,9 @@ def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepC
     except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, then exit
         _broadcast_quietly(front_ends, p.LoadFailed(load_failure(exc)))
         os._exit(EXIT_DEAD)
+    workers = engine.runner.workers
+    if workers is not None:  # a step blocked for good on a dead tensor-parallel worker ends the process
+        workers.on_stuck = _exit_stuck
     core = EngineCore(engine, front_ends, step_clock)
     ready = p.Ready(p.PROTOCOL_VERSION, engine.summary(), engine.stats())
     for index in list(front_ends.conns):
@@ -140,6 +143,17 @@ def run_core(conns: Conn | Sequence[Conn], launch: CoreLaunch, step_clock: StepC
     logging.shutdown()
     sys.stderr.flush()
     os._exit(EXIT_DEAD if died else 0)  # nothing left to clean up; the interpreter's teardown of torch takes ~1 s
+
+
+def _exit_stuck(failure: str) -> None:
+    """A tensor-parallel worker died and the step loop is still blocked in a step with it
+    (:mod:`~inflight.runtime.distributed.launcher`): exit, as a killed core would; the front end
+    sees the pipe close and answers every client (no :class:`Dead` here: the blocked loop may be
+    writing to the same pipe)."""
+    logger.critical("%s, and the engine thread is still blocked in a step with it; the engine core exits", failure)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_DEAD)
 
 
 def load_failure(exc: BaseException) -> str:
